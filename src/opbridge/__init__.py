@@ -1,0 +1,48 @@
+"""opbridge: write a kernel once, declare it once, use it in every framework.
+
+See :class:`opbridge.Library` to declare ops and ``opbridge.ops`` for the
+built-in library. Importing opbridge compiles nothing and imports no
+framework; builds happen on first use or on request (``opbridge build``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opbridge.declare import Library, OpDef, Spec, like
+from opbridge.errors import (
+    BackendUnavailableError,
+    BuildError,
+    CacheSecurityError,
+    DeclarationError,
+    OpbridgeError,
+    UnsupportedFrameworkError,
+)
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from opbridge import ops as ops
+
+__all__ = [
+    "BackendUnavailableError",
+    "BuildError",
+    "CacheSecurityError",
+    "DeclarationError",
+    "Library",
+    "OpDef",
+    "OpbridgeError",
+    "Spec",
+    "UnsupportedFrameworkError",
+    "__version__",
+    "like",
+    "ops",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ops":
+        import importlib
+
+        return importlib.import_module("opbridge.ops")
+    raise AttributeError(f"module 'opbridge' has no attribute {name!r}")

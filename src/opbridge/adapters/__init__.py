@@ -1,0 +1,1 @@
+"""Register stage: one adapter per framework, all implementing :class:`~opbridge.adapters.base.Adapter`."""

@@ -1,0 +1,273 @@
+"""PyTorch adapter: ``torch.library`` registration plus an eager fast path.
+
+Every op is defined with its declared schema under ``torch.ops.<ns>.<op>``,
+with CPU/CUDA kernels, a fake kernel derived from the shape rule and an
+autograd formula derived from the declared backward, so it works under
+autograd, ``opcheck``, ``torch.compile(fullgraph=True)`` and ``torch.export``.
+
+The public callable skips the dispatcher when that is provably equivalent:
+all tensor arguments are plain ``torch.Tensor`` on CPU, none requires grad,
+and no dispatch/function mode, functorch transform, JIT tracer or Dynamo
+trace is active. In every other case it calls ``torch.ops.<ns>.<op>``. The
+fast path bumps the version counter of every tensor it mutates, exactly as
+the dispatcher's ADInplaceOrView kernel would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opbridge import loader
+from opbridge.adapters.base import check_no_alias, pack_results
+from opbridge.declare import like
+
+if TYPE_CHECKING:
+    from opbridge.declare import Library, OpDef
+
+_TORCH_LIBS: dict[str, torch.library.Library] = {}
+_REGISTERED: set[str] = set()
+_DISPATCH_KEY = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def _dtype(d: Any) -> torch.dtype:
+    return d if isinstance(d, torch.dtype) else getattr(torch, str(d))
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    p = t.data_ptr()
+    return p, p + t.numel() * t.element_size()
+
+
+def _ordered(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """Schema-ordered arguments; the dispatcher drops trailing defaults and passes kwarg-only ones by name."""
+    rest = op.schema.arguments[len(args):]
+    return [*args, *(kwargs[a.name] if a.name in kwargs else a.default for a in rest)]
+
+
+def _alloc(op: OpDef, args: Sequence[Any], device: torch.device | str) -> list[torch.Tensor]:
+    return [torch.empty(s.shape, dtype=_dtype(s.dtype), device=device) for s in op.output_specs(args)]
+
+
+def _lead(op: OpDef, args: Sequence[Any]) -> torch.Tensor:
+    t: torch.Tensor = args[op.dispatch_arg]
+    return t
+
+
+def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
+    mutating = op.schema.is_mutating
+    kern: list[Any] = []
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        full = _ordered(op, args, kwargs)
+        if not kern:
+            kern.append(loader.kernel(op, device))
+        if mutating:
+            check_no_alias(op, full, _span)
+        outs = _alloc(op, full, _lead(op, full).device)
+        if device == "cuda":
+            import tvm_ffi
+
+            with tvm_ffi.use_torch_stream():
+                kern[0](*outs, *full)
+        else:
+            kern[0](*outs, *full)
+        return pack_results(op, full, outs)
+
+    impl.__name__ = f"{op.name}_{device}_impl"
+    return impl
+
+
+def _make_fake(op: OpDef) -> Callable[..., Any]:
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        full = _ordered(op, args, kwargs)
+        return pack_results(op, full, _alloc(op, full, _lead(op, full).device))
+
+    return fake
+
+
+def _make_autograd(op: OpDef, tl: torch.library.Library) -> None:
+    args = op.schema.arguments
+    tensor_idx = [i for i, a in enumerate(args) if a.type.is_tensor]
+    n_args = len(args)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.opb_scalars = {i: v for i, v in enumerate(inputs) if i not in tensor_idx}
+        ctx.save_for_backward(*(inputs[i] for i in tensor_idx))
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.opb_out_meta = [(o.shape, o.dtype, o.device) for o in outs]
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        if op.backward is None:
+            raise NotImplementedError(
+                f"{op.name}: no backward is declared, so it cannot be differentiated "
+                f"(declare backward= in its Library.op)"
+            )
+        full: list[Any] = [None] * n_args
+        for i, v in ctx.opb_scalars.items():
+            full[i] = v
+        for i, t in zip(tensor_idx, ctx.saved_tensors):
+            full[i] = t
+        # Autograd hands out expanded or strided grads (e.g. from sum()); kernels want dense ones.
+        grads = tuple(g.contiguous() if g is not None else torch.zeros(s, dtype=d, device=dev)
+                      for g, (s, d, dev) in zip(grads, ctx.opb_out_meta))
+        res = op.backward(*grads, *full)
+        res = res if isinstance(res, (tuple, list)) else (res,)
+        if len(res) != len(tensor_idx):
+            raise RuntimeError(f"{op.name}: backward returned {len(res)} gradient(s), expected one "
+                               f"per Tensor argument ({len(tensor_idx)})")
+        out: list[Any] = [None] * n_args
+        for i, g in zip(tensor_idx, res):
+            out[i] = g
+        return tuple(out)
+
+    torch.library.register_autograd(op.qualname, backward, setup_context=setup_context, lib=tl)
+
+
+def _make_mutating_autograd(op: OpDef) -> Callable[..., Any]:
+    """Autograd kernel of a mutating op: no formula, so refuse to be differentiated."""
+    packet = getattr(getattr(torch.ops, op.library.namespace), op.name).default
+    tensor_names = [(i, a.name) for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
+
+    def autograd_impl(*args: Any, **kwargs: Any) -> Any:
+        full = _ordered(op, args, kwargs)
+        if torch.is_grad_enabled():
+            for i, name in tensor_names:
+                if full[i] is not None and full[i].requires_grad:
+                    raise RuntimeError(
+                        f"{op.name}: argument '{name}' requires grad, but this op mutates its inputs "
+                        f"in place and declares no backward; call it under torch.no_grad()"
+                    )
+        with torch._C._AutoDispatchBelowAutograd():
+            return packet(*args, **kwargs)
+
+    return autograd_impl
+
+
+def register(lib: Library) -> None:
+    """Define and implement every op of *lib* in ``torch.ops.<namespace>`` (idempotent)."""
+    tl = _TORCH_LIBS.get(lib.namespace)
+    if tl is None:
+        tl = torch.library.Library(lib.namespace, "FRAGMENT")
+        _TORCH_LIBS[lib.namespace] = tl
+    for op in lib.ops.values():
+        if op.qualname in _REGISTERED:
+            continue
+        tl.define(str(op.schema))
+        for device in op.kernels:
+            if device in _DISPATCH_KEY:
+                tl.impl(op.name, _make_impl(op, device), _DISPATCH_KEY[device])
+        if op.n_outputs or op.schema.returns:
+            torch.library.register_fake(op.qualname, _make_fake(op), lib=tl)
+        else:
+            torch.library.register_fake(op.qualname, lambda *a, **k: None, lib=tl)
+        if op.schema.is_mutating:
+            tl.impl(op.name, _make_mutating_autograd(op), "Autograd")
+        else:
+            _make_autograd(op, tl)
+        _substitute_for_dynamo(op)
+        _REGISTERED.add(op.qualname)
+
+
+def _fast_prelude(op: OpDef) -> str | None:
+    """Body lines of the dispatcher-free fast path, or None if the op has none."""
+    args = op.schema.arguments
+    if "cpu" not in op.kernels or any(a.type.is_tensor_list for a in args):
+        return None
+    names = [a.name for a in args]
+    lead = names[op.dispatch_arg]
+    conds = [f"type({lead}) is _T", "not _dyn()", f"not {lead}.requires_grad", f"{lead}.is_cpu"]
+    for i, a in enumerate(args):
+        if not a.type.is_tensor or i == op.dispatch_arg:
+            continue
+        c = f"(type({a.name}) is _T and not {a.name}.requires_grad)"
+        conds.append(f"({a.name} is None or {c})" if a.type.optional else c)
+    conds += ["not _dstack()", "not _tfmode()", "_fstack() is None", "_trace() is None"]
+    params = ", ".join(names)
+    slow_args = ", ".join(a.name if not a.kwarg_only else f"{a.name}={a.name}" for a in args)
+    n_out = op.n_outputs
+    outs = [f"_o{i}" for i in range(n_out)]
+    if isinstance(op.shape, like):
+        alloc = [f"{o} = _empty_like({n})" for o, n in zip(outs, op.shape.names)]
+    elif n_out:
+        alloc = [f"{', '.join(outs)}, = _alloc(({params},))"]
+    else:
+        alloc = []
+    lines = [f"    if {' and '.join(conds)}:", "        try:"]
+    if op.schema.is_mutating:
+        lines.append(f"            _alias(({params},))")
+    lines += [f"            {line}" for line in alloc]
+    lines += [
+        f"            _k({', '.join([*outs, *names])})",
+        "        except TypeError:",
+        # Let the dispatcher's argument parser name the offending argument.
+        f"            return _slow({slow_args})",
+    ]
+    for a in op.schema.mutated_args:
+        guard = f"if {a.name} is not None: " if a.type.optional else ""
+        lines.append(f"        {guard}_bump({a.name})")
+    returns = op.schema.returns
+    if not returns:
+        lines.append("        return None")
+    elif len(returns) == 1 and n_out == 1:
+        lines.append("        return _o0")
+    else:
+        lines.append(f"        return _pack(({params},), ({''.join(o + ', ' for o in outs)}))")
+    return "\n".join(lines) + "\n"
+
+
+def _substitute_for_dynamo(op: OpDef) -> None:
+    # Dynamo must not trace into opbridge's Python dispatch (dict lookups, lazy
+    # builds): it sees the public callable as the registered torch op instead.
+    packet = getattr(getattr(torch.ops, op.library.namespace), op.name).default
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        return packet(*args, **kwargs)
+
+    torch.compiler.substitute_in_graph(op.call, skip_signature_check=True)(traced)
+
+
+class TorchAdapter:
+    """Adapter for ``torch.Tensor`` (and subclasses, through the dispatcher)."""
+
+    name = "torch"
+
+    def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        register(op.library)
+        slow = getattr(getattr(torch.ops, op.library.namespace), op.name).default
+        prelude = _fast_prelude(op) if array_type is torch.Tensor else None
+        if prelude is not None and op.qualname not in _FAST:
+            op.install_prelude(prelude, {
+                "_T": torch.Tensor,
+                "_k": loader.kernel(op, "cpu"),
+                "_slow": slow,
+                "_empty_like": torch.empty_like,
+                "_alloc": lambda a: _alloc(op, a, "cpu"),
+                "_alias": lambda a: check_no_alias(op, a, _span),
+                "_bump": torch.autograd.graph.increment_version,
+                "_pack": lambda a, o: pack_results(op, a, o),
+                "_dstack": torch._C._len_torch_dispatch_stack,
+                "_tfmode": torch._C._is_torch_function_mode_enabled,
+                "_fstack": torch._C._functorch.peek_interpreter_stack,
+                "_trace": torch._C._get_tracing_state,
+                "_dyn": torch.compiler.is_dynamo_compiling,
+            })
+            _FAST.add(op.qualname)
+        return slow  # type: ignore[no-any-return]
+
+
+_FAST: set[str] = set()
+ADAPTER = TorchAdapter()
+
+
+def _register_declared() -> None:
+    """Register every op declared so far (torch is in use from here on)."""
+    from opbridge import registry
+
+    for lib in registry.libraries():
+        register(lib)
+
+
+_register_declared()

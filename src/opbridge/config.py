@@ -1,0 +1,64 @@
+"""Configuration, read lazily from ``OPBRIDGE_*`` environment variables.
+
+Nothing here is evaluated at import time: every accessor reads the
+environment when it is called, so changing a variable takes effect on the
+next build or load.
+
+=========================  =============================================  ======================
+variable                   meaning                                        default
+=========================  =============================================  ======================
+``OPBRIDGE_CACHE_DIR``     where JIT builds are cached                    ``~/.cache/opbridge``
+``OPBRIDGE_VERBOSE``       ``1`` prints every compiler command            ``0``
+``OPBRIDGE_MAX_JOBS``      parallel compile jobs                          CPU count
+``OPBRIDGE_NO_PROGRESS``   ``1`` hides the build progress line            ``0``
+``OPBRIDGE_CXX``           C++ compiler                                   ``$CXX`` or ``c++``
+``OPBRIDGE_CUDA_ARCHS``    CUDA architectures for ``.cu`` sources         ``80;90``
+=========================  =============================================  ======================
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    """Return the JIT cache directory (not created here)."""
+    raw = os.environ.get("OPBRIDGE_CACHE_DIR")
+    if raw:
+        return Path(raw).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "opbridge"
+
+
+def verbose() -> bool:
+    """Whether to echo compiler commands (``OPBRIDGE_VERBOSE=1``)."""
+    return _flag("OPBRIDGE_VERBOSE")
+
+
+def show_progress() -> bool:
+    """Whether builds may print a progress line (off with ``OPBRIDGE_NO_PROGRESS=1``)."""
+    return not _flag("OPBRIDGE_NO_PROGRESS")
+
+
+def max_jobs() -> int:
+    """Parallel compile jobs (``OPBRIDGE_MAX_JOBS``, default: CPU count)."""
+    raw = os.environ.get("OPBRIDGE_MAX_JOBS")
+    if raw and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return os.cpu_count() or 1
+
+
+def cxx() -> str:
+    """The C++ compiler to use."""
+    return os.environ.get("OPBRIDGE_CXX") or os.environ.get("CXX") or "c++"
+
+
+def cuda_archs() -> list[str]:
+    """CUDA architectures to compile for, e.g. ``["80", "90"]``."""
+    raw = os.environ.get("OPBRIDGE_CUDA_ARCHS", "80;90")
+    return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]

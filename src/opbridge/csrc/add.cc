@@ -1,0 +1,43 @@
+// add(Tensor x, Tensor y) -> Tensor: elementwise, same shape, no broadcasting.
+#include <opbridge/math.h>
+#include <opbridge/opbridge.h>
+
+namespace {
+
+using opbridge::TensorView;
+
+// No __restrict: out may be exactly x or y (in-place), which omp simd's
+// per-iteration independence still allows.
+template <typename T>
+OPB_TARGET_CLONES void add_chunk(T* out, const T* x, const T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = opbridge::from_float<T>(opbridge::to_float(x[i]) + opbridge::to_float(y[i]));
+  }
+}
+
+}  // namespace
+
+void add_cpu(TensorView out, TensorView x, TensorView y) {
+  const char* op = "add";
+  OPB_CHECK_DEVICE(op, x, kDLCPU);
+  OPB_CHECK_DEVICE(op, y, kDLCPU);
+  OPB_CHECK_DEVICE(op, out, kDLCPU);
+  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_SAME_DTYPE(op, y, x);
+  OPB_CHECK_SAME_DTYPE(op, out, x);
+  OPB_CHECK_SAME_SHAPE(op, y, x);
+  OPB_CHECK_SAME_SHAPE(op, out, x);
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, y);
+  OPB_CHECK_CONTIGUOUS(op, out);
+
+  const int64_t n = x.numel();
+  OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
+    T* o = opbridge::data_ptr<T>(out);
+    const T* a = opbridge::data_ptr<const T>(x);
+    const T* b = opbridge::data_ptr<const T>(y);
+    opbridge::parallel_for(n, 1, [&](int64_t lo, int64_t hi) { add_chunk<T>(o + lo, a + lo, b + lo, hi - lo); });
+  });
+}
+OPBRIDGE_EXPORT(add_cpu);

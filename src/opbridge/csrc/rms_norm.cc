@@ -1,0 +1,152 @@
+// rms_norm over the last dim H and its backward.
+//   y = x * r * w,  r = 1 / sqrt(mean(x^2) + eps)
+#include <opbridge/math.h>
+#include <opbridge/opbridge.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using opbridge::TensorView;
+
+// One call per thread's row range, not per row: target_clones calls go
+// through an ifunc and cannot be inlined. Each row is read twice; the second
+// read hits L1/L2 for any realistic H, so DRAM traffic stays one read + one write.
+template <typename T>
+OPB_TARGET_CLONES void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t H,
+                                     float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * H;
+    T* yr = out + r * H;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < H; ++i) {
+      const float v = opbridge::to_float(xr[i]);
+      ss += v * v;
+    }
+    const float rs = 1.f / std::sqrt(ss / float(H) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) {
+      yr[i] = opbridge::from_float<T>(opbridge::to_float(xr[i]) * rs * opbridge::to_float(w[i]));
+    }
+  }
+}
+
+// With gw_i = g_i w_i:  dx = r gw - x r^3 mean(gw x),  dw += g x r.
+// gw_acc is this thread's fp32 partial of grad_weight.
+template <typename T>
+OPB_TARGET_CLONES void rms_norm_backward_rows(T* grad_x, float* gw_acc, const T* grad, const T* x,
+                                              const T* w, int64_t rows, int64_t H, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * H;
+    const T* gr = grad + r * H;
+    T* dxr = grad_x + r * H;
+    float ss = 0.f, dot = 0.f;
+#pragma omp simd reduction(+ : ss, dot)
+    for (int64_t i = 0; i < H; ++i) {
+      const float v = opbridge::to_float(xr[i]);
+      ss += v * v;
+      dot += opbridge::to_float(gr[i]) * opbridge::to_float(w[i]) * v;
+    }
+    const float rs = 1.f / std::sqrt(ss / float(H) + eps);
+    const float c = rs * rs * rs * dot / float(H);
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) {
+      const float v = opbridge::to_float(xr[i]);
+      const float g = opbridge::to_float(gr[i]);
+      dxr[i] = opbridge::from_float<T>(rs * g * opbridge::to_float(w[i]) - c * v);
+      gw_acc[i] += g * v * rs;
+    }
+  }
+}
+
+// Reduces the per-thread partials into the first one, then casts; O(threads * H).
+template <typename T>
+void sum_partials(T* out, float* partial, int nt, int64_t H) {
+  for (int t = 1; t < nt; ++t) {
+    const float* p = partial + t * H;
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) partial[i] += p[i];
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < H; ++i) out[i] = opbridge::from_float<T>(partial[i]);
+}
+
+// Shared validation of x / weight / eps; returns H.
+int64_t check_x_weight_eps(const char* op, const TensorView& x, const TensorView& weight,
+                           double eps) {
+  OPB_CHECK_DEVICE(op, x, kDLCPU);
+  OPB_CHECK_DEVICE(op, weight, kDLCPU);
+  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_SAME_DTYPE(op, weight, x);
+  OPB_CHECK_MIN_NDIM(op, x, 1);
+  OPB_CHECK_NDIM(op, weight, 1);
+  const int64_t H = x.size(x.ndim() - 1);
+  OPB_CHECK_SIZE(op, weight, 0, H, "x's last dim");
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, weight);
+  // !(eps >= 0) also rejects NaN.
+  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
+  return H;
+}
+
+}  // namespace
+
+void rms_norm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
+  const char* op = "rms_norm";
+  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE(op, out, kDLCPU);
+  OPB_CHECK_SAME_DTYPE(op, out, x);
+  OPB_CHECK_SAME_SHAPE(op, out, x);
+  OPB_CHECK_CONTIGUOUS(op, out);
+
+  const int64_t rows = H == 0 ? 0 : x.numel() / H;
+  OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
+    T* y = opbridge::data_ptr<T>(out);
+    const T* a = opbridge::data_ptr<const T>(x);
+    const T* w = opbridge::data_ptr<const T>(weight);
+    opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi) {
+      rms_norm_rows<T>(y + lo * H, a + lo * H, w, hi - lo, H, float(eps));
+    });
+  });
+}
+OPBRIDGE_EXPORT(rms_norm_cpu);
+
+void rms_norm_backward_cpu(TensorView grad_x, TensorView grad_weight, TensorView grad, TensorView x,
+                           TensorView weight, double eps) {
+  const char* op = "rms_norm_backward";
+  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE(op, grad, kDLCPU);
+  OPB_CHECK_DEVICE(op, grad_x, kDLCPU);
+  OPB_CHECK_DEVICE(op, grad_weight, kDLCPU);
+  OPB_CHECK_SAME_DTYPE(op, grad, x);
+  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
+  OPB_CHECK_SAME_DTYPE(op, grad_weight, weight);
+  OPB_CHECK_SAME_SHAPE(op, grad, x);
+  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
+  OPB_CHECK_SAME_SHAPE(op, grad_weight, weight);
+  OPB_CHECK_CONTIGUOUS(op, grad);
+  OPB_CHECK_CONTIGUOUS(op, grad_x);
+  OPB_CHECK_CONTIGUOUS(op, grad_weight);
+
+  const int64_t rows = H == 0 ? 0 : x.numel() / H;
+  OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
+    T* dx = opbridge::data_ptr<T>(grad_x);
+    T* dw = opbridge::data_ptr<T>(grad_weight);
+    const T* g = opbridge::data_ptr<const T>(grad);
+    const T* a = opbridge::data_ptr<const T>(x);
+    const T* w = opbridge::data_ptr<const T>(weight);
+    // fp32 per-thread partials: summing into a 16-bit grad_weight row by row
+    // would lose the small per-row terms, and sharing one buffer would race.
+    // Zero rows still yields grad_weight = 0.
+    const int nt = opbridge::parallel_threads(rows, H);
+    std::vector<float> partial(size_t(nt) * size_t(H), 0.f);
+    opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi, int tid) {
+      rms_norm_backward_rows<T>(dx + lo * H, partial.data() + tid * H, g + lo * H, a + lo * H, w,
+                                hi - lo, H, float(eps));
+    });
+    sum_partials<T>(dw, partial.data(), nt, H);
+  });
+}
+OPBRIDGE_EXPORT(rms_norm_backward_cpu);

@@ -1,0 +1,384 @@
+"""Declare stage: a library of kernels and the ops it provides.
+
+An op is declared once, by decorating its reference implementation::
+
+    lib = Library("myops", sources=["csrc/scale.cc"])
+
+    @lib.op("scale(Tensor x, float alpha) -> Tensor", shape=like("x"))
+    def scale(x, alpha):              # the reference, on NumPy arrays
+        return x * alpha
+
+The decorator returns the op's public callable. Everything else -- framework
+registrations, fake kernels, JAX output specs, the AOT build list, the test
+matrix, benchmarks and generated wrappers -- is derived from the
+:class:`OpDef` it records.
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from opbridge.errors import DeclarationError
+from opbridge.schema import NO_DEFAULT, Schema, SchemaError, parse_schema
+
+
+class Spec(NamedTuple):
+    """Shape and dtype of one output. ``dtype`` is an input's dtype object or a name like ``"int64"``."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+ShapeRule = Callable[..., "Spec | tuple[Spec, ...]"]
+
+
+class like:  # noqa: N801 - reads as a phrase: shape=like("x")
+    """Shape rule: each output has the shape and dtype of the named argument(s).
+
+    ``like("x")`` for one output, ``like("x", "weight")`` for two.
+    """
+
+    def __init__(self, *names: str) -> None:
+        if not names:
+            raise DeclarationError("like() needs at least one argument name")
+        self.names = names
+
+    def __repr__(self) -> str:
+        return f"like({', '.join(map(repr, self.names))})"
+
+
+#: Default per-dtype tolerances ``(rtol, atol)``; see ``opbridge.testing.TOLERANCES``.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1e-5, 1e-5),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1.6e-2, 1e-2),
+}
+
+BackwardFn = Callable[..., Sequence[Any]]
+
+
+@dataclass
+class OpDef:
+    """Everything declared about one op.
+
+    Attributes
+    ----------
+    library
+        The owning :class:`Library`.
+    schema
+        The parsed function schema.
+    kernels
+        Exported kernel function name per device (``{"cpu": "scale_cpu"}``).
+    shape
+        Output shape/dtype rule: a :class:`like` or a callable taking the op's
+        arguments and returning a :class:`Spec` or a tuple of them.
+    reference
+        Reference implementation on NumPy arrays (same argument order).
+    backward
+        ``backward(*grad_outputs, *args)`` returning one gradient (or None) per
+        Tensor argument, written with opbridge ops so it runs in every framework.
+    tolerances
+        ``{dtype name: (rtol, atol)}`` overriding :data:`DEFAULT_TOLERANCES`.
+    """
+
+    library: Library
+    schema: Schema
+    kernels: dict[str, str]
+    shape: like | ShapeRule | None
+    reference: Callable[..., Any] | None
+    backward: BackwardFn | None = None
+    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
+    doc: str = ""
+    dispatch_arg: int = 0
+    call: Callable[..., Any] = field(init=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+    @property
+    def qualname(self) -> str:
+        """``namespace::name`` as frameworks register it."""
+        return f"{self.library.namespace}::{self.name}"
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """``(rtol, atol)`` for comparing this op's outputs of *dtype* with the reference."""
+        return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
+
+    def output_specs(self, args: Sequence[Any]) -> tuple[Spec, ...]:
+        """Apply the shape rule to *args* (anything with ``.shape``/``.dtype``)."""
+        rule = self.shape
+        if rule is None:
+            return ()
+        if isinstance(rule, like):
+            names = [a.name for a in self.schema.arguments]
+            return tuple(Spec(tuple(args[names.index(n)].shape), args[names.index(n)].dtype)
+                         for n in rule.names)
+        out = rule(*args)
+        if isinstance(out, Spec):
+            return (out,)
+        return tuple(out)
+
+    @property
+    def n_outputs(self) -> int:
+        """How many outputs the adapter allocates (returns that are not aliases of inputs)."""
+        return sum(1 for r in self.schema.returns if r.type.alias is None)
+
+    @property
+    def differentiable(self) -> tuple[int, ...]:
+        """Indices of Tensor arguments that may receive gradients (not mutated)."""
+        return tuple(i for i, a in enumerate(self.schema.arguments)
+                     if a.type.is_tensor and not a.is_mutated)
+
+    def install_prelude(self, prelude: str, names: Mapping[str, Any]) -> None:
+        """Splice an adapter's inline fast path into the public callable.
+
+        *prelude* is indented function-body source that either returns or
+        falls through to the generic dispatch; *names* are the globals it
+        uses. The callable object keeps its identity, so references that
+        users already hold get faster too.
+        """
+        fn = self.call
+        fn.__globals__.update(names)
+        code = compile(_callable_source(self, prelude), f"<opbridge op {self.qualname}>", "exec")
+        scratch: dict[str, Any] = dict(fn.__globals__)
+        exec(code, scratch)  # noqa: S102 - generated from a parsed schema
+        fn.__code__ = scratch[self.name].__code__
+
+    def __repr__(self) -> str:
+        return f"<opbridge op {self.qualname}: {self.schema}>"
+
+
+def _validate_reference(schema: Schema, fn: Callable[..., Any]) -> None:
+    params = list(inspect.signature(fn).parameters.values())
+    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    expected = [a.name for a in schema.arguments]
+    if names != expected:
+        raise DeclarationError(
+            f"{schema.name}: the reference's parameters {names} differ from the schema's "
+            f"arguments {expected}; declare them in the same order with the same names"
+        )
+
+
+def _callable_source(op: OpDef, prelude: str = "") -> str:
+    """Source of the op's public callable: an optional adapter fast path, then type dispatch."""
+    params = []
+    kw_started = False
+    for a in op.schema.arguments:
+        if a.kwarg_only and not kw_started:
+            params.append("*")
+            kw_started = True
+        params.append(a.name if a.default is NO_DEFAULT else f"{a.name}={a.default!r}")
+    names = [a.name for a in op.schema.arguments]
+    lead = names[op.dispatch_arg]
+    return (
+        f"def {op.name}({', '.join(params)}):\n"
+        f"{prelude}"
+        f"    f = _table.get(type({lead}))\n"
+        f"    if f is None:\n"
+        f"        f = _resolve({lead})\n"
+        f"    return f({', '.join(names)})\n"
+    )
+
+
+def _make_callable(op: OpDef) -> Callable[..., Any]:
+    """Generate the op's public callable with the schema's exact Python signature.
+
+    The body is one dict lookup on the type of the dispatching argument; the
+    framework adapter supplies the rest, specialised per op. An adapter may
+    later install an inline fast path with :meth:`OpDef.install_prelude`.
+    """
+    from opbridge import dispatch
+
+    table: dict[type, Callable[..., Any]] = {}
+    ns: dict[str, Any] = {
+        "_table": table,
+        "_resolve": lambda x: dispatch.resolve(op, table, x),
+    }
+    exec(compile(_callable_source(op), f"<opbridge op {op.qualname}>", "exec"), ns)  # noqa: S102
+    fn = ns[op.name]
+    fn.__doc__ = op.doc or f"{op.qualname}: {op.schema}"
+    fn.__qualname__ = op.name
+    fn.__module__ = op.library.python_module
+    fn.opdef = op  # type: ignore[attr-defined]
+    fn.reference = op.reference  # type: ignore[attr-defined]
+    fn.schema = op.schema  # type: ignore[attr-defined]
+    return fn
+
+
+class Library:
+    """A namespace of ops whose kernels are compiled into one module per device.
+
+    Parameters
+    ----------
+    namespace
+        Framework namespace, e.g. ``"myops"`` gives ``torch.ops.myops.<op>``.
+    sources
+        Kernel source files (``.cc`` for CPU, ``.cu`` for CUDA). Relative paths
+        are resolved against *root*.
+    include_dirs, cflags, ldflags
+        Extra build inputs.
+    root
+        Base directory for relative paths (default: the caller's directory).
+    prebuilt
+        Importable name of an AOT-built module (e.g. ``"mypkg._C_ops"``) to
+        prefer over a JIT build when present and current.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        sources: Sequence[str | Path] = (),
+        *,
+        include_dirs: Sequence[str | Path] = (),
+        cflags: Sequence[str] = (),
+        ldflags: Sequence[str] = (),
+        root: str | Path | None = None,
+        prebuilt: str | None = None,
+        python_module: str | None = None,
+    ) -> None:
+        if not namespace.isidentifier() or keyword.iskeyword(namespace):
+            raise DeclarationError(f"library namespace must be a Python identifier, got {namespace!r}")
+        frame = inspect.stack()[1]
+        base = Path(root) if root is not None else Path(frame.filename).resolve().parent
+        self.namespace = namespace
+        self.root = base
+        self.sources = tuple((base / s).resolve() for s in sources)
+        self.include_dirs = tuple((base / d).resolve() for d in include_dirs)
+        self.cflags = tuple(cflags)
+        self.ldflags = tuple(ldflags)
+        self.prebuilt = prebuilt
+        self.python_module = python_module or frame.frame.f_globals.get("__name__", "__main__")
+        self.ops: dict[str, OpDef] = {}
+        from opbridge import registry
+
+        registry.add_library(self)
+
+    def op(
+        self,
+        schema: str,
+        *,
+        kernels: Mapping[str, str] | None = None,
+        shape: like | ShapeRule | None = None,
+        backward: BackwardFn | None = None,
+        tolerances: Mapping[str, tuple[float, float]] | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Declare an op by decorating its NumPy reference implementation.
+
+        Parameters
+        ----------
+        schema
+            PyTorch function-schema string, e.g.
+            ``"rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor"``.
+        kernels
+            Exported kernel name per device; default ``{"cpu": "<name>_cpu"}``.
+        shape
+            Output rule (required when the op returns new tensors).
+        backward
+            Gradient function; see :class:`OpDef`.
+        tolerances
+            Per-dtype ``(rtol, atol)`` overrides.
+
+        Returns
+        -------
+        Callable
+            A decorator returning the op's public callable.
+        """
+        try:
+            parsed = parse_schema(schema)
+        except SchemaError as e:
+            raise DeclarationError(str(e)) from None
+
+        def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
+            return self._add(parsed, reference, kernels, shape, backward, tolerances)
+
+        return decorate
+
+    def _add(
+        self,
+        schema: Schema,
+        reference: Callable[..., Any] | None,
+        kernels: Mapping[str, str] | None,
+        shape: like | ShapeRule | None,
+        backward: BackwardFn | None,
+        tolerances: Mapping[str, tuple[float, float]] | None,
+    ) -> Callable[..., Any]:
+        name = schema.name
+        if schema.overload:
+            raise DeclarationError(f"{name}: overload names are not supported ({schema.source!r})")
+        if name in self.ops:
+            raise DeclarationError(f"{self.namespace}::{name} is declared twice")
+        if reference is not None:
+            _validate_reference(schema, reference)
+        tensors = [i for i, a in enumerate(schema.arguments) if a.type.is_tensor and not a.type.optional]
+        if not tensors:
+            raise DeclarationError(f"{name}: an op needs at least one non-optional Tensor argument")
+        n_new = sum(1 for r in schema.returns if r.type.alias is None)
+        for r in schema.returns:
+            if not r.type.is_tensor:
+                raise DeclarationError(f"{name}: only Tensor returns are supported, got {r.type}")
+        if n_new and shape is None:
+            raise DeclarationError(f"{name}: returns {n_new} new tensor(s) but declares no shape rule")
+        if isinstance(shape, like):
+            arg_names = [a.name for a in schema.arguments]
+            for n in shape.names:
+                if n not in arg_names:
+                    raise DeclarationError(f"{name}: like({n!r}) names no argument of {arg_names}")
+            if len(shape.names) != n_new:
+                raise DeclarationError(f"{name}: {shape!r} describes {len(shape.names)} output(s), "
+                                       f"the schema returns {n_new}")
+        op = OpDef(
+            library=self,
+            schema=schema,
+            kernels=dict(kernels) if kernels is not None else {"cpu": f"{name}_cpu"},
+            shape=shape,
+            reference=reference,
+            backward=backward,
+            tolerances=dict(tolerances or {}),
+            doc=(reference.__doc__ or "").strip() if reference is not None else "",
+            dispatch_arg=tensors[0],
+        )
+        op.call = _make_callable(op)
+        self.ops[name] = op
+        if "torch" in sys.modules:
+            # torch is in use: register now, so torch.ops and Dynamo know the op
+            # even if its first call is inside torch.compile.
+            adapter = sys.modules.get("opbridge.adapters.torch")
+            if adapter is None:
+                import importlib
+
+                importlib.import_module("opbridge.adapters.torch")  # registers every declared op
+            elif hasattr(adapter, "register"):
+                adapter.register(self)
+        return op.call
+
+    # -- build / load -------------------------------------------------------
+
+    def sources_for(self, device: str) -> tuple[Path, ...]:
+        """The sources compiled into the module for *device*."""
+        from opbridge.build.compile import CPU_SUFFIXES, CUDA_SUFFIXES
+
+        suffixes = CUDA_SUFFIXES if device == "cuda" else CPU_SUFFIXES
+        return tuple(s for s in self.sources if s.suffix in suffixes)
+
+    def module(self, device: str = "cpu") -> Any:
+        """Return the loaded tvm-ffi module for *device*, building it if needed."""
+        from opbridge import loader
+
+        return loader.load(self, device)
+
+    def build(self, device: str = "cpu", force: bool = False) -> Path:
+        """Compile (or fetch from the cache) the module for *device*; return its path."""
+        from opbridge import loader
+
+        return loader.build(self, device, force=force)
+
+    def __repr__(self) -> str:
+        return f"<opbridge Library {self.namespace!r}: {len(self.ops)} ops>"

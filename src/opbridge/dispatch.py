@@ -1,0 +1,54 @@
+"""Route an op call to the adapter of the framework whose arrays it was given."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from opbridge.errors import UnsupportedFrameworkError
+
+if TYPE_CHECKING:
+    from opbridge.adapters.base import Adapter
+    from opbridge.declare import OpDef
+
+#: top-level module of an array type -> adapter name
+FRAMEWORK_OF_MODULE = {
+    "torch": "torch",
+    "numpy": "numpy",
+    "jax": "jax",
+    "jaxlib": "jax",
+    "paddle": "paddle",
+    "mindspore": "mindspore",
+}
+ADAPTERS = ("torch", "numpy", "jax", "paddle", "mindspore")
+_LOADED: dict[str, Adapter] = {}
+
+
+def framework_of(x: Any) -> str | None:
+    """The adapter name for array *x*, or None."""
+    return FRAMEWORK_OF_MODULE.get(type(x).__module__.partition(".")[0])
+
+
+def adapter(name: str) -> Adapter:
+    """Import (once) and return the adapter called *name*."""
+    ad = _LOADED.get(name)
+    if ad is None:
+        module = importlib.import_module(f"opbridge.adapters.{name}")
+        ad = module.ADAPTER
+        _LOADED[name] = ad
+    return ad
+
+
+def resolve(op: OpDef, table: dict[type, Callable[..., Any]], x: Any) -> Callable[..., Any]:
+    """Find the adapter for ``type(x)``, build its call for *op* and cache it in *table*."""
+    name = framework_of(x)
+    if name is None:
+        arg = op.schema.arguments[op.dispatch_arg].name
+        raise UnsupportedFrameworkError(
+            f"{op.name}: argument '{arg}' must be an array of one of {', '.join(ADAPTERS)}, "
+            f"got {type(x).__module__}.{type(x).__qualname__}"
+        )
+    fn = adapter(name).make_call(op, type(x))
+    table[type(x)] = fn
+    return fn

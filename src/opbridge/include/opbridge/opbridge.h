@@ -1,0 +1,314 @@
+// opbridge kernel header: argument checks, dtype dispatch and the export macro.
+//
+// A kernel is a C++ function over tvm::ffi::TensorView in destination-passing
+// style: the framework adapter allocates the outputs and passes them first,
+// followed by the op's schema arguments in schema order. Each kernel validates
+// its arguments, takes the framework's stream where it has one, dispatches on
+// dtype and computes.
+//
+// User mistakes are raised with their Python type (TypeError / ValueError) and
+// a message of the form "<op>: <arg> must be ..., got ..."; internal invariants
+// use TVM_FFI_ICHECK.
+#pragma once
+
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+#include <tvm/ffi/string.h>
+
+#include "opbridge/export_list.h"
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+namespace opbridge {
+
+using tvm::ffi::Optional;
+using tvm::ffi::TensorView;
+
+// ---------------------------------------------------------------------------
+// dtypes
+// ---------------------------------------------------------------------------
+
+constexpr DLDataType kFloat32{kDLFloat, 32, 1};
+constexpr DLDataType kFloat64{kDLFloat, 64, 1};
+constexpr DLDataType kFloat16{kDLFloat, 16, 1};
+constexpr DLDataType kBFloat16{kDLBfloat, 16, 1};
+constexpr DLDataType kInt32{kDLInt, 32, 1};
+constexpr DLDataType kInt64{kDLInt, 64, 1};
+constexpr DLDataType kBool{kDLBool, 8, 1};
+
+// DLDataType's operator== / != come from <tvm/ffi/dtype.h> (root namespace, found
+// by ADL). Defining them here as well made every comparison ambiguous.
+
+inline std::string dtype_name(DLDataType t) {
+  if (t == kFloat32) return "float32";
+  if (t == kFloat64) return "float64";
+  if (t == kFloat16) return "float16";
+  if (t == kBFloat16) return "bfloat16";
+  if (t == kInt32) return "int32";
+  if (t == kInt64) return "int64";
+  if (t == kBool) return "bool";
+  std::ostringstream os;
+  os << "dtype(code=" << int(t.code) << ", bits=" << int(t.bits) << ", lanes=" << t.lanes << ")";
+  return os.str();
+}
+
+inline std::string shape_str(const TensorView& t) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
+  if (t.ndim() == 1) os << ",";
+  os << ")";
+  return os.str();
+}
+
+inline const char* device_name(int device_type) {
+  switch (device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda";
+    case kDLCUDAHost: return "cuda_host";
+    case kDLROCM: return "rocm";
+    default: return "unknown device";
+  }
+}
+
+// 16-bit float storage types. Conversions are branch-free bit manipulation so
+// that loops over them vectorise; arithmetic always happens in float32.
+struct alignas(2) half {
+  uint16_t bits;
+};
+struct alignas(2) bfloat16 {
+  uint16_t bits;
+};
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// c ? a : b as bit masks. A plain ?: is not enough: GCC sinks the float
+// arithmetic feeding one arm into a conditional block, which under the default
+// -ftrapping-math it will then not if-convert, and the loop stays scalar.
+inline uint32_t select_bits(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - uint32_t(c);
+  return (a & m) | (b & ~m);
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(bfloat16 v) { return bits_to_float(uint32_t(v.bits) << 16); }
+inline float to_float(half v) {
+  // Giesen's half_to_float_fast: exact for normals, denormals, inf and nan.
+  const uint32_t h = v.bits;
+  const uint32_t shifted_exp = 0x7c00u << 13;
+  uint32_t o = (h & 0x7fffu) << 13;
+  const uint32_t exp = shifted_exp & o;
+  o += (127u - 15u) << 23;
+  const uint32_t inf_nan = o + ((128u - 16u) << 23);
+  const uint32_t denorm = float_to_bits(bits_to_float(o + (1u << 23)) - bits_to_float(113u << 23));
+  o = select_bits(exp == shifted_exp, inf_nan, select_bits(exp == 0, denorm, o));
+  return bits_to_float(o | ((h & 0x8000u) << 16));
+}
+
+template <typename T>
+inline T from_float(float f);
+template <>
+inline float from_float<float>(float f) {
+  return f;
+}
+template <>
+inline bfloat16 from_float<bfloat16>(float f) {
+  // Round to nearest even; NaN stays a quiet NaN.
+  const uint32_t u = float_to_bits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return bfloat16{uint16_t(select_bits(is_nan, (u >> 16) | 0x40u, rounded))};
+}
+template <>
+inline half from_float<half>(float f) {
+  // Giesen's float_to_half_fast3_rtne, written with mask selects so it vectorises.
+  uint32_t u = float_to_bits(f);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  const uint32_t f32infty = 255u << 23;
+  const uint32_t f16max = (127u + 16u) << 23;
+  const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  const uint32_t overflow = select_bits(u > f32infty, 0x7e00u, 0x7c00u);
+  const uint32_t denorm = float_to_bits(bits_to_float(u) + bits_to_float(denorm_magic)) - denorm_magic;
+  const uint32_t mant_odd = (u >> 13) & 1u;
+  const uint32_t normal = (u + (uint32_t(15 - 127) << 23) + 0xfffu + mant_odd) >> 13;
+  const uint32_t o = select_bits(u >= f16max, overflow, select_bits(u < (113u << 23), denorm, normal));
+  return half{uint16_t(o | (sign >> 16))};
+}
+
+// Typed data pointer; honours DLPack's byte_offset (TensorView::data_ptr() does not).
+template <typename T>
+inline T* data_ptr(const TensorView& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+}
+
+// ---------------------------------------------------------------------------
+// argument checks: each raises a Python TypeError/ValueError naming op and arg
+// ---------------------------------------------------------------------------
+
+#define OPB_THROW(Kind) TVM_FFI_THROW(Kind)
+
+inline void check_dtype(const char* op, const char* arg, const TensorView& t,
+                        std::initializer_list<DLDataType> allowed) {
+  for (DLDataType d : allowed) {
+    if (t.dtype() == d) return;
+  }
+  std::ostringstream os;
+  size_t i = 0;
+  for (DLDataType d : allowed) {
+    os << (i == 0 ? "" : (i + 1 == allowed.size() ? " or " : ", ")) << dtype_name(d);
+    ++i;
+  }
+  OPB_THROW(TypeError) << op << ": " << arg << " must have dtype " << os.str() << ", got "
+                       << dtype_name(t.dtype());
+}
+
+inline void check_same_dtype(const char* op, const char* arg, const TensorView& t,
+                             const char* ref_arg, const TensorView& ref) {
+  if (t.dtype() != ref.dtype()) {
+    OPB_THROW(TypeError) << op << ": " << arg << " must have the same dtype as " << ref_arg << " ("
+                         << dtype_name(ref.dtype()) << "), got " << dtype_name(t.dtype());
+  }
+}
+
+inline void check_device(const char* op, const char* arg, const TensorView& t, int device_type) {
+  if (t.device().device_type != device_type) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be on " << device_name(device_type)
+                          << ", got " << device_name(t.device().device_type);
+  }
+}
+
+inline void check_same_device(const char* op, const char* arg, const TensorView& t,
+                              const char* ref_arg, const TensorView& ref) {
+  if (t.device().device_type != ref.device().device_type ||
+      t.device().device_id != ref.device().device_id) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be on the same device as " << ref_arg
+                          << " (" << device_name(ref.device().device_type) << ":"
+                          << ref.device().device_id << "), got "
+                          << device_name(t.device().device_type) << ":" << t.device().device_id;
+  }
+}
+
+inline void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  if (t.ndim() != ndim) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be " << ndim << "-D, got shape "
+                          << shape_str(t);
+  }
+}
+
+inline void check_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  if (t.ndim() < ndim) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must have at least " << ndim
+                          << " dimension(s), got shape " << shape_str(t);
+  }
+}
+
+inline void check_size(const char* op, const char* arg, const TensorView& t, int dim,
+                       int64_t expected, const char* why) {
+  const int d = dim < 0 ? dim + t.ndim() : dim;
+  if (d < 0 || d >= t.ndim() || t.size(d) != expected) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must have size " << expected << " in dim "
+                          << dim << " (" << why << "), got shape " << shape_str(t);
+  }
+}
+
+inline void check_same_shape(const char* op, const char* arg, const TensorView& t,
+                             const char* ref_arg, const TensorView& ref) {
+  bool same = t.ndim() == ref.ndim();
+  for (int i = 0; same && i < t.ndim(); ++i) same = t.size(i) == ref.size(i);
+  if (!same) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must have the same shape as " << ref_arg << " "
+                          << shape_str(ref) << ", got " << shape_str(t);
+  }
+}
+
+inline void check_contiguous(const char* op, const char* arg, const TensorView& t) {
+  if (!t.IsContiguous()) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be contiguous, got shape " << shape_str(t)
+                          << " with non-contiguous strides";
+  }
+}
+
+// The macros stringise the C++ variable name, which by convention is the
+// schema's argument name, so messages match what the Python user wrote.
+#define OPB_CHECK_DTYPE(op, t, ...) ::opbridge::check_dtype(op, #t, t, {__VA_ARGS__})
+#define OPB_CHECK_FLOATING(op, t) \
+  ::opbridge::check_dtype(op, #t, t, {::opbridge::kFloat32, ::opbridge::kFloat16, ::opbridge::kBFloat16})
+#define OPB_CHECK_SAME_DTYPE(op, t, ref) ::opbridge::check_same_dtype(op, #t, t, #ref, ref)
+#define OPB_CHECK_DEVICE(op, t, device_type) ::opbridge::check_device(op, #t, t, device_type)
+#define OPB_CHECK_SAME_DEVICE(op, t, ref) ::opbridge::check_same_device(op, #t, t, #ref, ref)
+#define OPB_CHECK_NDIM(op, t, n) ::opbridge::check_ndim(op, #t, t, n)
+#define OPB_CHECK_MIN_NDIM(op, t, n) ::opbridge::check_min_ndim(op, #t, t, n)
+#define OPB_CHECK_SIZE(op, t, dim, expected, why) \
+  ::opbridge::check_size(op, #t, t, dim, expected, why)
+#define OPB_CHECK_SAME_SHAPE(op, t, ref) ::opbridge::check_same_shape(op, #t, t, #ref, ref)
+#define OPB_CHECK_CONTIGUOUS(op, t) ::opbridge::check_contiguous(op, #t, t)
+// A user-facing condition with a custom message: OPB_CHECK(cond, ValueError) << "op: ...";
+// (if/else form so that a following `else` cannot bind to the macro's `if`.)
+#define OPB_CHECK(cond, Kind) \
+  if (TVM_FFI_PREDICT_TRUE(cond)) {  \
+  } else                             \
+    OPB_THROW(Kind)
+
+// ---------------------------------------------------------------------------
+// dtype dispatch: float32, float16, bfloat16 (compute in float32)
+// ---------------------------------------------------------------------------
+
+#define OPB_DISPATCH_FLOATING(op, dtype, scalar_t, ...)                                   \
+  [&] {                                                                                  \
+    const DLDataType _opb_dt = (dtype);                                                  \
+    if (_opb_dt == ::opbridge::kFloat32) {                                               \
+      using scalar_t = float;                                                            \
+      return __VA_ARGS__();                                                              \
+    } else if (_opb_dt == ::opbridge::kFloat16) {                                        \
+      using scalar_t = ::opbridge::half;                                                 \
+      return __VA_ARGS__();                                                              \
+    } else if (_opb_dt == ::opbridge::kBFloat16) {                                       \
+      using scalar_t = ::opbridge::bfloat16;                                             \
+      return __VA_ARGS__();                                                              \
+    }                                                                                    \
+    OPB_THROW(TypeError) << op << ": unsupported dtype " << ::opbridge::dtype_name(_opb_dt) \
+                         << " (expected float32, float16 or bfloat16)";                   \
+  }()
+
+// ---------------------------------------------------------------------------
+// threading policy
+// ---------------------------------------------------------------------------
+
+// Below this many elements a kernel runs on the calling thread: waking an
+// OpenMP team costs microseconds and, beside a competing process, a parked
+// worker can cost milliseconds. Above it the work is split across threads.
+constexpr int64_t kParallelGrain = 1 << 16;
+
+// ---------------------------------------------------------------------------
+// export: any number of source files export into one module
+// ---------------------------------------------------------------------------
+
+
+#define OPB_CONCAT_INNER_(a, b) a##b
+#define OPB_CONCAT_(a, b) OPB_CONCAT_INNER_(a, b)
+
+// OPBRIDGE_EXPORT(fn) exports `fn` under its own name into the module being
+// built and records it in the module's export list (see `__opbridge_exports`,
+// defined by the build in a generated translation unit).
+#define OPBRIDGE_EXPORT(fn)                                                                 \
+  TVM_FFI_DLL_EXPORT_TYPED_FUNC(fn, fn);                                                    \
+  [[maybe_unused]] static const int OPB_CONCAT_(_opb_export_, fn) =                         \
+      ::opbridge::detail::ExportList::Global().add(#fn)
+
+}  // namespace opbridge
