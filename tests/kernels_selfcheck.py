@@ -15,7 +15,6 @@ import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -54,27 +53,33 @@ def build():
         extra_include_paths=[str(INCLUDE)],
         build_directory=str(BUILD),
     )
-    # fast_tanh probe: the ISA-dispatched loop (what kernels run here) and a
+    # math.h probe: the ISA-dispatched loop (what kernels run here) and a
     # baseline x86-64 loop (no FMA), since contraction changes the last bits.
-    probe_src = BUILD / "tanh_probe.cc"
+    probe_src = BUILD / "math_probe.cc"
     probe_src.write_text(
         "#include <opbridge/math.h>\n"
         "using tvm::ffi::TensorView;\n"
         "namespace {\n"
-        "OPB_TARGET_CLONES void best(float* o, const float* x, int64_t n) {\n"
+        "template <int F> OPB_ALWAYS_INLINE float fn(float x) {\n"
+        "  return F == 0 ? opbridge::fast_tanh(x) : F == 1 ? opbridge::fast_exp(x) : opbridge::fast_sigmoid(x);\n}\n"
+        "template <int F> OPB_TARGET_CLONES void best(float* o, const float* x, int64_t n) {\n"
         "#pragma omp simd\n"
-        "  for (int64_t i = 0; i < n; ++i) o[i] = opbridge::fast_tanh(x[i]);\n}\n"
-        "void base(float* o, const float* x, int64_t n) {\n"
+        "  for (int64_t i = 0; i < n; ++i) o[i] = fn<F>(x[i]);\n}\n"
+        "template <int F> void base(float* o, const float* x, int64_t n) {\n"
         "#pragma omp simd\n"
-        "  for (int64_t i = 0; i < n; ++i) o[i] = opbridge::fast_tanh(x[i]);\n}\n"
+        "  for (int64_t i = 0; i < n; ++i) o[i] = fn<F>(x[i]);\n}\n"
         "}\n"
-        "void fast_tanh_probe(TensorView out, TensorView x, bool dispatched) {\n"
-        "  (dispatched ? best : base)(opbridge::data_ptr<float>(out),\n"
-        "                             opbridge::data_ptr<const float>(x), x.numel());\n}\n"
-        "OPBRIDGE_EXPORT(fast_tanh_probe);\n"
+        "void math_probe(TensorView out, TensorView x, int64_t f, bool dispatched) {\n"
+        "  float* o = opbridge::data_ptr<float>(out);\n"
+        "  const float* a = opbridge::data_ptr<const float>(x);\n"
+        "  const int64_t n = x.numel();\n"
+        "  if (f == 0) (dispatched ? best<0> : base<0>)(o, a, n);\n"
+        "  if (f == 1) (dispatched ? best<1> : base<1>)(o, a, n);\n"
+        "  if (f == 2) (dispatched ? best<2> : base<2>)(o, a, n);\n}\n"
+        "OPBRIDGE_EXPORT(math_probe);\n"
     )
     probe = tvm_ffi.cpp.build(
-        "opb_tanh_probe",
+        "opb_math_probe",
         sources=[str(probe_src)],
         extra_cflags=CFLAGS,
         extra_ldflags=["-fopenmp"],
@@ -227,28 +232,43 @@ def check_conversions(m):
               f"{'ok' if bad == 0 else f'{bad} mismatches'}")
 
 
-def check_tanh(probe):
-    x64 = np.linspace(-10.0, 10.0, 2_000_001)
-    x32 = torch.from_numpy(x64.astype(np.float32))
-    ref = np.tanh(x32.numpy().astype(np.float64))  # error of the function, not of rounding x
-    res = {}
-    for dispatched in (True, False):
-        out = torch.empty_like(x32)
-        probe.fast_tanh_probe(out, x32, dispatched)
-        d = np.abs(out.numpy().astype(np.float64) - ref)
-        rel = d / np.maximum(np.abs(ref), 1e-30)
-        res[dispatched] = (d.max(), rel.max())
-    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30, 3e-4, 1e30])
-    out = torch.empty_like(special)
-    probe.fast_tanh_probe(out, special, True)
-    check(math.isnan(out[0].item()), "fast_tanh(nan) is not nan")
-    check(out[1].item() == 1.0 and out[2].item() == -1.0 and out[7].item() == 1.0, f"fast_tanh(+-inf) = {out}")
-    check(out[3].item() == 0.0 and math.copysign(1, out[4].item()) < 0, "fast_tanh(+-0) keeps the sign")
-    check(out[5].item() == special[5].item() and out[6].item() == special[6].item(), "fast_tanh(tiny) != tiny")
-    for dispatched, (a, r) in res.items():
-        check(a < 1e-6 and r < 1e-6, f"fast_tanh error too large: abs {a:.3g} rel {r:.3g}")
-        print(f"fast_tanh max error on 2,000,001 points of [-10, 10] vs float64 tanh "
-              f"({'ISA-dispatched' if dispatched else 'baseline x86-64'}): abs {a:.3g}, rel {r:.3g}")
+def check_math(probe):
+    """Max error of math.h's fast_tanh / fast_exp / fast_sigmoid vs float64."""
+    grids = [
+        ("fast_tanh", 0, np.tanh, np.linspace(-10.0, 10.0, 2_000_001), "[-10, 10]"),
+        ("fast_exp", 1, np.exp, np.linspace(-87.0, 88.0, 2_000_001), "[-87, 88]"),
+        ("fast_sigmoid", 2, lambda v: 1 / (1 + np.exp(-v)), np.linspace(-80.0, 80.0, 2_000_001), "[-80, 80]"),
+    ]
+    for name, f, ref_fn, grid, where in grids:
+        x32 = torch.from_numpy(grid.astype(np.float32))
+        ref = ref_fn(x32.numpy().astype(np.float64))  # error of the function, not of rounding x
+        for dispatched in (True, False):
+            out = torch.empty_like(x32)
+            probe.math_probe(out, x32, f, dispatched)
+            d = np.abs(out.numpy().astype(np.float64) - ref)
+            nz = ref != 0
+            a, r = d.max(), (d[nz] / np.abs(ref[nz])).max()
+            check(r < 1e-6 if name != "fast_tanh" else a < 1e-6, f"{name} error too large: abs {a:.3g} rel {r:.3g}")
+            print(f"{name:12s} max error on {len(grid):,} points of {where} vs float64 "
+                  f"({'ISA-dispatched' if dispatched else 'baseline x86-64'}): abs {a:.3g}, rel {r:.3g}")
+
+    def run(f, vals):
+        x = torch.tensor(vals, dtype=torch.float32)
+        out = torch.empty_like(x)
+        probe.math_probe(out, x, f, True)
+        return out.tolist()
+
+    inf, nan = float("inf"), float("nan")
+    t = run(0, [nan, inf, -inf, 0.0, -0.0, 1e-30, 3e-4, 1e30])
+    check(math.isnan(t[0]) and t[1] == 1.0 and t[2] == -1.0 and t[7] == 1.0, f"fast_tanh specials {t}")
+    check(t[3] == 0.0 and math.copysign(1, t[4]) < 0 and t[5] == np.float32(1e-30) and t[6] == np.float32(3e-4),
+          f"fast_tanh small values {t}")
+    e = run(1, [nan, inf, -inf, 0.0, 88.7, 89.0, -103.0, -105.0, -90.0])
+    check(math.isnan(e[0]) and e[1] == inf and e[2] == 0.0 and e[3] == 1.0, f"fast_exp specials {e}")
+    check(abs(e[4] / math.exp(float(np.float32(88.7))) - 1) < 1e-6 and e[5] == inf and e[7] == 0.0, f"fast_exp range ends {e}")
+    check(0 < e[6] < 1e-44 and abs(e[8] / math.exp(-90.0) - 1) < 1e-3, f"fast_exp subnormal results {e}")
+    sg = run(2, [nan, inf, -inf, 0.0, -200.0])
+    check(math.isnan(sg[0]) and sg[1] == 1.0 and sg[2] == 0.0 and sg[3] == 0.5 and sg[4] == 0.0, f"fast_sigmoid specials {sg}")
 
 
 # ---------------------------------------------------------------- bad inputs
@@ -280,7 +300,7 @@ def check_errors(m):
         ("rms_norm", "weight", TypeError, lambda: m.rms_norm_cpu(torch.empty_like(x), x, w.half(), 1e-6)),
         ("rms_norm", "weight", ValueError, lambda: m.rms_norm_cpu(torch.empty_like(x), x, f32(8192)[::2], 1e-6)),
         ("rms_norm", "x", TypeError, lambda: m.rms_norm_cpu(torch.empty(4, dtype=torch.int32), torch.ones(4, dtype=torch.int32), torch.ones(4, dtype=torch.int32), 1e-6)),
-        ("rms_norm", "x", ValueError, lambda: m.rms_norm_cpu(torch.empty(4096, 4).t(), f32(4096, 4).t(), f32(4), 1e-6)),
+        ("rms_norm", "x", ValueError, lambda: m.rms_norm_cpu(torch.empty(4, 4096), f32(4096, 4).t(), w, 1e-6)),
         ("rms_norm", "x", ValueError, lambda: m.rms_norm_cpu(torch.empty(()), torch.ones(()), f32(1), 1e-6)),
         ("rms_norm", "eps", ValueError, lambda: m.rms_norm_cpu(torch.empty_like(x), x, w, -1e-6)),
         ("rms_norm", "eps", ValueError, lambda: m.rms_norm_cpu(torch.empty_like(x), x, w, float("nan"))),
@@ -302,7 +322,7 @@ def check_errors(m):
             ok = msg.startswith(f"{op}: {arg} ") or msg.startswith(f"{op}: {arg}:")
             check(ok, f"{op}/{arg}: message does not name op and argument: {msg!r}")
             continue
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             check(False, f"{op}/{arg}: expected {exc.__name__}, got {type(e).__name__}: {e}")
             continue
         check(False, f"{op}/{arg}: expected {exc.__name__}, nothing raised")
@@ -356,7 +376,7 @@ def main():
     t0 = time.time()
     m, probe = build()
     print(f"built in {time.time() - t0:.1f}s: {BUILD}")
-    check_tanh(probe)
+    check_math(probe)
     check_conversions(m)
     check_kernels(m)
     check_errors(m)

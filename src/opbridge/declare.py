@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from opbridge.errors import DeclarationError
-from opbridge.schema import NO_DEFAULT, Schema, SchemaError, parse_schema
+from opbridge.schema import NO_DEFAULT, Schema, parse_schema
 
 
 class Spec(NamedTuple):
@@ -291,10 +291,7 @@ class Library:
         Callable
             A decorator returning the op's public callable.
         """
-        try:
-            parsed = parse_schema(schema)
-        except SchemaError as e:
-            raise DeclarationError(str(e)) from None
+        parsed = parse_schema(schema)  # SchemaError is a DeclarationError
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
             return self._add(parsed, reference, kernels, shape, backward, tolerances)

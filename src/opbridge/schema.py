@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from keyword import iskeyword
 from typing import NoReturn
 
+from opbridge.errors import DeclarationError
+
 __all__ = ["NO_DEFAULT", "Alias", "Argument", "Return", "Schema", "SchemaError", "Type", "check_value"]
 __all__ += ["parse_schema"]
 
@@ -29,7 +31,7 @@ _ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
 _CONSTANTS: dict[str, object] = {"None": None, "True": True, "False": False}
 
 
-class SchemaError(ValueError):
+class SchemaError(DeclarationError):
     """A malformed schema string.
 
     The message is the schema, a caret line under the offending position and the reason

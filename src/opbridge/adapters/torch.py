@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opbridge import loader
-from opbridge.adapters.base import check_no_alias, pack_results
+from opbridge.adapters.base import check_no_alias, pack_results, validate_args
 from opbridge.declare import like
 
 if TYPE_CHECKING:
@@ -130,6 +130,7 @@ def _make_mutating_autograd(op: OpDef) -> Callable[..., Any]:
     """Autograd kernel of a mutating op: no formula, so refuse to be differentiated."""
     packet = getattr(getattr(torch.ops, op.library.namespace), op.name).default
     tensor_names = [(i, a.name) for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
+    mutated = [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
 
     def autograd_impl(*args: Any, **kwargs: Any) -> Any:
         full = _ordered(op, args, kwargs)
@@ -141,7 +142,13 @@ def _make_mutating_autograd(op: OpDef) -> Callable[..., Any]:
                         f"in place and declares no backward; call it under torch.no_grad()"
                     )
         with torch._C._AutoDispatchBelowAutograd():
-            return packet(*args, **kwargs)
+            result = packet(*args, **kwargs)
+        # What ADInplaceOrView does for native in-place ops: later backward
+        # passes must notice that saved tensors changed.
+        for i in mutated:
+            if full[i] is not None:
+                torch.autograd.graph.increment_version(full[i])
+        return result
 
     return autograd_impl
 
@@ -229,6 +236,25 @@ def _substitute_for_dynamo(op: OpDef) -> None:
     torch.compiler.substitute_in_graph(op.call, skip_signature_check=True)(traced)
 
 
+def _checked(op: OpDef, packet: Any) -> Callable[..., Any]:
+    """The dispatcher call, with torch's argument-parser errors turned into named TypeErrors."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return packet(*args, **kwargs)
+        except RuntimeError as e:
+            if "Expected a value of type" in str(e):
+                validate_args(op, _ordered(op, args, kwargs), _is_tensor, "a torch.Tensor")
+            raise
+
+    call.__name__ = op.name
+    return call
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
 class TorchAdapter:
     """Adapter for ``torch.Tensor`` (and subclasses, through the dispatcher)."""
 
@@ -236,7 +262,7 @@ class TorchAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         register(op.library)
-        slow = getattr(getattr(torch.ops, op.library.namespace), op.name).default
+        slow = _checked(op, getattr(getattr(torch.ops, op.library.namespace), op.name).default)
         prelude = _fast_prelude(op) if array_type is torch.Tensor else None
         if prelude is not None and op.qualname not in _FAST:
             op.install_prelude(prelude, {
@@ -255,7 +281,7 @@ class TorchAdapter:
                 "_dyn": torch.compiler.is_dynamo_compiling,
             })
             _FAST.add(op.qualname)
-        return slow  # type: ignore[no-any-return]
+        return slow
 
 
 _FAST: set[str] = set()

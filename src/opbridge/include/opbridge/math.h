@@ -43,8 +43,10 @@ OPB_ALWAYS_INLINE float select(bool c, float a, float b) {
 // rational minimax fit on [-7.9053, 7.9053] (beyond it float32 tanh is +-1 to
 // within a few ulp), and x itself for |x| < 4e-4 where tanh(x) = x to float
 // precision and the rational form loses relative accuracy near 0.
-// Measured against float64 np.tanh on 2M+1 points of [-10, 10]
-// (tests/kernels_selfcheck.py): max abs error TBD, max rel error TBD.
+// Measured against float64 np.tanh on 2,000,001 points of [-10, 10]
+// (tests/kernels_selfcheck.py): max abs error 2.74e-7 in the AVX-512 clone
+// (FMA-contracted), 3.95e-7 in the baseline x86-64 clone, both near |x| = 5.5;
+// i.e. up to ~7 ulp of 1 where tanh is close to +-1, ~2e-7 for |x| < 3.
 // NaN propagates: both clamps compare false for NaN and keep it.
 OPB_ALWAYS_INLINE float fast_tanh(float x) {
   const float kClamp = 7.90531110763549805f;
@@ -64,6 +66,39 @@ OPB_ALWAYS_INLINE float fast_tanh(float x) {
   const bool tiny = (float_to_bits(x) & 0x7fffffffu) < float_to_bits(0.0004f);
   return select(tiny, x, p / q);
 }
+
+// exp(x) for float32, Cephes expf: x = n ln2 + r with |r| <= ln2/2 (ln2 split
+// hi/lo so r is exact), a degree-7 polynomial for e^r, then the exponent bits.
+// n is rounded with the 1.5 * 2^23 trick and 2^n applied as two halves, so
+// everything is float add/mul and integer bit ops (no cvt/floor, which the
+// baseline x86-64 clone would leave to libm) and the full range works:
+// overflow to +inf above ln(FLT_MAX), gradual underflow to 0 below.
+// Measured against float64 on 2,000,001 points of [-87, 88]: max rel error
+// 8.3e-8 (~1.4 ulp), AVX-512 and baseline clones alike. NaN propagates.
+OPB_ALWAYS_INLINE float fast_exp(float x) {
+  const float kMagic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  float c = select(x > 88.8f, 88.8f, x);
+  c = select(c < -104.f, -104.f, c);
+  float fn = c * 1.44269504088896341f + kMagic;
+  const int32_t n = int32_t(float_to_bits(fn) - float_to_bits(kMagic));
+  fn -= kMagic;
+  float r = c - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  float p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = r * p + 8.3334519073e-3f;
+  p = r * p + 4.1665795894e-2f;
+  p = r * p + 1.6666665459e-1f;
+  p = r * p + 5.0000001201e-1f;
+  const float y = p * (r * r) + r + 1.f;
+  const int32_t n1 = n >> 1, n2 = n - n1;
+  return y * bits_to_float(uint32_t(n1 + 127) << 23) * bits_to_float(uint32_t(n2 + 127) << 23);
+}
+
+// 1 / (1 + e^-x), max rel error 1.44e-7 on [-80, 80] (measured as above).
+// Relative accuracy on both tails (0 below, 1 above), unlike
+// 0.5 (1 + tanh(x / 2)), whose 1 + tanh cancels to an absolute error of a
+// few ulp of 1 once tanh saturates.
+OPB_ALWAYS_INLINE float fast_sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
 
 // Runs f(begin, end) -- or f(begin, end, tid) if f takes a thread index -- over
 // [0, n) split into one contiguous range per thread, tid in
