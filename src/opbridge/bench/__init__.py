@@ -1,0 +1,67 @@
+"""Benchmarks run by ``opbridge bench <name>``.
+
+Each benchmark is a module that provides:
+
+``DESCRIPTION``
+    One paragraph, shown by ``opbridge bench <name> --help``.
+``add_arguments(parser)``
+    Adds its own options. The CLI adds ``--json`` and ``--quick`` to every
+    benchmark itself.
+``run(args) -> dict``
+    Runs the measurement and returns a JSON-serialisable result. Progress
+    goes to stderr; failures raise :class:`BenchError`.
+``format_text(result) -> str``
+    Renders a result as a readable report.
+
+To add a benchmark, write such a module and list it in :data:`BENCHES`.
+Benchmark modules import frameworks (torch, ...) only inside ``run``, so
+listing them for ``--help`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any, Protocol, cast
+
+from opbridge.errors import OpbridgeError
+
+#: benchmark name -> module implementing it
+BENCHES: dict[str, str] = {
+    "overhead": "opbridge.bench.overhead",
+    "build": "opbridge.bench.build",
+}
+
+
+class BenchError(OpbridgeError, RuntimeError):
+    """A benchmark could not run, or a candidate computed a wrong result."""
+
+
+class Bench(Protocol):
+    """The interface of a benchmark module (see the module docstring)."""
+
+    DESCRIPTION: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> dict[str, Any]: ...
+
+    def format_text(self, result: dict[str, Any]) -> str: ...
+
+
+def load(name: str) -> Bench:
+    """Import and return the benchmark module called *name*.
+
+    Raises
+    ------
+    BenchError
+        If no benchmark of that name exists.
+    """
+    try:
+        module = BENCHES[name]
+    except KeyError:
+        raise BenchError(f"no benchmark {name!r}; available: {', '.join(BENCHES)}") from None
+    return cast(Bench, importlib.import_module(module))
+
+
+__all__ = ["BENCHES", "Bench", "BenchError", "load"]

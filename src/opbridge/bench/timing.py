@@ -1,0 +1,180 @@
+"""Timing helpers for noisy machines: interleaved rounds, percentiles, machine info.
+
+On a small shared machine (two cores, a busy neighbour, frequency scaling)
+the speed of the whole process drifts over seconds. Timing candidate A for
+ten seconds and then candidate B for ten seconds attributes that drift to
+the candidates. :func:`interleaved` instead runs many short rounds and
+rotates the order of the candidates every round, so drift hits every
+candidate alike, and reports one per-call time per round; :func:`summary`
+turns those into robust percentiles.
+
+Nothing here imports a framework: versions are read from the installed
+distributions' metadata.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import itertools
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+
+#: The percentiles :func:`summary` reports.
+PERCENTILES = (20, 50, 80)
+
+
+def interleaved(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    rounds: int,
+    number: int,
+    warmup: int = 3,
+) -> dict[str, list[float]]:
+    """Time each candidate in *rounds* interleaved rounds of *number* calls.
+
+    Round ``r`` runs the candidates in the order of *fns* rotated by ``r``,
+    so no candidate always runs first (or right after the most expensive
+    one). The garbage collector is paused while timing, as :mod:`timeit`
+    does.
+
+    Parameters
+    ----------
+    fns
+        ``{name: zero-argument callable}``; bind arguments with
+        :func:`functools.partial` (a C-level call) rather than a lambda, to
+        keep the harness's own cost small and equal for all.
+    rounds
+        Number of rounds; each yields one sample per candidate.
+    number
+        Calls per candidate per round; a sample is their mean.
+    warmup
+        Untimed calls of each candidate before the first round.
+
+    Returns
+    -------
+    dict[str, list[float]]
+        ``{name: [per-call seconds, one per round]}``, in the order of *fns*.
+
+    Raises
+    ------
+    ValueError
+        If *rounds* or *number* is not positive, or *fns* is empty.
+    """
+    if rounds < 1 or number < 1:
+        raise ValueError(f"rounds and number must be positive, got rounds={rounds}, number={number}")
+    names = list(fns)
+    if not names:
+        raise ValueError("interleaved() needs at least one candidate")
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                samples[name].append(_time_calls(fns[name], number) / number)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return samples
+
+
+def _time_calls(fn: Callable[[], object], number: int) -> float:
+    """Seconds taken by *number* calls of *fn* (the loop of :mod:`timeit`)."""
+    loop = itertools.repeat(None, number)
+    start = time.perf_counter()
+    for _ in loop:
+        fn()
+    return time.perf_counter() - start
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The *q*-th percentile of *values* (linear interpolation, like ``numpy.percentile``)."""
+    if not values:
+        raise ValueError("percentile() of an empty sequence")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summary(samples: Mapping[str, Sequence[float]]) -> dict[str, dict[str, float]]:
+    """Summarise per-call seconds as p20/p50/p80 in microseconds.
+
+    Parameters
+    ----------
+    samples
+        ``{name: [per-call seconds]}``, as returned by :func:`interleaved`.
+
+    Returns
+    -------
+    dict[str, dict[str, float]]
+        ``{name: {"p20": µs, "p50": µs, "p80": µs, "rounds": n}}``.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, values in samples.items():
+        row = {f"p{q}": round(percentile(values, q) * 1e6, 4) for q in PERCENTILES}
+        row["rounds"] = len(values)
+        out[name] = row
+    return out
+
+
+def ratio(stats: Mapping[str, Mapping[str, float]], name: str, base: str, key: str = "p50") -> float:
+    """``stats[name][key] / stats[base][key]``, rounded to 3 decimals."""
+    return round(stats[name][key] / stats[base][key], 3)
+
+
+def dist_version(dist: str) -> str | None:
+    """Installed version of distribution *dist*, or None; never imports it."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (falls back to :func:`platform.processor`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model"):
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_info() -> dict[str, object]:
+    """Describe the machine and software versions a measurement ran with."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable_cpus(),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "opbridge": dist_version("opbridge"),
+        "numpy": dist_version("numpy"),
+        "torch": dist_version("torch"),
+        "tvm_ffi": dist_version("apache-tvm-ffi"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
