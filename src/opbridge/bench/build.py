@@ -1,0 +1,345 @@
+"""``opbridge bench build``: cold build and warm start times.
+
+Every measurement runs in a fresh Python subprocess with fresh temporary
+cache and build directories, so nothing is cached in memory or on disk:
+
+``opbridge_cold``
+    ``opbridge.ops.LIBRARY.build("cpu")`` into an empty ``OPBRIDGE_CACHE_DIR``.
+``tvm_ffi_cold``
+    ``tvm_ffi.cpp.build`` of the same sources (plus opbridge's generated
+    export-list file) with the same flags, the raw tvm-ffi baseline.
+``torch_load_inline``
+    ``torch.utils.cpp_extension.load_inline`` of one equivalent op (``add``)
+    written against ``torch/extension.h`` with pybind bindings (skipped by
+    ``--quick``: it takes tens of seconds).
+
+The build timers start after ``import tvm_ffi`` / ``import torch`` (done
+before the clock in every case), so they compare the builds alone. Then the
+warm start, with the cache populated: ``import opbridge``, ``from opbridge
+import ops`` and the first ``ops.add(x, y)``, on torch tensors (torch
+imported before the clock) and on NumPy arrays (torch not imported), and the
+cost of ``import tvm_ffi`` on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from opbridge.bench import BenchError
+from opbridge.bench.timing import machine_info
+
+DESCRIPTION = (
+    "Cold build of the built-in op library (opbridge JIT) against tvm_ffi.cpp.build of the same "
+    "sources and torch.utils.cpp_extension.load_inline of an equivalent op, each in a fresh "
+    "subprocess and cache; then warm-start times (import opbridge + first call) and the cost of "
+    "`import tvm_ffi`."
+)
+
+_NOTE = ("build timers start after `import tvm_ffi` (opbridge, tvm_ffi) or `import torch` (load_inline) "
+         "in a fresh process; warm-start times exclude creating the inputs")
+_FULL_REPEAT = 5
+_QUICK_REPEAT = 2
+_TIMEOUT_S = 600
+_FLAGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
+
+# -- the scripts run in subprocesses; each prints one JSON document last ----
+
+_OPBRIDGE_COLD = """
+import json, time
+import tvm_ffi
+from opbridge import ops
+start = time.perf_counter()
+path = ops.LIBRARY.build("cpu")
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "path": str(path)}))
+"""
+
+_TVM_FFI_COLD = """
+import json, sys, time
+import tvm_ffi, tvm_ffi.cpp
+sources, include, build_dir, flags = json.loads(sys.argv[1])
+start = time.perf_counter()
+path = tvm_ffi.cpp.build("opbridge_bench_tvm_ffi", sources=sources, extra_cflags=flags,
+                         extra_ldflags=["-fopenmp"], extra_include_paths=[include],
+                         build_directory=build_dir)
+seconds = time.perf_counter() - start
+assert tvm_ffi.load_module(path)["add_cpu"] is not None
+print(json.dumps({"seconds": seconds, "path": path}))
+"""
+
+_TORCH_ADD_SRC = r"""
+#include <torch/extension.h>
+
+torch::Tensor add(torch::Tensor x, torch::Tensor y) {
+  TORCH_CHECK(x.device().is_cpu() && y.device().is_cpu(), "add: CPU tensors expected");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && y.scalar_type() == torch::kFloat, "add: float32 expected");
+  TORCH_CHECK(x.sizes() == y.sizes(), "add: shapes differ");
+  auto xc = x.contiguous(), yc = y.contiguous();
+  auto out = torch::empty_like(xc);
+  const float* a = xc.data_ptr<float>();
+  const float* b = yc.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t n = xc.numel();
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
+  return out;
+}
+"""
+
+_TORCH_LOAD_INLINE = """
+import json, sys, time
+import torch
+import torch.utils.cpp_extension as ext
+src, build_dir, flags = json.loads(sys.argv[1])
+start = time.perf_counter()
+mod = ext.load_inline("opbridge_bench_torch_add", cpp_sources=[src], functions=["add"],
+                      extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=build_dir)
+seconds = time.perf_counter() - start
+x, y = torch.randn(8), torch.randn(8)
+assert torch.equal(mod.add(x, y), x + y)
+print(json.dumps({"seconds": seconds}))
+"""
+
+_WARM_TORCH = """
+import json, time
+import torch
+x, y = torch.randn(8), torch.randn(8)
+t0 = time.perf_counter()
+import opbridge
+t1 = time.perf_counter()
+from opbridge import ops
+t2 = time.perf_counter()
+z = ops.add(x, y)
+t3 = time.perf_counter()
+assert torch.equal(z, x + y)
+print(json.dumps({"import_opbridge": t1 - t0, "import_ops": t2 - t1, "first_call": t3 - t2,
+                  "total": t3 - t0}))
+"""
+
+_WARM_NUMPY = """
+import json, sys, time
+import numpy as np
+x, y = np.random.rand(8).astype(np.float32), np.random.rand(8).astype(np.float32)
+torch_before = "torch" in sys.modules
+t0 = time.perf_counter()
+import opbridge
+t1 = time.perf_counter()
+from opbridge import ops
+t2 = time.perf_counter()
+z = ops.add(x, y)
+t3 = time.perf_counter()
+assert np.array_equal(z, x + y)
+print(json.dumps({"import_opbridge": t1 - t0, "import_ops": t2 - t1, "first_call": t3 - t2,
+                  "total": t3 - t0, "torch_in_sys_modules_before": torch_before,
+                  "torch_in_sys_modules_after": "torch" in sys.modules}))
+"""
+
+_IMPORT_TVM_FFI = """
+import json, sys, time
+t0 = time.perf_counter()
+if PRE_IMPORT_TORCH:
+    import torch
+t1 = time.perf_counter()
+import tvm_ffi
+t2 = time.perf_counter()
+print(json.dumps({"import_torch": t1 - t0, "import_tvm_ffi": t2 - t1,
+                  "torch_in_sys_modules": "torch" in sys.modules}))
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add this benchmark's options to *parser*."""
+    parser.add_argument("--repeat", type=int, metavar="N", default=None,
+                        help=f"warm-start repetitions, each a fresh process (default {_FULL_REPEAT}, "
+                             f"{_QUICK_REPEAT} with --quick); the median is reported")
+
+
+def _progress(msg: str) -> None:
+    print(f"bench build: {msg}", file=sys.stderr, flush=True)
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment of a measurement subprocess: private caches under *tmp*, no progress lines."""
+    env = dict(os.environ)
+    env.update({
+        "OPBRIDGE_CACHE_DIR": str(tmp / "opbridge-cache"),
+        "OPBRIDGE_NO_PROGRESS": "1",
+        "TVM_FFI_CACHE_DIR": str(tmp / "tvm-ffi-cache"),
+        "TORCH_EXTENSIONS_DIR": str(tmp / "torch-extensions"),
+        "MAX_JOBS": str(os.cpu_count() or 1),
+    })
+    env.pop("OPBRIDGE_VERBOSE", None)
+    env.update(extra)
+    return env
+
+
+def _run_script(label: str, script: str, env: dict[str, str], *argv: str) -> dict[str, Any]:
+    """Run *script* in a fresh interpreter and parse the JSON object it prints last.
+
+    Raises
+    ------
+    BenchError
+        If the subprocess fails or prints no JSON.
+    """
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, *argv], env=env, capture_output=True,
+                              text=True, timeout=_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(f"{label}: timed out after {_TIMEOUT_S}s") from e
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise BenchError(f"{label}: subprocess failed (exit {proc.returncode}):\n{tail}")
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{label}: unexpected output {lines[-1]!r}") from e
+    return result
+
+
+def _exports_tu(directory: Path) -> Path:
+    """Write opbridge's generated export-list source into *directory* (as the JIT build does)."""
+    from opbridge.loader import EXPORTS_TU
+
+    path = directory / "_opbridge_exports.cc"
+    path.write_text(EXPORTS_TU)
+    return path
+
+
+def _opbridge_cold(tmp: Path) -> dict[str, Any]:
+    _progress("cold opbridge JIT build of the built-in library (fresh cache)")
+    res = _run_script("opbridge cold build", _OPBRIDGE_COLD, _env(tmp))
+    return {"seconds": round(res["seconds"], 3), "path": res["path"]}
+
+
+def _tvm_ffi_cold(tmp: Path) -> dict[str, Any]:
+    from opbridge.build.compile import INCLUDE_DIR
+    from opbridge.ops import LIBRARY
+
+    _progress("cold tvm_ffi.cpp.build of the same sources and flags (fresh build dir)")
+    build_dir = tmp / "tvm-ffi-build"
+    build_dir.mkdir()
+    sources = [str(s) for s in LIBRARY.sources_for("cpu")] + [str(_exports_tu(tmp))]
+    payload = json.dumps([sources, str(INCLUDE_DIR), str(build_dir), _FLAGS])
+    res = _run_script("tvm_ffi cold build", _TVM_FFI_COLD, _env(tmp), payload)
+    return {"seconds": round(res["seconds"], 3), "sources": len(sources), "flags": _FLAGS}
+
+
+def _torch_cold(tmp: Path) -> dict[str, Any]:
+    _progress("cold torch.utils.cpp_extension.load_inline of one add op (fresh build dir; ~40 s)")
+    build_dir = tmp / "torch-build"
+    build_dir.mkdir()
+    payload = json.dumps([_TORCH_ADD_SRC, str(build_dir), ["-O3", "-fopenmp"]])
+    res = _run_script("torch load_inline cold build", _TORCH_LOAD_INLINE, _env(tmp), payload)
+    return {"seconds": round(res["seconds"], 3), "op": "add (float32, torch/extension.h + pybind)"}
+
+
+def _medians(label: str, script: str, env: dict[str, str], repeat: int) -> dict[str, Any]:
+    """Run *script* *repeat* times; median of each numeric field (ms), last value of each flag."""
+    runs = [_run_script(label, script, env) for _ in range(repeat)]
+    out: dict[str, Any] = {}
+    for key, value in runs[-1].items():
+        if isinstance(value, bool):
+            out[key] = value
+        else:
+            out[f"{key}_ms"] = round(statistics.median(r[key] for r in runs) * 1e3, 2)
+    out["runs"] = repeat
+    return out
+
+
+def _warm(tmp: Path, repeat: int) -> dict[str, Any]:
+    env = _env(tmp)
+    _progress(f"warm start on torch tensors (torch preimported), {repeat} fresh processes")
+    torch_warm = _medians("warm start (torch)", _WARM_TORCH, env, repeat)
+    _progress(f"warm start on numpy arrays (torch not imported), {repeat} fresh processes")
+    numpy_warm = _medians("warm start (numpy)", _WARM_NUMPY, env, repeat)
+    _progress(f"`import tvm_ffi` alone, with and without torch preimported, {repeat} processes each")
+    bare = _medians("import tvm_ffi", _IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "False"), env, repeat)
+    pre = _medians("import tvm_ffi", _IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "True"), env, repeat)
+    return {
+        "torch": torch_warm,
+        "numpy": numpy_warm,
+        "import_tvm_ffi": {
+            "without_torch_preimported_ms": bare["import_tvm_ffi_ms"],
+            "with_torch_preimported_ms": pre["import_tvm_ffi_ms"],
+            "import_torch_ms": pre["import_torch_ms"],
+            "tvm_ffi_imports_torch": bare["torch_in_sys_modules"],
+        },
+    }
+
+
+def _repeat(args: argparse.Namespace) -> int:
+    repeat: int = args.repeat if args.repeat is not None else (_QUICK_REPEAT if args.quick else _FULL_REPEAT)
+    if repeat < 1:
+        raise BenchError(f"--repeat must be positive, got {repeat}")
+    return repeat
+
+
+def _ratio(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | None:
+    if not num or not den or "seconds" not in num or "seconds" not in den:
+        return None
+    return round(num["seconds"] / den["seconds"], 3)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark; see the module docstring."""
+    repeat = _repeat(args)
+    with tempfile.TemporaryDirectory(prefix="opbridge-bench-build-") as name:
+        tmp = Path(name)
+        cold: dict[str, Any] = {"opbridge_cold": _opbridge_cold(tmp), "tvm_ffi_cold": _tvm_ffi_cold(tmp)}
+        if args.quick:
+            cold["torch_load_inline"] = {"skipped": "--quick"}
+        else:
+            cold["torch_load_inline"] = _torch_cold(tmp)
+        warm = _warm(tmp, repeat)  # reuses the cache the cold opbridge build populated
+    return {
+        "benchmark": "build",
+        "quick": bool(args.quick),
+        "machine": machine_info(),
+        "note": _NOTE,
+        "cold_seconds": {k: v.get("seconds") for k, v in cold.items()},
+        "cold": cold,
+        "ratios": {
+            "opbridge_cold/tvm_ffi_cold": _ratio(cold["opbridge_cold"], cold["tvm_ffi_cold"]),
+            "torch_load_inline/opbridge_cold": _ratio(cold["torch_load_inline"], cold["opbridge_cold"]),
+        },
+        "warm_start": warm,
+    }
+
+
+def format_text(result: dict[str, Any]) -> str:
+    """Render *result* as a readable report."""
+    m = result["machine"]
+    cold, ratios, warm = result["cold"], result["ratios"], result["warm_start"]
+    lines = [
+        "opbridge bench build",
+        f"machine: {m['cpu_model']}, {m['cpus_usable']} CPUs, python {m['python']}, torch {m['torch']}, "
+        f"tvm-ffi {m['tvm_ffi']}, {m['date']}",
+        "",
+        "cold builds (fresh process, fresh cache):",
+    ]
+    for name, row in cold.items():
+        value = f"{row['seconds']:.2f} s" if "seconds" in row else f"skipped ({row['skipped']})"
+        lines.append(f"  {name:<20} {value}")
+    for name, value in ratios.items():
+        lines.append(f"  {name:<34} {'-' if value is None else f'{value:.2f}x'}")
+    lines.append("")
+    lines.append(f"warm start, cache populated (median of {warm['torch']['runs']} fresh processes):")
+    for kind in ("torch", "numpy"):
+        w = warm[kind]
+        lines.append(f"  {kind:<6} total {w['total_ms']:8.1f} ms = import opbridge {w['import_opbridge_ms']:.1f}"
+                     f" + from opbridge import ops {w['import_ops_ms']:.1f} + first ops.add {w['first_call_ms']:.1f}")
+    lines.append(f"  torch in sys.modules after the numpy warm start: {warm['numpy']['torch_in_sys_modules_after']}")
+    t = warm["import_tvm_ffi"]
+    lines.append(f"  import tvm_ffi: {t['without_torch_preimported_ms']:.1f} ms alone, "
+                 f"{t['with_torch_preimported_ms']:.1f} ms after import torch ({t['import_torch_ms']:.1f} ms); "
+                 f"imports torch itself: {t['tvm_ffi_imports_torch']}")
+    return "\n".join(lines)
