@@ -206,7 +206,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _probe(cmd: Sequence[str]) -> tuple[int, str]:
     """Run *cmd*; return its exit status (127 when missing or hung) and combined output."""
     try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False)
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
+                              check=False)
     except (OSError, subprocess.SubprocessError) as e:
         return 127, str(e)
     return proc.returncode, (proc.stdout or proc.stderr).strip()
@@ -333,6 +334,7 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     cache = r["cache"]
     private = {True: "private", False: "NOT PRIVATE", None: "not created yet"}[cache["private"]]
     gpu = r["cuda_gpu"]
+    gpus = ", ".join(gpu["gpus"]) or ("yes" if gpu["present"] else "none")
     lines = [
         f"    python      {r['python']['version']} ({r['python']['executable']})",
         f"    opbridge    {r['opbridge']['version']} ({r['opbridge']['path']})",
@@ -340,7 +342,7 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
         f"{mark(r['cxx']['ok'])} c++         {r['cxx']['command']}: {r['cxx']['version']}",
         f"{mark(r['ninja']['ok'])} ninja       {r['ninja']['path']}: {r['ninja']['version']}",
         f"{mark(r['nvcc']['ok'])} nvcc        {r['nvcc']['path'] or ''} {r['nvcc']['version']}".rstrip(),
-        f"{mark(gpu['present'])} cuda gpu    {', '.join(gpu['gpus']) or ('present' if gpu['present'] else 'none')}",
+        f"{mark(gpu['present'])} cuda gpu    {gpus}",
         f"{mark(r['ascend']['found'])} ascend/cann {r['ascend']['path'] or r['ascend']['detail']}",
         f"{mark(cache['private'] is not False)} cache       {cache['dir']} ({private})",
     ]

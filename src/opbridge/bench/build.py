@@ -64,15 +64,26 @@ print(json.dumps({"seconds": seconds, "path": str(path)}))
 
 _TVM_FFI_COLD = """
 import json, sys, time
+from pathlib import Path
 import tvm_ffi, tvm_ffi.cpp
-sources, include, build_dir, flags = json.loads(sys.argv[1])
+from opbridge.build.compile import INCLUDE_DIR, write_ninja
+from opbridge.loader import build_spec
+from opbridge.ops import LIBRARY
+build_dir, flags = json.loads(sys.argv[1])
+# The same inputs as opbridge's build, including the files it generates (written, untimed).
+spec = build_spec(LIBRARY, "cpu")
+gen = Path(build_dir) / "generated"
+gen.mkdir()
+write_ninja(spec, gen, gen / "unused.so")
+sources = [str(s) for s in spec.sources] + sorted(str(p) for p in gen.glob("*.cc"))
+includes = [str(INCLUDE_DIR), *map(str, spec.include_dirs)]
 start = time.perf_counter()
-path = tvm_ffi.cpp.build("opbridge_bench_tvm_ffi", sources=sources, extra_cflags=flags,
-                         extra_ldflags=["-fopenmp"], extra_include_paths=[include],
+path = tvm_ffi.cpp.build("opbridge_bench_tvm_ffi", sources=sources, extra_cflags=[*flags, *spec.cflags],
+                         extra_ldflags=["-fopenmp", *spec.ldflags], extra_include_paths=includes,
                          build_directory=build_dir)
 seconds = time.perf_counter() - start
 assert tvm_ffi.load_module(path)["add_cpu"] is not None
-print(json.dumps({"seconds": seconds, "path": path}))
+print(json.dumps({"seconds": seconds, "sources": [Path(s).name for s in sources]}))
 """
 
 _TORCH_ADD_SRC = r"""
@@ -205,15 +216,6 @@ def _run_script(label: str, script: str, env: dict[str, str], *argv: str) -> dic
     return result
 
 
-def _exports_tu(directory: Path) -> Path:
-    """Write opbridge's generated export-list source into *directory* (as the JIT build does)."""
-    from opbridge.loader import EXPORTS_TU
-
-    path = directory / "_opbridge_exports.cc"
-    path.write_text(EXPORTS_TU)
-    return path
-
-
 def _opbridge_cold(tmp: Path) -> dict[str, Any]:
     _progress("cold opbridge JIT build of the built-in library (fresh cache)")
     res = _run_script("opbridge cold build", _OPBRIDGE_COLD, _env(tmp))
@@ -221,16 +223,12 @@ def _opbridge_cold(tmp: Path) -> dict[str, Any]:
 
 
 def _tvm_ffi_cold(tmp: Path) -> dict[str, Any]:
-    from opbridge.build.compile import INCLUDE_DIR
-    from opbridge.ops import LIBRARY
-
     _progress("cold tvm_ffi.cpp.build of the same sources and flags (fresh build dir)")
     build_dir = tmp / "tvm-ffi-build"
     build_dir.mkdir()
-    sources = [str(s) for s in LIBRARY.sources_for("cpu")] + [str(_exports_tu(tmp))]
-    payload = json.dumps([sources, str(INCLUDE_DIR), str(build_dir), _FLAGS])
+    payload = json.dumps([str(build_dir), _FLAGS])
     res = _run_script("tvm_ffi cold build", _TVM_FFI_COLD, _env(tmp), payload)
-    return {"seconds": round(res["seconds"], 3), "sources": len(sources), "flags": _FLAGS}
+    return {"seconds": round(res["seconds"], 3), "sources": res["sources"], "flags": _FLAGS}
 
 
 def _torch_cold(tmp: Path) -> dict[str, Any]:
@@ -286,7 +284,7 @@ def _repeat(args: argparse.Namespace) -> int:
 def _ratio(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | None:
     if not num or not den or "seconds" not in num or "seconds" not in den:
         return None
-    return round(num["seconds"] / den["seconds"], 3)
+    return round(float(num["seconds"]) / float(den["seconds"]), 3)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -335,11 +333,13 @@ def format_text(result: dict[str, Any]) -> str:
     lines.append(f"warm start, cache populated (median of {warm['torch']['runs']} fresh processes):")
     for kind in ("torch", "numpy"):
         w = warm[kind]
-        lines.append(f"  {kind:<6} total {w['total_ms']:8.1f} ms = import opbridge {w['import_opbridge_ms']:.1f}"
-                     f" + from opbridge import ops {w['import_ops_ms']:.1f} + first ops.add {w['first_call_ms']:.1f}")
-    lines.append(f"  torch in sys.modules after the numpy warm start: {warm['numpy']['torch_in_sys_modules_after']}")
+        lines.append(f"  {kind:<6} total {w['total_ms']:8.1f} ms = import opbridge "
+                     f"{w['import_opbridge_ms']:.1f} + from opbridge import ops {w['import_ops_ms']:.1f}"
+                     f" + first ops.add {w['first_call_ms']:.1f}")
+    after = warm["numpy"]["torch_in_sys_modules_after"]
+    lines.append(f"  torch in sys.modules after the numpy warm start: {after}")
     t = warm["import_tvm_ffi"]
     lines.append(f"  import tvm_ffi: {t['without_torch_preimported_ms']:.1f} ms alone, "
-                 f"{t['with_torch_preimported_ms']:.1f} ms after import torch ({t['import_torch_ms']:.1f} ms); "
-                 f"imports torch itself: {t['tvm_ffi_imports_torch']}")
+                 f"{t['with_torch_preimported_ms']:.1f} ms after import torch "
+                 f"({t['import_torch_ms']:.1f} ms); imports torch itself: {t['tvm_ffi_imports_torch']}")
     return "\n".join(lines)

@@ -69,7 +69,8 @@ _BASELINES: dict[str, Any] = {}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this benchmark's options to *parser*."""
     parser.add_argument("--repeat", type=int, metavar="N", default=None,
-                        help=f"interleaved rounds (default {_FULL['rounds']}, {_QUICK['rounds']} with --quick)")
+                        help=f"interleaved rounds (default {_FULL['rounds']}, "
+                             f"{_QUICK['rounds']} with --quick)")
     parser.add_argument("--number", type=int, metavar="N", default=None,
                         help=f"calls per candidate per round (default {_FULL['number']}, "
                              f"{_QUICK['number']} with --quick)")
@@ -88,8 +89,9 @@ def _settings(args: argparse.Namespace) -> tuple[int, int, str | None]:
     number = args.number if args.number is not None else defaults["number"]
     if rounds < 1 or number < 1:
         raise BenchError(f"--repeat and --number must be positive (got {rounds}, {number})")
-    backend = None if args.no_compile else (args.compile_backend or ("aot_eager" if args.quick else "inductor"))
-    return rounds, number, backend
+    if args.no_compile:
+        return rounds, number, None
+    return rounds, number, args.compile_backend or ("aot_eager" if args.quick else "inductor")
 
 
 def _baselines() -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -106,9 +108,9 @@ def _baselines() -> tuple[Callable[..., Any], Callable[..., Any]]:
         def _(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return torch.empty_like(x)
 
-        lib = torch.library.Library("opbridge_bench2", "DEF")
-        lib.define("lib_add(Tensor x, Tensor y) -> Tensor")
-        lib.impl("lib_add", lambda x, y: torch.add(x, y), "CPU")
+        lib = torch.library.Library("opbridge_bench2", "DEF")  # type: ignore[no-untyped-call]
+        lib.define("lib_add(Tensor x, Tensor y) -> Tensor")  # type: ignore[no-untyped-call]
+        lib.impl("lib_add", lambda x, y: torch.add(x, y), "CPU")  # type: ignore[no-untyped-call]
         _BASELINES.update(custom_op=cop_add, library=lib)
     return _BASELINES["custom_op"], torch.ops.opbridge_bench2.lib_add
 
@@ -247,7 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _table(stats: dict[str, dict[str, float]], ratios: dict[str, float], anchors: dict[str, str]) -> list[str]:
+def _table(stats: dict[str, dict[str, float]], ratios: dict[str, float],
+           anchors: dict[str, str]) -> list[str]:
     lines = [f"  {'candidate':<24} {'p20 µs':>9} {'p50 µs':>9} {'p80 µs':>9}   p50 ratio"]
     for name, row in stats.items():
         base = anchors.get(name)
