@@ -336,40 +336,44 @@ def check_errors(m):
 
 
 # ---------------------------------------------------------------- bandwidth
-def bench(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    time.sleep(0.2)  # let idle OpenMP workers of this runtime stop spinning before the next one runs
-    return statistics.median(ts), min(ts)
-
-
-def run_bench(m):
+def run_bench(m, rounds=6, calls=4):
+    """Contenders of one op alternate in rounds, so a busy neighbour on this
+    shared machine slows both rather than whichever happened to run then."""
     n = BIG[0] * BIG[1]
     x, y, g = torch.randn(BIG), torch.randn(BIG), torch.randn(BIG)
     w = torch.rand(BIG[1]) + 0.5
     gw = torch.empty_like(w)
     o, o2 = torch.empty_like(x), torch.empty_like(x)
-    mb = 4 * n  # bytes of one (4096, 4096) float32 tensor
-    rows = [
-        ("copy (torch, STREAM-like)", 2 * mb, lambda: o.copy_(x)),
-        ("add  opbridge", 3 * mb, lambda: m.add_cpu(o, x, y)),
-        ("add  torch.add(out=)", 3 * mb, lambda: torch.add(x, y, out=o)),
-        ("gelu opbridge", 2 * mb, lambda: m.gelu_cpu(o, x)),
-        ("gelu torch (allocates)", 2 * mb, lambda: torch.nn.functional.gelu(x, approximate="tanh")),
-        ("gelu_backward opbridge", 3 * mb, lambda: m.gelu_backward_cpu(o, g, x)),
-        ("rms_norm opbridge", 2 * mb, lambda: m.rms_norm_cpu(o, x, w, 1e-6)),
-        ("rms_norm torch F.rms_norm (allocates)", 2 * mb, lambda: torch.nn.functional.rms_norm(x, (BIG[1],), w, 1e-6)),
-        ("rms_norm_backward opbridge", 3 * mb, lambda: m.rms_norm_backward_cpu(o2, gw, g, x, w, 1e-6)),
+    t = 4 * n  # bytes of one (4096, 4096) float32 tensor
+    groups = [
+        ("copy", 2 * t, [("torch o.copy_(x) (STREAM-copy-like)", lambda: o.copy_(x))]),
+        ("add", 3 * t, [("opbridge add_cpu", lambda: m.add_cpu(o, x, y)),
+                        ("torch.add(x, y, out=o)", lambda: torch.add(x, y, out=o))]),
+        ("gelu", 2 * t, [("opbridge gelu_cpu", lambda: m.gelu_cpu(o, x)),
+                         ("torch aten.gelu.out (tanh)", lambda: torch.ops.aten.gelu.out(x, approximate="tanh", out=o))]),
+        ("gelu_backward", 3 * t, [
+            ("opbridge gelu_backward_cpu", lambda: m.gelu_backward_cpu(o, g, x)),
+            ("torch aten.gelu_backward.grad_input", lambda: torch.ops.aten.gelu_backward.grad_input(g, x, approximate="tanh", grad_input=o))]),
+        ("rms_norm", 2 * t, [("opbridge rms_norm_cpu", lambda: m.rms_norm_cpu(o, x, w, 1e-6)),
+                             ("torch F.rms_norm (allocates out)", lambda: torch.nn.functional.rms_norm(x, (BIG[1],), w, 1e-6))]),
+        ("rms_norm_backward", 3 * t, [("opbridge rms_norm_backward_cpu", lambda: m.rms_norm_backward_cpu(o2, gw, g, x, w, 1e-6))]),
     ]
-    print(f"float32 {BIG}, {torch.get_num_threads()} torch threads; GB/s = (bytes read + written) / time")
-    for name, nbytes, fn in rows:
-        med, best = bench(fn)
-        print(f"  {name:40s} median {med * 1e3:7.2f} ms  {nbytes / med / 1e9:6.1f} GB/s   (best {nbytes / best / 1e9:5.1f})")
+    print(f"\nfloat32 {BIG}, {torch.get_num_threads()} threads; GB/s = (bytes read + written) / time; "
+          f"{rounds} rounds x {calls} calls, contenders alternating")
+    for op, nbytes, contenders in groups:
+        times = {name: [] for name, _ in contenders}
+        for _, fn in contenders:
+            fn()  # warm up: page in outputs, start the thread team
+        for _ in range(rounds):
+            for name, fn in contenders:
+                for _ in range(calls):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
+        for name, ts in times.items():
+            med, best = statistics.median(ts), min(ts)
+            print(f"  {op:18s} {name:40s} median {med * 1e3:7.2f} ms {nbytes / med / 1e9:6.1f} GB/s"
+                  f"   best {best * 1e3:7.2f} ms {nbytes / best / 1e9:6.1f} GB/s")
 
 
 def main():

@@ -239,13 +239,18 @@ def _ninja_exe() -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
+def _release_line(lines: list[str]) -> str:
+    """The ``Cuda compilation tools, release X.Y, ...`` line of ``nvcc --version``."""
+    return next((line for line in lines if "release" in line), lines[-1])
+
+
 def _nvcc() -> dict[str, Any]:
     from opbridge.build.compile import nvcc_path
 
     path = nvcc_path()
     if path is None:
         return {"path": None, "version": "not found", "ok": False}
-    return {**_tool(path, pick=lambda lines: lines[-1]), "command": "nvcc"}
+    return {**_tool(path, pick=_release_line), "command": "nvcc"}
 
 
 def _cuda_gpu() -> dict[str, Any]:

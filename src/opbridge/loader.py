@@ -69,10 +69,10 @@ def load(lib: Library, device: str = "cpu") -> Any:
     with _LOCK:
         mod = _MODULES.get(key)
         if mod is None:
-            import tvm_ffi
+            from opbridge._tvm import tvm_ffi
 
             path = _prebuilt_path(lib, device) or build(lib, device)
-            mod = tvm_ffi.load_module(str(path))
+            mod = tvm_ffi().load_module(str(path))
             _MODULES[key] = mod
             _PATHS[key] = path
     return mod

@@ -1,0 +1,91 @@
+"""Each framework's own implementation of the built-in ops, to time ours against.
+
+Only what a framework ships counts as native (``torch.add``, ``jnp`` under
+``jit``, ``paddle.add``, MindSpore ``ops.add``, ``np.add``); an entry is a
+factory ``make(args) -> zero-argument callable`` so that set-up (e.g. jitting)
+happens before timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Factory = Callable[[Sequence[Any]], Callable[[], Any]]
+_C = 0.7978845608028654  # sqrt(2/pi)
+
+
+def _torch() -> dict[str, Factory]:
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    return {
+        "add": lambda a: lambda: torch.add(a[0], a[1]),
+        "gelu": lambda a: lambda: F.gelu(a[0], approximate="tanh"),
+        "rms_norm": lambda a: lambda: F.rms_norm(a[0], (a[0].shape[-1],), a[1], a[2]),
+    }
+
+
+def _numpy() -> dict[str, Factory]:
+    import numpy as np
+
+    def gelu(x: Any) -> Any:
+        return 0.5 * x * (1.0 + np.tanh(_C * (x + 0.044715 * x * x * x)))
+
+    def rms(x: Any, w: Any, eps: float) -> Any:
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    return {
+        "add": lambda a: lambda: np.add(a[0], a[1]),
+        "gelu": lambda a: lambda: gelu(a[0]),
+        "rms_norm": lambda a: lambda: rms(a[0], a[1], a[2]),
+    }
+
+
+def _jax() -> dict[str, Factory]:
+    import jax
+    import jax.numpy as jnp
+
+    add = jax.jit(jnp.add)
+    gelu = jax.jit(lambda x: jax.nn.gelu(x, approximate=True))
+    rms = jax.jit(lambda x, w, eps: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w)
+    return {
+        "add": lambda a: lambda: add(a[0], a[1]).block_until_ready(),
+        "gelu": lambda a: lambda: gelu(a[0]).block_until_ready(),
+        "rms_norm": lambda a: lambda: rms(a[0], a[1], a[2]).block_until_ready(),
+    }
+
+
+def _paddle() -> dict[str, Factory]:
+    import paddle
+    import paddle.nn.functional as F  # noqa: N812
+
+    def rms(x: Any, w: Any, eps: float) -> Any:
+        return x * paddle.rsqrt(paddle.mean(x * x, axis=-1, keepdim=True) + eps) * w
+
+    return {
+        "add": lambda a: lambda: paddle.add(a[0], a[1]),
+        "gelu": lambda a: lambda: F.gelu(a[0], approximate=True),
+        "rms_norm": lambda a: lambda: rms(a[0], a[1], a[2]),
+    }
+
+
+def _mindspore() -> dict[str, Factory]:
+    from mindspore import ops
+
+    def rms(x: Any, w: Any, eps: float) -> Any:
+        return x * ops.rsqrt(ops.mean(x * x, -1, True) + eps) * w
+
+    return {
+        "add": lambda a: lambda: ops.add(a[0], a[1]),
+        "gelu": lambda a: lambda: ops.gelu(a[0], approximate="tanh"),
+        "rms_norm": lambda a: lambda: rms(a[0], a[1], a[2]),
+    }
+
+
+_TABLES = {"torch": _torch, "numpy": _numpy, "jax": _jax, "paddle": _paddle, "mindspore": _mindspore}
+
+
+def natives(framework: str) -> dict[str, Factory]:
+    """``{op name: factory}`` of *framework*'s own implementations."""
+    return _TABLES[framework]()

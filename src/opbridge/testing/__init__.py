@@ -1,0 +1,23 @@
+"""Testing kit for opbridge ops: the checks opbridge runs on its own ops, for yours.
+
+``check_op(op)`` runs a declared op over a generated matrix of shapes, dtypes
+and memory layouts and compares it with its NumPy reference, its declared
+gradient with finite differences, and (for PyTorch) runs ``opcheck`` and
+``torch.compile``::
+
+    from opbridge.testing import check_op
+
+    def test_scale():
+        report = check_op(myops.scale)
+        assert report.checks["grad"] > 0
+
+``assert_close`` is the comparison it uses, with per-dtype defaults from
+``TOLERANCES``. Importing this package imports no framework.
+"""
+
+from __future__ import annotations
+
+from opbridge.testing.compare import TOLERANCES, assert_close
+from opbridge.testing.matrix import CASE_HINTS, CheckReport, check_op, make_cases, shaped_cases
+
+__all__ = ["CASE_HINTS", "TOLERANCES", "CheckReport", "assert_close", "check_op", "make_cases", "shaped_cases"]
