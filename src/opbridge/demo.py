@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from opbridge.testing.harness import HARNESSES, get
+from opbridge.testing.matrix import NONCONTIGUOUS
 
 DEFAULT_FRAMEWORKS = ("numpy", "torch", "jax", "paddle")
 
@@ -34,9 +35,14 @@ def _demo_case(op: Any) -> dict[str, Any]:
     cases = make_cases(op, "float32", seed=1)
 
     def size(case: dict[str, Any]) -> int:
-        return sum(int(np.asarray(v).size) for v in case.values() if isinstance(v, np.ndarray))
+        return sum(int(np.asarray(v).size) for v in _ordered(op, case) if isinstance(v, np.ndarray))
 
-    return max(cases, key=size)
+    return max((c for c in cases if not c.get(NONCONTIGUOUS)), key=size)
+
+
+def _ordered(op: Any, case: dict[str, Any]) -> list[Any]:
+    """The case's argument values in schema order (cases also carry ``_``-prefixed layout keys)."""
+    return [case[a.name] for a in op.schema.arguments]
 
 
 def _results(op: Any, args: Sequence[Any], out: Any, mutates_in_place: bool) -> list[Any]:
@@ -50,7 +56,7 @@ def _results(op: Any, args: Sequence[Any], out: Any, mutates_in_place: bool) -> 
 
 def _reference(op: Any, case: dict[str, Any]) -> list[np.ndarray]:
     args = [np.array(v, dtype=np.float64) if isinstance(v, np.ndarray) and v.dtype.kind == "f"
-            else (np.array(v) if isinstance(v, np.ndarray) else v) for v in case.values()]
+            else (np.array(v) if isinstance(v, np.ndarray) else v) for v in _ordered(op, case)]
     out = op.reference(*args)
     return _results(op, args, out, True)
 
@@ -71,7 +77,7 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
     for op in ops.LIBRARY.ops.values():
         case = _demo_case(op)
         args = [harness.from_numpy(v, "float32" if v.dtype.kind == "f" else None)
-                if isinstance(v, np.ndarray) else v for v in case.values()]
+                if isinstance(v, np.ndarray) else v for v in _ordered(op, case)]
         got = _results(op, args, op.call(*args), harness.mutates_in_place)
         want = _reference(op, case)
         rtol, atol = op.tolerance("float32")
@@ -80,7 +86,7 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
         ok = all(np.allclose(harness.to_numpy(g).astype(np.float64), w, rtol=rtol, atol=atol)
                  for g, w in zip(got, want))
         ok_all &= ok
-        shape = "x".join(map(str, next(v.shape for v in case.values() if isinstance(v, np.ndarray))))
+        shape = "x".join(map(str, next(v.shape for v in _ordered(op, case) if isinstance(v, np.ndarray))))
         timing = ""
         if op.name in native and not op.schema.is_mutating:
             stats = summary(interleaved({

@@ -18,6 +18,24 @@ gradient with finite differences, and (for PyTorch) runs ``opcheck`` and
 from __future__ import annotations
 
 from opbridge.testing.compare import TOLERANCES, assert_close
-from opbridge.testing.matrix import CASE_HINTS, CheckReport, check_op, make_cases, shaped_cases
+from opbridge.testing.matrix import (
+    CASE_HINTS,
+    CheckReport,
+    check_op,
+    elementwise_hint,
+    last_dim_hint,
+    make_cases,
+    shaped_cases,
+)
 
-__all__ = ["CASE_HINTS", "TOLERANCES", "CheckReport", "assert_close", "check_op", "make_cases", "shaped_cases"]
+__all__ = [
+    "CASE_HINTS",
+    "TOLERANCES",
+    "CheckReport",
+    "assert_close",
+    "check_op",
+    "elementwise_hint",
+    "last_dim_hint",
+    "make_cases",
+    "shaped_cases",
+]

@@ -84,7 +84,7 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _fmt_index(idx: tuple[int, ...]) -> str:
+def _fmt_index(idx: tuple[Any, ...]) -> str:
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
@@ -140,7 +140,9 @@ def assert_close(
         a = a.astype(np.float64)
         e = e.astype(np.float64)
     except (TypeError, ValueError) as exc:
-        raise AssertionError(f"{name}: cannot compare values of dtype {a.dtype} with {e.dtype}: {exc}") from None
+        raise AssertionError(
+            f"{name}: cannot compare values of dtype {a.dtype} with {e.dtype}: {exc}"
+        ) from None
 
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(a - e)
@@ -160,7 +162,8 @@ def assert_close(
     for idx in bad[:_MAX_SHOWN]:
         t = tuple(int(i) for i in idx)
         lines.append(
-            f"    {_fmt_index(t)}: actual={a[t]!r} expected={e[t]!r} abs diff={diff[t]!r}"
+            f"    {_fmt_index(t)}: actual={float(a[t])!r} expected={float(e[t])!r} "
+            f"abs diff={float(diff[t])!r}"
         )
     finite = np.isfinite(a) & np.isfinite(e)
     if finite.any():

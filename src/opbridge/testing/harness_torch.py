@@ -51,6 +51,7 @@ class TorchHarness:
 
         # aot_eager traces through Dynamo and AOTAutograd like Inductor does, without
         # Inductor's C++ codegen, which costs ~20 s per graph on a 2-core machine.
+        torch._dynamo.reset()  # each compile starts fresh: tests compile one op under many shapes
         return torch.compile(fn, fullgraph=True, backend="aot_eager")
 
     def data_ptr(self, x: Any) -> int:

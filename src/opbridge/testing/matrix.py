@@ -58,6 +58,8 @@ __all__ = [
     "CheckReport",
     "check_op",
     "elementwise_cases",
+    "elementwise_hint",
+    "last_dim_hint",
     "make_cases",
     "shaped_cases",
 ]
@@ -131,16 +133,15 @@ def shaped_cases(
     if sliced:
         nonempty = [i for i, ss in enumerate(present) if ss and all(int(np.prod(s)) > 0 for s in ss.values())]
         wide = [i for i in nonempty if all(len(s) >= 2 for s in present[i].values())]
-        pick = (wide or nonempty or [None])[0]
-        if pick is not None:
-            cases.append({**values(shape_sets[pick]), LAYOUT: "sliced"})
+        if wide or nonempty:
+            cases.append({**values(shape_sets[(wide or nonempty)[0]]), LAYOUT: "sliced"})
     if noncontiguous:
-        pick = next((i for i, ss in enumerate(present)
+        nc_pick = next((i for i, ss in enumerate(present)
                      if ss and all(len(s) >= 1 and s[-1] > 1 and int(np.prod(s)) > 0 for s in ss.values())),
                     None)
-        if pick is not None:
-            for name in present[pick]:
-                cases.append({**values(shape_sets[pick]), NONCONTIGUOUS: name})
+        if nc_pick is not None:
+            for name in present[nc_pick]:
+                cases.append({**values(shape_sets[nc_pick]), NONCONTIGUOUS: name})
     return cases
 
 
@@ -156,7 +157,20 @@ def elementwise_cases(op: Any, dtype: str, rng: np.random.Generator) -> list[Cas
     return shaped_cases(sets, rng)
 
 
-def _elementwise_hint(*names: str) -> CaseHint:
+def elementwise_hint(*names: str) -> CaseHint:
+    """A case generator for ops whose Tensor arguments *names* all share one shape.
+
+    Parameters
+    ----------
+    *names
+        The Tensor arguments, all given each shape of :data:`ELEMENTWISE_SHAPES`.
+
+    Returns
+    -------
+    CaseHint
+        For :data:`CASE_HINTS`; adds the sliced and non-contiguous cases.
+    """
+
     def hint(dtype: str, rng: np.random.Generator) -> list[Case]:
         return shaped_cases([dict.fromkeys(names, s) for s in ELEMENTWISE_SHAPES], rng)
 
@@ -164,7 +178,22 @@ def _elementwise_hint(*names: str) -> CaseHint:
     return hint
 
 
-def _last_dim_hint(full: tuple[str, ...], row: tuple[str, ...]) -> CaseHint:
+def last_dim_hint(full: tuple[str, ...], row: tuple[str, ...]) -> CaseHint:
+    """A case generator for ops over the last dimension (normalisations).
+
+    Parameters
+    ----------
+    full
+        Tensor arguments of shape ``(*lead, H)``: each shape of :data:`ELEMENTWISE_SHAPES`.
+    row
+        Tensor arguments of shape ``(H,)``.
+
+    Returns
+    -------
+    CaseHint
+        For :data:`CASE_HINTS`; adds the sliced and non-contiguous cases.
+    """
+
     def hint(dtype: str, rng: np.random.Generator) -> list[Case]:
         sets = [{**dict.fromkeys(full, s), **dict.fromkeys(row, (s[-1],))} for s in ELEMENTWISE_SHAPES]
         return shaped_cases(sets, rng)
@@ -177,14 +206,15 @@ def _last_dim_hint(full: tuple[str, ...], row: tuple[str, ...]) -> CaseHint:
 #: Per-op case generators, by qualname (``"namespace::name"``). Ops without an
 #: entry get :func:`elementwise_cases`. Register your own op's shapes here::
 #:
+#:     CASE_HINTS["myops::layer_norm"] = last_dim_hint(("x",), ("weight", "bias"))
 #:     CASE_HINTS["myops::matvec"] = lambda dtype, rng: shaped_cases(
 #:         [{"a": (5, 7), "x": (7,)}, {"a": (0, 3), "x": (3,)}], rng)
 CASE_HINTS: dict[str, CaseHint] = {
-    "opbridge::add": _elementwise_hint("x", "y"),
-    "opbridge::gelu": _elementwise_hint("x"),
-    "opbridge::gelu_backward": _elementwise_hint("grad", "x"),
-    "opbridge::rms_norm": _last_dim_hint(("x",), ("weight",)),
-    "opbridge::rms_norm_backward": _last_dim_hint(("grad", "x"), ("weight",)),
+    "opbridge::add": elementwise_hint("x", "y"),
+    "opbridge::gelu": elementwise_hint("x"),
+    "opbridge::gelu_backward": elementwise_hint("grad", "x"),
+    "opbridge::rms_norm": last_dim_hint(("x",), ("weight",)),
+    "opbridge::rms_norm_backward": last_dim_hint(("grad", "x"), ("weight",)),
 }
 
 _GENERIC_SCALARS: dict[str, Any] = {"float": 0.5, "int": 1, "bool": True}
@@ -278,7 +308,7 @@ def _is_float_np(v: np.ndarray) -> bool:
 
 class _NumpyKit:
     name = "numpy"
-    dtypes = ("float64", "float32", "float16")
+    dtypes: tuple[str, ...] = ("float64", "float32", "float16")
 
     def dtype(self, d: Any) -> Any:
         return np.dtype(d if isinstance(d, np.dtype) else str(d))
@@ -311,7 +341,8 @@ class _NumpyKit:
         return a.astype(np.float64) if self.is_float(a) else a.copy()
 
     def round_to(self, v: np.ndarray, like: Any) -> np.ndarray:
-        return np.asarray(v).astype(np.asarray(like).dtype).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf, as in the kernel
+            return np.asarray(v).astype(np.asarray(like).dtype).astype(np.float64)
 
     def clone(self, x: Any) -> Any:
         return np.array(x, copy=True)
@@ -441,7 +472,7 @@ def _describe(op: OpDef, case: Mapping[str, Any]) -> str:
         else:
             parts.append(f"{a.name}={v!r}")
     layout = case.get(LAYOUT, "contiguous")
-    suffix = " [sliced: each tensor a slice at an odd offset of a larger buffer]" if layout == "sliced" else ""
+    suffix = " [sliced: tensors are slices at odd offsets of larger buffers]" if layout == "sliced" else ""
     return ", ".join(parts) + suffix
 
 
@@ -482,8 +513,8 @@ class _Runner:
     # -- calling ----------------------------------------------------------------
 
     def split(self, full: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
-        pos = [v for a, v in zip(self.args, full) if not a.kwarg_only]
-        kw = {a.name: v for a, v in zip(self.args, full) if a.kwarg_only}
+        pos = [v for a, v in zip(self.args, full, strict=True) if not a.kwarg_only]
+        kw = {a.name: v for a, v in zip(self.args, full, strict=True) if a.kwarg_only}
         return pos, kw
 
     def call(self, full: Sequence[Any]) -> tuple[Any, ...]:
@@ -538,7 +569,7 @@ class _Runner:
 
     def ref_inputs(self, full: Sequence[Any]) -> list[Any]:
         return [self.kit.to_np64(v) if a.type.is_tensor and v is not None else v
-                for a, v in zip(self.args, full)]
+                for a, v in zip(self.args, full, strict=True)]
 
     # -- checks -----------------------------------------------------------------
 
@@ -558,24 +589,25 @@ class _Runner:
                 self.check_sentinel(full, expected)
         with self.checking("forward"):
             before = [self.kit.clone(v) if a.type.is_tensor and v is not None and not a.is_mutated else None
-                      for a, v in zip(self.args, full)]
+                      for a, v in zip(self.args, full, strict=True)]
             outs = self.call(full)
             self.compare_results(full, outs, expected, expected_mut)
         with self.checking("inputs_unchanged"):
             self.check_unchanged(full, before, padded)
         if (self.check_grad and self.kit.name == "torch" and self.dtype == "float32"
                 and self.op.backward is not None and not self.op.schema.is_mutating
-                and all(self.kit.numel(v) > 0 for a, v in zip(self.args, full)
+                and all(self.kit.numel(v) > 0 for a, v in zip(self.args, full, strict=True)
                         if a.type.is_tensor and v is not None)):
             with self.checking("grad"):
                 self.check_gradients(index, full, ref_in)
 
     def compare_results(self, full: Sequence[Any], outs: Sequence[Any], expected: Sequence[np.ndarray],
                         expected_mut: Mapping[int, np.ndarray]) -> None:
-        for j, (act, exp) in enumerate(zip(outs, expected)):
+        for j, (act, exp) in enumerate(zip(outs, expected, strict=True)):
             self.compare(act, exp, self._return_name(j), against="the float64 reference")
         for i, exp in expected_mut.items():
-            self.compare(full[i], exp, f"mutated argument '{self.args[i].name}'", against="the float64 reference")
+            self.compare(full[i], exp, f"mutated argument '{self.args[i].name}'",
+                         against="the float64 reference")
 
     def _return_name(self, j: int) -> str:
         r = self.op.schema.returns[j]
@@ -591,7 +623,7 @@ class _Runner:
 
     def check_unchanged(self, full: Sequence[Any], before: Sequence[Any],
                         padded: Sequence[tuple[str, Any, int, int]]) -> None:
-        for a, now, was in zip(self.args, full, before):
+        for a, now, was in zip(self.args, full, before, strict=True):
             if was is None:
                 continue
             x, y = self.kit.to_np64(now), self.kit.to_np64(was)
@@ -601,7 +633,7 @@ class _Runner:
                 raise AssertionError(
                     f"input '{a.name}' was modified by an op that does not declare it mutated "
                     f"({len(bad)} of {x.size} elements changed, first at {_fmt(bad[0])}: "
-                    f"{y[tuple(bad[0])]!r} -> {x[tuple(bad[0])]!r}); write to outputs only, "
+                    f"{y[tuple(bad[0])].item()!r} -> {x[tuple(bad[0])].item()!r}); write to outputs only, "
                     f"or declare it Tensor(a!)"
                 )
         for name, buf, lo, hi in padded:
@@ -619,7 +651,8 @@ class _Runner:
                 raise AssertionError(
                     f"out-of-bounds write: {len(bad)} element(s) of the sentinel guard {region} "
                     f"{what} were overwritten (first at element offset {offset:+d} "
-                    f"{'from its start' if region == 'before' else 'past its end'}, now {whole[first]!r}); "
+                    f"{'from its start' if region == 'before' else 'past its end'}, "
+                    f"now {whole[first].item()!r}); "
                     f"the kernel writes outside the {what}"
                 )
 
@@ -630,7 +663,7 @@ class _Runner:
         kern = loader.kernel(self.op, "cpu")
         gargs: list[Any] = []
         guarded: list[tuple[str, Any, int, int]] = []
-        for a, v in zip(self.args, full):
+        for a, v in zip(self.args, full, strict=True):
             if not a.type.is_tensor or v is None:
                 gargs.append(v)
                 continue
@@ -643,7 +676,7 @@ class _Runner:
         outs: list[Any] = []
         out_bufs: list[tuple[str, Any, int, int]] = []
         new_returns = [j for j, r in enumerate(self.op.schema.returns) if r.type.alias is None]
-        for j, spec in zip(new_returns, self.op.output_specs(gargs)):
+        for j, spec in zip(new_returns, self.op.output_specs(gargs), strict=True):
             shape = tuple(int(s) for s in spec.shape)
             n = int(np.prod(shape)) if shape else 1
             buf = kit.empty_filled(_GUARD + n + _GUARD, spec.dtype)
@@ -652,7 +685,7 @@ class _Runner:
         kern(*outs, *gargs)
         for what, buf, lo, hi in out_bufs + guarded:
             self.check_guards(buf, lo, hi, what)
-        for j, out in zip(new_returns, outs):
+        for j, out in zip(new_returns, outs, strict=True):
             if not kit.is_float(out):
                 continue
             got = kit.to_np64(out)
@@ -665,7 +698,7 @@ class _Runner:
                 raise AssertionError(
                     f"{self._return_name(j)}: {len(bad)} of {got.size} elements were left unwritten "
                     f"(still hold the NaN sentinel; first at {_fmt(bad[0])}, expected "
-                    f"{exp[tuple(bad[0])]!r}); the kernel must write every output element"
+                    f"{exp[tuple(bad[0])].item()!r}); the kernel must write every output element"
                 )
 
     def check_noncontiguous(self, case: Mapping[str, Any]) -> None:
@@ -704,7 +737,7 @@ class _Runner:
                                     grad_outputs=[gs[j] for j, _ in float_outs], allow_unused=True)
         g64 = {j: g.double().numpy() for j, g in gs.items()}
         _, atol = self.op.tolerance("float32")
-        for i, grad in zip(diff, grads):
+        for i, grad in zip(diff, grads, strict=True):
             name = self.args[i].name
             base = np.asarray(ref_in[i], dtype=np.float64)
             u = rng.standard_normal(base.shape)
@@ -742,7 +775,7 @@ def _dtype_str(d: Any) -> str:
         return d
     if type(d).__module__.partition(".")[0] == "torch":
         return str(d).rpartition(".")[2]
-    return np.dtype(d).name
+    return str(np.dtype(d).name)
 
 
 def _fmt(idx: Any) -> str:
@@ -766,7 +799,8 @@ def _as_tuple(result: Any, n: int, what: str) -> tuple[Any, ...]:
 def _small_case(op: OpDef, cases: Sequence[Case]) -> Case | None:
     """The smallest contiguous non-empty case, preferring ones whose tensors are at least 2-D."""
     def tensors(c: Case) -> list[np.ndarray]:
-        return [to_numpy(c[a.name]) for a in op.schema.arguments if a.type.is_tensor and c[a.name] is not None]
+        return [to_numpy(c[a.name]) for a in op.schema.arguments
+                if a.type.is_tensor and c[a.name] is not None]
 
     ok = [c for c in cases if c.get(NONCONTIGUOUS) is None and c.get(LAYOUT, "contiguous") == "contiguous"
           and all(t.size > 0 for t in tensors(c))]
@@ -785,8 +819,9 @@ def _run_opcheck(r: _Runner, case: Case, test_utils: Sequence[str] | None) -> No
         full, _ = r.materialize(case)
     grad = r.dtype == "float32" and op.backward is not None and not op.schema.is_mutating
     if grad:
-        full = [v.detach().requires_grad_() if i in op.differentiable and v is not None and v.is_floating_point()
-                else v for i, v in enumerate(full)]
+        full = [v.detach().requires_grad_()
+                if i in op.differentiable and v is not None and v.is_floating_point() else v
+                for i, v in enumerate(full)]
     overload = getattr(getattr(torch.ops, op.library.namespace), op.name).default
     pos, kw = r.split(full)
     extra: dict[str, Any] = {} if test_utils is None else {"test_utils": tuple(test_utils)}
@@ -808,7 +843,7 @@ def _run_compile(r: _Runner, case: Case, backend: str) -> None:
         return fn(*args, **kwargs)
 
     def same(got: Sequence[Any], want: Sequence[Any], what: str) -> None:
-        for j, (g, w) in enumerate(zip(got, want)):
+        for j, (g, w) in enumerate(zip(got, want, strict=True)):
             name = f"{what} {j}" if len(want) > 1 else what
             if exact:
                 assert_close(g, w, rtol=0.0, atol=0.0, name=f"{name} (compiled vs eager, must be identical)")
@@ -816,14 +851,21 @@ def _run_compile(r: _Runner, case: Case, backend: str) -> None:
                 rtol, atol = op.tolerance(dtype_name(w))
                 assert_close(g, w, rtol=rtol, atol=atol, name=f"{name} (compiled vs eager)")
 
-    pos, kw = r.split(full)
+    def copies() -> list[Any]:  # each run gets its own inputs: mutating ops change them
+        return [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in full]
+
     torch._dynamo.reset()
     try:
         with r.checking("compile"):
             compiled = torch.compile(run_op, fullgraph=True, backend=backend)
+            full_c, full_e = copies(), copies()
+            pos, kw = r.split(full_c)
             got = _as_tuple(compiled(*pos, **kw), len(op.schema.returns), op.name)
-            want = r.call(full)
+            want = r.call(full_e)
             same(got, want, "output")
+            for i, a in enumerate(op.schema.arguments):
+                if a.is_mutated and full_c[i] is not None:
+                    same([full_c[i]], [full_e[i]], f"mutated argument '{a.name}'")
         if r.dtype == "float32" and op.backward is not None and not op.schema.is_mutating:
             with r.checking("compile_grad"):
                 diff = [i for i in op.differentiable if full[i] is not None and full[i].is_floating_point()]
@@ -838,7 +880,8 @@ def _run_compile(r: _Runner, case: Case, backend: str) -> None:
                     outs = [o for o in _as_tuple(runner(*p, **k), len(op.schema.returns), op.name)
                             if o.dtype.is_floating_point]
                     gr = torch.autograd.grad(outs, [leaves[i] for i in diff], gs, allow_unused=True)
-                    results.append([torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(diff, gr)])
+                    results.append([torch.zeros_like(leaves[i]) if g is None else g
+                                    for i, g in zip(diff, gr, strict=True)])
                 same(results[0], results[1], "gradient")
     finally:
         torch._dynamo.reset()
@@ -930,7 +973,8 @@ def check_op(
     if not run:
         raise ValueError(f"check_op({opdef.qualname}): none of the dtypes {list(names)} can run "
                          f"on {framework} (it supports {', '.join(kit.dtypes)})")
-    runner = _Runner(opdef, kit, report, seed=seed, sentinel=sentinel, check_grad=check_grad, grad_rtol=grad_rtol)
+    runner = _Runner(opdef, kit, report, seed=seed, sentinel=sentinel, check_grad=check_grad,
+                     grad_rtol=grad_rtol)
     for dtype in run:
         runner.dtype = dtype
         if cases is None:

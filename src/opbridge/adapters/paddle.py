@@ -1,0 +1,364 @@
+"""Paddle adapter: eager kernel calls, autograd through ``PyLayer``, ``to_static`` through Python ops.
+
+Eager (dygraph)
+    tvm-ffi takes ``paddle.Tensor`` directly (DLPack exchange), so a call is
+    one ``empty_like``-style allocation per output and the kernel call, with
+    no copies. The call is a function generated per op with the schema's
+    arity, so the common case costs a few attribute reads.
+Autograd
+    When grad is enabled and a tensor argument has ``stop_gradient=False`` the
+    call goes through a ``paddle.autograd.PyLayer`` whose backward is the
+    declared ``backward`` (opbridge ops on paddle tensors, dispatching back
+    here). Ops without one raise when differentiated; mutating ops refuse to
+    be called on tensors that need grad.
+``paddle.jit.to_static``
+    Under PIR tracing the arguments are ``paddle.pir.Value``. The kernel call
+    becomes a Python op (``_C_ops._run_python_op``, the primitive behind
+    ``paddle.static.register_op``) that runs the eager call on the program's
+    tensors at run time; its output metadata comes from the shape rule. With
+    gradients it is wrapped in ``paddle.static.nn.static_pylayer`` whose
+    backward block is traced from the declared ``backward``. Mutating ops and
+    legacy ``Program``/``Variable`` graphs raise :class:`PaddleStaticError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import paddle
+from paddle import _C_ops
+from paddle.autograd import PyLayer
+
+from opbridge import loader
+from opbridge.adapters.base import check_no_alias, pack_results, validate_args
+from opbridge.declare import like
+from opbridge.errors import OpbridgeError
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+_T = paddle.Tensor
+_VALUE = paddle.pir.Value
+_NAMES = itertools.count()
+_STATIC = threading.local()  # .in_backward: tracing a static backward block
+
+
+class PaddleStaticError(OpbridgeError, NotImplementedError):
+    """An opbridge op cannot be put into this kind of Paddle static graph."""
+
+
+def _dtype(d: Any) -> Any:
+    return getattr(paddle, d) if isinstance(d, str) else d
+
+
+def _span(t: paddle.Tensor) -> tuple[int, int]:
+    p = t.data_ptr()
+    return p, p + t.size * t.element_size()
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, _T)
+
+
+def _like_idx(op: OpDef) -> list[int] | None:
+    if not isinstance(op.shape, like):
+        return None
+    names = [a.name for a in op.schema.arguments]
+    return [names.index(n) for n in op.shape.names]
+
+
+def _alloc(op: OpDef, args: Sequence[Any]) -> list[paddle.Tensor]:
+    place = args[op.dispatch_arg].place
+    return [_C_ops.empty(list(s.shape), _dtype(s.dtype), place) for s in op.output_specs(args)]
+
+
+def _raise_named(op: OpDef, args: Sequence[Any]) -> None:
+    """Raise the TypeError naming the first argument of the wrong Python type, if any."""
+    validate_args(op, args, _is_tensor, "a paddle.Tensor")
+
+
+def _tensor_idx(op: OpDef) -> list[int]:
+    return [i for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
+
+
+# -- eager ---------------------------------------------------------------------
+
+
+def _make_raw(op: OpDef) -> Callable[..., tuple[paddle.Tensor, ...]]:
+    """The plain kernel call on paddle tensors, returning the allocated outputs (no autograd, no checks)."""
+    kern = loader.kernel(op, "cpu")
+    like_idx = _like_idx(op)
+    mutating = op.schema.is_mutating
+
+    def raw(*args: Any) -> tuple[paddle.Tensor, ...]:
+        if like_idx is not None:
+            outs = [_C_ops.empty_like(args[i], args[i].dtype, args[i].place) for i in like_idx]
+        else:
+            outs = _alloc(op, args)
+        if mutating:
+            check_no_alias(op, args, _span)
+        try:
+            kern(*outs, *args)
+        except TypeError:
+            _raise_named(op, args)
+            raise
+        return tuple(outs)
+
+    return raw
+
+
+def _backward_grads(op: OpDef, grads: Sequence[Any], full: list[Any], meta: Sequence[Any],
+                    zeros: Callable[[Any], Any]) -> list[Any]:
+    """Run the declared backward; one gradient (or None) per Tensor argument."""
+    if op.backward is None:
+        raise NotImplementedError(f"{op.name}: no backward is declared, so it cannot be differentiated "
+                                  f"(declare backward= in its Library.op)")
+    grads = [zeros(m) if g is None else g for g, m in zip(grads, meta)]
+    res = op.backward(*grads, *full)
+    res = list(res) if isinstance(res, (tuple, list)) else [res]
+    n = len(_tensor_idx(op))
+    if len(res) != n:
+        raise RuntimeError(f"{op.name}: backward returned {len(res)} gradient(s), expected one "
+                           f"per Tensor argument ({n})")
+    return res
+
+
+def _make_layer(op: OpDef, raw: Callable[..., tuple[paddle.Tensor, ...]]) -> type[PyLayer]:
+    """A PyLayer running *raw* forward and the declared backward."""
+    tensor_idx = _tensor_idx(op)
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        present = [i for i in tensor_idx if args[i] is not None]
+        ctx.opb_full = [None if i in tensor_idx else v for i, v in enumerate(args)]
+        ctx.opb_present = present
+        ctx.opb_needs = [not args[i].stop_gradient for i in present]
+        ctx.save_for_backward(*(args[i] for i in present))
+        outs = raw(*args)
+        ctx.opb_meta = [(o.shape, o.dtype) for o in outs]
+        return outs[0] if len(outs) == 1 else outs
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        full = list(ctx.opb_full)
+        for i, t in zip(ctx.opb_present, ctx.saved_tensor()):
+            full[i] = t
+        grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
+        res = _backward_grads(op, grads, full, ctx.opb_meta,
+                              lambda m: paddle.zeros(m[0], m[1]))
+        # PyLayer wants one gradient per Tensor passed to forward (None ones were not),
+        # and None for those with stop_gradient=True.
+        got = [g for i, g in zip(tensor_idx, res) if i in ctx.opb_present]
+        out = tuple(g if need else None for g, need in zip(got, ctx.opb_needs))
+        return out[0] if len(out) == 1 else out
+
+    return type(f"{op.name}_PyLayer", (PyLayer,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward),
+        "__module__": __name__, "__qualname__": f"{op.name}_PyLayer",
+    })
+
+
+def _fast_source(op: OpDef) -> str:
+    """Source of the eager call: checks, then autograd, mutation or plain call."""
+    args = op.schema.arguments
+    names = [f"a{i}" for i in range(len(args))]
+    params = ", ".join(names)
+    lines = [f"def call({params}):"]
+    tensors = [(i, a) for i, a in enumerate(args) if a.type.is_tensor]
+    for i, a in tensors:
+        if i != op.dispatch_arg:
+            cond = f"isinstance(a{i}, _T)" + (f" or a{i} is None" if a.type.optional else "")
+            lines.append(f"    if not ({cond}): _bad(({params},))")
+    no_grad = [f"(a{i} is None or a{i}.stop_gradient)" if a.type.optional else f"a{i}.stop_gradient"
+               for i, a in tensors]
+    lines.append(f"    if _grad() and not ({' and '.join(no_grad)}):")
+    lines.append(f"        return _ag({params})")
+    outs = [f"_o{i}" for i in range(op.n_outputs)]
+    like_idx = _like_idx(op)
+    if like_idx is not None:
+        lines += [f"    {o} = _empty_like(a{i}, a{i}.dtype, a{i}.place)" for o, i in zip(outs, like_idx)]
+    elif outs:
+        lines.append(f"    {', '.join(outs)}, = _alloc(({params},))")
+    if op.schema.is_mutating:
+        lines.append(f"    _alias(({params},))")
+    lines += ["    try:", f"        _k({', '.join([*outs, *names])})",
+              "    except TypeError:", f"        _bad(({params},))", "        raise"]
+    for i, a in enumerate(args):
+        if a.is_mutated:
+            lines.append(f"    {f'if a{i} is not None: ' if a.type.optional else ''}a{i}._bump_inplace_version()")
+    returns = op.schema.returns
+    if not returns:
+        lines.append("    return None")
+    elif len(returns) == 1 and len(outs) == 1:
+        lines.append("    return _o0")
+    else:
+        lines.append(f"    return _pack(({params},), ({''.join(o + ', ' for o in outs)}))")
+    return "\n".join(lines) + "\n"
+
+
+def _refuse_grad(op: OpDef) -> Callable[..., Any]:
+    tensor_args = [(i, a.name) for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
+
+    def refuse(*args: Any) -> Any:
+        name = next(n for i, n in tensor_args if args[i] is not None and not args[i].stop_gradient)
+        raise RuntimeError(f"{op.name}: argument '{name}' requires grad (stop_gradient=False), but this op "
+                           f"mutates its inputs in place and declares no backward; call it under "
+                           f"paddle.no_grad() or on tensors with stop_gradient=True")
+
+    return refuse
+
+
+def _make_eager(op: OpDef) -> Callable[..., Any]:
+    raw = _make_raw(op)
+    ns: dict[str, Any] = {
+        "_T": _T,
+        "_k": loader.kernel(op, "cpu"),
+        "_grad": paddle.is_grad_enabled,
+        "_ag": _refuse_grad(op) if op.schema.is_mutating else _make_layer(op, raw).apply,
+        "_bad": lambda a: _raise_named(op, a),
+        "_empty_like": _C_ops.empty_like,
+        "_alloc": lambda a: _alloc(op, a),
+        "_alias": lambda a: check_no_alias(op, a, _span),
+        "_pack": lambda a, o: pack_results(op, a, o),
+    }
+    exec(compile(_fast_source(op), f"<opbridge paddle {op.qualname}>", "exec"), ns)  # noqa: S102
+    fn: Callable[..., Any] = ns["call"]
+    fn.__name__ = fn.__qualname__ = op.name
+    return fn
+
+
+# -- static (paddle.jit.to_static, PIR) -----------------------------------------
+
+
+def _python_op(op: OpDef, raw: Callable[..., tuple[paddle.Tensor, ...]], cache: dict[str, Any],
+               args: Sequence[Any]) -> list[Any]:
+    """Insert one Python op running *raw* on the program's tensors; return its output Values."""
+    slots = [i for i, v in enumerate(args) if isinstance(v, _VALUE)]
+    template = [None if isinstance(v, _VALUE) else v for v in args]
+    specs = op.output_specs(args)  # shape-rule errors surface here, at trace time
+    key = repr(template)
+    entry = cache.get(key)
+    if entry is None:
+        # Paddle keys a Python op's runtime function on its name: one name per constant set.
+        name = f"opbridge__{op.library.namespace}__{op.name}__{next(_NAMES)}"
+
+        def fill(values: Sequence[Any]) -> list[Any]:
+            full = list(template)
+            for i, v in zip(slots, values):
+                full[i] = v
+            return full
+
+        def run(*tensors: Any) -> tuple[paddle.Tensor, ...]:
+            return raw(*fill(tensors))
+
+        def infer_meta(*metas: Any) -> tuple[Any, ...]:
+            # An exception escaping here aborts the process, so never let one out.
+            try:
+                got = op.output_specs(fill(metas))
+            except Exception:  # noqa: BLE001
+                traceback.print_exc(file=sys.stderr)
+                got = specs
+            return tuple(paddle.static.MetaTensor(dtype=_dtype(s.dtype), shape=list(s.shape)) for s in got)
+
+        entry = cache[key] = (name, run, infer_meta)
+    name, run, infer_meta = entry
+    outs = _C_ops._run_python_op(
+        *(args[i] for i in slots), name=name,
+        input_names=[op.schema.arguments[i].name for i in slots],
+        output_names=[f"out{j}" for j in range(len(specs))],
+        attrs={"infer_meta_fn_ptr": infer_meta, "fn_ptr": run}, inplace_map={},
+    )
+    return list(outs)
+
+
+def _make_static(op: OpDef) -> Callable[..., Any]:
+    if op.schema.is_mutating:
+        def refuse(*args: Any) -> Any:
+            raise PaddleStaticError(
+                f"{op.name}: mutates its arguments in place, which opbridge cannot express in a "
+                f"paddle.jit.to_static program (PIR values are immutable and Paddle's Python ops "
+                f"cannot alias a graph input); call it eagerly, outside to_static")
+        return refuse
+    if not hasattr(_C_ops, "_run_python_op"):
+        def unsupported(*args: Any) -> Any:
+            raise PaddleStaticError(
+                f"{op.name}: this Paddle ({paddle.__version__}) has no Python ops "
+                f"(paddle.static.register_op, Paddle >= 3.2), so opbridge ops cannot run inside "
+                f"paddle.jit.to_static programs; call them eagerly or use Paddle >= 3.2")
+        return unsupported
+    raw = _make_raw(op)
+    cache: dict[str, Any] = {}
+    tensor_idx = _tensor_idx(op)
+
+    def plain(*args: Any) -> Any:
+        return pack_results(op, args, _python_op(op, raw, cache, args))
+
+    def call(*args: Any) -> Any:
+        validate_args(op, args, lambda v: isinstance(v, _VALUE), "a paddle.pir.Value under to_static")
+        needs_grad = not getattr(_STATIC, "in_backward", False) and any(
+            args[i] is not None and not args[i].stop_gradient for i in tensor_idx)
+        if not needs_grad:
+            return plain(*args)
+        # static_pylayer: forward and backward blocks traced from Python; tensors
+        # reach the backward block through the context's save_for_backward pipe.
+        from paddle.jit.dy2static.py_layer import StaticPyLayerContext
+        from paddle.static.nn import static_pylayer
+
+        ctx = StaticPyLayerContext()
+        present = [i for i in tensor_idx if args[i] is not None]
+        meta: list[Any] = []
+
+        def forward(*a: Any) -> Any:
+            ctx.save_for_backward(*(a[i] for i in present))
+            outs = _python_op(op, raw, cache, a)
+            meta.extend((o.shape, o.dtype) for o in outs)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        def backward(*grads: Any) -> Any:
+            full = list(args)
+            for i, v in zip(present, ctx.saved_tensor()):
+                full[i] = v
+            _STATIC.in_backward = True
+            try:
+                res = _backward_grads(op, grads, full, meta, lambda m: paddle.zeros(m[0], m[1]))
+            finally:
+                _STATIC.in_backward = False
+            out = [g for i, g in zip(tensor_idx, res) if i in present]
+            return out[0] if len(out) == 1 else tuple(out)
+
+        result = static_pylayer(forward, list(args), backward)
+        outs = list(result) if isinstance(result, (list, tuple)) else [result]
+        return pack_results(op, args, outs)
+
+    return call
+
+
+def _legacy_static(op: OpDef) -> Callable[..., Any]:
+    def refuse(*args: Any) -> Any:
+        raise PaddleStaticError(
+            f"{op.name}: legacy static graphs (paddle.static.Program with FLAGS_enable_pir_api=0) "
+            f"are not supported; use the default PIR mode of paddle.jit.to_static or eager mode")
+    return refuse
+
+
+class PaddleAdapter:
+    """Adapter for ``paddle.Tensor`` (eager) and ``paddle.pir.Value`` (``to_static`` tracing)."""
+
+    name = "paddle"
+
+    def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        if issubclass(array_type, _VALUE):
+            return _make_static(op)
+        if issubclass(array_type, _T):
+            return _make_eager(op)
+        if issubclass(array_type, paddle.static.Variable):
+            return _legacy_static(op)
+        arg = op.schema.arguments[op.dispatch_arg].name
+        raise TypeError(f"{op.name}: argument '{arg}' must be a paddle.Tensor, got "
+                        f"{array_type.__module__}.{array_type.__qualname__}")
+
+
+ADAPTER = PaddleAdapter()

@@ -1,0 +1,403 @@
+"""Declare ops in YAML, in the style of PyTorch's ``native_functions.yaml`` + ``derivatives.yaml``.
+
+An ``ops.yaml`` loads into the same declarations as :meth:`Library.op`::
+
+    library:                        # omit it to load into an existing Library (load(path, LIB))
+      namespace: myops
+      sources: [csrc/*.cc]          # relative to this file; globs allowed
+      prebuilt: my_plugin._C_ops
+    ops:
+      - func: silu_and_mul(Tensor x) -> Tensor
+        kernels: {cpu: silu_and_mul_cpu}            # default {cpu: <name>_cpu}
+        shape: my_plugin.ops.shapes.silu_and_mul    # or {like: x}, {like: [x, weight]}
+        reference: my_plugin.ops.refs.silu_and_mul  # the NumPy reference (required)
+        tolerances: {float32: [1.0e-5, 1.0e-6]}
+      - func: silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor
+        shape: {like: x}
+        reference: my_plugin.ops.refs.silu_and_mul_backward
+    derivatives:
+      - name: silu_and_mul(Tensor x) -> Tensor
+        x: silu_and_mul_backward(grad, x)
+
+Each ``derivatives`` entry names an op of the file by its schema; every other
+key is a Tensor argument (or ``a, b`` for an expression returning a tuple),
+its value an expression over ``grad`` (``grads[i]`` for ops with several
+outputs), the op's arguments, numbers, arithmetic, and calls of the library's
+ops. The entries compile into the op's ``backward``, which calls the ops'
+public callables, so it runs in every framework. Tensor arguments without an
+entry get no gradient. Mistakes are :class:`~opbridge.DeclarationError`\\ s
+naming ``file:line``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+import yaml
+
+from opbridge.declare import Library, like
+from opbridge.errors import DeclarationError
+from opbridge.schema import Schema, parse_schema
+
+__all__ = ["Derivative", "load"]
+
+_OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances")
+_LIBRARY_KEYS = ("namespace", "sources", "include_dirs", "cflags", "ldflags", "prebuilt", "python_module")
+_TOP_KEYS = ("library", "ops", "derivatives")
+_EXPR_NODES = (
+    ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.Subscript, ast.keyword,
+    ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd,
+)
+_EVAL_GLOBALS: dict[str, Any] = {"__builtins__": {}}
+
+
+class _Map(dict[str, Any]):
+    """A YAML mapping that remembers the line it starts on."""
+
+    line = 0
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Safe YAML loader whose mappings are :class:`_Map`\\ s."""
+
+
+def _construct_map(loader: yaml.SafeLoader, node: yaml.MappingNode) -> _Map:
+    out = _Map(loader.construct_mapping(node, deep=True))
+    out.line = node.start_mark.line + 1
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
+
+
+class _Where:
+    """``file:line`` prefixes for error messages."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def error(self, node: Any, message: str) -> DeclarationError:
+        line = getattr(node, "line", 0)
+        return DeclarationError(f"{self.path}:{line}: {message}" if line else f"{self.path}: {message}")
+
+    def mapping(self, node: Any, what: str, keys: Sequence[str] | None = None) -> _Map:
+        if not isinstance(node, dict):
+            raise self.error(node, f"{what} must be a mapping, got {type(node).__name__}")
+        if keys is not None:
+            unknown = [k for k in node if k not in keys]
+            if unknown:
+                raise self.error(node, f"{what}: unknown key(s) {', '.join(map(repr, unknown))} "
+                                       f"(expected {', '.join(keys)})")
+        return node if isinstance(node, _Map) else _Map(node)
+
+
+def _resolve(dotted: str) -> Any:
+    """Import ``pkg.module.attr`` (the attribute may be nested: ``pkg.module.Class.method``)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as e:
+            if e.name is not None and ".".join(parts[:cut]).startswith(e.name):
+                continue
+            raise
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(f"no module in {dotted!r}")
+
+
+def _callable(where: _Where, node: _Map, key: str, op: str) -> Callable[..., Any]:
+    dotted = node[key]
+    parts = dotted.split(".") if isinstance(dotted, str) else []
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        raise where.error(node, f"{op}: {key} must be a dotted Python path like pkg.module.function, "
+                                f"got {dotted!r}")
+    try:
+        fn = _resolve(dotted)
+    except (ImportError, AttributeError) as e:
+        raise where.error(node, f"{op}: {key} {dotted!r} cannot be imported: {e}") from None
+    if not callable(fn):
+        raise where.error(node, f"{op}: {key} {dotted!r} is a {type(fn).__name__}, not a function")
+    return fn  # type: ignore[no-any-return]
+
+
+def _shape(where: _Where, node: _Map, op: str) -> Any:
+    rule = node.get("shape")
+    if rule is None:
+        return None
+    if isinstance(rule, dict):
+        where.mapping(rule, f"{op}: shape", ("like",))
+        names = rule["like"]
+        names = [names] if isinstance(names, str) else names
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise where.error(node, f"{op}: shape: like must name one argument or a list of them, "
+                                    f"got {names!r}")
+        return like(*names)
+    return _callable(where, node, "shape", op)
+
+
+def _tolerances(where: _Where, node: _Map, op: str) -> dict[str, tuple[float, float]]:
+    raw = node.get("tolerances") or {}
+    where.mapping(raw, f"{op}: tolerances")
+    out: dict[str, tuple[float, float]] = {}
+    for dtype, pair in raw.items():
+        try:
+            rtol, atol = (float(v) for v in pair)  # YAML reads 1e-5 (no dot) as a string
+        except (TypeError, ValueError):
+            raise where.error(node, f"{op}: tolerances: {dtype} must be [rtol, atol], got {pair!r}") from None
+        out[str(dtype)] = (rtol, atol)
+    return out
+
+
+# -- derivatives ---------------------------------------------------------------
+
+
+class Derivative:
+    """An op's backward, compiled from its ``derivatives`` entry.
+
+    Called as ``backward(*grad_outputs, *args)``; returns one gradient (or
+    None) per Tensor argument, computed by the entry's expressions, which
+    call the library's ops through their public callables.
+    """
+
+    def __init__(self, schema: Schema, rules: Sequence[tuple[tuple[int, ...], CodeType]],
+                 calls: Sequence[str], source: str) -> None:
+        self.library: Library | None = None  # set when the op is declared
+        self.schema = schema
+        self.rules = tuple(rules)
+        self.calls = tuple(calls)
+        self.source = source
+        self.n_grads = len(schema.returns)
+        self.arg_names = tuple(a.name for a in schema.arguments)
+        self.n_tensors = sum(1 for a in schema.arguments if a.type.is_tensor)
+
+    def __call__(self, *values: Any) -> tuple[Any, ...]:
+        grads = values[:self.n_grads]
+        ops = self.library.ops if self.library is not None else {}
+        env: dict[str, Any] = {name: ops[name].call for name in self.calls}
+        env.update(zip(self.arg_names, values[self.n_grads:], strict=True))
+        env["grads"] = grads
+        env["grad"] = grads[0] if grads else None
+        out: list[Any] = [None] * self.n_tensors
+        for slots, code in self.rules:
+            value = eval(code, _EVAL_GLOBALS, env)  # noqa: S307 - AST checked: op calls, names, arithmetic
+            if len(slots) == 1:
+                out[slots[0]] = value
+                continue
+            if not isinstance(value, (tuple, list)) or len(value) != len(slots):
+                raise RuntimeError(f"{self.schema.name}: derivative {code.co_filename} returned "
+                                   f"{type(value).__name__}, expected a tuple of {len(slots)} gradients")
+            for s, v in zip(slots, value, strict=True):
+                out[s] = v
+        return tuple(out)
+
+    def __repr__(self) -> str:
+        return f"<opbridge derivative of {self.schema.name} from {self.source}>"
+
+
+def _check_call(where: _Where, entry: _Map, call: ast.Call, schemas: Mapping[str, Schema], op: str) -> str:
+    if not isinstance(call.func, ast.Name) or call.func.id not in schemas:
+        name = call.func.id if isinstance(call.func, ast.Name) else ast.unparse(call.func)
+        raise where.error(entry, f"derivatives of {op}: {name}(...) is not an op of this library "
+                                 f"(ops: {', '.join(sorted(schemas))})")
+    target = schemas[call.func.id]
+    positional = [a.name for a in target.arguments if not a.kwarg_only]
+    given = positional[:len(call.args)]
+    if len(call.args) > len(positional):
+        raise where.error(entry, f"derivatives of {op}: {call.func.id}() takes {len(positional)} positional "
+                                 f"argument(s), {len(call.args)} given")
+    for kw in call.keywords:
+        if kw.arg is None or kw.arg not in {a.name for a in target.arguments} or kw.arg in given:
+            raise where.error(entry, f"derivatives of {op}: {call.func.id}() got a bad keyword {kw.arg!r}")
+        given.append(kw.arg)
+    missing = [a.name for a in target.arguments if not a.has_default and a.name not in given]
+    if missing:
+        raise where.error(entry, f"derivatives of {op}: {call.func.id}() is missing {', '.join(missing)} "
+                                 f"(schema: {target})")
+    return call.func.id
+
+
+def _compile_expr(where: _Where, entry: _Map, text: str, schema: Schema,
+                  schemas: Mapping[str, Schema]) -> tuple[CodeType, set[str]]:
+    op = schema.name
+    try:
+        tree = ast.parse(str(text).strip(), mode="eval")
+    except SyntaxError as e:
+        raise where.error(entry, f"derivatives of {op}: cannot parse {text!r}: {e.msg}") from None
+    names = {a.name for a in schema.arguments} | {"grad", "grads"}
+    calls: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, _EXPR_NODES):
+            raise where.error(entry, f"derivatives of {op}: {type(node).__name__} is not allowed in {text!r} "
+                                     f"(use op calls, argument names, grad/grads[i], numbers and + - * / **)")
+        if isinstance(node, ast.Call):
+            calls.add(_check_call(where, entry, node, schemas, op))
+        elif isinstance(node, ast.Name) and node.id not in names and node.id not in calls:
+            if node.id == "result":
+                raise where.error(entry, f"derivatives of {op}: 'result' (the forward output) is not saved; "
+                                         f"recompute it by calling the op")
+            if node.id not in schemas:
+                raise where.error(entry, f"derivatives of {op}: unknown name {node.id!r} in {text!r} "
+                                         f"(arguments: {', '.join(sorted(names))})")
+            calls.add(node.id)  # an op passed as a value
+    code = compile(tree, f"{where.path}:{entry.line}", "eval")
+    return code, calls
+
+
+def _derivative(where: _Where, entry: _Map, schema: Schema, schemas: Mapping[str, Schema]) -> Derivative:
+    tensor_slot = {a.name: i for i, a in enumerate(a for a in schema.arguments if a.type.is_tensor)}
+    mutated = {a.name for a in schema.arguments if a.is_mutated}
+    rules: list[tuple[tuple[int, ...], CodeType]] = []
+    calls: set[str] = set()
+    seen: set[str] = set()
+    for key, text in entry.items():
+        if key == "name":
+            continue
+        targets = [t.strip() for t in str(key).split(",")]
+        for t in targets:
+            if t not in tensor_slot or t in mutated:
+                allowed = ", ".join(n for n in tensor_slot if n not in mutated)
+                raise where.error(entry, f"derivatives of {schema.name}: {t!r} is not a differentiable "
+                                         f"Tensor argument (those are: {allowed})")
+            if t in seen:
+                raise where.error(entry, f"derivatives of {schema.name}: {t!r} has two formulas")
+            seen.add(t)
+        code, used = _compile_expr(where, entry, text, schema, schemas)
+        rules.append((tuple(tensor_slot[t] for t in targets), code))
+        calls |= used
+    if not rules:
+        raise where.error(entry, f"derivatives of {schema.name}: no formulas "
+                                 f"(add '<arg>: <expression>' lines)")
+    return Derivative(schema, rules, sorted(calls), f"{where.path}:{entry.line}")
+
+
+# -- loading ---------------------------------------------------------------------
+
+
+def _new_library(where: _Where, node: Any, caller: str) -> Library:
+    spec = where.mapping(node, "library", _LIBRARY_KEYS)
+    if "namespace" not in spec:
+        raise where.error(spec, "library: namespace is required")
+    root = where.path.parent
+
+    def paths(key: str) -> list[str]:
+        items = spec.get(key) or []
+        if isinstance(items, str):
+            items = [items]
+        out: list[str] = []
+        for item in items:
+            found = sorted(str(p) for p in root.glob(item)) if any(c in item for c in "*?[") else [item]
+            out.extend(found)
+        return out
+
+    return Library(
+        str(spec["namespace"]), sources=paths("sources"), include_dirs=paths("include_dirs"),
+        cflags=[str(f) for f in spec.get("cflags") or []],
+        ldflags=[str(f) for f in spec.get("ldflags") or []],
+        root=root, prebuilt=spec.get("prebuilt"), python_module=spec.get("python_module") or caller,
+    )
+
+
+def load(path: str | Path, library: Library | None = None) -> Library:
+    """Declare the ops of the YAML manifest at *path*.
+
+    Parameters
+    ----------
+    path
+        The ``ops.yaml`` file.
+    library
+        Declare the ops into this library; then the file must not have a
+        ``library:`` section. Without it the file's ``library:`` section
+        creates the library (its ``python_module`` defaults to the caller's module).
+
+    Returns
+    -------
+    Library
+        The library the ops were declared into.
+
+    Raises
+    ------
+    DeclarationError
+        On any mistake in the file, naming ``file:line``; nothing is declared then.
+    """
+    where = _Where(Path(path).resolve())
+    try:
+        doc = yaml.load(where.path.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise DeclarationError(f"{where.path}: not valid YAML: {e}") from None
+    doc = where.mapping(doc if doc is not None else _Map(), "the manifest", _TOP_KEYS)
+    ops = doc.get("ops") or []
+    entries = doc.get("derivatives") or []
+    if not isinstance(ops, list) or not isinstance(entries, list):
+        raise where.error(doc, "ops and derivatives must be lists of mappings")
+
+    parsed: list[tuple[_Map, Schema]] = []
+    for node in ops:
+        node = where.mapping(node, "an ops entry", _OP_KEYS)
+        for key in ("func", "reference"):
+            if key not in node:
+                raise where.error(node, f"ops entry {node.get('func', '')!r}: {key} is required")
+        try:
+            parsed.append((node, parse_schema(str(node["func"]))))
+        except DeclarationError as e:
+            raise where.error(node, f"func: {e}") from None
+
+    if library is not None and "library" in doc:
+        raise where.error(doc["library"], "this file has a library: section, but load() was given a library")
+    if library is None and "library" not in doc:
+        raise where.error(doc, "no library: section; add one, or pass the Library to load() "
+                               "(opbridge.manifest.load(path, LIBRARY))")
+    existing = library.ops if library is not None else {}
+    schemas: dict[str, Schema] = {name: op.schema for name, op in existing.items()}
+    for node, schema in parsed:
+        if schema.name in schemas:
+            raise where.error(node, f"{schema.name} is already declared in this library")
+        schemas[schema.name] = schema
+
+    declarations = []
+    for node, schema in parsed:
+        op = schema.name
+        kernels = node.get("kernels")
+        if kernels is not None:
+            kernels = {str(k): str(v) for k, v in where.mapping(kernels, f"{op}: kernels").items()}
+        options = {"kernels": kernels, "shape": _shape(where, node, op),
+                   "tolerances": _tolerances(where, node, op)}
+        declarations.append((node, schema, _callable(where, node, "reference", op), options))
+
+    backward: dict[str, Derivative] = {}
+    own = {schema.name: schema for _, schema in parsed}
+    for entry in entries:
+        entry = where.mapping(entry, "a derivatives entry")
+        if "name" not in entry:
+            raise where.error(entry, "derivatives entry without name: <schema>")
+        try:
+            schema = parse_schema(str(entry["name"]))
+        except DeclarationError as e:
+            raise where.error(entry, f"derivatives name: {e}") from None
+        declared = own.get(schema.name)
+        if declared is None:
+            raise where.error(entry, f"derivatives: {schema.name} is not declared in this file's ops")
+        if declared != schema:
+            raise where.error(entry, f"derivatives: the schema {schema} differs from the op's {declared}")
+        if schema.name in backward:
+            raise where.error(entry, f"derivatives: {schema.name} has two entries")
+        backward[schema.name] = _derivative(where, entry, declared, schemas)
+
+    if library is None:
+        caller = inspect.stack()[1].frame.f_globals.get("__name__", "__main__")
+        library = _new_library(where, doc["library"], caller)
+    for derivative in backward.values():
+        derivative.library = library
+    for node, schema, reference, options in declarations:
+        try:
+            library.op(str(schema), backward=backward.get(schema.name), **options)(reference)
+        except DeclarationError as e:
+            raise where.error(node, str(e)) from None
+    return library

@@ -1,0 +1,345 @@
+"""The built-in ops through the testing kit, and the kit catching deliberately broken ops.
+
+Every op of ``opbridge.ops.LIBRARY`` (taken from the registry, not listed here)
+runs through :func:`opbridge.testing.check_op` for each dtype in torch and in
+float32 NumPy. The second half declares a throwaway library whose kernels are
+broken on purpose and checks that ``check_op`` fails on each, with a message
+that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import opbridge
+import opbridge.ops
+from opbridge.declare import DEFAULT_TOLERANCES
+from opbridge.testing import TOLERANCES, assert_close, check_op, make_cases
+from opbridge.testing.matrix import LAYOUT, NONCONTIGUOUS
+
+torch = pytest.importorskip("torch")
+
+BUILTIN = opbridge.ops.LIBRARY.ops
+DTYPES = ("float32", "float16", "bfloat16")
+REQUIRED_LEAD_SHAPES = [(1,), (7,), (3, 769), (2, 5125), (0, 16), (4, 1, 33)]
+
+
+# ---------------------------------------------------------------------------
+# the built-in ops
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_builtin_op_torch(name: str, dtype: str) -> None:
+    op = BUILTIN[name]
+    report = check_op(op, dtypes=(dtype,))
+    n_tensors = len(op.schema.tensor_args)
+    assert report.dtypes == (dtype,)
+    assert report.checks["forward"] >= 7
+    assert report.checks["sentinel"] == report.checks["forward"]
+    assert report.checks["inputs_unchanged"] == report.checks["forward"]
+    assert report.checks["noncontiguous"] == n_tensors
+    assert report.checks["opcheck"] == 1
+    assert report.checks["compile"] == 1
+    if dtype == "float32" and op.backward is not None:
+        assert report.checks["grad"] >= 6  # every non-empty case
+        assert report.checks["compile_grad"] == 1
+    else:
+        assert report.checks["grad"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_builtin_op_numpy(name: str) -> None:
+    report = check_op(BUILTIN[name], framework="numpy", dtypes=("float32", "bfloat16"))
+    assert report.dtypes == ("float32",)
+    assert any("bfloat16" in s for s in report.skipped)
+    assert report.checks["forward"] >= 7
+    assert report.checks["sentinel"] == report.checks["forward"]
+    assert report.checks["noncontiguous"] == len(BUILTIN[name].schema.tensor_args)
+    assert report.checks["grad"] == report.checks["opcheck"] == report.checks["compile"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_make_cases_cover_required_layouts(name: str) -> None:
+    op = BUILTIN[name]
+    cases = make_cases(op, "float32", seed=0)
+    again = make_cases(op.call, "float32", seed=0)
+    lead = op.schema.arguments[op.dispatch_arg].name
+    shapes = [np.shape(c[lead]) for c in cases]
+    for s in REQUIRED_LEAD_SHAPES:
+        assert s in shapes, (name, s)
+    assert any(c.get(LAYOUT) == "sliced" for c in cases)
+    assert sorted(c[NONCONTIGUOUS] for c in cases if c.get(NONCONTIGUOUS)) == sorted(
+        a.name for a in op.schema.tensor_args)
+    assert all(np.array_equal(a[lead], b[lead]) for a, b in zip(cases, again, strict=True))  # deterministic
+    for c in cases:  # every argument has a value, scalars their schema default
+        assert {a.name for a in op.schema.arguments} <= set(c)
+        for a in op.schema.arguments:
+            if not a.type.is_tensor:
+                assert c[a.name] == a.default
+    if name.startswith("rms_norm"):
+        assert all(np.shape(c["weight"]) == (np.shape(c["x"])[-1],) for c in cases)
+
+
+def test_import_is_framework_free() -> None:
+    code = "import sys, opbridge.testing; sys.exit('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(Path(opbridge.__file__).parents[1])}
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+
+
+# ---------------------------------------------------------------------------
+# assert_close and TOLERANCES
+# ---------------------------------------------------------------------------
+
+
+def test_tolerance_table_matches_declared_defaults() -> None:
+    assert set(TOLERANCES) == {"float64", "float32", "float16", "bfloat16"}
+    for dtype, (rtol, atol, reason) in TOLERANCES.items():
+        assert (rtol, atol) == DEFAULT_TOLERANCES[dtype]
+        assert dtype in reason and "mantissa bits" in reason
+
+
+def test_assert_close_passes_within_tolerance_and_on_matching_nans() -> None:
+    e = np.array([1.0, np.nan, np.inf, -np.inf, 0.0], dtype=np.float32)
+    assert_close(e.copy(), e)
+    assert_close(torch.from_numpy(e).to(torch.bfloat16), e.astype(np.float64))
+    assert_close(np.float32(1.0) + np.zeros(3, np.float32) + 5e-6, np.ones(3))  # float32: rtol 1e-5
+    x = torch.ones(3, dtype=torch.bfloat16)
+    assert_close(x, np.full(3, 1.0 + 2**-7))  # one bfloat16 ulp at 1: within its default tolerance
+    with pytest.raises(AssertionError):
+        assert_close(np.ones(3, np.float32), np.full(3, 1.0 + 2**-7))  # not for float32
+
+
+def test_assert_close_failure_message() -> None:
+    expected = np.arange(12, dtype=np.float64).reshape(3, 4)
+    actual = expected.astype(np.float32)
+    actual[1, 2] = np.nan
+    actual[2, 3] += 0.5
+    expected[0, 0] = np.nan
+    with pytest.raises(AssertionError) as info:
+        assert_close(actual, expected, name="y")
+    msg = str(info.value)
+    assert "y: 3 of 12 elements mismatch" in msg
+    assert "float32" in msg and "shape (3, 4)" in msg
+    first = msg.index("[0, 0]: actual=0.0 expected=nan")
+    second = msg.index("[1, 2]: actual=nan expected=6.0")
+    assert first < second < msg.index("[2, 3]: actual=11.5 expected=11.0")
+    assert "abs diff=0.5" in msg
+    assert "max abs error: 0.5 at [2, 3]" in msg
+    assert "NaN: actual 1, expected 1; Inf: actual 0, expected 0" in msg
+
+
+def test_assert_close_shows_at_most_five_bad_indices() -> None:
+    with pytest.raises(AssertionError) as info:
+        assert_close(torch.zeros(10), torch.ones(10))
+    msg = str(info.value)
+    assert "10 of 10 elements mismatch" in msg
+    assert "[4]: actual=" in msg and "[5]: actual=" not in msg
+
+
+def test_assert_close_shape_mismatch() -> None:
+    msg = r"out: shape mismatch: actual has shape \(3, 4\), expected \(4, 3\)"
+    with pytest.raises(AssertionError, match=msg):
+        assert_close(np.zeros((3, 4)), np.zeros((4, 3)), name="out")
+
+
+# ---------------------------------------------------------------------------
+# the kit catches broken ops
+# ---------------------------------------------------------------------------
+
+SELFTEST_SOURCE = r"""
+#include <opbridge/opbridge.h>
+using tvm::ffi::TensorView;
+
+namespace {
+void check(const char* op, TensorView out, TensorView x) {
+  OPB_CHECK_DTYPE(op, x, opbridge::kFloat32);
+  OPB_CHECK_SAME_SHAPE(op, out, x);
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, out);
+}
+}  // namespace
+
+// Writes one element past the end of its output.
+void bad_copy_cpu(TensorView out, TensorView x) {
+  check("bad_copy", out, x);
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* a = static_cast<const float*>(x.data_ptr());
+  for (int64_t i = 0; i <= x.numel(); ++i) o[i] = i < x.numel() ? a[i] : 0.f;
+}
+OPBRIDGE_EXPORT(bad_copy_cpu);
+
+// Gets the middle element wrong.
+void wrong_copy_cpu(TensorView out, TensorView x) {
+  check("wrong_copy", out, x);
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* a = static_cast<const float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = a[i] + (i == x.numel() / 2 ? 0.5f : 0.f);
+}
+OPBRIDGE_EXPORT(wrong_copy_cpu);
+
+// Never writes the last element.
+void short_copy_cpu(TensorView out, TensorView x) {
+  check("short_copy", out, x);
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* a = static_cast<const float*>(x.data_ptr());
+  for (int64_t i = 0; i + 1 < x.numel(); ++i) o[i] = a[i];
+}
+OPBRIDGE_EXPORT(short_copy_cpu);
+
+// Correct output, but negates its input afterwards.
+void scribble_copy_cpu(TensorView out, TensorView x) {
+  check("scribble_copy", out, x);
+  float* o = static_cast<float*>(out.data_ptr());
+  float* a = static_cast<float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) { o[i] = a[i]; a[i] = -a[i]; }
+}
+OPBRIDGE_EXPORT(scribble_copy_cpu);
+
+// Correct on contiguous input, but never checks that it is.
+void lax_copy_cpu(TensorView out, TensorView x) {
+  OPB_CHECK_DTYPE("lax_copy", x, opbridge::kFloat32);
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* a = static_cast<const float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = a[i];
+}
+OPBRIDGE_EXPORT(lax_copy_cpu);
+
+// x += 1 in place, correct.
+void add_one__cpu(TensorView x) {
+  OPB_CHECK_DTYPE("add_one_", x, opbridge::kFloat32);
+  OPB_CHECK_CONTIGUOUS("add_one_", x);
+  float* a = static_cast<float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) a[i] += 1.f;
+}
+OPBRIDGE_EXPORT(add_one__cpu);
+
+// 2 x, correct (declared with a correct and with a wrong backward).
+void twice_cpu(TensorView out, TensorView x) {
+  check("twice", out, x);
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* a = static_cast<const float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2.f * a[i];
+}
+OPBRIDGE_EXPORT(twice_cpu);
+"""
+
+
+@pytest.fixture(scope="module")
+def selftest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A throwaway library of deliberately broken float32 copy kernels (one build for all tests)."""
+    root = tmp_path_factory.mktemp("kit_selftest")
+    (root / "selftest.cc").write_text(textwrap.dedent(SELFTEST_SOURCE))
+    lib = opbridge.Library("kit_selftest_builtin", sources=["selftest.cc"], root=root)
+    ops: dict[str, Any] = {}
+
+    def copy(x: Any) -> Any:
+        return x.copy()
+
+    for name in ("bad_copy", "wrong_copy", "short_copy", "scribble_copy", "lax_copy"):
+        ops[name] = lib.op(f"{name}(Tensor x) -> Tensor", shape=opbridge.like("x"))(copy)
+
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    ops["twice"] = lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"),
+                          backward=lambda grad, x: (ops["twice"](grad),))(twice)
+    ops["twice_bad_grad"] = lib.op("twice_bad_grad(Tensor x) -> Tensor", shape=opbridge.like("x"),
+                                   kernels={"cpu": "twice_cpu"},
+                                   backward=lambda grad, x: (grad,))(twice)  # wrong: d(2x)/dx is 2
+
+    def add_one_(x: Any) -> None:
+        x += 1
+
+    ops["add_one_"] = lib.op("add_one_(Tensor(a!) x) -> ()")(add_one_)
+    lib.build()
+    return ops
+
+
+F32: dict[str, Any] = {"dtypes": ("float32",)}
+QUICK: dict[str, Any] = {"dtypes": ("float32",), "check_opcheck": False, "check_compile": False}
+
+
+def test_kit_passes_a_correct_user_op(selftest: dict[str, Any]) -> None:
+    report = check_op(selftest["twice"], **F32)
+    assert report.checks["grad"] > 0 and report.checks["compile_grad"] == 1
+    assert report.checks["opcheck"] == 1 and report.checks["noncontiguous"] == 1
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_kit_passes_a_correct_mutating_op(selftest: dict[str, Any], framework: str) -> None:
+    report = check_op(selftest["add_one_"], framework=framework, **F32)
+    assert report.checks["forward"] >= 7 and report.checks["sentinel"] == report.checks["forward"]
+    assert report.checks["grad"] == 0  # mutating: not differentiable
+    if framework == "torch":
+        assert report.checks["opcheck"] == 1 and report.checks["compile"] == 1
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_kit_catches_out_of_bounds_write(selftest: dict[str, Any], framework: str) -> None:
+    with pytest.raises(AssertionError) as info:
+        check_op(selftest["bad_copy"], framework=framework, **QUICK)
+    msg = str(info.value)
+    assert "check_op(kit_selftest_builtin::bad_copy): sentinel check failed" in msg
+    assert f"framework: {framework}, dtype: float32" in msg
+    assert "case: x: shape (1,)" in msg
+    assert "out-of-bounds write: 1 element(s) of the sentinel guard after output" in msg
+    assert "offset +0 past its end" in msg
+
+
+def test_kit_catches_wrong_values(selftest: dict[str, Any]) -> None:
+    with pytest.raises(AssertionError) as info:
+        check_op(selftest["wrong_copy"], **QUICK)
+    msg = str(info.value)
+    assert "wrong_copy): forward check failed" in msg
+    assert "output vs the float64 reference: 1 of 1 elements mismatch" in msg
+    assert "first bad index:" in msg and "[0]: actual=" in msg and "abs diff=0.5" in msg
+    assert "NaN: actual 0, expected 0" in msg
+
+
+def test_kit_catches_unwritten_output(selftest: dict[str, Any]) -> None:
+    msg = r"sentinel check failed(.|\n)*1 of 1 elements were left unwritten"
+    with pytest.raises(AssertionError, match=msg):
+        check_op(selftest["short_copy"], **QUICK)
+
+
+def test_kit_catches_modified_input(selftest: dict[str, Any]) -> None:
+    with pytest.raises(AssertionError, match=r"inputs_unchanged check failed(.|\n)*input 'x' was modified"):
+        check_op(selftest["scribble_copy"], **QUICK)
+
+
+def test_kit_catches_missing_contiguity_check(selftest: dict[str, Any]) -> None:
+    with pytest.raises(AssertionError) as info:
+        check_op(selftest["lax_copy"], **QUICK)
+    msg = str(info.value)
+    assert "lax_copy): noncontiguous check failed" in msg and "x: shape (7,) non-contiguous" in msg
+    assert "non-contiguous 'x' was accepted" in msg
+
+
+def test_kit_catches_wrong_gradient(selftest: dict[str, Any]) -> None:
+    with pytest.raises(AssertionError) as info:
+        check_op(selftest["twice_bad_grad"], **QUICK)
+    msg = str(info.value)
+    assert "twice_bad_grad): grad check failed" in msg
+    assert "gradient of 'x' disagrees with finite differences" in msg
+
+
+def test_kit_reports_bad_case_hint(selftest: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="unknown argument"):
+        check_op(selftest["twice"], cases=[{"y": np.ones(3)}], **QUICK)
+    with pytest.raises(ValueError, match="none of the dtypes"):
+        check_op(selftest["twice"], framework="numpy", dtypes=("bfloat16",))
+
+
+def test_explicit_cases(selftest: dict[str, Any]) -> None:
+    report = check_op(selftest["twice"], cases=[{"x": np.linspace(-1, 1, 9)}], **QUICK)
+    assert report.cases == 1 and report.checks["forward"] == 1 and report.checks["grad"] == 1

@@ -1,0 +1,298 @@
+"""Tests for the ``opbridge`` command line and the benchmark helpers.
+
+Commands that build, import user modules or import torch run in a
+subprocess (``python -m opbridge.cli``) with a private cache; cheap ones
+(``--help``, usage errors) call :func:`opbridge.cli.main` in-process. No test
+asserts on a timing, only on the structure of the output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from opbridge.bench import timing
+from opbridge.cli import main
+from opbridge.ops import LIBRARY
+
+SUBCOMMANDS = [
+    [],
+    ["list"],
+    ["build"],
+    ["doctor"],
+    ["bench"],
+    ["bench", "overhead"],
+    ["bench", "build"],
+]
+
+BROKEN_CC = """\
+#include <opbridge/opbridge.h>
+void bad_cpu(opbridge::TensorView out, opbridge::TensorView x) {
+  this is not C++;
+}
+OPBRIDGE_EXPORT(bad_cpu);
+"""
+
+USER_LIBRARY = """\
+from opbridge import Library, like
+
+lib = Library("{ns}", sources=["{src}"])
+
+
+@lib.op("{op}(Tensor x) -> Tensor", shape=like("x"))
+def {op}(x):
+    return x
+"""
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for CLI subprocesses: a private JIT cache shared by this module's tests."""
+    env = dict(os.environ)
+    env["OPBRIDGE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cli-cache") / "cache")
+    env["OPBRIDGE_NO_PROGRESS"] = "1"
+    env.pop("OPBRIDGE_VERBOSE", None)
+    return env
+
+
+def run_cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "opbridge.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def write_user_library(directory: Path, ns: str, op: str, source: str, code: str) -> Path:
+    (directory / source).write_text(code)
+    module = directory / f"{ns}_decl.py"
+    module.write_text(USER_LIBRARY.format(ns=ns, src=source, op=op))
+    return module
+
+
+# -- usage -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", SUBCOMMANDS, ids=lambda a: " ".join(a) or "opbridge")
+def test_help_exits_0_with_a_description(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: opbridge")
+    assert len(out.splitlines()) > 3  # usage, blank, description, options
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["frobnicate"],
+    ["list", "--bogus"],
+    ["build", "--device", "tpu"],
+    ["bench"],
+    ["bench", "nope"],
+    ["bench", "overhead", "--repeat", "many"],
+    ["build", "--library", "no_such_namespace"],
+    ["list", "--import", "no_such_module_for_opbridge_tests"],
+    ["list", "--import", "/no/such/file.py"],
+], ids=lambda a: " ".join(a) or "no-command")
+def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import opbridge
+
+    assert main(["--version"]) == 0
+    assert opbridge.__version__ in capsys.readouterr().out
+
+
+def test_bench_registry_modules_follow_the_interface() -> None:
+    from opbridge import bench
+
+    for name in bench.BENCHES:
+        mod = bench.load(name)
+        assert mod.DESCRIPTION and callable(mod.add_arguments) and callable(mod.run)
+        assert callable(mod.format_text)
+    with pytest.raises(bench.BenchError, match="no benchmark"):
+        bench.load("nope")
+
+
+# -- list and doctor ------------------------------------------------------------------
+
+
+def test_list_and_help_import_no_framework(cli_env: dict[str, str]) -> None:
+    script = textwrap.dedent("""
+        import contextlib, io, sys
+        from opbridge.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["list"]) == 0
+            assert main(["doctor", "--json"]) in (0, 1)
+        heavy = ("torch", "jax", "paddle", "mindspore", "tvm_ffi")
+        print(sorted(m for m in heavy if m in sys.modules))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=cli_env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_list_json_has_exactly_the_registered_ops(cli_env: dict[str, str]) -> None:
+    proc = run_cli(cli_env, "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert isinstance(rows, list)
+    by_name = {r["qualname"]: r for r in rows}
+    assert len(by_name) == len(rows)
+    assert set(by_name) == {op.qualname for op in LIBRARY.ops.values()}
+    for op in LIBRARY.ops.values():
+        row = by_name[op.qualname]
+        assert row["namespace"] == "opbridge"
+        assert row["name"] == op.name
+        assert row["schema"] == str(op.schema)
+        assert row["devices"] == sorted(op.kernels)
+        assert row["backward"] is (op.backward is not None)
+        assert row["shape"] == repr(op.shape)
+
+
+def test_list_text(cli_env: dict[str, str]) -> None:
+    proc = run_cli(cli_env, "list")
+    assert proc.returncode == 0, proc.stderr
+    assert "opbridge::rms_norm" in proc.stdout
+    assert "rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor" in proc.stdout
+
+
+def test_list_import_adds_user_libraries(cli_env: dict[str, str], tmp_path: Path) -> None:
+    module = write_user_library(tmp_path, "userlib", "ident", "ident.cc", "// not compiled by list\n")
+    by_path = run_cli(cli_env, "list", "--json", "--import", str(module))
+    assert by_path.returncode == 0, by_path.stderr
+    names = {r["qualname"] for r in json.loads(by_path.stdout)}
+    assert "userlib::ident" in names and "opbridge::add" in names
+    by_name = run_cli({**cli_env, "PYTHONPATH": str(tmp_path)}, "list", "--json", "--import", module.stem)
+    assert by_name.returncode == 0, by_name.stderr
+    assert "userlib::ident" in {r["qualname"] for r in json.loads(by_name.stdout)}
+
+
+def test_doctor_json(cli_env: dict[str, str]) -> None:
+    proc = run_cli(cli_env, "doctor", "--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == (0 if doc["ok"] else 1)
+    assert set(doc) >= {"ok", "python", "opbridge", "tvm_ffi", "cxx", "ninja", "nvcc", "cuda_gpu",
+                        "ascend", "cache", "frameworks"}
+    assert doc["python"]["executable"] and doc["python"]["version"]
+    assert set(doc["frameworks"]) == {"torch", "jax", "jax_tvm_ffi", "paddle", "mindspore", "numpy"}
+    for fw in doc["frameworks"].values():
+        assert fw["installed"] is (fw["version"] is not None)
+    assert doc["frameworks"]["numpy"]["installed"]
+    assert doc["cache"]["dir"] == cli_env["OPBRIDGE_CACHE_DIR"]
+    assert isinstance(doc["cuda_gpu"]["present"], bool)
+    assert doc["nvcc"]["path"] is None or doc["nvcc"]["version"]
+    assert doc["ascend"]["found"] in (True, False)
+
+
+def test_doctor_text_reports_an_unsafe_cache(cli_env: dict[str, str], tmp_path: Path) -> None:
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)
+    proc = run_cli({**cli_env, "OPBRIDGE_CACHE_DIR": str(cache)}, "doctor")
+    assert "NOT PRIVATE" in proc.stdout
+    assert "world-writable" in proc.stdout
+
+
+# -- build -----------------------------------------------------------------------------
+
+
+def test_build_prints_the_module_path(cli_env: dict[str, str]) -> None:
+    proc = run_cli(cli_env, "build")
+    assert proc.returncode == 0, proc.stderr
+    line = next(li for li in proc.stdout.splitlines() if li.startswith("opbridge (cpu): "))
+    path = Path(line.split(": ", 1)[1].rsplit(" (", 1)[0])
+    assert path.suffix == ".so" and path.is_file()
+    assert str(path).startswith(cli_env["OPBRIDGE_CACHE_DIR"])
+
+
+def test_build_of_a_broken_library_exits_1_with_file_and_line(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    module = write_user_library(tmp_path, "brokenlib", "bad", "broken.cc", BROKEN_CC)
+    proc = run_cli(cli_env, "build", "--import", str(module), "--library", "brokenlib")
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'broken.cc'}:3:" in proc.stderr
+    assert "command:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    verbose = run_cli(cli_env, "build", "-v", "--import", str(module), "--library", "brokenlib")
+    assert verbose.returncode == 1
+    assert "FAILED" in verbose.stderr  # ninja's own log, echoed only with -v
+
+
+# -- bench ------------------------------------------------------------------------------
+
+
+def test_bench_overhead_quick_json(cli_env: dict[str, str]) -> None:
+    from opbridge.bench import overhead
+
+    proc = run_cli(cli_env, "bench", "overhead", "--json", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["quick"] is True
+    assert {"cpu_model", "cpu_count", "python", "torch", "tvm_ffi", "date"} <= set(doc["machine"])
+    assert set(doc["stats_us"]) == set(overhead.CANDIDATES)
+    for row in doc["stats_us"].values():
+        assert {"p20", "p50", "p80"} <= set(row)
+    for key in ("opbridge/torch.add", "torch.ops.opbridge.add/torch.add", "custom_op/torch.add",
+                "torch.library.impl/torch.add", "tvm_ffi_raw/torch.add", "np.add/torch.add",
+                "opbridge_numpy/torch.add", "opbridge_numpy/np.add"):
+        assert isinstance(doc["ratios"][key], float)
+    comp = doc["compile"]
+    assert comp["backend"] == "aot_eager"
+    assert set(comp["stats_us"]) == set(overhead.COMPILED)
+    assert isinstance(comp["ratios"]["compiled_opbridge/compiled_torch"], float)
+
+
+def test_bench_build_quick_json(cli_env: dict[str, str]) -> None:
+    proc = run_cli(cli_env, "bench", "build", "--json", "--quick", "--repeat", "1", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    cold = doc["cold_seconds"]
+    assert isinstance(cold["opbridge_cold"], float) and isinstance(cold["tvm_ffi_cold"], float)
+    assert cold["torch_load_inline"] is None
+    assert doc["cold"]["torch_load_inline"] == {"skipped": "--quick"}
+    assert isinstance(doc["ratios"]["opbridge_cold/tvm_ffi_cold"], float)
+    assert doc["ratios"]["torch_load_inline/opbridge_cold"] is None
+    warm = doc["warm_start"]
+    for kind in ("torch", "numpy"):
+        assert {"import_opbridge_ms", "import_ops_ms", "first_call_ms", "total_ms"} <= set(warm[kind])
+    assert isinstance(warm["numpy"]["torch_in_sys_modules_after"], bool)
+    assert isinstance(warm["import_tvm_ffi"]["tvm_ffi_imports_torch"], bool)
+    assert "bench build:" in proc.stderr  # progress goes to stderr
+
+
+# -- timing helpers --------------------------------------------------------------------------
+
+
+def test_interleaved_rotates_the_order_every_round() -> None:
+    calls: list[str] = []
+    fns = {name: (lambda n=name: calls.append(n)) for name in "abc"}
+    samples = timing.interleaved(fns, rounds=4, number=2, warmup=0)
+    assert list(samples) == ["a", "b", "c"]
+    assert all(len(v) == 4 and all(s >= 0 for s in v) for v in samples.values())
+    rounds = ["".join(calls[i:i + 6:2]) for i in range(0, len(calls), 6)]
+    assert rounds == ["abc", "bca", "cab", "abc"]
+    with pytest.raises(ValueError):
+        timing.interleaved(fns, rounds=0, number=1)
+
+
+def test_summary_percentiles_in_microseconds() -> None:
+    stats = timing.summary({"x": [i * 1e-6 for i in range(1, 101)]})
+    assert stats["x"]["p50"] == pytest.approx(50.5)
+    assert stats["x"]["p20"] == pytest.approx(20.8)
+    assert stats["x"]["p80"] == pytest.approx(80.2)
+    assert stats["x"]["rounds"] == 100
+    assert timing.ratio({"a": {"p50": 3.0}, "b": {"p50": 2.0}}, "a", "b") == 1.5
+
+
+def test_machine_info_needs_no_framework() -> None:
+    info = timing.machine_info()
+    assert {"platform", "cpu_model", "cpu_count", "python", "torch", "tvm_ffi", "date"} <= set(info)
+    assert timing.dist_version("no-such-distribution-opbridge") is None

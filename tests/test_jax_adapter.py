@@ -1,0 +1,514 @@
+"""The JAX adapter: FFI custom calls under jit and eager, grad, vmap, mutating ops, bad input."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("jax_tvm_ffi")
+
+import jax.numpy as jnp  # noqa: E402
+
+import opbridge  # noqa: E402
+from opbridge import ops  # noqa: E402
+from opbridge.adapters import jax as jax_adapter  # noqa: E402
+from opbridge.testing.harness_jax import HARNESS  # noqa: E402
+from opbridge.testing.matrix import LAYOUT, NONCONTIGUOUS, make_cases  # noqa: E402
+
+BUILTIN = sorted(ops.LIBRARY.ops)
+WITH_BACKWARD = [n for n in BUILTIN if ops.LIBRARY.ops[n].backward is not None]
+DTYPES = ["float32", "bfloat16"]
+_NS = itertools.count()
+
+EXTRA_CC = """
+#include <opbridge/opbridge.h>
+#include <cmath>
+using tvm::ffi::TensorView;
+using tvm::ffi::Optional;
+
+// Scalars before and between tensors: out = a * x + b * y.
+void axpby_cpu(TensorView out, double a, TensorView x, double b, TensorView y) {
+  OPB_CHECK_DTYPE("axpby", x, opbridge::kFloat32);
+  OPB_CHECK_SAME_DTYPE("axpby", y, x);
+  OPB_CHECK_SAME_SHAPE("axpby", y, x);
+  const float* px = static_cast<const float*>(x.data_ptr());
+  const float* py = static_cast<const float*>(y.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = float(a) * px[i] + float(b) * py[i];
+}
+OPBRIDGE_EXPORT(axpby_cpu);
+
+// Mutating, like fused_add_rms_norm: residual += input; input = residual * weight * alpha.
+void fused_add_scale__cpu(TensorView input, TensorView residual, TensorView weight, double alpha) {
+  OPB_CHECK_DTYPE("fused_add_scale_", input, opbridge::kFloat32);
+  OPB_CHECK_SAME_SHAPE("fused_add_scale_", residual, input);
+  const int64_t H = input.size(input.ndim() - 1);
+  OPB_CHECK_SIZE("fused_add_scale_", weight, 0, H, "input's last dim");
+  float* in = static_cast<float*>(input.data_ptr());
+  float* res = static_cast<float*>(residual.data_ptr());
+  const float* w = static_cast<const float*>(weight.data_ptr());
+  for (int64_t i = 0; i < input.numel(); ++i) {
+    res[i] += in[i];
+    in[i] = res[i] * w[i % H] * float(alpha);
+  }
+}
+OPBRIDGE_EXPORT(fused_add_scale__cpu);
+
+// Optional tensor, int and bool scalars: out = times * (x + bias), negated if neg.
+void bias_add_cpu(TensorView out, TensorView x, Optional<TensorView> bias, int64_t times, bool neg) {
+  OPB_CHECK_DTYPE("bias_add", x, opbridge::kFloat32);
+  const float* px = static_cast<const float*>(x.data_ptr());
+  const float* pb = nullptr;
+  if (bias.has_value()) {
+    OPB_CHECK_SAME_SHAPE("bias_add", bias.value(), x);
+    pb = static_cast<const float*>(bias.value().data_ptr());
+  }
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    float v = float(times) * (px[i] + (pb ? pb[i] : 0.f));
+    o[i] = neg ? -v : v;
+  }
+}
+OPBRIDGE_EXPORT(bias_add_cpu);
+
+// An integer tensor argument: out = x * k (k int32).
+void scale_by_int_cpu(TensorView out, TensorView x, TensorView k) {
+  OPB_CHECK_DTYPE("scale_by_int", x, opbridge::kFloat32);
+  OPB_CHECK_DTYPE("scale_by_int", k, opbridge::kInt32);
+  OPB_CHECK_SAME_SHAPE("scale_by_int", k, x);
+  const float* px = static_cast<const float*>(x.data_ptr());
+  const int32_t* pk = static_cast<const int32_t*>(k.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = px[i] * float(pk[i]);
+}
+OPBRIDGE_EXPORT(scale_by_int_cpu);
+
+// No backward declared.
+void twice_cpu(TensorView out, TensorView x) {
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
+}
+OPBRIDGE_EXPORT(twice_cpu);
+"""
+
+
+@pytest.fixture(scope="module")
+def extra(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
+    root = tmp_path_factory.mktemp("jaxextra")
+    (root / "k.cc").write_text(EXTRA_CC)
+    lib = opbridge.Library(f"opb_jax_test_{next(_NS)}_{root.name[-6:].replace('-', '_')}",
+                           sources=["k.cc"], root=root)
+
+    @lib.op("axpby(float a, Tensor x, float b, Tensor y) -> Tensor", shape=opbridge.like("x"),
+            backward=lambda g, a, x, b, y: (axpby(a, g, 0.0, g), axpby(b, g, 0.0, g)))
+    def axpby(a: float, x: Any, b: float, y: Any) -> Any:
+        return a * x + b * y
+
+    @lib.op("fused_add_scale_(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float alpha) -> ()")
+    def fused_add_scale_(input: Any, residual: Any, weight: Any, alpha: float) -> None:
+        residual += input
+        input[...] = residual * weight * alpha
+
+    @lib.op("bias_add(Tensor x, Tensor? bias, int times=1, bool neg=False) -> Tensor", shape=opbridge.like("x"))
+    def bias_add(x: Any, bias: Any, times: int = 1, neg: bool = False) -> Any:
+        v = times * (x + (0 if bias is None else bias))
+        return -v if neg else v
+
+    @lib.op("scale_by_int(Tensor x, Tensor k) -> Tensor", shape=opbridge.like("x"),
+            backward=lambda g, x, k: (scale_by_int(g, k), None))
+    def scale_by_int(x: Any, k: Any) -> Any:
+        return x * k
+
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"))
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    return lib
+
+
+def _rand(*shape: int, dtype: Any = jnp.float32, seed: int = 0) -> Any:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype=dtype)
+
+
+def _cases(name: str, dtype: str) -> list[dict[str, Any]]:
+    """The shared matrix's cases for *name*, minus the layouts JAX cannot express."""
+    return [c for c in make_cases(ops.LIBRARY.ops[name], dtype)
+            if c.get(LAYOUT, "contiguous") == "contiguous" and c.get(NONCONTIGUOUS) is None]
+
+
+def _args(name: str, case: dict[str, Any], dtype: str) -> tuple[list[Any], list[Any]]:
+    """(jax arguments, NumPy float64 reference arguments of the dtype-rounded values)."""
+    jx, ref = [], []
+    for a in ops.LIBRARY.ops[name].schema.arguments:
+        v = case[a.name]
+        if a.type.is_tensor and v is not None:
+            x = HARNESS.from_numpy(np.asarray(v), dtype)
+            jx.append(x)
+            ref.append(HARNESS.to_numpy(x).astype(np.float64))
+        else:
+            jx.append(v)
+            ref.append(v)
+    return jx, ref
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+# ---------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", BUILTIN)
+def test_forward_matches_reference(name: str, dtype: str, mode: str) -> None:
+    op = ops.LIBRARY.ops[name]
+    fn = op.call if mode == "eager" else jax.jit(op.call)
+    rtol, atol = op.tolerance(dtype)
+    for case in _cases(name, dtype):
+        jx, ref = _args(name, case, dtype)
+        scalars = {i for i, a in enumerate(op.schema.arguments) if not a.type.is_tensor}
+        if mode == "jit":  # static scalars are closed over
+            tensors = [v for i, v in enumerate(jx) if i not in scalars]
+
+            def call(*ts: Any, _jx: list[Any] = jx) -> Any:
+                it = iter(ts)
+                return op.call(*(v if i in scalars else next(it) for i, v in enumerate(_jx)))
+
+            out = _as_tuple(jax.jit(call)(*tensors))
+        else:
+            out = _as_tuple(fn(*jx))
+        expected = _as_tuple(op.reference(*ref))
+        assert len(out) == len(expected)
+        for o, e in zip(out, expected):
+            assert isinstance(o, jax.Array)
+            assert o.dtype == jnp.dtype(dtype) and o.shape == np.shape(e)
+            e = np.asarray(HARNESS.from_numpy(np.asarray(e), dtype).astype(jnp.float32), dtype=np.float64)
+            np.testing.assert_allclose(HARNESS.to_numpy(o), e, rtol=rtol, atol=atol,
+                                       err_msg=f"{name} {dtype} {mode} {o.shape}")
+
+
+def test_eager_call_returns_concrete_arrays_and_dispatches_by_type() -> None:
+    x = _rand(3, 8)
+    out = ops.add(x, x)
+    assert type(out).__module__.startswith("jaxlib")
+    np.testing.assert_allclose(np.asarray(out), 2 * np.asarray(x))
+    # both the concrete array type and the tracer types reach this adapter
+    table = ops.add.__globals__["_table"]
+    assert type(x) in table
+    jax.jit(lambda a: ops.add(a, a))(x)
+    assert any(issubclass(t, jax.core.Tracer) for t in table)
+
+
+def test_lowered_module_has_custom_call_and_no_host_callback() -> None:
+    x, w = _rand(4, 16), _rand(16, seed=1)
+
+    def f(x: Any, w: Any) -> Any:
+        return ops.gelu(ops.rms_norm(x, w, 1e-5))
+
+    text = jax.jit(f).lower(x, w).as_text()
+    assert "stablehlo.custom_call @opbridge.opbridge.rms_norm" in text
+    assert "stablehlo.custom_call @opbridge.opbridge.gelu" in text
+    assert "eps = 1.000000e-05 : f64" in text
+    for host in ("callback", "xla_python_cpu_callback", "xla_ffi_python"):
+        assert host not in text
+    grad_text = jax.jit(jax.grad(lambda x, w: f(x, w).sum(), argnums=(0, 1))).lower(x, w).as_text()
+    assert "@opbridge.opbridge.rms_norm_backward" in grad_text
+    assert "@opbridge.opbridge.gelu_backward" in grad_text
+    assert "callback" not in grad_text
+
+
+def test_static_scalar_changes_retrace_not_reregister() -> None:
+    x, w = _rand(2, 8), _rand(8, seed=1)
+    a = ops.rms_norm(x, w, 1e-6)
+    b = ops.rms_norm(x, w, 0.5)
+    ref = ops.rms_norm.reference
+    np.testing.assert_allclose(np.asarray(a), ref(np.asarray(x), np.asarray(w), 1e-6), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(b), ref(np.asarray(x), np.asarray(w), 0.5), rtol=1e-5, atol=1e-6)
+    targets = [t for t in jax_adapter._REGISTERED if t.startswith("opbridge.opbridge.rms_norm")]
+    assert targets.count("opbridge.opbridge.rms_norm") == 1
+
+
+# ---------------------------------------------------------------------------
+# gradients
+# ---------------------------------------------------------------------------
+
+
+def _fd_vjp(op: Any, ref: list[Any], idx: int, ct: list[np.ndarray], step: float = 1e-6) -> np.ndarray:
+    """d/d ref[idx] of sum(reference(*ref) * ct), by central differences in float64."""
+    base = ref[idx]
+    grad = np.zeros_like(base)
+    for k in np.ndindex(base.shape):
+        vals = []
+        for sign in (1, -1):
+            args = list(ref)
+            args[idx] = base.copy()
+            args[idx][k] += sign * step
+            out = _as_tuple(op.reference(*args))
+            vals.append(sum(float(np.sum(np.asarray(o) * c)) for o, c in zip(out, ct)))
+        grad[k] = (vals[0] - vals[1]) / (2 * step)
+    return grad
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", WITH_BACKWARD)
+def test_grad_matches_finite_differences(name: str, jit: bool) -> None:
+    op = ops.LIBRARY.ops[name]
+    case = next(c for c in _cases(name, "float32")
+                if all(not a.type.is_tensor or 0 < np.size(c[a.name]) <= 64 for a in op.schema.arguments))
+    jx, ref = _args(name, case, "float32")
+    tidx = [i for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
+
+    def f(*ts: Any) -> Any:
+        full = list(jx)
+        for i, t in zip(tidx, ts):
+            full[i] = t
+        return op.call(*full)
+
+    out, pullback = jax.vjp(jax.jit(f) if jit else f, *(jx[i] for i in tidx))
+    rng = np.random.default_rng(1)
+    cts = [rng.standard_normal(o.shape) for o in _as_tuple(out)]
+    grads = pullback(cts[0] if len(cts) == 1 else tuple(cts))
+    for i, g in zip(tidx, grads):
+        expected = _fd_vjp(op, ref, i, cts)
+        np.testing.assert_allclose(np.asarray(g, np.float64), expected, rtol=2e-3, atol=2e-4,
+                                   err_msg=f"{name}: d/d{op.schema.arguments[i].name}")
+
+
+def test_grad_under_jit_bfloat16_and_against_jnp() -> None:
+    x, w = _rand(5, 33), _rand(33, seed=1)
+
+    def loss(x: Any, w: Any) -> Any:
+        return (ops.gelu(ops.rms_norm(x, w)) ** 2).sum()
+
+    def loss_jnp(x: Any, w: Any) -> Any:
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
+        return (jax.nn.gelu(y, approximate=True) ** 2).sum()
+
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    g2 = jax.grad(loss_jnp, argnums=(0, 1))(x, w)
+    for a, b in zip(g, g2):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+    gb = jax.jit(jax.grad(loss))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert gb.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(gb, np.float32), np.asarray(g[0]), rtol=0.1, atol=0.1)
+
+
+def test_scalars_before_tensors_and_their_grad(extra: opbridge.Library) -> None:
+    axpby = extra.ops["axpby"].call
+    x, y = _rand(3, 7), _rand(3, 7, seed=1)
+    out = axpby(2.0, x, -0.5, y)
+    np.testing.assert_allclose(np.asarray(out), 2 * np.asarray(x) - 0.5 * np.asarray(y), rtol=1e-6)
+    f = jax.jit(lambda x, y: axpby(2.0, x, -0.5, y))
+    np.testing.assert_allclose(np.asarray(f(x, y)), np.asarray(out), rtol=0, atol=0)
+    text = f.lower(x, y).as_text()
+    assert f"@opbridge.{extra.namespace}.axpby.p(" in text
+    gx, gy = jax.grad(lambda x, y: axpby(2.0, x, -0.5, y).sum(), argnums=(0, 1))(x, y)
+    np.testing.assert_allclose(np.asarray(gx), np.full((3, 7), 2.0))
+    np.testing.assert_allclose(np.asarray(gy), np.full((3, 7), -0.5))
+
+
+def test_optional_tensor_and_int_bool_scalars(extra: opbridge.Library) -> None:
+    bias_add = extra.ops["bias_add"].call
+    x, b = _rand(4, 5), _rand(4, 5, seed=1)
+    np.testing.assert_allclose(np.asarray(bias_add(x, b, 3, True)), -3 * (np.asarray(x) + np.asarray(b)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(bias_add(x, None)), np.asarray(x))
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda x: bias_add(x, None, 2, False))(x)),
+                               2 * np.asarray(x), rtol=1e-6)
+    with pytest.raises(TypeError, match="bias_add: argument 'times' must be int, got float"):
+        bias_add(x, b, 1.5)
+
+
+def test_integer_tensor_argument_gets_float0_cotangent(extra: opbridge.Library) -> None:
+    scale_by_int = extra.ops["scale_by_int"].call
+    x, k = _rand(6), jnp.arange(6, dtype=jnp.int32)
+    gx = jax.grad(lambda x, k: scale_by_int(x, k).sum())(x, k)
+    np.testing.assert_allclose(np.asarray(gx), np.arange(6, dtype=np.float32))
+    gk = jax.grad(lambda x, k: scale_by_int(x, k).sum(), argnums=1, allow_int=True)(x, k)
+    assert gk.dtype == jax.dtypes.float0
+
+
+def test_op_without_backward_raises_when_differentiated(extra: opbridge.Library) -> None:
+    twice = extra.ops["twice"].call
+    x = _rand(3)
+    np.testing.assert_allclose(np.asarray(twice(x)), 2 * np.asarray(x))
+    with pytest.raises(NotImplementedError, match="twice: cannot be differentiated: no backward is declared"):
+        jax.grad(lambda x: twice(x).sum())(x)
+    with pytest.raises(NotImplementedError, match="twice"):
+        jax.jit(jax.grad(lambda x: twice(x).sum()))(x)
+
+
+# ---------------------------------------------------------------------------
+# vmap
+# ---------------------------------------------------------------------------
+
+
+def test_vmap_matches_python_loop() -> None:
+    xs, ws = _rand(3, 4, 16), _rand(3, 16, seed=1)
+    got = jax.vmap(ops.rms_norm)(xs, ws)
+    loop = jnp.stack([ops.rms_norm(xs[i], ws[i]) for i in range(3)])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(loop))
+    got = jax.jit(jax.vmap(ops.rms_norm, in_axes=(1, None)))(xs, ws[0])
+    loop = jnp.stack([ops.rms_norm(xs[:, i], ws[0]) for i in range(4)])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(loop))
+    gx, gdw = jax.vmap(ops.rms_norm_backward)(xs, xs, ws)
+    for i in range(3):
+        ex, ew = ops.rms_norm_backward(xs[i], xs[i], ws[i])
+        np.testing.assert_array_equal(np.asarray(gx[i]), np.asarray(ex))
+        np.testing.assert_array_equal(np.asarray(gdw[i]), np.asarray(ew))
+
+
+def test_vmap_of_grad() -> None:
+    xs = _rand(4, 9)
+    got = jax.vmap(jax.grad(lambda x: ops.gelu(x).sum()))(xs)
+    want = jnp.stack([jax.grad(lambda x: ops.gelu(x).sum())(xs[i]) for i in range(4)])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+# ---------------------------------------------------------------------------
+# mutating ops
+# ---------------------------------------------------------------------------
+
+
+def _fused_ref(x: np.ndarray, r: np.ndarray, w: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    r2 = r + x
+    return r2 * w * alpha, r2
+
+
+def test_mutating_op_returns_new_values(extra: opbridge.Library) -> None:
+    op = extra.ops["fused_add_scale_"].call
+    x, r, w = _rand(3, 8), _rand(3, 8, seed=1), _rand(8, seed=2)
+    x0, r0 = np.asarray(x).copy(), np.asarray(r).copy()
+    out = op(x, r, w, 0.5)
+    assert isinstance(out, tuple) and len(out) == 2
+    ex, er = _fused_ref(x0, r0, np.asarray(w), 0.5)
+    np.testing.assert_allclose(np.asarray(out[0]), ex, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out[1]), er, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(x), x0)  # the arrays passed in are unchanged
+    np.testing.assert_array_equal(np.asarray(r), r0)
+
+
+def test_mutating_op_under_jit_aliases_and_keeps_inputs_intact(extra: opbridge.Library) -> None:
+    op = extra.ops["fused_add_scale_"].call
+    x, r, w = _rand(3, 8), _rand(3, 8, seed=1), _rand(8, seed=2)
+
+    def f(x: Any, r: Any, w: Any) -> Any:
+        nx, nr = op(x, r, w, 2.0)
+        return nx, nr, x * 1.0, r * 1.0  # the old values are still live after the call
+
+    lowered = jax.jit(f).lower(x, r, w).as_text()
+    assert f"@opbridge.{extra.namespace}.fused_add_scale_" in lowered
+    assert "output_operand_aliases" in lowered
+    nx, nr, ox, orr = jax.jit(f)(x, r, w)
+    ex, er = _fused_ref(np.asarray(x), np.asarray(r), np.asarray(w), 2.0)
+    np.testing.assert_allclose(np.asarray(nx), ex, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(nr), er, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(ox), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(orr), np.asarray(r))
+
+
+def test_mutating_op_updates_donated_buffer_in_place(extra: opbridge.Library) -> None:
+    op = extra.ops["fused_add_scale_"].call
+    x, r, w = _rand(64, 128), _rand(64, 128, seed=1), _rand(128, seed=2)
+    ex, er = _fused_ref(np.asarray(x), np.asarray(r), np.asarray(w), 1.5)
+    px, pr = x.unsafe_buffer_pointer(), r.unsafe_buffer_pointer()
+    f = jax.jit(lambda x, r, w: op(x, r, w, 1.5), donate_argnums=(0, 1))
+    nx, nr = f(x, r, w)
+    assert (nx.unsafe_buffer_pointer(), nr.unsafe_buffer_pointer()) == (px, pr)
+    assert x.is_deleted() and r.is_deleted()
+    np.testing.assert_allclose(np.asarray(nx), ex, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(nr), er, rtol=1e-6)
+
+
+def test_mutating_op_vmap_and_grad(extra: opbridge.Library) -> None:
+    op = extra.ops["fused_add_scale_"].call
+    xs, rs, w = _rand(3, 2, 8), _rand(3, 2, 8, seed=1), _rand(8, seed=2)
+    nx, nr = jax.vmap(lambda x, r: op(x, r, w, 0.25))(xs, rs)
+    for i in range(3):
+        ex, er = _fused_ref(np.asarray(xs[i]), np.asarray(rs[i]), np.asarray(w), 0.25)
+        np.testing.assert_allclose(np.asarray(nx[i]), ex, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(nr[i]), er, rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="fused_add_scale_: cannot be differentiated: it mutates"):
+        jax.grad(lambda w: op(xs[0], rs[0], w, 1.0)[0].sum())(w)
+
+
+# ---------------------------------------------------------------------------
+# bad input
+# ---------------------------------------------------------------------------
+
+BadCall = Callable[[], Any]
+BAD_INPUTS: list[tuple[str, BadCall, type[Exception], str]] = [
+    ("int dtype", lambda: ops.rms_norm(jnp.ones((2, 4), jnp.int32), jnp.ones(4)), TypeError,
+     r"rms_norm: x must have dtype"),
+    ("mixed dtypes", lambda: ops.add(jnp.ones(3), jnp.ones(3, jnp.bfloat16)), TypeError,
+     r"add: y must have the same dtype as x"),
+    ("rank", lambda: ops.rms_norm(jnp.ones((2, 4)), jnp.ones((1, 4))), ValueError, r"rms_norm: weight"),
+    ("size", lambda: ops.rms_norm(jnp.ones((2, 64)), jnp.ones(63)), ValueError,
+     r"rms_norm: weight must have size 64"),
+    ("shape", lambda: ops.add(jnp.ones(3), jnp.ones(4)), ValueError, r"add: y must have the same shape"),
+    ("eps < 0", lambda: ops.rms_norm(jnp.ones((2, 4)), jnp.ones(4), -1.0), ValueError,
+     r"rms_norm: eps must be >= 0"),
+    ("jit shape", lambda: jax.jit(lambda a, b: ops.add(a, b))(jnp.ones(3), jnp.ones(4)), ValueError,
+     r"add: y must have the same shape"),
+    ("jit dtype", lambda: jax.jit(ops.gelu)(jnp.ones(3, jnp.int32)), TypeError, r"gelu: x must have dtype"),
+    ("missing", lambda: ops.rms_norm(jnp.ones((2, 4))), TypeError, r"rms_norm\(\) missing .*'weight'"),
+    ("scalar type", lambda: ops.rms_norm(jnp.ones((2, 4)), jnp.ones(4), "big"), TypeError,
+     r"rms_norm: argument 'eps' must be float, got str"),
+    ("traced scalar", lambda: jax.jit(lambda x, e: ops.rms_norm(x, x[0], e))(jnp.ones((2, 2)), 0.1), TypeError,
+     r"rms_norm: argument 'eps' must be float"),
+    ("numpy in tensor slot", lambda: ops.add(jnp.ones(2), np.ones(2, np.float32)), TypeError,
+     r"add: argument 'y' must be a jax.Array, got ndarray"),
+    ("list in tensor slot", lambda: ops.add(jnp.ones(2), [1.0, 2.0]), TypeError,
+     r"add: argument 'y' must be a jax.Array, got list"),
+    ("float in tensor slot", lambda: jax.jit(lambda x: ops.add(x, 1.0))(jnp.ones(2)), TypeError,
+     r"add: argument 'y' must be a jax.Array, got float"),
+]
+
+
+@pytest.mark.parametrize(("case", "call", "exc", "pattern"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_raises_named_error(case: str, call: BadCall, exc: Any, pattern: str) -> None:
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_kernel_error_past_the_dry_run_is_a_python_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the trace-time check, the kernel's error still arrives as an exception, not a crash."""
+    monkeypatch.setattr(jax_adapter, "DRY_RUN_MAX_BYTES", -1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="add: y must have the same dtype as x"):
+        jax.jit(lambda a, b: ops.add(a, b.astype(jnp.float16)))(jnp.ones(5), jnp.ones(5)).block_until_ready()
+
+
+# ---------------------------------------------------------------------------
+# harness
+# ---------------------------------------------------------------------------
+
+
+def test_harness_round_trip_vjp_compile() -> None:
+    assert HARNESS.skip_reason() is None
+    assert HARNESS.mutates_in_place is False and "bfloat16" in HARNESS.dtypes
+    a = np.random.default_rng(0).standard_normal((3, 5))
+    x = HARNESS.from_numpy(a, "bfloat16")
+    assert x.dtype == jnp.bfloat16
+    assert HARNESS.to_numpy(x).dtype == np.float32
+    k = HARNESS.from_numpy(np.arange(3, dtype=np.int32), None)
+    assert k.dtype == jnp.int32
+    x = HARNESS.from_numpy(a, "float32")
+    w = HARNESS.from_numpy(a[0], "float32")
+    ct = np.ones((3, 5))
+    gx, gw = HARNESS.vjp(ops.rms_norm, [x, w], [0, 1], ct)
+    ex, ew = ops.rms_norm_backward(jnp.ones((3, 5)), x, w)
+    np.testing.assert_allclose(gx, np.asarray(ex), rtol=1e-6)
+    np.testing.assert_allclose(gw, np.asarray(ew), rtol=1e-6)
+    compiled = HARNESS.compile(ops.gelu)
+    assert compiled is not None
+    np.testing.assert_array_equal(HARNESS.to_numpy(compiled(x)), HARNESS.to_numpy(ops.gelu(x)))
+    assert HARNESS.data_ptr(x) == x.unsafe_buffer_pointer() != 0
