@@ -257,6 +257,7 @@ def test_bench_build_quick_json(cli_env: dict[str, str]) -> None:
     cold = doc["cold_seconds"]
     assert isinstance(cold["opbridge_cold"], float) and isinstance(cold["tvm_ffi_cold"], float)
     assert cold["torch_load_inline"] is None
+    assert doc["cold_repeat"] == 1 and len(doc["cold"]["opbridge_cold"]["samples"]) == 1
     assert doc["cold"]["torch_load_inline"] == {"skipped": "--quick"}
     assert isinstance(doc["ratios"]["opbridge_cold/tvm_ffi_cold"], float)
     assert doc["ratios"]["torch_load_inline/opbridge_cold"] is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -115,7 +116,8 @@ def extra(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
         residual += input
         input[...] = residual * weight * alpha
 
-    @lib.op("bias_add(Tensor x, Tensor? bias, int times=1, bool neg=False) -> Tensor", shape=opbridge.like("x"))
+    @lib.op("bias_add(Tensor x, Tensor? bias, int times=1, bool neg=False) -> Tensor",
+            shape=opbridge.like("x"))
     def bias_add(x: Any, bias: Any, times: int = 1, neg: bool = False) -> Any:
         v = times * (x + (0 if bias is None else bias))
         return -v if neg else v
@@ -161,6 +163,12 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
     return x if isinstance(x, tuple) else (x,)
 
 
+def _with_tensors(fn: Callable[..., Any], full: list[Any], scalars: set[int], *ts: Any) -> Any:
+    """``fn(*full)`` with the tensor slots of *full* (those not in *scalars*) replaced by *ts*."""
+    it = iter(ts)
+    return fn(*(v if i in scalars else next(it) for i, v in enumerate(full)))
+
+
 # ---------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------
@@ -171,24 +179,18 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 @pytest.mark.parametrize("name", BUILTIN)
 def test_forward_matches_reference(name: str, dtype: str, mode: str) -> None:
     op = ops.LIBRARY.ops[name]
-    fn = op.call if mode == "eager" else jax.jit(op.call)
+    scalars = {i for i, a in enumerate(op.schema.arguments) if not a.type.is_tensor}
     rtol, atol = op.tolerance(dtype)
     for case in _cases(name, dtype):
         jx, ref = _args(name, case, dtype)
-        scalars = {i for i, a in enumerate(op.schema.arguments) if not a.type.is_tensor}
         if mode == "jit":  # static scalars are closed over
             tensors = [v for i, v in enumerate(jx) if i not in scalars]
-
-            def call(*ts: Any, _jx: list[Any] = jx) -> Any:
-                it = iter(ts)
-                return op.call(*(v if i in scalars else next(it) for i, v in enumerate(_jx)))
-
-            out = _as_tuple(jax.jit(call)(*tensors))
+            out = _as_tuple(jax.jit(functools.partial(_with_tensors, op.call, jx, scalars))(*tensors))
         else:
-            out = _as_tuple(fn(*jx))
+            out = _as_tuple(op.call(*jx))
         expected = _as_tuple(op.reference(*ref))
         assert len(out) == len(expected)
-        for o, e in zip(out, expected):
+        for o, e in zip(out, expected, strict=True):
             assert isinstance(o, jax.Array)
             assert o.dtype == jnp.dtype(dtype) and o.shape == np.shape(e)
             e = np.asarray(HARNESS.from_numpy(np.asarray(e), dtype).astype(jnp.float32), dtype=np.float64)
@@ -253,7 +255,7 @@ def _fd_vjp(op: Any, ref: list[Any], idx: int, ct: list[np.ndarray], step: float
             args[idx] = base.copy()
             args[idx][k] += sign * step
             out = _as_tuple(op.reference(*args))
-            vals.append(sum(float(np.sum(np.asarray(o) * c)) for o, c in zip(out, ct)))
+            vals.append(sum(float(np.sum(np.asarray(o) * c)) for o, c in zip(out, ct, strict=True)))
         grad[k] = (vals[0] - vals[1]) / (2 * step)
     return grad
 
@@ -269,7 +271,7 @@ def test_grad_matches_finite_differences(name: str, jit: bool) -> None:
 
     def f(*ts: Any) -> Any:
         full = list(jx)
-        for i, t in zip(tidx, ts):
+        for i, t in zip(tidx, ts, strict=True):
             full[i] = t
         return op.call(*full)
 
@@ -277,7 +279,7 @@ def test_grad_matches_finite_differences(name: str, jit: bool) -> None:
     rng = np.random.default_rng(1)
     cts = [rng.standard_normal(o.shape) for o in _as_tuple(out)]
     grads = pullback(cts[0] if len(cts) == 1 else tuple(cts))
-    for i, g in zip(tidx, grads):
+    for i, g in zip(tidx, grads, strict=True):
         expected = _fd_vjp(op, ref, i, cts)
         np.testing.assert_allclose(np.asarray(g, np.float64), expected, rtol=2e-3, atol=2e-4,
                                    err_msg=f"{name}: d/d{op.schema.arguments[i].name}")
@@ -295,11 +297,21 @@ def test_grad_under_jit_bfloat16_and_against_jnp() -> None:
 
     g = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
     g2 = jax.grad(loss_jnp, argnums=(0, 1))(x, w)
-    for a, b in zip(g, g2):
+    for a, b in zip(g, g2, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
     gb = jax.jit(jax.grad(loss))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     assert gb.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(gb, np.float32), np.asarray(g[0]), rtol=0.1, atol=0.1)
+
+
+def test_grad_of_grad_and_forward_mode() -> None:
+    x = jnp.arange(3.0)
+    hess_diag = jax.grad(lambda a: jax.grad(lambda b: (ops.add(b, b) ** 2).sum())(a).sum())(x)
+    np.testing.assert_array_equal(np.asarray(hess_diag), np.full(3, 8.0))
+    with pytest.raises(NotImplementedError, match="gelu_backward: cannot be differentiated"):
+        jax.grad(lambda a: jax.grad(lambda b: ops.gelu(b).sum())(a).sum())(x)
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(ops.gelu, (x,), (x,))
 
 
 def test_scalars_before_tensors_and_their_grad(extra: opbridge.Library) -> None:
@@ -463,8 +475,8 @@ BAD_INPUTS: list[tuple[str, BadCall, type[Exception], str]] = [
     ("missing", lambda: ops.rms_norm(jnp.ones((2, 4))), TypeError, r"rms_norm\(\) missing .*'weight'"),
     ("scalar type", lambda: ops.rms_norm(jnp.ones((2, 4)), jnp.ones(4), "big"), TypeError,
      r"rms_norm: argument 'eps' must be float, got str"),
-    ("traced scalar", lambda: jax.jit(lambda x, e: ops.rms_norm(x, x[0], e))(jnp.ones((2, 2)), 0.1), TypeError,
-     r"rms_norm: argument 'eps' must be float"),
+    ("traced scalar", lambda: jax.jit(lambda x, e: ops.rms_norm(x, x[0], e))(jnp.ones((2, 2)), 0.1),
+     TypeError, r"rms_norm: argument 'eps' must be float, got a traced value; it is static"),
     ("numpy in tensor slot", lambda: ops.add(jnp.ones(2), np.ones(2, np.float32)), TypeError,
      r"add: argument 'y' must be a jax.Array, got ndarray"),
     ("list in tensor slot", lambda: ops.add(jnp.ones(2), [1.0, 2.0]), TypeError,
@@ -511,4 +523,8 @@ def test_harness_round_trip_vjp_compile() -> None:
     compiled = HARNESS.compile(ops.gelu)
     assert compiled is not None
     np.testing.assert_array_equal(HARNESS.to_numpy(compiled(x)), HARNESS.to_numpy(ops.gelu(x)))
+    compiled = HARNESS.compile(ops.rms_norm)  # the float scalar stays static
+    assert compiled is not None
+    np.testing.assert_array_equal(HARNESS.to_numpy(compiled(x, w, 1e-3)),
+                                  HARNESS.to_numpy(ops.rms_norm(x, w, 1e-3)))
     assert HARNESS.data_ptr(x) == x.unsafe_buffer_pointer() != 0

@@ -247,3 +247,39 @@ def test_bad_input_through_dispatcher_too() -> None:
         torch.ops.opbridge.rms_norm(torch.ones(2, 4, dtype=torch.int64), torch.ones(4))
     with pytest.raises(ValueError, match="add: y must have the same shape"):
         torch.ops.opbridge.add(torch.ones(3), torch.ones(4))
+
+
+def test_out_writes_into_the_given_buffer() -> None:
+    x, w = torch.randn(3, 64), torch.randn(64)
+    buf = torch.full((3, 64), float("nan"))
+    ptr = buf.data_ptr()
+    res = ops.rms_norm(x, w, 1e-5, out=buf)
+    assert res is buf and buf.data_ptr() == ptr
+    torch.testing.assert_close(buf, ops.rms_norm(x, w, 1e-5))
+    dx, dw = torch.empty(3, 64), torch.empty(64)
+    got = ops.rms_norm_backward(torch.ones(3, 64), x, w, out=(dx, dw))
+    assert got[0] is dx and got[1] is dw
+    torch.testing.assert_close(dw, ops.rms_norm_backward(torch.ones(3, 64), x, w)[1])
+
+
+def test_out_bad_buffers_are_rejected() -> None:
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="gelu: out must have the same shape as x"):
+        ops.gelu(x, out=torch.empty(4, 9))
+    with pytest.raises(TypeError, match="gelu: out= needs 1 tensor"):
+        ops.gelu(x, out=(torch.empty(4, 8), torch.empty(4, 8)))
+    with pytest.raises(RuntimeError, match="out= does not support autograd"):
+        ops.gelu(x.requires_grad_(), out=torch.empty(4, 8))
+
+
+def test_out_inside_compile() -> None:
+    torch._dynamo.reset()
+
+    def f(x: Any, buf: Any) -> Any:
+        ops.gelu(x, out=buf)
+        return buf * 2
+
+    x, b1, b2 = torch.randn(5), torch.empty(5), torch.empty(5)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, b1)
+    torch.testing.assert_close(got, f(x, b2))
+    torch.testing.assert_close(b1, b2)

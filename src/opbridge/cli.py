@@ -60,6 +60,25 @@ def _print_json(doc: Any) -> None:
     print(json.dumps(doc, indent=2))
 
 
+def _import_file(path: Path) -> None:
+    """Import the ``.py`` file at *path* as a top-level module named after it, as ``python FILE`` would."""
+    name = path.stem
+    if name in sys.modules:
+        raise UsageError(f"--import {path}: a module named {name!r} is already imported; rename the file "
+                         "or import it by its dotted name")
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise UsageError(f"--import {path}: cannot import this file")
+    sys.path.insert(0, str(path.resolve().parent))  # its sibling modules are importable
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
 def _import_user_module(spec: str) -> None:
     """Import *spec*, a dotted module name or a path to a ``.py`` file, to declare its libraries.
 
@@ -72,13 +91,7 @@ def _import_user_module(spec: str) -> None:
     if spec.endswith(".py") or path.is_file():
         if not path.is_file():
             raise UsageError(f"--import {spec}: no such file")
-        name = path.stem
-        mod_spec = importlib.util.spec_from_file_location(name, path)
-        if mod_spec is None or mod_spec.loader is None:
-            raise UsageError(f"--import {spec}: cannot import this file")
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[name] = module
-        mod_spec.loader.exec_module(module)
+        _import_file(path)
         return
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # as `python -m` would

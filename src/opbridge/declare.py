@@ -132,6 +132,11 @@ class OpDef:
         return sum(1 for r in self.schema.returns if r.type.alias is None)
 
     @property
+    def accepts_out(self) -> bool:
+        """Whether the public callable takes ``out=``: the op returns new tensors."""
+        return self.n_outputs > 0 and "out" not in {a.name for a in self.schema.arguments}
+
+    @property
     def differentiable(self) -> tuple[int, ...]:
         """Indices of Tensor arguments that may receive gradients (not mutated)."""
         return tuple(i for i, a in enumerate(self.schema.arguments)
@@ -178,8 +183,13 @@ def _callable_source(op: OpDef, prelude: str = "") -> str:
         params.append(a.name if a.default is NO_DEFAULT else f"{a.name}={a.default!r}")
     names = [a.name for a in op.schema.arguments]
     lead = names[op.dispatch_arg]
+    out_check = ""
+    if op.accepts_out:
+        params.append("out=None" if kw_started else "*, out=None")
+        out_check = f"    if out is not None:\n        return _with_out(({', '.join(names)},), out)\n"
     return (
         f"def {op.name}({', '.join(params)}):\n"
+        f"{out_check}"
         f"{prelude}"
         f"    f = _table.get(type({lead}))\n"
         f"    if f is None:\n"
@@ -201,6 +211,7 @@ def _make_callable(op: OpDef) -> Callable[..., Any]:
     ns: dict[str, Any] = {
         "_table": table,
         "_resolve": lambda x: dispatch.resolve(op, table, x),
+        "_with_out": lambda args, out: dispatch.call_with_out(op, args, out),
     }
     exec(compile(_callable_source(op), f"<opbridge op {op.qualname}>", "exec"), ns)  # noqa: S102
     fn = ns[op.name]

@@ -52,3 +52,21 @@ def resolve(op: OpDef, table: dict[type, Callable[..., Any]], x: Any) -> Callabl
     fn = adapter(name).make_call(op, type(x))
     table[type(x)] = fn
     return fn
+
+
+def call_with_out(op: OpDef, args: tuple[Any, ...], out: Any) -> Any:
+    """Run *op* writing into caller-provided output(s) *out* (a tensor or a tuple of them)."""
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != op.n_outputs:
+        raise TypeError(f"{op.name}: out= needs {op.n_outputs} tensor(s), got {len(outs)}")
+    x = args[op.dispatch_arg]
+    name = framework_of(x)
+    ad = adapter(name) if name is not None else None
+    if ad is None or not hasattr(ad, "call_with_out"):
+        raise TypeError(f"{op.name}: out= is not supported for {type(x).__module__}.{type(x).__qualname__} "
+                        f"arguments" + (" (their arrays are immutable)" if name == "jax" else ""))
+    for i, o in enumerate(outs):
+        if framework_of(o) != name:
+            raise TypeError(f"{op.name}: out[{i}] must be an array of the same framework as the inputs "
+                            f"({name}), got {type(o).__module__}.{type(o).__qualname__}")
+    return ad.call_with_out(op, args, outs)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import ast
 import importlib
-import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import CodeType
@@ -391,7 +391,7 @@ def load(path: str | Path, library: Library | None = None) -> Library:
         backward[schema.name] = _derivative(where, entry, declared, schemas)
 
     if library is None:
-        caller = inspect.stack()[1].frame.f_globals.get("__name__", "__main__")
+        caller = sys._getframe(1).f_globals.get("__name__", "__main__")  # inspect.stack() reads sources: slow
         library = _new_library(where, doc["library"], caller)
     for derivative in backward.values():
         derivative.library = library

@@ -49,5 +49,12 @@ class NumpyAdapter:
 
         return call
 
+    def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+        """Run *op* into the caller's arrays *outs* (validated by the kernel)."""
+        validate_args(op, args, _is_array, "a numpy.ndarray")
+        check_no_alias(op, args, _span)
+        loader.kernel(op, "cpu")(*outs, *args)
+        return pack_results(op, args, outs)
+
 
 ADAPTER = NumpyAdapter()

@@ -24,10 +24,12 @@ Autograd
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import paddle
@@ -40,7 +42,7 @@ from opbridge.declare import like
 from opbridge.errors import OpbridgeError
 
 if TYPE_CHECKING:
-    from opbridge.declare import OpDef
+    from opbridge.declare import Library, OpDef
 
 _T = paddle.Tensor
 _VALUE = paddle.pir.Value
@@ -344,16 +346,37 @@ def _legacy_static(op: OpDef) -> Callable[..., Any]:
     return refuse
 
 
+def _mark_for_to_static(op: OpDef) -> None:
+    """Tell ``to_static`` how to treat the public callable.
+
+    Functional ops are marked *unified*: SOT records them in its graph like a
+    Paddle API (tracing them with ``pir.Value``) instead of stepping through
+    opbridge's dispatch and breaking the graph at the kernel call, and AST mode
+    does not try to transcribe them. Mutating ops are marked *force_dynamic*:
+    SOT breaks the graph and runs them eagerly.
+    """
+    if getattr(op.call, "_opbridge_paddle_marked", False):
+        return
+    if op.schema.is_mutating:
+        paddle.jit.marker.force_dynamic(op.call)
+    else:
+        paddle.jit.marker.unified(op.call)
+    op.call._opbridge_paddle_marked = True  # type: ignore[attr-defined]
+
+
 class PaddleAdapter:
     """Adapter for ``paddle.Tensor`` (eager) and ``paddle.pir.Value`` (``to_static`` tracing)."""
 
     name = "paddle"
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        _mark_for_to_static(op)
         if issubclass(array_type, _VALUE):
             return _make_static(op)
         if issubclass(array_type, _T):
-            return _make_eager(op)
+            # Reached under SOT only for an op whose first call is being traced:
+            # run it eagerly there rather than letting SOT step through it.
+            return paddle.jit.marker.force_dynamic(_make_eager(op))
         if issubclass(array_type, paddle.static.Variable):
             return _legacy_static(op)
         arg = op.schema.arguments[op.dispatch_arg].name
@@ -362,3 +385,43 @@ class PaddleAdapter:
 
 
 ADAPTER = PaddleAdapter()
+
+
+def _sot_skip_opbridge_frames() -> None:
+    """Never let SOT translate opbridge's own frames (dispatch, adapters, generated callables).
+
+    Those frames run when SOT breaks the graph at a mutating op; translating
+    them would only re-simulate Python bookkeeping, which SOT does not always
+    support (it fails on dataclass properties). Paddle keeps one prefix list
+    for the whole process, so ours is added to its own.
+    """
+    try:
+        from paddle.jit.sot.opcode_translator import skip_files
+    except ImportError:  # pragma: no cover - Paddle without SOT
+        return
+    import opbridge
+
+    prefixes = {str(Path(opbridge.__file__).parent) + os.sep, "<opbridge "}
+    if not prefixes <= skip_files.skip_file_names:
+        skip_files.skip_file_names |= prefixes
+        skip_files.setup_skip_files()
+
+
+def register(lib: Library) -> None:
+    """Prepare every op of *lib* for ``paddle.jit.to_static`` (idempotent; nothing is built)."""
+    for op in lib.ops.values():
+        _mark_for_to_static(op)
+
+
+def _register_declared() -> None:
+    from opbridge import dispatch, registry
+
+    _sot_skip_opbridge_frames()
+    # An op's first call under SOT resolves its adapter (and may build its
+    # kernels): make SOT break the graph there and run it natively.
+    paddle.jit.marker.force_dynamic(dispatch.resolve)
+    for lib in registry.libraries():
+        register(lib)
+
+
+_register_declared()

@@ -68,9 +68,9 @@ def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
             check_no_alias(op, full, _span)
         outs = _alloc(op, full, _lead(op, full).device)
         if device == "cuda":
-            import tvm_ffi
+            from opbridge._tvm import tvm_ffi
 
-            with tvm_ffi.use_torch_stream():
+            with tvm_ffi().use_torch_stream():
                 kern[0](*outs, *full)
         else:
             kern[0](*outs, *full)
@@ -230,8 +230,15 @@ def _substitute_for_dynamo(op: OpDef) -> None:
     # builds): it sees the public callable as the registered torch op instead.
     packet = getattr(getattr(torch.ops, op.library.namespace), op.name).default
 
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        return packet(*args, **kwargs)
+    def traced(*args: Any, out: Any = None, **kwargs: Any) -> Any:
+        result = packet(*args, **kwargs)
+        if out is None:
+            return result
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        results = result if isinstance(result, tuple) else (result,)
+        for o, r in zip(outs, results):
+            o.copy_(r)
+        return out
 
     torch.compiler.substitute_in_graph(op.call, skip_signature_check=True)(traced)
 
@@ -282,6 +289,38 @@ class TorchAdapter:
             })
             _FAST.add(op.qualname)
         return slow
+
+
+    def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+        """Run *op* into the caller's tensors *outs* (``out=``); no autograd, like torch's own ``out=``."""
+        register(op.library)
+        validate_args(op, args, _is_tensor, "a torch.Tensor")
+        tensors = [a for a in (*args, *outs) if isinstance(a, torch.Tensor)]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise RuntimeError(f"{op.name}: out= does not support autograd (an argument requires grad); "
+                               f"call it under torch.no_grad() or without out=")
+        plain = all(type(t) is torch.Tensor for t in tensors)
+        no_modes = (not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()
+                    and torch._C._functorch.peek_interpreter_stack() is None)
+        if not (plain and no_modes):
+            results = getattr(getattr(torch.ops, op.library.namespace), op.name).default(*args)
+            for o, r in zip(outs, results if isinstance(results, tuple) else (results,)):
+                o.copy_(r)
+            return pack_results(op, args, outs)
+        device = _lead(op, args).device.type
+        if op.schema.is_mutating:
+            check_no_alias(op, args, _span)
+        kern = loader.kernel(op, device)
+        if device == "cuda":
+            from opbridge._tvm import tvm_ffi
+
+            with tvm_ffi().use_torch_stream():
+                kern(*outs, *args)
+        else:
+            kern(*outs, *args)
+        for o in outs:
+            torch.autograd.graph.increment_version(o)
+        return pack_results(op, args, outs)
 
 
 _FAST: set[str] = set()

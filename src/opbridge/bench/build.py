@@ -13,6 +13,10 @@ cache and build directories, so nothing is cached in memory or on disk:
     written against ``torch/extension.h`` with pybind bindings (skipped by
     ``--quick``: it takes tens of seconds).
 
+The opbridge and tvm-ffi builds are repeated, alternating which goes first,
+and their medians compared (a single cold build on a busy two-core machine
+can be off by a factor of two); load_inline is built once.
+
 The build timers start after ``import tvm_ffi`` / ``import torch`` (done
 before the clock in every case; the two tvm-ffi builds hide torch, which
 they do not use), so they compare the builds alone. Then the
@@ -31,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,8 @@ DESCRIPTION = (
 _NOTE = ("build timers start after `import tvm_ffi` (opbridge, tvm_ffi; torch hidden) or `import torch` "
          "(load_inline) in a fresh process; warm-start times exclude creating the inputs")
 _FULL_REPEAT = 5
+_FULL_COLD_REPEAT = 3
+_QUICK_COLD_REPEAT = 1
 _QUICK_REPEAT = 2
 _TIMEOUT_S = 600
 _FLAGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
@@ -183,6 +190,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, metavar="N", default=None,
                         help=f"warm-start repetitions, each a fresh process (default {_FULL_REPEAT}, "
                              f"{_QUICK_REPEAT} with --quick); the median is reported")
+    parser.add_argument("--cold-repeat", type=int, metavar="N", default=None,
+                        help=f"cold builds of opbridge and of tvm-ffi, alternated (default "
+                             f"{_FULL_COLD_REPEAT}, {_QUICK_COLD_REPEAT} with --quick); the median is "
+                             "reported. load_inline is built once.")
 
 
 def _progress(msg: str) -> None:
@@ -228,23 +239,49 @@ def _run_script(label: str, script: str, env: dict[str, str], *argv: str) -> dic
     return result
 
 
-def _opbridge_cold(tmp: Path) -> dict[str, Any]:
-    _progress("cold opbridge JIT build of the built-in library (fresh cache)")
-    res = _run_script("opbridge cold build", _OPBRIDGE_COLD, _env(tmp))
-    return {"seconds": round(res["seconds"], 3), "path": res["path"]}
+def _opbridge_cold(run_dir: Path) -> dict[str, Any]:
+    res = _run_script("opbridge cold build", _OPBRIDGE_COLD, _env(run_dir))
+    return {"seconds": res["seconds"], "path": res["path"]}
 
 
-def _tvm_ffi_cold(tmp: Path) -> dict[str, Any]:
-    _progress("cold tvm_ffi.cpp.build of the same sources and flags (fresh build dir)")
-    build_dir = tmp / "tvm-ffi-build"
+def _tvm_ffi_cold(run_dir: Path) -> dict[str, Any]:
+    build_dir = run_dir / "tvm-ffi-build"
     build_dir.mkdir()
     payload = json.dumps([str(build_dir), _FLAGS])
-    res = _run_script("tvm_ffi cold build", _TVM_FFI_COLD, _env(tmp), payload)
-    return {"seconds": round(res["seconds"], 3), "sources": res["sources"], "flags": _FLAGS}
+    res = _run_script("tvm_ffi cold build", _TVM_FFI_COLD, _env(run_dir), payload)
+    return {"seconds": res["seconds"], "sources": res["sources"], "flags": _FLAGS}
+
+
+_COLD: dict[str, Callable[[Path], dict[str, Any]]] = {
+    "opbridge_cold": _opbridge_cold,
+    "tvm_ffi_cold": _tvm_ffi_cold,
+}
+
+
+def _cold_builds(tmp: Path, repeat: int) -> tuple[dict[str, Any], Path]:
+    """Alternate the opbridge and tvm-ffi cold builds *repeat* times, each in a fresh directory.
+
+    Returns the median (and every sample) per builder, and the first opbridge
+    run's directory, whose cache the warm-start measurements reuse.
+    """
+    names = list(_COLD)
+    samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for i in range(repeat):
+        for name in names[i % 2:] + names[:i % 2]:  # alternate who goes first
+            _progress(f"cold build {i + 1}/{repeat}: {name} (fresh process, fresh cache)")
+            run_dir = tmp / f"{name}-{i}"
+            run_dir.mkdir()
+            samples[name].append(_COLD[name](run_dir))
+    out: dict[str, Any] = {}
+    for name, runs in samples.items():
+        seconds = [r.pop("seconds") for r in runs]
+        out[name] = {"seconds": round(statistics.median(seconds), 3),
+                     "samples": [round(x, 3) for x in seconds], **runs[0]}
+    return out, tmp / "opbridge_cold-0"
 
 
 def _torch_cold(tmp: Path) -> dict[str, Any]:
-    _progress("cold torch.utils.cpp_extension.load_inline of one add op (fresh build dir; ~40 s)")
+    _progress("cold build: torch.utils.cpp_extension.load_inline of one add op (fresh build dir; ~40 s)")
     build_dir = tmp / "torch-build"
     build_dir.mkdir()
     payload = json.dumps([_TORCH_ADD_SRC, str(build_dir), ["-O3", "-fopenmp"]])
@@ -267,11 +304,11 @@ def _medians(label: str, script: str, env: dict[str, str], repeat: int) -> dict[
 
 def _warm(tmp: Path, repeat: int) -> dict[str, Any]:
     env = _env(tmp)
-    _progress(f"warm start on torch tensors (torch preimported), {repeat} fresh processes")
+    _progress(f"warm start on torch tensors (torch preimported), {repeat} fresh process(es)")
     torch_warm = _medians("warm start (torch)", _WARM_TORCH, env, repeat)
-    _progress(f"warm start on numpy arrays (torch not imported), {repeat} fresh processes")
+    _progress(f"warm start on numpy arrays (torch not imported), {repeat} fresh process(es)")
     numpy_warm = _medians("warm start (numpy)", _WARM_NUMPY, env, repeat)
-    _progress(f"`import tvm_ffi` alone, with and without torch preimported, {repeat} processes each")
+    _progress(f"`import tvm_ffi` alone, with and without torch preimported, {repeat} process(es) each")
     bare = _medians("import tvm_ffi", _IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "False"), env, repeat)
     pre = _medians("import tvm_ffi", _IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "True"), env, repeat)
     return {
@@ -286,11 +323,14 @@ def _warm(tmp: Path, repeat: int) -> dict[str, Any]:
     }
 
 
-def _repeat(args: argparse.Namespace) -> int:
-    repeat: int = args.repeat if args.repeat is not None else (_QUICK_REPEAT if args.quick else _FULL_REPEAT)
-    if repeat < 1:
-        raise BenchError(f"--repeat must be positive, got {repeat}")
-    return repeat
+def _repeats(args: argparse.Namespace) -> tuple[int, int]:
+    """(cold-build repetitions, warm-start repetitions) for *args*."""
+    cold: int = args.cold_repeat if args.cold_repeat is not None else (
+        _QUICK_COLD_REPEAT if args.quick else _FULL_COLD_REPEAT)
+    warm: int = args.repeat if args.repeat is not None else (_QUICK_REPEAT if args.quick else _FULL_REPEAT)
+    if cold < 1 or warm < 1:
+        raise BenchError(f"--cold-repeat and --repeat must be positive, got {cold} and {warm}")
+    return cold, warm
 
 
 def _ratio(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | None:
@@ -301,20 +341,23 @@ def _ratio(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | No
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; see the module docstring."""
-    repeat = _repeat(args)
+    cold_repeat, repeat = _repeats(args)
     with tempfile.TemporaryDirectory(prefix="opbridge-bench-build-") as name:
         tmp = Path(name)
-        cold: dict[str, Any] = {"opbridge_cold": _opbridge_cold(tmp), "tvm_ffi_cold": _tvm_ffi_cold(tmp)}
+        cold, populated = _cold_builds(tmp, cold_repeat)
         if args.quick:
             cold["torch_load_inline"] = {"skipped": "--quick"}
         else:
-            cold["torch_load_inline"] = _torch_cold(tmp)
-        warm = _warm(tmp, repeat)  # reuses the cache the cold opbridge build populated
+            torch_dir = tmp / "torch_load_inline"
+            torch_dir.mkdir()
+            cold["torch_load_inline"] = _torch_cold(torch_dir)
+        warm = _warm(populated, repeat)
     return {
         "benchmark": "build",
         "quick": bool(args.quick),
         "machine": machine_info(),
         "note": _NOTE,
+        "cold_repeat": cold_repeat,
         "cold_seconds": {k: v.get("seconds") for k, v in cold.items()},
         "cold": cold,
         "ratios": {
@@ -334,15 +377,17 @@ def format_text(result: dict[str, Any]) -> str:
         f"machine: {m['cpu_model']}, {m['cpus_usable']} CPUs, python {m['python']}, torch {m['torch']}, "
         f"tvm-ffi {m['tvm_ffi']}, {m['date']}",
         "",
-        "cold builds (fresh process, fresh cache):",
+        f"cold builds (fresh process, fresh cache; median of {result['cold_repeat']} where repeated):",
     ]
     for name, row in cold.items():
         value = f"{row['seconds']:.2f} s" if "seconds" in row else f"skipped ({row['skipped']})"
+        if "samples" in row:
+            value += f"  (samples: {', '.join(f'{x:.2f}' for x in row['samples'])})"
         lines.append(f"  {name:<20} {value}")
     for name, value in ratios.items():
         lines.append(f"  {name:<34} {'-' if value is None else f'{value:.2f}x'}")
     lines.append("")
-    lines.append(f"warm start, cache populated (median of {warm['torch']['runs']} fresh processes):")
+    lines.append(f"warm start, cache populated (median of {warm['torch']['runs']} fresh process(es)):")
     for kind in ("torch", "numpy"):
         w = warm[kind]
         lines.append(f"  {kind:<6} total {w['total_ms']:8.1f} ms = import opbridge "

@@ -51,7 +51,7 @@ class JaxHarness:
 
         def f(*diff: Any) -> Any:
             call = list(full)
-            for i, d in zip(argnums, diff):
+            for i, d in zip(argnums, diff, strict=True):
                 call[i] = d
             return fn(*call)
 
@@ -60,10 +60,19 @@ class JaxHarness:
         return [self.to_numpy(g) for g in grads]
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
-        """*fn* under ``jax.jit``."""
+        """*fn* under ``jax.jit``, with its non-array arguments (scalars, None) static."""
         import jax
 
-        return jax.jit(fn)
+        jitted: dict[tuple[int, ...], Callable[..., Any]] = {}
+
+        def compiled(*args: Any) -> Any:
+            static = tuple(i for i, a in enumerate(args) if not isinstance(a, jax.Array))
+            f = jitted.get(static)
+            if f is None:
+                f = jitted[static] = jax.jit(fn, static_argnums=static)
+            return f(*args)
+
+        return compiled
 
     def data_ptr(self, x: Any) -> int:
         """Address of *x*'s (single-device) buffer."""

@@ -14,6 +14,7 @@ import pkgutil
 from pathlib import Path
 
 from opbridge import manifest
+
 from vllm_plugin.ops._library import LIBRARY
 
 for _module in pkgutil.iter_modules(__path__):

@@ -1,0 +1,71 @@
+"""``opbridge codegen``: write or check a library's generated ``_custom_ops.py`` and stub.
+
+Wiring (in ``opbridge.cli.build_parser``)::
+
+    from opbridge.codegen import cli as codegen_cli
+    codegen_cli.register(sub)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from opbridge.errors import OpbridgeError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``opbridge codegen``; return the exit status (1 when ``--check`` finds stale files)."""
+    from opbridge.aot.cli import default_out_dir, import_declarations, select_libraries
+    from opbridge.codegen import StaleGeneratedFilesError, generate
+
+    try:
+        import_declarations(args.imports)
+        libs = select_libraries(args.library)
+    except (ModuleNotFoundError, FileNotFoundError, OpbridgeError) as e:
+        print(f"opbridge: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.library:
+        libs = [lib for lib in libs if lib.namespace != "opbridge"]
+    if len(libs) != 1 and args.out is not None:
+        names = ", ".join(lib.namespace for lib in libs) or "none"
+        print(f"opbridge: error: --out needs exactly one library (--library NS); found: {names}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    status = EXIT_OK
+    for lib in libs:
+        out = args.out or default_out_dir(lib)
+        if out is None:
+            print(f"opbridge: error: {lib.namespace}: pass --out DIR (no prebuilt= package to write into)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            paths = generate(lib, out, name=args.name, check=args.check)
+        except StaleGeneratedFilesError as e:
+            print(f"opbridge: {e}", file=sys.stderr)
+            status = EXIT_FAILURE
+            continue
+        verb = "current" if args.check else "wrote"
+        print(f"{lib.namespace}: {verb} {', '.join(map(str, paths))}")
+    return status
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``codegen`` subcommand to *subparsers*."""
+    p = subparsers.add_parser(
+        "codegen", help="generate typed Python wrappers (_custom_ops.py + .pyi) of a library",
+        description="Write <name>.py (one typed, documented wrapper per op, importing the declarations "
+                    "on first call) and <name>.pyi for a declared library; --check verifies them instead.",
+    )
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                   help="import MODULE (dotted name or .py path) first to declare its libraries; repeatable")
+    p.add_argument("--library", action="append", metavar="NS", help="the library's namespace; repeatable")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="package directory to write into (default: the package of the library's prebuilt=)")
+    p.add_argument("--name", default="_custom_ops", help="module name of the wrappers (default _custom_ops)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files are stale")
+    p.set_defaults(func=run)

@@ -1,0 +1,126 @@
+"""The generated C++ kernel: checks, dtype dispatch, a placeholder computation, OPBRIDGE_EXPORT."""
+
+from __future__ import annotations
+
+from opbridge.scaffold.spec import DTYPES, OpSpec, ScaffoldError
+from opbridge.scaffold.templates import render
+from opbridge.schema import Type
+
+_CXX_KEYWORDS = frozenset("""
+alignas alignof and asm auto bitand bitor bool break case catch char char16_t char32_t char8_t class
+compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
+decltype default delete do double dynamic_cast else enum explicit export extern false float for
+friend goto if inline int long mutable namespace new noexcept not nullptr operator or private
+protected public register reinterpret_cast requires return short signed sizeof static static_assert
+static_cast struct switch template this thread_local throw true try typedef typeid typename union
+unsigned using virtual void volatile wchar_t while xor
+""".split())
+_SCALARS = {"int": "int64_t", "float": "double", "bool": "bool", "str": "tvm::ffi::String"}
+
+
+def cxx_type(t: Type) -> str:
+    """The kernel parameter type for schema type *t*."""
+    if t.is_tensor:
+        return "Optional<TensorView>" if t.optional else "TensorView"
+    base = _SCALARS[t.base]
+    if t.is_list:
+        base = f"tvm::ffi::Array<{base}>"
+    return f"Optional<{base}>" if t.optional else base
+
+
+def _locals(spec: OpSpec) -> dict[str, str]:
+    """Names of the kernel's own locals, renamed away from argument names."""
+    taken = {a.name for a in spec.schema.arguments} | set(spec.outputs)
+    bad = sorted(n for n in taken if n in _CXX_KEYWORDS)
+    if bad:
+        raise ScaffoldError(f"{spec.name}: argument name(s) {', '.join(bad)} are C++ keywords; rename them")
+    out: dict[str, str] = {}
+    for want in ("op", "numel", "run"):
+        name = want
+        while name in taken:
+            name += "_"
+        out[want] = name
+    return out
+
+
+def _checks(spec: OpSpec, op: str) -> list[str]:
+    lead = spec.lead.name
+    allowed = ", ".join(DTYPES[d][0] for d in spec.dtypes)
+    lines = [
+        f"  OPB_CHECK_DEVICE({op}, {lead}, kDLCPU);",
+        f"  OPB_CHECK_DTYPE({op}, {lead}, {allowed});",
+        f"  OPB_CHECK_CONTIGUOUS({op}, {lead});",
+    ]
+    for name in [a.name for a in spec.schema.arguments if a.type.is_tensor and not a.type.optional
+                 and a.name != lead] + spec.outputs:
+        lines += [
+            f"  OPB_CHECK_DEVICE({op}, {name}, kDLCPU);",
+            f"  OPB_CHECK_SAME_DTYPE({op}, {name}, {lead});",
+            f"  OPB_CHECK_SAME_SHAPE({op}, {name}, {lead});",
+            f"  OPB_CHECK_CONTIGUOUS({op}, {name});",
+        ]
+    for a in spec.schema.arguments:
+        if a.type.is_tensor and a.type.optional:
+            v = f"{a.name}.value()"
+            lines += [
+                f"  if ({a.name}.has_value()) {{",
+                f'    ::opbridge::check_device({op}, "{a.name}", {v}, kDLCPU);',
+                f'    ::opbridge::check_same_dtype({op}, "{a.name}", {v}, "{lead}", {lead});',
+                f'    ::opbridge::check_same_shape({op}, "{a.name}", {v}, "{lead}", {lead});',
+                f'    ::opbridge::check_contiguous({op}, "{a.name}", {v});',
+                "  }",
+            ]
+    return lines
+
+
+def _dispatch(spec: OpSpec, run: str) -> str:
+    if len(spec.dtypes) == 1:
+        only = spec.dtypes[0]
+        return f"  {run}({DTYPES[only][1]}{{}});  // the check above lets only {only} through"
+    lines = [f"  const DLDataType dtype = {spec.lead.name}.dtype();"]
+    for i, d in enumerate(spec.dtypes):
+        const, ctype = DTYPES[d]
+        if i == 0:
+            lines.append(f"  if (dtype == {const}) {{")
+        elif i < len(spec.dtypes) - 1:
+            lines.append(f"  }} else if (dtype == {const}) {{")
+        else:
+            lines.append(f"  }} else {{  // {d}: the check above lets nothing else through")
+        lines.append(f"    {run}({ctype}{{}});")
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def render_kernel(spec: OpSpec, declaration: str) -> str:
+    """Source of ``csrc/<op>.cc`` for *spec*; *declaration* names the file with its reference."""
+    names = _locals(spec)
+    outs = spec.outputs
+    lead = spec.lead.name
+    params = [f"TensorView {o}" for o in outs]
+    params += [f"{cxx_type(a.type)} {a.name}" for a in spec.schema.arguments]
+    includes = "#include <tvm/ffi/container/array.h>\n" if any(a.type.is_list for a in spec.schema.arguments) else ""
+    if outs:
+        chunk = render("op/chunk.cc.tmpl", name=spec.name,
+                       chunk_params=", ".join([*(f"T* {o}" for o in outs), f"const T* {lead}"]),
+                       chunk_body="\n".join(f"    {o}[i] = {lead}[i];" for o in outs))
+        ptrs = [f"    T* {o}_data = opbridge::data_ptr<T>({o});" for o in outs]
+        ptrs.append(f"    const T* {lead}_data = opbridge::data_ptr<const T>({lead});")
+        args = ", ".join([*(f"{o}_data + lo" for o in outs), f"{lead}_data + lo", "hi - lo"])
+        compute = "\n".join([
+            *ptrs,
+            f"    opbridge::parallel_for({names['numel']}, 1, [&](int64_t lo, int64_t hi) {{",
+            f"      {spec.name}_chunk<T>({args});",
+            "    });",
+        ])
+        placeholder = f"each output is a copy of {lead}"
+    else:
+        chunk = ""
+        compute = (f"    // Write the mutated arguments here, e.g. through opbridge::data_ptr<T>({lead}).\n"
+                   f"    (void){names['numel']};")
+        placeholder = "the mutated arguments are left as they are"
+    return render(
+        "op/kernel.cc.tmpl", name=spec.name, schema=str(spec.schema), origin=spec.origin,
+        declaration=declaration, placeholder=placeholder, includes=includes, chunk=chunk,
+        kernel=spec.kernel, params=", ".join(params), op=names["op"], checks="\n".join(_checks(spec, names["op"])),
+        numel=names["numel"], lead=lead, run=names["run"], compute=compute, dispatch=_dispatch(spec, names["run"]),
+    )

@@ -1,0 +1,426 @@
+"""The paddle adapter: eager calls, zero copy, autograd, mutation, bad input, to_static."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+paddle = pytest.importorskip("paddle")
+
+import opbridge  # noqa: E402
+from opbridge import ops  # noqa: E402
+from opbridge.adapters.paddle import PaddleStaticError  # noqa: E402
+from opbridge.testing.harness_paddle import HARNESS  # noqa: E402
+
+KERNELS_CC = """
+#include <opbridge/opbridge.h>
+using tvm::ffi::TensorView;
+void scale__cpu(TensorView x, TensorView other, double alpha) {
+  OPB_CHECK_DTYPE("scale_", x, opbridge::kFloat32);
+  OPB_CHECK_SAME_DTYPE("scale_", other, x);
+  OPB_CHECK_SAME_SHAPE("scale_", other, x);
+  OPB_CHECK_CONTIGUOUS("scale_", x);
+  OPB_CHECK_CONTIGUOUS("scale_", other);
+  float* a = static_cast<float*>(x.data_ptr());
+  const float* b = static_cast<const float*>(other.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) a[i] = a[i] * float(alpha) + b[i];
+}
+OPBRIDGE_EXPORT(scale__cpu);
+void twice_cpu(TensorView out, TensorView x) {
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
+}
+OPBRIDGE_EXPORT(twice_cpu);
+// Writes the addresses it was handed: out = [&out[0], &x[0]].
+void addresses_cpu(TensorView out, TensorView x) {
+  int64_t* o = static_cast<int64_t*>(out.data_ptr());
+  o[0] = reinterpret_cast<int64_t>(out.data_ptr());
+  o[1] = reinterpret_cast<int64_t>(x.data_ptr());
+}
+OPBRIDGE_EXPORT(addresses_cpu);
+"""
+
+_NS = itertools.count()
+
+# Paddle's own backward construction under to_static reads Value.place and warns about it.
+pytestmark = pytest.mark.filterwarnings("ignore:Tensor do not have 'place' interface:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
+    root = tmp_path_factory.mktemp("paddle_lib")
+    (root / "k.cc").write_text(KERNELS_CC)
+    lib = opbridge.Library(f"opb_test_paddle_{next(_NS)}_{root.name[-6:].replace('-', '_')}",
+                           sources=["k.cc"], root=root)
+
+    @lib.op("scale_(Tensor(a!) x, Tensor other, float alpha) -> ()")
+    def scale_(x: Any, other: Any, alpha: float) -> None:
+        x *= alpha
+        x += other
+
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"))
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    @lib.op("addresses(Tensor x) -> Tensor", shape=lambda x: opbridge.Spec((2,), "int64"))
+    def addresses(x: Any) -> Any:
+        raise NotImplementedError("addresses are not reproducible")
+
+    return lib
+
+
+# -- inputs ----------------------------------------------------------------------
+
+ROWS, H = 5, 33
+
+
+def _example(op: opbridge.OpDef, rng: np.random.Generator, rows: int = ROWS, h: int = H) -> list[Any]:
+    """NumPy float64 arguments for *op*: (rows, h) tensors, (h,) for ``weight``, defaults for scalars."""
+    out: list[Any] = []
+    for a in op.schema.arguments:
+        if a.type.is_tensor:
+            shape = (h,) if a.name == "weight" else (rows, h)
+            out.append(rng.standard_normal(shape))
+        else:
+            out.append(a.default)
+    return out
+
+
+def _to_paddle(args: list[Any], dtype: str) -> list[Any]:
+    return [HARNESS.from_numpy(a, dtype) if isinstance(a, np.ndarray) else a for a in args]
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+BUILTINS = sorted(ops.LIBRARY.ops)
+DIFFERENTIABLE = sorted(n for n, op in ops.LIBRARY.ops.items() if op.backward is not None)
+
+
+# -- forward -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", BUILTINS)
+def test_forward_matches_reference(name: str, dtype: str) -> None:
+    op = ops.LIBRARY.ops[name]
+    args = _to_paddle(_example(op, np.random.default_rng(0)), dtype)
+    got = _as_tuple(op.call(*args))
+    # the reference sees exactly the (rounded) values the kernel saw
+    ref_args = [HARNESS.to_numpy(a) if isinstance(a, paddle.Tensor) else a for a in args]
+    want = _as_tuple(op.reference(*ref_args))
+    rtol, atol = op.tolerance(dtype)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert isinstance(g, paddle.Tensor)
+        assert g.dtype == args[op.dispatch_arg].dtype
+        assert g.stop_gradient, "no input needs grad, so neither does the output"
+        np.testing.assert_allclose(HARNESS.to_numpy(g), w, rtol=rtol, atol=atol)
+
+
+def test_float16_and_parameters() -> None:
+    x = paddle.randn([4, 16]).astype("float16")
+    layer = paddle.nn.Linear(16, 16)  # weight/bias are EagerParamBase, a Tensor subclass
+    out = ops.rms_norm(x.astype("float32"), layer.bias)
+    np.testing.assert_allclose(out.numpy(), ops.rms_norm.reference(x.astype("float32").numpy(), layer.bias.numpy()),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ops.gelu(x).astype("float32").numpy(),
+                               ops.gelu.reference(x.astype("float32").numpy()), rtol=1e-3, atol=1e-3)
+
+
+def test_public_callable_keywords_and_defaults() -> None:
+    x, w = paddle.randn([3, 8]), paddle.randn([8])
+    a = ops.rms_norm(x, w)
+    b = ops.rms_norm(x=x, weight=w, eps=1e-6)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+# -- zero copy ---------------------------------------------------------------------------
+
+
+def test_kernel_sees_our_buffers_without_copies(lib: opbridge.Library) -> None:
+    addresses = lib.ops["addresses"].call
+    x = paddle.randn([7])
+    out = addresses(x)
+    assert out.dtype == paddle.int64 and tuple(out.shape) == (2,)
+    out_addr, x_addr = (int(v) for v in out.numpy())
+    assert out_addr == out.data_ptr(), "the returned tensor is the buffer the kernel wrote"
+    assert x_addr == x.data_ptr(), "the kernel read the input in place"
+
+
+def test_mutated_argument_keeps_its_buffer(lib: opbridge.Library) -> None:
+    scale_ = lib.ops["scale_"].call
+    x, other = paddle.ones([6]), paddle.full([6], 0.5)
+    ptr, version = x.data_ptr(), x.inplace_version
+    assert scale_(x, other, 3.0) is None
+    np.testing.assert_array_equal(x.numpy(), np.full(6, 3.5, np.float32))
+    assert x.data_ptr() == ptr
+    assert x.inplace_version == version + 1, "an in-place write bumps the inplace version"
+
+
+# -- autograd -----------------------------------------------------------------------------
+
+
+def _numeric_vjp(op: opbridge.OpDef, args: list[Any], i: int, cot: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """d/d args[i] of sum(reference(*args) * cot), by central differences in float64."""
+    x = args[i]
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        vals = []
+        for step in (eps, -eps):
+            shifted = list(args)
+            shifted[i] = x.copy()
+            shifted[i][idx] += step
+            vals.append(float(np.sum(_as_tuple(op.reference(*shifted))[0] * cot)))
+        grad[idx] = (vals[0] - vals[1]) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_gradients_match_finite_differences(name: str) -> None:
+    op = ops.LIBRARY.ops[name]
+    rng = np.random.default_rng(1)
+    args = _example(op, rng, rows=3, h=6)
+    argnums = [i for i in op.differentiable]
+    cot = rng.standard_normal(np.shape(op.reference(*args)))
+    got = HARNESS.vjp(op.call, _to_paddle(args, "float32"), argnums, cot.astype(np.float32))
+    for i, g in zip(argnums, got):
+        np.testing.assert_allclose(g, _numeric_vjp(op, args, i, cot), rtol=1e-3, atol=1e-4,
+                                   err_msg=f"{name}: gradient of '{op.schema.arguments[i].name}'")
+
+
+def test_autograd_only_for_inputs_that_need_it() -> None:
+    x, w = paddle.randn([3, 8]), paddle.randn([8])
+    x.stop_gradient = False
+    out = ops.rms_norm(x, w)
+    assert not out.stop_gradient
+    out.sum().backward()
+    assert x.grad is not None and w.grad is None
+    with paddle.no_grad():
+        assert ops.rms_norm(x, w).stop_gradient
+
+
+def test_double_backward_through_differentiable_backward() -> None:
+    x, y = paddle.randn([4]), paddle.randn([4])
+    x.stop_gradient = False
+    (gx,) = paddle.grad([ops.add(x, y) * x], [x], create_graph=True)  # d/dx (x+y)x = 2x + y
+    np.testing.assert_allclose(gx.numpy(), 2 * x.numpy() + y.numpy(), rtol=1e-6)
+
+
+def test_op_without_backward_raises_when_differentiated(lib: opbridge.Library) -> None:
+    x = paddle.ones([3])
+    x.stop_gradient = False
+    y = lib.ops["twice"].call(x)
+    assert not y.stop_gradient
+    with pytest.raises(Exception, match="twice: no backward is declared"):
+        y.sum().backward()
+    z = ops.gelu_backward(paddle.ones([3]), x)
+    with pytest.raises(Exception, match="gelu_backward: no backward is declared"):
+        paddle.grad([z.sum()], [x])
+
+
+def test_errors_keep_their_type_under_autograd() -> None:
+    x = paddle.ones([4, 6]).t()
+    x.stop_gradient = False
+    with pytest.raises(ValueError, match="gelu: x must be contiguous"):
+        ops.gelu(x)
+
+
+# -- mutation ------------------------------------------------------------------------------
+
+
+def test_mutating_op_rejects_aliasing(lib: opbridge.Library) -> None:
+    scale_ = lib.ops["scale_"].call
+    x = paddle.ones([8])
+    with pytest.raises(ValueError, match="scale_: mutated argument 'x' overlaps argument 'other'"):
+        scale_(x, x, 2.0)
+    with pytest.raises(ValueError, match="overlaps"):
+        scale_(x[:4], x[2:6], 2.0)
+    np.testing.assert_array_equal(x.numpy(), np.ones(8, np.float32))
+
+
+def test_mutating_op_refuses_autograd(lib: opbridge.Library) -> None:
+    scale_ = lib.ops["scale_"].call
+    x, other = paddle.ones([3]), paddle.ones([3])
+    other.stop_gradient = False
+    with pytest.raises(RuntimeError, match="scale_: argument 'other' requires grad"):
+        scale_(x, other, 1.0)
+    with paddle.no_grad():
+        scale_(x, other, 1.0)
+    np.testing.assert_array_equal(x.numpy(), np.full(3, 2.0, np.float32))
+
+
+def test_mutation_invalidates_saved_tensors(lib: opbridge.Library) -> None:
+    scale_ = lib.ops["scale_"].call
+    w, x = paddle.ones([4]), paddle.ones([4])
+    w.stop_gradient = False
+    y = (w * x).sum()  # saves x for backward
+    scale_(x, paddle.zeros([4]), 2.0)
+    with pytest.raises(Exception, match="inplace"):
+        y.backward()
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+BadCall = Callable[[], Any]
+BAD_INPUTS: list[tuple[str, BadCall, Any, str]] = [
+    ("int dtype", lambda: ops.rms_norm(paddle.ones([2, 4], "int32"), paddle.ones([4])), TypeError,
+     r"rms_norm: x must have dtype"),
+    ("float64", lambda: ops.gelu(paddle.ones([3], "float64")), TypeError, r"gelu: x must have dtype"),
+    ("mixed dtypes", lambda: ops.add(paddle.ones([3]), paddle.ones([3], "float16")), TypeError,
+     r"add: y must have the same dtype as x"),
+    ("rank", lambda: ops.rms_norm(paddle.ones([2, 4]), paddle.ones([1, 4])), ValueError, r"rms_norm: weight"),
+    ("size", lambda: ops.rms_norm(paddle.ones([2, 64]), paddle.ones([63])), ValueError,
+     r"rms_norm: weight must have size 64"),
+    ("shape mismatch", lambda: ops.add(paddle.ones([3]), paddle.ones([4])), ValueError,
+     r"add: y must have the same shape"),
+    ("non-contiguous", lambda: ops.gelu(paddle.ones([4, 6]).t()), ValueError, r"gelu: x must be contiguous"),
+    ("strided slice", lambda: ops.add(paddle.ones([4, 6])[:, ::2], paddle.ones([4, 3])), ValueError,
+     r"add: x must be contiguous"),
+    ("missing", lambda: ops.rms_norm(paddle.ones([2, 4])), TypeError, r"rms_norm\(\) missing .*'weight'"),
+    ("scalar type", lambda: ops.rms_norm(paddle.ones([2, 4]), paddle.ones([4]), "big"), TypeError,
+     r"rms_norm: argument 'eps' must be float, got str"),
+    ("list", lambda: ops.add(paddle.ones([2]), [1.0, 2.0]), TypeError,
+     r"add: argument 'y' must be a paddle.Tensor, got list"),
+    ("numpy", lambda: ops.add(paddle.ones([2]), np.ones(2, np.float32)), TypeError,
+     r"add: argument 'y' must be a paddle.Tensor, got ndarray"),
+    ("none", lambda: ops.gelu_backward(paddle.ones([2]), None), TypeError, r"gelu_backward: argument 'x'"),
+]
+
+
+@pytest.mark.parametrize(("case", "call", "exc", "pattern"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_raises_named_error(case: str, call: BadCall, exc: Any, pattern: str) -> None:
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_bad_input_with_grad_raises_named_error() -> None:
+    x = paddle.ones([2, 4])
+    x.stop_gradient = False
+    with pytest.raises(TypeError, match="rms_norm: argument 'eps' must be float"):
+        ops.rms_norm(x, paddle.ones([4]), "big")
+    with pytest.raises(TypeError, match="add: argument 'y' must be a paddle.Tensor"):
+        ops.add(x, [1.0])
+
+
+# -- to_static -------------------------------------------------------------------------------
+
+
+def _graph_fns() -> dict[str, Callable[..., Any]]:
+    def f_add(x: Any, y: Any) -> Any:
+        return ops.add(x, y) * 2
+
+    def f_gelu(x: Any) -> Any:
+        return ops.gelu(x) * 2
+
+    def f_rms(x: Any, w: Any) -> Any:
+        return ops.rms_norm(ops.gelu(x), w, 1e-5) * 2
+
+    return {"add": f_add, "gelu": f_gelu, "rms_norm": f_rms}
+
+
+GRAPH_ARGS = {"add": [(4, 16), (4, 16)], "gelu": [(4, 16)], "rms_norm": [(4, 16), (16,)]}
+
+
+@pytest.mark.parametrize("full_graph", [True, False], ids=["full_graph", "sot"])
+@pytest.mark.parametrize("name", sorted(GRAPH_ARGS))
+def test_to_static_forward_and_backward(name: str, full_graph: bool) -> None:
+    f = _graph_fns()[name]
+    args = [paddle.randn(list(s)) for s in GRAPH_ARGS[name]]
+    for a in args:
+        a.stop_gradient = False
+    compiled = paddle.jit.to_static(f, full_graph=full_graph)
+    out = compiled(*args)
+    np.testing.assert_allclose(out.numpy(), f(*args).numpy(), rtol=1e-6, atol=1e-6)
+    out.sum().backward()
+    grads = [a.grad.numpy() for a in args]
+    for a in args:
+        a.clear_gradient()
+    f(*args).sum().backward()
+    for g, a in zip(grads, args):
+        np.testing.assert_allclose(g, a.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_to_static_records_python_ops_and_pylayers() -> None:
+    f = _graph_fns()["rms_norm"]
+    x, w = paddle.randn([4, 16]), paddle.randn([16])
+    compiled = paddle.jit.to_static(f, full_graph=True)
+    compiled(x, w)
+    text = str(compiled.concrete_program.main_program)
+    assert "py_op.opbridge__opbridge__gelu" in text and "py_op.opbridge__opbridge__rms_norm" in text
+    assert "pd_op.pylayer" not in text, "no input needs grad: plain Python ops"
+    x.stop_gradient = False
+    compiled(x, w)
+    assert "pd_op.pylayer" in str(compiled.concrete_program.main_program)
+
+
+def test_to_static_multiple_outputs_and_dynamic_shapes() -> None:
+    def f(g: Any, x: Any, w: Any) -> Any:
+        dx, dw = ops.rms_norm_backward(g, x, w)
+        return dx, dw
+
+    spec = [paddle.static.InputSpec([None, 16], "float32"), paddle.static.InputSpec([None, 16], "float32"),
+            paddle.static.InputSpec([16], "float32")]
+    compiled = paddle.jit.to_static(f, input_spec=spec, full_graph=True)
+    for rows in (3, 5):
+        args = [paddle.randn([rows, 16]), paddle.randn([rows, 16]), paddle.randn([16])]
+        for got, want in zip(compiled(*args), f(*args)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_harness_compile() -> None:
+    compiled = HARNESS.compile(lambda x, w: ops.rms_norm(x, w) + 1)
+    assert compiled is not None
+    x, w = paddle.randn([3, 8]), paddle.randn([8])
+    np.testing.assert_allclose(compiled(x, w).numpy(), (ops.rms_norm(x, w) + 1).numpy(), rtol=1e-6)
+
+
+def test_to_static_mutating_op_raises_clear_error(lib: opbridge.Library) -> None:
+    scale_ = lib.ops["scale_"].call
+
+    def f(x: Any, other: Any) -> Any:
+        scale_(x, other, 2.0)
+        return x
+
+    with pytest.raises(PaddleStaticError, match="scale_: mutates its arguments in place.*to_static"):
+        paddle.jit.to_static(f, full_graph=True)(paddle.ones([3]), paddle.ones([3]))
+
+
+def test_to_static_without_backward_raises_when_differentiated(lib: opbridge.Library) -> None:
+    twice = lib.ops["twice"].call
+
+    def f(x: Any) -> Any:
+        return twice(x)
+
+    x = paddle.ones([3])
+    compiled = paddle.jit.to_static(f, full_graph=True)
+    np.testing.assert_array_equal(compiled(x).numpy(), np.full(3, 2.0, np.float32))
+    x.stop_gradient = False
+    with pytest.raises(Exception, match="twice: no backward is declared"):
+        compiled(x).sum().backward()
+
+
+def test_to_static_bad_input() -> None:
+    def f(x: Any, y: Any) -> Any:
+        return ops.add(x, y)
+
+    # Shape-rule and argument-type errors surface while tracing, with their own type.
+    with pytest.raises(TypeError, match="add: argument 'y' must be a paddle.pir.Value"):
+        paddle.jit.to_static(lambda_free(lambda x: ops.add(x, 1.0)), full_graph=True)(paddle.ones([2]))
+    # Kernel checks run when the program runs; Paddle reports them as a failed Python op.
+    with pytest.raises(Exception, match="opbridge__opbridge__add"):
+        paddle.jit.to_static(f, full_graph=True)(paddle.ones([3]), paddle.ones([4]))
+
+
+def lambda_free(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """to_static cannot transcribe a lambda at top level; give it a def."""
+    def wrapped(x: Any) -> Any:
+        return fn(x)
+
+    return wrapped
