@@ -56,7 +56,7 @@ def resolve(op: OpDef, table: dict[type, Callable[..., Any]], x: Any) -> Callabl
 
 def call_with_out(op: OpDef, args: tuple[Any, ...], out: Any) -> Any:
     """Run *op* writing into caller-provided output(s) *out* (a tensor or a tuple of them)."""
-    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    outs = tuple(out) if isinstance(out, tuple) else (out,)
     if len(outs) != op.n_outputs:
         raise TypeError(f"{op.name}: out= needs {op.n_outputs} tensor(s), got {len(outs)}")
     x = args[op.dispatch_arg]

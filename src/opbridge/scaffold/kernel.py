@@ -98,7 +98,8 @@ def render_kernel(spec: OpSpec, declaration: str) -> str:
     lead = spec.lead.name
     params = [f"TensorView {o}" for o in outs]
     params += [f"{cxx_type(a.type)} {a.name}" for a in spec.schema.arguments]
-    includes = "#include <tvm/ffi/container/array.h>\n" if any(a.type.is_list for a in spec.schema.arguments) else ""
+    has_list = any(a.type.is_list for a in spec.schema.arguments)
+    includes = "#include <tvm/ffi/container/array.h>\n" if has_list else ""
     if outs:
         chunk = render("op/chunk.cc.tmpl", name=spec.name,
                        chunk_params=", ".join([*(f"T* {o}" for o in outs), f"const T* {lead}"]),
@@ -121,6 +122,7 @@ def render_kernel(spec: OpSpec, declaration: str) -> str:
     return render(
         "op/kernel.cc.tmpl", name=spec.name, schema=str(spec.schema), origin=spec.origin,
         declaration=declaration, placeholder=placeholder, includes=includes, chunk=chunk,
-        kernel=spec.kernel, params=", ".join(params), op=names["op"], checks="\n".join(_checks(spec, names["op"])),
-        numel=names["numel"], lead=lead, run=names["run"], compute=compute, dispatch=_dispatch(spec, names["run"]),
+        kernel=spec.kernel, params=", ".join(params), op=names["op"],
+        checks="\n".join(_checks(spec, names["op"])), numel=names["numel"], lead=lead, run=names["run"],
+        compute=compute, dispatch=_dispatch(spec, names["run"]),
     )

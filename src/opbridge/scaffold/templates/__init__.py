@@ -11,8 +11,8 @@ from string import Template
 from opbridge.errors import OpbridgeError
 
 
-def render(name: str, **values: object) -> str:
-    """Fill template *name* (``"op/kernel.cc.tmpl"``) with *values*; every placeholder must be given.
+def render(template: str, **values: object) -> str:
+    """Fill *template* (``"op/kernel.cc.tmpl"``) with *values*; every placeholder must be given.
 
     Raises
     ------
@@ -21,10 +21,10 @@ def render(name: str, **values: object) -> str:
     KeyError
         If a placeholder has no value.
     """
-    path = resources.files(__name__).joinpath(*name.split("/"))
+    path = resources.files(__name__).joinpath(*template.split("/"))
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise OpbridgeError(f"opbridge: scaffold template {name} is missing from this installation "
+        raise OpbridgeError(f"opbridge: scaffold template {template} is missing from this installation "
                             f"(package data opbridge/scaffold/templates/*/*.tmpl)") from None
     return Template(text).substitute({k: str(v) for k, v in values.items()})
