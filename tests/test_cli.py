@@ -259,8 +259,10 @@ def test_bench_build_quick_json(cli_env: dict[str, str]) -> None:
     assert cold["torch_load_inline"] is None
     assert doc["cold_repeat"] == 1 and len(doc["cold"]["opbridge_cold"]["samples"]) == 1
     assert doc["cold"]["torch_load_inline"] == {"skipped": "--quick"}
-    assert isinstance(doc["ratios"]["opbridge_cold/tvm_ffi_cold"], float)
-    assert doc["ratios"]["torch_load_inline/opbridge_cold"] is None
+    assert isinstance(doc["cold_cpu_seconds"]["opbridge_cold"], float)
+    for suffix in ("", " (cpu)"):
+        assert isinstance(doc["ratios"]["opbridge_cold/tvm_ffi_cold" + suffix], float)
+        assert doc["ratios"]["torch_load_inline/opbridge_cold" + suffix] is None
     warm = doc["warm_start"]
     for kind in ("torch", "numpy"):
         assert {"import_opbridge_ms", "import_ops_ms", "first_call_ms", "total_ms"} <= set(warm[kind])

@@ -28,11 +28,15 @@ import os
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import paddle
+with warnings.catch_warnings():
+    # Paddle warns at import when ccache is missing (it matters only for its own C++ extensions).
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+    import paddle
 from paddle import _C_ops
 from paddle.autograd import PyLayer
 
@@ -382,6 +386,29 @@ class PaddleAdapter:
         arg = op.schema.arguments[op.dispatch_arg].name
         raise TypeError(f"{op.name}: argument '{arg}' must be a paddle.Tensor, got "
                         f"{array_type.__module__}.{array_type.__qualname__}")
+
+    def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+        """Run *op* into the caller's tensors *outs* (``out=``, checked by the kernel); no autograd."""
+        if any(isinstance(v, _VALUE) for v in (*args, *outs)):
+            raise PaddleStaticError(f"{op.name}: out= cannot be used under paddle.jit.to_static (it writes "
+                                    f"into existing tensors); use the returned tensor instead")
+        validate_args(op, args, _is_tensor, "a paddle.Tensor")
+        for i, o in enumerate(outs):
+            if not isinstance(o, _T):
+                raise TypeError(f"{op.name}: out[{i}] must be a paddle.Tensor, got {type(o).__name__}")
+        if paddle.is_grad_enabled() and any(
+                isinstance(t, _T) and not t.stop_gradient for t in (*args, *outs)):
+            raise RuntimeError(f"{op.name}: out= does not support autograd (a tensor has stop_gradient=False); "
+                               f"call it under paddle.no_grad() or without out=")
+        if op.schema.is_mutating:
+            check_no_alias(op, args, _span)
+        loader.kernel(op, "cpu")(*outs, *args)
+        for o in outs:
+            o._bump_inplace_version()
+        for i, a in enumerate(op.schema.arguments):
+            if a.is_mutated and args[i] is not None:
+                args[i]._bump_inplace_version()
+        return pack_results(op, args, outs)
 
 
 ADAPTER = PaddleAdapter()

@@ -13,9 +13,11 @@ cache and build directories, so nothing is cached in memory or on disk:
     written against ``torch/extension.h`` with pybind bindings (skipped by
     ``--quick``: it takes tens of seconds).
 
-The opbridge and tvm-ffi builds are repeated, alternating which goes first,
-and their medians compared (a single cold build on a busy two-core machine
-can be off by a factor of two); load_inline is built once.
+Builds report wall seconds and CPU seconds (of the process and all its
+finished descendants, i.e. the compilers), which other load on the machine
+disturbs far less. The opbridge and tvm-ffi builds are repeated, alternating
+which goes first, and their medians compared (a single cold build on a busy
+two-core machine can be off by a factor of two); load_inline is built once.
 
 The build timers start after ``import tvm_ffi`` / ``import torch`` (done
 before the clock in every case; the two tvm-ffi builds hide torch, which
@@ -60,6 +62,15 @@ _FLAGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
 
 # -- the scripts run in subprocesses; each prints one JSON document last ----
 
+# Wall time, and CPU time of this process plus every finished descendant (the
+# compilers): the latter is far less disturbed by other load on the machine.
+_CLOCK = """
+import resource as _r, time as _t
+def _clock():
+    s, c = _r.getrusage(_r.RUSAGE_SELF), _r.getrusage(_r.RUSAGE_CHILDREN)
+    return _t.perf_counter(), s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+"""
+
 # The cold builds need no torch: hide it while importing tvm_ffi (which imports
 # torch when it can) to keep the untimed set-up of these processes short. After
 # `from opbridge import ops`, so that opbridge does not see torch as in use.
@@ -71,17 +82,18 @@ finally:
     del sys.modules["torch"]
 """
 
-_OPBRIDGE_COLD = """
+_OPBRIDGE_COLD = _CLOCK + """
 import json, sys, time
 from opbridge import ops
 """ + _TVM_FFI_WITHOUT_TORCH + """
-start = time.perf_counter()
+start, cpu_start = _clock()
 path = ops.LIBRARY.build("cpu")
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "path": str(path)}))
+wall, cpu = _clock()
+seconds, cpu_seconds = wall - start, cpu - cpu_start
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "path": str(path)}))
 """
 
-_TVM_FFI_COLD = """
+_TVM_FFI_COLD = _CLOCK + """
 import json, sys, time
 from pathlib import Path
 from opbridge.build.compile import INCLUDE_DIR, write_ninja
@@ -96,13 +108,15 @@ gen.mkdir()
 write_ninja(spec, gen, gen / "unused.so")
 sources = [str(s) for s in spec.sources] + sorted(str(p) for p in gen.glob("*.cc"))
 includes = [str(INCLUDE_DIR), *map(str, spec.include_dirs)]
-start = time.perf_counter()
+start, cpu_start = _clock()
 path = tvm_ffi.cpp.build("opbridge_bench_tvm_ffi", sources=sources, extra_cflags=[*flags, *spec.cflags],
                          extra_ldflags=["-fopenmp", *spec.ldflags], extra_include_paths=includes,
                          build_directory=build_dir)
-seconds = time.perf_counter() - start
+wall, cpu = _clock()
+seconds, cpu_seconds = wall - start, cpu - cpu_start
 assert tvm_ffi.load_module(path)["add_cpu"] is not None
-print(json.dumps({"seconds": seconds, "sources": [Path(s).name for s in sources]}))
+names = [Path(s).name for s in sources]
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "sources": names}))
 """
 
 _TORCH_ADD_SRC = r"""
@@ -124,18 +138,19 @@ torch::Tensor add(torch::Tensor x, torch::Tensor y) {
 }
 """
 
-_TORCH_LOAD_INLINE = """
+_TORCH_LOAD_INLINE = _CLOCK + """
 import json, sys, time
 import torch
 import torch.utils.cpp_extension as ext
 src, build_dir, flags = json.loads(sys.argv[1])
-start = time.perf_counter()
+start, cpu_start = _clock()
 mod = ext.load_inline("opbridge_bench_torch_add", cpp_sources=[src], functions=["add"],
                       extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=build_dir)
-seconds = time.perf_counter() - start
+wall, cpu = _clock()
+seconds, cpu_seconds = wall - start, cpu - cpu_start
 x, y = torch.randn(8), torch.randn(8)
 assert torch.equal(mod.add(x, y), x + y)
-print(json.dumps({"seconds": seconds}))
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds}))
 """
 
 _WARM_TORCH = """
@@ -241,7 +256,7 @@ def _run_script(label: str, script: str, env: dict[str, str], *argv: str) -> dic
 
 def _opbridge_cold(run_dir: Path) -> dict[str, Any]:
     res = _run_script("opbridge cold build", _OPBRIDGE_COLD, _env(run_dir))
-    return {"seconds": res["seconds"], "path": res["path"]}
+    return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "path": res["path"]}
 
 
 def _tvm_ffi_cold(run_dir: Path) -> dict[str, Any]:
@@ -249,7 +264,8 @@ def _tvm_ffi_cold(run_dir: Path) -> dict[str, Any]:
     build_dir.mkdir()
     payload = json.dumps([str(build_dir), _FLAGS])
     res = _run_script("tvm_ffi cold build", _TVM_FFI_COLD, _env(run_dir), payload)
-    return {"seconds": res["seconds"], "sources": res["sources"], "flags": _FLAGS}
+    return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "sources": res["sources"],
+            "flags": _FLAGS}
 
 
 _COLD: dict[str, Callable[[Path], dict[str, Any]]] = {
@@ -274,9 +290,11 @@ def _cold_builds(tmp: Path, repeat: int) -> tuple[dict[str, Any], Path]:
             samples[name].append(_COLD[name](run_dir))
     out: dict[str, Any] = {}
     for name, runs in samples.items():
-        seconds = [r.pop("seconds") for r in runs]
-        out[name] = {"seconds": round(statistics.median(seconds), 3),
-                     "samples": [round(x, 3) for x in seconds], **runs[0]}
+        wall = [r.pop("seconds") for r in runs]
+        cpu = [r.pop("cpu_seconds") for r in runs]
+        out[name] = {"seconds": round(statistics.median(wall), 3), "samples": [round(x, 3) for x in wall],
+                     "cpu_seconds": round(statistics.median(cpu), 3),
+                     "cpu_samples": [round(x, 3) for x in cpu], **runs[0]}
     return out, tmp / "opbridge_cold-0"
 
 
@@ -286,7 +304,8 @@ def _torch_cold(tmp: Path) -> dict[str, Any]:
     build_dir.mkdir()
     payload = json.dumps([_TORCH_ADD_SRC, str(build_dir), ["-O3", "-fopenmp"]])
     res = _run_script("torch load_inline cold build", _TORCH_LOAD_INLINE, _env(tmp), payload)
-    return {"seconds": round(res["seconds"], 3), "op": "add (float32, torch/extension.h + pybind)"}
+    return {"seconds": round(res["seconds"], 3), "cpu_seconds": round(res["cpu_seconds"], 3),
+            "op": "add (float32, torch/extension.h + pybind)"}
 
 
 def _medians(label: str, script: str, env: dict[str, str], repeat: int) -> dict[str, Any]:
@@ -333,10 +352,19 @@ def _repeats(args: argparse.Namespace) -> tuple[int, int]:
     return cold, warm
 
 
-def _ratio(num: dict[str, Any] | None, den: dict[str, Any] | None) -> float | None:
-    if not num or not den or "seconds" not in num or "seconds" not in den:
+def _ratio(num: dict[str, Any], den: dict[str, Any], key: str = "seconds") -> float | None:
+    """``num[key] / den[key]``, or None when either was skipped."""
+    if key not in num or key not in den:
         return None
-    return round(float(num["seconds"]) / float(den["seconds"]), 3)
+    return round(float(num[key]) / float(den[key]), 3)
+
+
+def _ratios(cold: dict[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for num, den in (("opbridge_cold", "tvm_ffi_cold"), ("torch_load_inline", "opbridge_cold")):
+        out[f"{num}/{den}"] = _ratio(cold[num], cold[den])
+        out[f"{num}/{den} (cpu)"] = _ratio(cold[num], cold[den], "cpu_seconds")
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -359,11 +387,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "note": _NOTE,
         "cold_repeat": cold_repeat,
         "cold_seconds": {k: v.get("seconds") for k, v in cold.items()},
+        "cold_cpu_seconds": {k: v.get("cpu_seconds") for k, v in cold.items()},
         "cold": cold,
-        "ratios": {
-            "opbridge_cold/tvm_ffi_cold": _ratio(cold["opbridge_cold"], cold["tvm_ffi_cold"]),
-            "torch_load_inline/opbridge_cold": _ratio(cold["torch_load_inline"], cold["opbridge_cold"]),
-        },
+        "ratios": _ratios(cold),
         "warm_start": warm,
     }
 
@@ -380,12 +406,13 @@ def format_text(result: dict[str, Any]) -> str:
         f"cold builds (fresh process, fresh cache; median of {result['cold_repeat']} where repeated):",
     ]
     for name, row in cold.items():
-        value = f"{row['seconds']:.2f} s" if "seconds" in row else f"skipped ({row['skipped']})"
+        value = (f"{row['seconds']:6.2f} s wall {row['cpu_seconds']:6.2f} s cpu" if "seconds" in row
+                 else f"skipped ({row['skipped']})")
         if "samples" in row:
-            value += f"  (samples: {', '.join(f'{x:.2f}' for x in row['samples'])})"
+            value += f"  (wall samples: {', '.join(f'{x:.2f}' for x in row['samples'])})"
         lines.append(f"  {name:<20} {value}")
     for name, value in ratios.items():
-        lines.append(f"  {name:<34} {'-' if value is None else f'{value:.2f}x'}")
+        lines.append(f"  {name:<40} {'-' if value is None else f'{value:.2f}x'}")
     lines.append("")
     lines.append(f"warm start, cache populated (median of {warm['torch']['runs']} fresh process(es)):")
     for kind in ("torch", "numpy"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from opbridge.scaffold.spec import DTYPES, OpSpec, ScaffoldError
 from opbridge.scaffold.templates import render
 from opbridge.schema import Type
@@ -91,6 +93,15 @@ def _dispatch(spec: OpSpec, run: str) -> str:
     return "\n".join(lines)
 
 
+def _wrap_params(kernel: str, params: list[str]) -> str:
+    one = ", ".join(params)
+    if len(f"void {kernel}({one}) {{") <= 100:
+        return one
+    lines = textwrap.wrap(one, 96 - len(kernel), break_on_hyphens=False, break_long_words=False)
+    pad = " " * (len(kernel) + 6)
+    return ("\n" + pad).join(lines)
+
+
 def render_kernel(spec: OpSpec, declaration: str) -> str:
     """Source of ``csrc/<op>.cc`` for *spec*; *declaration* names the file with its reference."""
     names = _locals(spec)
@@ -116,13 +127,13 @@ def render_kernel(spec: OpSpec, declaration: str) -> str:
         placeholder = f"each output is a copy of {lead}"
     else:
         chunk = ""
-        compute = (f"    // Write the mutated arguments here, e.g. through opbridge::data_ptr<T>({lead}).\n"
-                   f"    (void){names['numel']};")
+        compute = (f"    // Write the mutated arguments here, e.g. T* p = opbridge::data_ptr<T>({lead});\n"
+                   f"    (void)sizeof(T);\n    (void){names['numel']};")
         placeholder = "the mutated arguments are left as they are"
     return render(
         "op/kernel.cc.tmpl", name=spec.name, schema=str(spec.schema), origin=spec.origin,
         declaration=declaration, placeholder=placeholder, includes=includes, chunk=chunk,
-        kernel=spec.kernel, params=", ".join(params), op=names["op"],
+        kernel=spec.kernel, params=_wrap_params(spec.kernel, params), op=names["op"],
         checks="\n".join(_checks(spec, names["op"])), numel=names["numel"], lead=lead, run=names["run"],
         compute=compute, dispatch=_dispatch(spec, names["run"]),
     )

@@ -139,7 +139,7 @@ def from_schema(name: str, schema: str | None, *, dtypes: tuple[str, ...] = FLOA
     if parsed.name != name:
         raise ScaffoldError(f"the schema names the op {parsed.name!r}, the command {name!r}")
     validate(parsed)
-    return OpSpec(parsed, dtypes, check_namespace(namespace or name), origin=f"schema {str(parsed)!r}")
+    return OpSpec(parsed, dtypes, check_namespace(namespace or name), origin="opbridge new --schema")
 
 
 def snake_case(name: str) -> str:

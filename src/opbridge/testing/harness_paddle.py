@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,9 @@ class PaddleHarness:
     def skip_reason(self) -> str | None:
         """None when paddle imports, else why not."""
         try:
-            import paddle  # noqa: F401
+            with warnings.catch_warnings():  # Paddle warns at import when ccache is missing
+                warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+                import paddle  # noqa: F401
         except ImportError:
             return "paddle is not installed"
         return None
@@ -79,7 +82,11 @@ class PaddleHarness:
                 ns: dict[str, Any] = {"fn": fn}
                 exec(compile(src, filename, "exec"), ns)  # noqa: S102
                 prog = programs[len(args)] = paddle.jit.to_static(ns["graph_fn"], full_graph=True)
-            return prog(*args)
+            with warnings.catch_warnings():
+                # Paddle's own backward construction reads Value.place and warns about it.
+                warnings.filterwarnings("ignore", message="Tensor do not have 'place' interface",
+                                        category=UserWarning)
+                return prog(*args)
 
         return compiled
 

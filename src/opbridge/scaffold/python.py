@@ -1,0 +1,199 @@
+"""The generated Python files of an op: its declaration, its test and its benchmark."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opbridge.scaffold.spec import OpSpec
+from opbridge.scaffold.templates import render
+from opbridge.schema import Argument, Type
+
+#: Values the generated test and benchmark pass for arguments check_op has no generic value for.
+_SAMPLE = {"str": '""', "int": "1", "float": "0.5", "bool": "True"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the op's files go and how they import each other.
+
+    Attributes
+    ----------
+    module
+        Importable name of the declaration module (``my_op_op`` or ``pkg.ops.my_op``).
+    declaration
+        The declaration file, relative to the root (for comments).
+    library
+        Python that defines or imports ``LIBRARY`` in the declaration module.
+    """
+
+    module: str
+    declaration: str
+    library: str
+
+
+def standalone(spec: OpSpec) -> Layout:
+    """A directory of its own: ``csrc/<op>.cc``, ``<op>_op.py``, ``test_<op>.py``, ``bench_<op>.py``."""
+    lib = (f'from opbridge import Library{", like" if _new_returns(spec) else ""}\n\n'
+           f'LIBRARY = Library("{spec.namespace}", sources=["csrc/{spec.name}.cc"])\n')
+    return Layout(f"{spec.name}_op", f"{spec.name}_op.py", lib)
+
+
+def in_project(spec: OpSpec, package: str) -> Layout:
+    """Inside a project from ``opbridge new --project``: the declaration goes in ``<package>/ops/``."""
+    like = "from opbridge import like\n" if _new_returns(spec) else ""
+    lib = f"{like}\nfrom {package}.ops._library import LIBRARY\n"
+    return Layout(f"{package}.ops.{spec.name}", f"{package}/ops/{spec.name}.py", lib)
+
+
+def _new_returns(spec: OpSpec) -> int:
+    return sum(1 for r in spec.schema.returns if r.type.alias is None)
+
+
+def _ref_annotation(t: Type) -> str:
+    if t.is_tensor:
+        base = "np.ndarray"
+    else:
+        base = {"int": "int", "float": "float", "bool": "bool", "str": "str"}[t.base]
+        base = f"Sequence[{base}]" if t.is_list else base
+    return f"{base} | None" if t.optional else base
+
+
+def _params(spec: OpSpec) -> str:
+    out: list[str] = []
+    star = False
+    for a in spec.schema.arguments:
+        if a.kwarg_only and not star:
+            out.append("*")
+            star = True
+        text = f"{a.name}: {_ref_annotation(a.type)}"
+        if a.has_default:
+            text += f" = {a.default!r}"
+        out.append(text)
+    return ", ".join(out)
+
+
+def _returns_annotation(spec: OpSpec) -> str:
+    n = len(spec.schema.returns)
+    return "None" if n == 0 else "np.ndarray" if n == 1 else f"tuple[{', '.join(['np.ndarray'] * n)}]"
+
+
+def _reference_body(spec: OpSpec) -> str:
+    lead = spec.lead.name
+    alias = {a.type.alias.set: a.name for a in spec.schema.arguments if a.type.alias is not None}
+    values = [f"{lead}.copy()" if r.type.alias is None else alias[r.type.alias.set] for r in spec.schema.returns]
+    if not values:
+        return "    return None"
+    return f"    return {', '.join(values)}"
+
+
+def placeholder(spec: OpSpec) -> str:
+    """What the generated kernel and reference compute, in words."""
+    if _new_returns(spec):
+        return f"each new output is a copy of ``{spec.lead.name}``"
+    return "the mutated arguments are left as they are"
+
+
+def render_declaration(spec: OpSpec, layout: Layout) -> str:
+    """Source of the declaration module."""
+    n_new = _new_returns(spec)
+    options = ""
+    if n_new:
+        options += f"\n    shape=like({', '.join([repr(spec.lead.name)] * n_new)}),"
+    if spec.kernel != f"{spec.name}_cpu":
+        options += f'\n    kernels={{"cpu": "{spec.kernel}"}},'
+    lists = any(a.type.is_list for a in spec.schema.arguments)
+    imports = "\nfrom collections.abc import Sequence\n" if lists else "\n"
+    imports += "\nimport numpy as np\n"
+    return render(
+        "op/declaration.py.tmpl", name=spec.name, typing_imports=imports, library=layout.library,
+        schema=str(spec.schema).replace('"', '\\"'), options=options, params=_params(spec),
+        returns=_returns_annotation(spec), summary=f"The ``{spec.namespace}::{spec.name}`` op.",
+        placeholder=placeholder(spec), body=_reference_body(spec),
+    )
+
+
+def _needs_value(a: Argument) -> bool:
+    """Whether check_op has no generic value for *a* (it has ints, floats, bools, defaults and None)."""
+    t = a.type
+    return not t.is_tensor and not a.has_default and not t.optional and (t.is_list or t.base == "str")
+
+
+def _sample(t: Type) -> str:
+    return f"[{_SAMPLE[t.base]}]" if t.is_list else _SAMPLE[t.base]
+
+
+def render_test(spec: OpSpec, layout: Layout) -> str:
+    """Source of ``test_<op>.py``: check_op over the float dtypes (and int ones) in NumPy and torch."""
+    scalars = {a.name: _sample(a.type) for a in spec.schema.arguments if _needs_value(a)}
+    ints = spec.int_dtypes
+    imports = "\nimport pytest\n"
+    if scalars or ints:
+        imports = "\nfrom typing import Any\n" + ("\nimport numpy as np" if ints else "") + "\nimport pytest\n"
+    defs = [f"\nFLOAT_DTYPES = {spec.float_dtypes!r}", f"INT_DTYPES = {ints!r}"]
+    cases = ""
+    if scalars or ints:
+        imports += "from opbridge.testing.matrix import elementwise_cases\n"
+        defs.append("#: values for the arguments check_op has no generic value for")
+        defs.append("SCALARS: dict[str, Any] = {" + ", ".join(f'"{k}": {v}' for k, v in scalars.items()) + "}")
+        defs.append("")
+        defs.append("")
+        defs.append("def cases(dtype: str, rng: Any) -> list[dict[str, Any]]:")
+        defs.append('    """The generic elementwise matrix; integer dtypes get rounded values."""')
+        defs.append(f"    out = [{{**c, **SCALARS}} for c in elementwise_cases({spec.name}, 'float32', rng)]")
+        defs.append("    if dtype in INT_DTYPES:")
+        defs.append("        out = [{k: np.rint(v).astype(dtype) if isinstance(v, np.ndarray) else v")
+        defs.append("                for k, v in c.items()} for c in out]")
+        defs.append("    return out")
+        cases = "cases, "
+    tests = []
+    if spec.float_dtypes:
+        tests.append(f'''
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_{spec.name}(framework: str) -> None:
+    if framework == "torch":
+        pytest.importorskip("torch")
+    dtypes = [d for d in FLOAT_DTYPES if framework == "torch" or d != "bfloat16"]
+    if not dtypes:
+        pytest.skip("NumPy has none of the op's dtypes")
+    report = check_op({spec.name}, {cases}dtypes=dtypes, framework=framework)
+    assert report.checks["forward"] > 0''')
+    if ints:
+        tests.append(f'''
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_{spec.name}_int(framework: str, dtype: str) -> None:
+    if framework == "torch":
+        pytest.importorskip("torch")
+    # The cases carry {{dtype}} arrays; check_op's dtype only applies to floating values.
+    report = check_op({spec.name}, lambda d, rng: cases(dtype, rng), dtypes=["float32"], framework=framework)
+    assert report.checks["forward"] > 0''')
+    return render("op/test.py.tmpl", name=spec.name, imports=imports,
+                  import_op=f"\nfrom {layout.module} import {spec.name}\n",
+                  definitions="\n".join(defs), tests="".join(tests) + "\n")
+
+
+def _bench_arg(a: Argument, int_dtype: bool) -> str:
+    if a.type.is_tensor:
+        if a.type.optional:
+            return "None"
+        value = "rng.standard_normal(shape)"
+        return f"np.rint({value}).astype(dtype)" if int_dtype else f"{value}.astype(dtype)"
+    if a.has_default:
+        return repr(a.default)
+    if a.type.optional:
+        return "None"
+    return _sample(a.type)
+
+
+def render_bench(spec: OpSpec, layout: Layout, script: str) -> str:
+    """Source of ``bench_<op>.py``."""
+    numpy_floats = [d for d in spec.float_dtypes if d != "bfloat16"]
+    dtype = numpy_floats[0] if numpy_floats else (spec.int_dtypes or ("float32",))[0]
+    int_dtype = dtype in spec.int_dtypes
+    args = ", ".join(_bench_arg(a, int_dtype) for a in spec.schema.arguments)
+    mutated = tuple(i for i, a in enumerate(spec.schema.arguments) if a.is_mutated)
+    return render("op/bench.py.tmpl", name=spec.name, script=script, make_args=args, dtype=dtype,
+                  qualname=f"{spec.namespace}::{spec.name}", mutated=repr(mutated),
+                  import_op=f"\nfrom {layout.module} import {spec.name}\n")
