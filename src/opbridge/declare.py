@@ -98,6 +98,7 @@ class OpDef:
     doc: str = ""
     dispatch_arg: int = 0
     call: Callable[..., Any] = field(init=False, repr=False)
+    preludes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -142,17 +143,22 @@ class OpDef:
         return tuple(i for i, a in enumerate(self.schema.arguments)
                      if a.type.is_tensor and not a.is_mutated)
 
-    def install_prelude(self, prelude: str, names: Mapping[str, Any]) -> None:
+    def install_prelude(self, key: str, prelude: str, names: Mapping[str, Any]) -> None:
         """Splice an adapter's inline fast path into the public callable.
 
-        *prelude* is indented function-body source that either returns or
-        falls through to the generic dispatch; *names* are the globals it
-        uses. The callable object keeps its identity, so references that
-        users already hold get faster too.
+        *prelude* is indented function-body source, guarded by the type of
+        the dispatching argument, that either returns or falls through to
+        the generic dispatch; *names* are the globals it uses (prefix them
+        with the adapter's name: all adapters share one namespace). Each
+        adapter (*key*) has at most one prelude; they run in installation
+        order. The callable object keeps its identity, so references users
+        already hold get faster too.
         """
         fn = self.call
         fn.__globals__.update(names)
-        code = compile(_callable_source(self, prelude), f"<opbridge op {self.qualname}>", "exec")
+        self.preludes[key] = prelude
+        source = _callable_source(self, "".join(self.preludes.values()))
+        code = compile(source, f"<opbridge op {self.qualname}>", "exec")
         scratch: dict[str, Any] = dict(fn.__globals__)
         exec(code, scratch)  # noqa: S102 - generated from a parsed schema
         fn.__code__ = scratch[self.name].__code__
@@ -172,8 +178,8 @@ def _validate_reference(schema: Schema, fn: Callable[..., Any]) -> None:
         )
 
 
-def _callable_source(op: OpDef, prelude: str = "") -> str:
-    """Source of the op's public callable: an optional adapter fast path, then type dispatch."""
+def signature_source(op: OpDef) -> tuple[list[str], bool]:
+    """The schema as Python parameters (with defaults and ``*``), and whether ``*`` was emitted."""
     params = []
     kw_started = False
     for a in op.schema.arguments:
@@ -181,6 +187,12 @@ def _callable_source(op: OpDef, prelude: str = "") -> str:
             params.append("*")
             kw_started = True
         params.append(a.name if a.default is NO_DEFAULT else f"{a.name}={a.default!r}")
+    return params, kw_started
+
+
+def _callable_source(op: OpDef, prelude: str = "") -> str:
+    """Source of the op's public callable: adapters' inline fast paths, then type dispatch."""
+    params, kw_started = signature_source(op)
     names = [a.name for a in op.schema.arguments]
     lead = names[op.dispatch_arg]
     out_check = ""

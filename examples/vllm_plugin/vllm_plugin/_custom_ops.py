@@ -144,13 +144,15 @@ def scale_(x: Tensor, alpha: float) -> None:
     (_OPS or _load())["scale_"](x, alpha)
 
 
-def silu_and_mul(x: Tensor) -> Tensor:
+def silu_and_mul(x: Tensor, *, out: Tensor | None = None) -> Tensor:
     """SwiGLU's gate: ``silu(a) * b`` for ``x = [a, b]`` split in halves along the last dim.
 
     Parameters
     ----------
     x : Tensor
         ``(..., 2d)`` floating tensor.
+    out : Tensor, optional
+        Write the result into this (the output's shape and dtype) and return it.
 
     Returns
     -------
@@ -165,10 +167,10 @@ def silu_and_mul(x: Tensor) -> Tensor:
 
     Kernels: ``silu_and_mul_cpu`` (cpu); backward: declared.
     """
-    return (_OPS or _load())["silu_and_mul"](x)  # type: ignore[no-any-return]
+    return (_OPS or _load())["silu_and_mul"](x, out=out)  # type: ignore[no-any-return]
 
 
-def silu_and_mul_backward(grad: Tensor, x: Tensor) -> Tensor:
+def silu_and_mul_backward(grad: Tensor, x: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Gradient of :func:`silu_and_mul` with respect to ``x``, given the output's gradient ``grad``.
 
     Parameters
@@ -177,6 +179,8 @@ def silu_and_mul_backward(grad: Tensor, x: Tensor) -> Tensor:
         ``(..., d)``.
     x : Tensor
         ``(..., 2d)``, the forward's input.
+    out : Tensor, optional
+        Write the result into this (the output's shape and dtype) and return it.
 
     Returns
     -------
@@ -191,4 +195,6 @@ def silu_and_mul_backward(grad: Tensor, x: Tensor) -> Tensor:
 
     Kernels: ``silu_and_mul_backward_cpu`` (cpu); backward: none.
     """
-    return (_OPS or _load())["silu_and_mul_backward"](grad, x)  # type: ignore[no-any-return]
+    return (_OPS or _load())["silu_and_mul_backward"](
+        grad, x, out=out
+    )  # type: ignore[no-any-return]

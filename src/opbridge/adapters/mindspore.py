@@ -54,7 +54,7 @@ from opbridge.declare import like
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
 
-__all__ = ["ADAPTER", "MindSporeAdapter", "custom_op", "graph_function", "register"]
+__all__ = ["ADAPTER", "MindSporeAdapter", "custom_op", "graph_function", "parseable", "register"]
 
 #: MindSpore dtype -> NumPy dtype of the output buffer (bfloat16 is handled apart)
 _NUMPY: dict[Any, Any] = {
@@ -199,6 +199,11 @@ def register(lib: Library) -> None:
 def graph_function(op: OpDef | Callable[..., Any]) -> Callable[..., Any]:
     """The function MindSpore compiles in place of *op*'s public callable."""
     return aot.graph_function(getattr(op, "opdef", op))
+
+
+def parseable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """*fn*, or for a lambda an equivalent ``def`` MindSpore can compile (``ms.jit(parseable(lambda ...))``)."""
+    return aot.parseable(fn)
 
 
 def custom_op(op: OpDef | Callable[..., Any]) -> Any:

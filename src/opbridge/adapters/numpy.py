@@ -9,6 +9,7 @@ import numpy as np
 
 from opbridge import loader
 from opbridge.adapters.base import check_no_alias, pack_results, validate_args
+from opbridge.declare import like
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -23,6 +24,30 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, np.ndarray)
 
 
+def _fast_prelude(op: OpDef) -> str | None:
+    """Inline fast path for plain ndarrays: allocate like the input, call the kernel.
+
+    Only for functional ops whose outputs are shaped ``like`` inputs. A
+    TypeError from the kernel's argument conversion falls back to the checked
+    path, which names the offending argument.
+    """
+    args = op.schema.arguments
+    if op.schema.is_mutating or not isinstance(op.shape, like) or any(
+            a.type.is_tensor and a.type.optional or a.type.is_tensor_list for a in args):
+        return None
+    names = [a.name for a in args]
+    outs = [f"_o{i}" for i in range(op.n_outputs)]
+    conds = " and ".join(f"type({a.name}) is _np_nd" for a in args if a.type.is_tensor)
+    slow = f"_np_slow({', '.join(names)})"
+    lines = [f"    if {conds}:", "        try:"]
+    lines += [f"            {o} = _np_empty_like({n})" for o, n in zip(outs, op.shape.names)]
+    lines += [f"            _np_k({', '.join([*outs, *names])})", "        except TypeError:",
+              f"            return {slow}"]
+    ret = outs[0] if len(op.schema.returns) == 1 else f"({', '.join(outs)},)"
+    lines.append(f"        return {ret}")
+    return "\n".join(lines) + "\n"
+
+
 class NumpyAdapter:
     """Adapter for NumPy arrays."""
 
@@ -32,9 +57,9 @@ class NumpyAdapter:
         kern = loader.kernel(op, "cpu")
         mutating = op.schema.is_mutating
         like_idx = None
-        if op.shape is not None and type(op.shape).__name__ == "like":
+        if isinstance(op.shape, like):
             names = [a.name for a in op.schema.arguments]
-            like_idx = [names.index(n) for n in op.shape.names]  # type: ignore[union-attr]
+            like_idx = [names.index(n) for n in op.shape.names]
 
         def call(*args: Any) -> Any:
             validate_args(op, args, _is_array, "a numpy.ndarray")
@@ -47,6 +72,11 @@ class NumpyAdapter:
             kern(*outs, *args)
             return pack_results(op, args, outs)
 
+        prelude = _fast_prelude(op)
+        if prelude is not None:
+            op.install_prelude("numpy", prelude, {
+                "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern, "_np_slow": call,
+            })
         return call
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:

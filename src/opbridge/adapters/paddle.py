@@ -49,8 +49,9 @@ if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
 
 _T = paddle.Tensor
-_VALUE = paddle.pir.Value
+_VALUE: type = paddle.pir.Value  # type: ignore[attr-defined]
 _NAMES = itertools.count()
+_core: Any = paddle.base.core
 _STATIC = threading.local()  # .in_backward: tracing a static backward block
 
 
@@ -124,7 +125,7 @@ def _backward_grads(op: OpDef, grads: Sequence[Any], full: list[Any], meta: Sequ
     if op.backward is None:
         raise NotImplementedError(f"{op.name}: no backward is declared, so it cannot be differentiated "
                                   f"(declare backward= in its Library.op)")
-    grads = [zeros(m) if g is None else g for g, m in zip(grads, meta)]
+    grads = [zeros(m) if g is None else g for g, m in zip(grads, meta, strict=True)]
     res = op.backward(*grads, *full)
     res = list(res) if isinstance(res, (tuple, list)) else [res]
     n = len(_tensor_idx(op))
@@ -150,15 +151,15 @@ def _make_layer(op: OpDef, raw: Callable[..., tuple[paddle.Tensor, ...]]) -> typ
 
     def backward(ctx: Any, *grads: Any) -> Any:
         full = list(ctx.opb_full)
-        for i, t in zip(ctx.opb_present, ctx.saved_tensor()):
+        for i, t in zip(ctx.opb_present, ctx.saved_tensor(), strict=True):
             full[i] = t
         grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
         res = _backward_grads(op, grads, full, ctx.opb_meta,
                               lambda m: paddle.zeros(m[0], m[1]))
         # PyLayer wants one gradient per Tensor passed to forward (None ones were not),
         # and None for those with stop_gradient=True.
-        got = [g for i, g in zip(tensor_idx, res) if i in ctx.opb_present]
-        out = tuple(g if need else None for g, need in zip(got, ctx.opb_needs))
+        got = [g for i, g in zip(tensor_idx, res, strict=True) if i in ctx.opb_present]
+        out = tuple(g if need else None for g, need in zip(got, ctx.opb_needs, strict=True))
         return out[0] if len(out) == 1 else out
 
     return type(f"{op.name}_PyLayer", (PyLayer,), {
@@ -185,7 +186,8 @@ def _fast_source(op: OpDef) -> str:
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     like_idx = _like_idx(op)
     if like_idx is not None:
-        lines += [f"    {o} = _empty_like(a{i}, a{i}.dtype, a{i}.place)" for o, i in zip(outs, like_idx)]
+        lines += [f"    {o} = _empty_like(a{i}, a{i}.dtype, a{i}.place)"
+                  for o, i in zip(outs, like_idx, strict=True)]
     elif outs:
         lines.append(f"    {', '.join(outs)}, = _alloc(({params},))")
     if op.schema.is_mutating:
@@ -194,7 +196,8 @@ def _fast_source(op: OpDef) -> str:
               "    except TypeError:", f"        _bad(({params},))", "        raise"]
     for i, a in enumerate(args):
         if a.is_mutated:
-            lines.append(f"    {f'if a{i} is not None: ' if a.type.optional else ''}a{i}._bump_inplace_version()")
+            guard = f"if a{i} is not None: " if a.type.optional else ""
+            lines.append(f"    {guard}a{i}._bump_inplace_version()")
     returns = op.schema.returns
     if not returns:
         lines.append("    return None")
@@ -253,7 +256,7 @@ def _python_op(op: OpDef, raw: Callable[..., tuple[paddle.Tensor, ...]], cache: 
 
         def fill(values: Sequence[Any]) -> list[Any]:
             full = list(template)
-            for i, v in zip(slots, values):
+            for i, v in zip(slots, values, strict=True):
                 full[i] = v
             return full
 
@@ -264,14 +267,15 @@ def _python_op(op: OpDef, raw: Callable[..., tuple[paddle.Tensor, ...]], cache: 
             # An exception escaping here aborts the process, so never let one out.
             try:
                 got = op.output_specs(fill(metas))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 traceback.print_exc(file=sys.stderr)
                 got = specs
-            return tuple(paddle.static.MetaTensor(dtype=_dtype(s.dtype), shape=list(s.shape)) for s in got)
+            meta_tensor: Any = paddle.static.MetaTensor  # type: ignore[attr-defined]
+            return tuple(meta_tensor(dtype=_dtype(s.dtype), shape=list(s.shape)) for s in got)
 
         entry = cache[key] = (name, run, infer_meta)
     name, run, infer_meta = entry
-    outs = _C_ops._run_python_op(
+    outs = _C_ops._run_python_op(  # type: ignore[attr-defined]
         *(args[i] for i in slots), name=name,
         input_names=[op.schema.arguments[i].name for i in slots],
         output_names=[f"out{j}" for j in range(len(specs))],
@@ -291,7 +295,7 @@ def _make_static(op: OpDef) -> Callable[..., Any]:
     if not hasattr(_C_ops, "_run_python_op"):
         def unsupported(*args: Any) -> Any:
             raise PaddleStaticError(
-                f"{op.name}: this Paddle ({paddle.__version__}) has no Python ops "
+                f"{op.name}: this Paddle ({paddle.version.full_version}) has no Python ops "
                 f"(paddle.static.register_op, Paddle >= 3.2), so opbridge ops cannot run inside "
                 f"paddle.jit.to_static programs; call them eagerly or use Paddle >= 3.2")
         return unsupported
@@ -313,7 +317,7 @@ def _make_static(op: OpDef) -> Callable[..., Any]:
         from paddle.jit.dy2static.py_layer import StaticPyLayerContext
         from paddle.static.nn import static_pylayer
 
-        ctx = StaticPyLayerContext()
+        ctx: Any = StaticPyLayerContext()  # type: ignore[no-untyped-call]
         present = [i for i in tensor_idx if args[i] is not None]
         meta: list[Any] = []
 
@@ -325,17 +329,17 @@ def _make_static(op: OpDef) -> Callable[..., Any]:
 
         def backward(*grads: Any) -> Any:
             full = list(args)
-            for i, v in zip(present, ctx.saved_tensor()):
+            for i, v in zip(present, ctx.saved_tensor(), strict=True):
                 full[i] = v
             _STATIC.in_backward = True
             try:
                 res = _backward_grads(op, grads, full, meta, lambda m: paddle.zeros(m[0], m[1]))
             finally:
                 _STATIC.in_backward = False
-            out = [g for i, g in zip(tensor_idx, res) if i in present]
+            out = [g for i, g in zip(tensor_idx, res, strict=True) if i in present]
             return out[0] if len(out) == 1 else tuple(out)
 
-        result = static_pylayer(forward, list(args), backward)
+        result = static_pylayer(forward, list(args), backward)  # type: ignore[no-untyped-call]
         outs = list(result) if isinstance(result, (list, tuple)) else [result]
         return pack_results(op, args, outs)
 
@@ -374,6 +378,15 @@ class PaddleAdapter:
     name = "paddle"
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        # An op's first call may happen while SOT traces: its frame hook would then
+        # translate everything this runs (imports, the kernel build). Switch it off.
+        old = _core.set_eval_frame(None)
+        try:
+            return self._make_call(op, array_type)
+        finally:
+            _core.set_eval_frame(old)
+
+    def _make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         _mark_for_to_static(op)
         if issubclass(array_type, _VALUE):
             return _make_static(op)
@@ -398,8 +411,8 @@ class PaddleAdapter:
                 raise TypeError(f"{op.name}: out[{i}] must be a paddle.Tensor, got {type(o).__name__}")
         if paddle.is_grad_enabled() and any(
                 isinstance(t, _T) and not t.stop_gradient for t in (*args, *outs)):
-            raise RuntimeError(f"{op.name}: out= does not support autograd (a tensor has stop_gradient=False); "
-                               f"call it under paddle.no_grad() or without out=")
+            raise RuntimeError(f"{op.name}: out= does not support autograd (a tensor has "
+                               f"stop_gradient=False); call it under paddle.no_grad() or without out=")
         if op.schema.is_mutating:
             check_no_alias(op, args, _span)
         loader.kernel(op, "cpu")(*outs, *args)
@@ -431,7 +444,7 @@ def _sot_skip_opbridge_frames() -> None:
     prefixes = {str(Path(opbridge.__file__).parent) + os.sep, "<opbridge "}
     if not prefixes <= skip_files.skip_file_names:
         skip_files.skip_file_names |= prefixes
-        skip_files.setup_skip_files()
+        skip_files.setup_skip_files()  # type: ignore[no-untyped-call]
 
 
 def register(lib: Library) -> None:

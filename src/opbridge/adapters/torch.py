@@ -15,14 +15,18 @@ the dispatcher's ADInplaceOrView kernel would.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opbridge import loader
+from opbridge import _tvm, loader
 from opbridge.adapters.base import check_no_alias, pack_results, validate_args
-from opbridge.declare import like
+from opbridge.declare import like, signature_source
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
@@ -57,25 +61,52 @@ def _lead(op: OpDef, args: Sequence[Any]) -> torch.Tensor:
 
 
 def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
-    mutating = op.schema.is_mutating
-    kern: list[Any] = []
+    """The dispatcher's kernel for *device*: allocate outputs, call the compiled kernel.
 
-    def impl(*args: Any, **kwargs: Any) -> Any:
-        full = _ordered(op, args, kwargs)
-        if not kern:
-            kern.append(loader.kernel(op, device))
-        if mutating:
-            check_no_alias(op, full, _span)
-        outs = _alloc(op, full, _lead(op, full).device)
-        if device == "cuda":
-            from opbridge._tvm import tvm_ffi
+    Generated per op (like the fast path) because Inductor calls it on every
+    run of a compiled graph. The compiled kernel is resolved on the first
+    call, so registering an op never builds its library.
+    """
+    params, _ = signature_source(op)
+    names = [a.name for a in op.schema.arguments]
+    outs = [f"_o{i}" for i in range(op.n_outputs)]
+    if isinstance(op.shape, like):
+        alloc = [f"{o} = _empty_like({n}, memory_format=_contig)" for o, n in zip(outs, op.shape.names)]
+    elif outs:
+        alloc = [f"{', '.join(outs)}, = _alloc(({', '.join(names)},))"]
+    else:
+        alloc = []
+    call = f"_k({', '.join([*outs, *names])})"
+    if device == "cuda":
+        call = f"with _stream():\n        {call}"
+    lines = [f"def impl({', '.join(params)}):"]
+    if op.schema.is_mutating:
+        lines.append(f"    _alias(({', '.join(names)},))")
+    lines += [f"    {line}" for line in alloc] + [f"    {call}"]
+    returns = op.schema.returns
+    if not returns:
+        lines.append("    return None")
+    elif len(returns) == 1 and len(outs) == 1:
+        lines.append("    return _o0")
+    else:
+        lines.append(f"    return _pack(({', '.join(names)},), ({''.join(o + ', ' for o in outs)}))")
 
-            with tvm_ffi().use_torch_stream():
-                kern[0](*outs, *full)
-        else:
-            kern[0](*outs, *full)
-        return pack_results(op, full, outs)
+    ns: dict[str, Any] = {
+        "_empty_like": torch.empty_like,
+        "_contig": torch.contiguous_format,
+        "_alloc": lambda a: _alloc(op, a, _lead(op, a).device),
+        "_alias": lambda a: check_no_alias(op, a, _span),
+        "_pack": lambda a, o: pack_results(op, a, o),
+        "_stream": lambda: _tvm.tvm_ffi().use_torch_stream(),
+    }
 
+    def first_call(*args: Any) -> Any:
+        ns["_k"] = loader.kernel(op, device)  # later calls find the kernel itself
+        return ns["_k"](*args)
+
+    ns["_k"] = first_call
+    exec(compile("\n".join(lines) + "\n", f"<opbridge {op.qualname} {device} kernel>", "exec"), ns)  # noqa: S102
+    impl: Callable[..., Any] = ns["impl"]
     impl.__name__ = f"{op.name}_{device}_impl"
     return impl
 
@@ -226,8 +257,21 @@ def _fast_prelude(op: OpDef) -> str | None:
 
 
 def _substitute_for_dynamo(op: OpDef) -> None:
-    # Dynamo must not trace into opbridge's Python dispatch (dict lookups, lazy
-    # builds): it sees the public callable as the registered torch op instead.
+    """Make Dynamo trace *op*'s public callable as the registered torch op.
+
+    Dynamo must not trace into opbridge's Python dispatch (dict lookups, lazy
+    builds). ``substitute_in_graph`` imports ``torch._dynamo`` (about a
+    second), so it is deferred until Dynamo is imported anyway, which
+    ``torch.compile`` does before tracing anything.
+    """
+    if "torch._dynamo" in sys.modules:
+        _substitute_now(op)
+    else:
+        _PENDING_SUBSTITUTIONS.append(op)
+        _DynamoImportHook.install()
+
+
+def _substitute_now(op: OpDef) -> None:
     packet = getattr(getattr(torch.ops, op.library.namespace), op.name).default
 
     def traced(*args: Any, out: Any = None, **kwargs: Any) -> Any:
@@ -241,6 +285,39 @@ def _substitute_for_dynamo(op: OpDef) -> None:
         return out
 
     torch.compiler.substitute_in_graph(op.call, skip_signature_check=True)(traced)
+
+
+_PENDING_SUBSTITUTIONS: list[OpDef] = []
+
+
+class _DynamoImportHook(importlib.abc.MetaPathFinder):
+    """Runs the pending substitutions right after ``torch._dynamo`` is imported."""
+
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if not cls._installed:
+            sys.meta_path.insert(0, cls())
+            cls._installed = True
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        type(self)._installed = False
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            loader_exec(module)
+            while _PENDING_SUBSTITUTIONS:
+                _substitute_now(_PENDING_SUBSTITUTIONS.pop())
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 def _checked(op: OpDef, packet: Any) -> Callable[..., Any]:
@@ -272,7 +349,7 @@ class TorchAdapter:
         slow = _checked(op, getattr(getattr(torch.ops, op.library.namespace), op.name).default)
         prelude = _fast_prelude(op) if array_type is torch.Tensor else None
         if prelude is not None and op.qualname not in _FAST:
-            op.install_prelude(prelude, {
+            op.install_prelude("torch", prelude, {
                 "_T": torch.Tensor,
                 "_k": loader.kernel(op, "cpu"),
                 "_slow": slow,

@@ -82,6 +82,11 @@ def render(op: OpDef) -> str:
             lines.append(f"{a.name} : {kind}")
             desc = params.get(a.name) or (["Mutated in place."] if a.is_mutated else [])
             lines += [f"    {d}" for d in desc]
+        if getattr(op, "accepts_out", False):
+            many = op.n_outputs > 1
+            lines += [f"out : {'tuple of Tensor' if many else 'Tensor'}, optional",
+                      f"    Write the result{'s' if many else ''} into {'these' if many else 'this'} "
+                      f"(the output's shape and dtype) and return {'them' if many else 'it'}."]
     returns = [r for r in op.schema.returns]
     if returns:
         lines += ["", "Returns", "-------"]

@@ -36,7 +36,15 @@ def _params(op: OpDef) -> list[str]:
         if a.default is not NO_DEFAULT:
             text += f" = {a.default!r}"
         out.append(text)
+    if accepts_out(op):
+        kind = TENSOR if op.n_outputs == 1 else f"tuple[{', '.join([TENSOR] * op.n_outputs)}]"
+        out += ([] if star else ["*"]) + [f"out: {kind} | None = None"]
     return out
+
+
+def accepts_out(op: OpDef) -> bool:
+    """Whether the op's public callable takes ``out=`` (ops returning new tensors)."""
+    return bool(getattr(op, "accepts_out", False))
 
 
 def signature(op: OpDef) -> str:
@@ -53,6 +61,7 @@ def signature(op: OpDef) -> str:
 def _call(op: OpDef, lead: str) -> str:
     """``<lead>(_OPS or _load())["name"](args)``, wrapped when it would be too long."""
     args = [f"{a.name}={a.name}" if a.kwarg_only else a.name for a in op.schema.arguments]
+    args += ["out=out"] if accepts_out(op) else []
     head = f'{lead}(_OPS or _load())["{op.name}"]('
     tail = ")" + ("  # type: ignore[no-any-return]" if lead else "")
     if len(head) + len(", ".join(args)) + len(tail) + 4 <= _WIDTH:
@@ -128,7 +137,7 @@ def render_stub(lib: Library, declarations: str, out_name: str) -> str:
         header(lib, declarations, out_name),
         _typing_imports(lib, set()) + "\n",
         _all(ops),
-        _TENSOR_DOC + f'{TENSOR} = TypeVar("{TENSOR}")\n',
+        _TENSOR_DOC + f'{TENSOR} = TypeVar("{TENSOR}")  # noqa: PYI001 - public: annotate with it\n',
     ]
     parts += [f"{signature(op)} ..." for op in ops]
     return "\n".join(parts) + "\n"

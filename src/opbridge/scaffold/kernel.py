@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-
 from opbridge.scaffold.spec import DTYPES, OpSpec, ScaffoldError
 from opbridge.scaffold.templates import render
 from opbridge.schema import Type
@@ -94,11 +92,15 @@ def _dispatch(spec: OpSpec, run: str) -> str:
 
 
 def _wrap_params(kernel: str, params: list[str]) -> str:
-    one = ", ".join(params)
-    if len(f"void {kernel}({one}) {{") <= 100:
-        return one
-    lines = textwrap.wrap(one, 96 - len(kernel), break_on_hyphens=False, break_long_words=False)
+    """Parameters packed greedily onto lines of at most 100 characters, aligned after the ``(``."""
     pad = " " * (len(kernel) + 6)
+    lines = [""]
+    for i, p in enumerate(params):
+        piece = p + ("," if i < len(params) - 1 else "")
+        if lines[-1] and len(pad) + len(lines[-1]) + 1 + len(piece) > 100:
+            lines.append(piece)
+        else:
+            lines[-1] = f"{lines[-1]} {piece}" if lines[-1] else piece
     return ("\n" + pad).join(lines)
 
 

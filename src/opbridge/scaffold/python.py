@@ -34,14 +34,14 @@ class Layout:
 def standalone(spec: OpSpec) -> Layout:
     """A directory of its own: ``csrc/<op>.cc``, ``<op>_op.py``, ``test_<op>.py``, ``bench_<op>.py``."""
     lib = (f'from opbridge import Library{", like" if _new_returns(spec) else ""}\n\n'
-           f'LIBRARY = Library("{spec.namespace}", sources=["csrc/{spec.name}.cc"])\n')
+           f'LIBRARY = Library("{spec.namespace}", sources=["csrc/{spec.name}.cc"])')
     return Layout(f"{spec.name}_op", f"{spec.name}_op.py", lib)
 
 
 def in_project(spec: OpSpec, package: str) -> Layout:
     """Inside a project from ``opbridge new --project``: the declaration goes in ``<package>/ops/``."""
     like = "from opbridge import like\n" if _new_returns(spec) else ""
-    lib = f"{like}\nfrom {package}.ops._library import LIBRARY\n"
+    lib = f"{like}\nfrom {package}.ops._library import LIBRARY"
     return Layout(f"{package}.ops.{spec.name}", f"{package}/ops/{spec.name}.py", lib)
 
 
@@ -80,9 +80,11 @@ def _returns_annotation(spec: OpSpec) -> str:
 def _reference_body(spec: OpSpec) -> str:
     lead = spec.lead.name
     alias = {a.type.alias.set: a.name for a in spec.schema.arguments if a.type.alias is not None}
-    values = [f"{lead}.copy()" if r.type.alias is None else alias[r.type.alias.set] for r in spec.schema.returns]
+    values = [f"{lead}.copy()" if r.type.alias is None else alias[r.type.alias.set]
+              for r in spec.schema.returns]
     if not values:
-        return "    return None"
+        mutated = ", ".join(a.name for a in spec.schema.mutated_args)
+        return f"    # Mutate {mutated} in place here."
     return f"    return {', '.join(values)}"
 
 
@@ -98,14 +100,14 @@ def render_declaration(spec: OpSpec, layout: Layout) -> str:
     n_new = _new_returns(spec)
     options = ""
     if n_new:
-        options += f"\n    shape=like({', '.join([repr(spec.lead.name)] * n_new)}),"
+        options += f"\n    shape=like({', '.join([f'{chr(34)}{spec.lead.name}{chr(34)}'] * n_new)}),"
     if spec.kernel != f"{spec.name}_cpu":
         options += f'\n    kernels={{"cpu": "{spec.kernel}"}},'
     lists = any(a.type.is_list for a in spec.schema.arguments)
-    imports = "\nfrom collections.abc import Sequence\n" if lists else "\n"
-    imports += "\nimport numpy as np\n"
+    imports = "from collections.abc import Sequence\n\n" if lists else ""
+    imports += f"import numpy as np\n{layout.library}"
     return render(
-        "op/declaration.py.tmpl", name=spec.name, typing_imports=imports, library=layout.library,
+        "op/declaration.py.tmpl", name=spec.name, imports=imports,
         schema=str(spec.schema).replace('"', '\\"'), options=options, params=_params(spec),
         returns=_returns_annotation(spec), summary=f"The ``{spec.namespace}::{spec.name}`` op.",
         placeholder=placeholder(spec), body=_reference_body(spec),
@@ -126,20 +128,23 @@ def render_test(spec: OpSpec, layout: Layout) -> str:
     """Source of ``test_<op>.py``: check_op over the float dtypes (and int ones) in NumPy and torch."""
     scalars = {a.name: _sample(a.type) for a in spec.schema.arguments if _needs_value(a)}
     ints = spec.int_dtypes
-    imports = "\nimport pytest\n"
-    if scalars or ints:
-        imports = "\nfrom typing import Any\n" + ("\nimport numpy as np" if ints else "") + "\nimport pytest\n"
-    defs = [f"\nFLOAT_DTYPES = {spec.float_dtypes!r}", f"INT_DTYPES = {ints!r}"]
+    generated = bool(scalars or ints)
+    imports = "from typing import Any\n\n" if generated else ""
+    imports += "import numpy as np\n" if ints else ""
+    imports += "import pytest\nfrom opbridge.testing import check_op\n"
+    imports += "from opbridge.testing.matrix import elementwise_cases\n" if generated else ""
+    imports += f"\nfrom {layout.module} import {spec.name}"
+    defs = [f"FLOAT_DTYPES = {_tuple(spec.float_dtypes)}", f"INT_DTYPES = {_tuple(ints)}"]
     cases = ""
-    if scalars or ints:
-        imports += "from opbridge.testing.matrix import elementwise_cases\n"
+    if generated:
         defs.append("#: values for the arguments check_op has no generic value for")
-        defs.append("SCALARS: dict[str, Any] = {" + ", ".join(f'"{k}": {v}' for k, v in scalars.items()) + "}")
+        values = ", ".join(f'"{k}": {v}' for k, v in scalars.items())
+        defs.append(f"SCALARS: dict[str, Any] = {{{values}}}")
         defs.append("")
         defs.append("")
         defs.append("def cases(dtype: str, rng: Any) -> list[dict[str, Any]]:")
         defs.append('    """The generic elementwise matrix; integer dtypes get rounded values."""')
-        defs.append(f"    out = [{{**c, **SCALARS}} for c in elementwise_cases({spec.name}, 'float32', rng)]")
+        defs.append(f'    out = [{{**c, **SCALARS}} for c in elementwise_cases({spec.name}, "float32", rng)]')
         defs.append("    if dtype in INT_DTYPES:")
         defs.append("        out = [{k: np.rint(v).astype(dtype) if isinstance(v, np.ndarray) else v")
         defs.append("                for k, v in c.items()} for c in out]")
@@ -161,17 +166,22 @@ def test_{spec.name}(framework: str) -> None:
     if ints:
         tests.append(f'''
 
+
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 @pytest.mark.parametrize("dtype", INT_DTYPES)
 def test_{spec.name}_int(framework: str, dtype: str) -> None:
     if framework == "torch":
         pytest.importorskip("torch")
-    # The cases carry {{dtype}} arrays; check_op's dtype only applies to floating values.
+    # The cases carry integer arrays; check_op's dtype only applies to floating values.
     report = check_op({spec.name}, lambda d, rng: cases(dtype, rng), dtypes=["float32"], framework=framework)
     assert report.checks["forward"] > 0''')
-    return render("op/test.py.tmpl", name=spec.name, imports=imports,
-                  import_op=f"\nfrom {layout.module} import {spec.name}\n",
-                  definitions="\n".join(defs), tests="".join(tests) + "\n")
+    return render("op/test.py.tmpl", name=spec.name, imports=imports, definitions="\n".join(defs),
+                  tests="".join(tests) + "\n")
+
+
+def _tuple(items: tuple[str, ...]) -> str:
+    inner = ", ".join(f'"{i}"' for i in items)
+    return f"({inner},)" if len(items) == 1 else f"({inner})"
 
 
 def _bench_arg(a: Argument, int_dtype: bool) -> str:
@@ -196,4 +206,4 @@ def render_bench(spec: OpSpec, layout: Layout, script: str) -> str:
     mutated = tuple(i for i, a in enumerate(spec.schema.arguments) if a.is_mutated)
     return render("op/bench.py.tmpl", name=spec.name, script=script, make_args=args, dtype=dtype,
                   qualname=f"{spec.namespace}::{spec.name}", mutated=repr(mutated),
-                  import_op=f"\nfrom {layout.module} import {spec.name}\n")
+                  import_op=f"from {layout.module} import {spec.name}")

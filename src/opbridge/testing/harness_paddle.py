@@ -35,7 +35,7 @@ class PaddleHarness:
         import paddle
 
         t = paddle.to_tensor(np.ascontiguousarray(a), place=paddle.CPUPlace())
-        return t if dtype is None else t.astype(dtype)
+        return t if dtype is None else t.astype(dtype)  # type: ignore[arg-type]
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """*x* as a NumPy array, 16-bit floats widened to float32."""
@@ -59,10 +59,10 @@ class PaddleHarness:
         cot = paddle.to_tensor(np.ascontiguousarray(cotangent)).astype(out.dtype)
         grads = paddle.grad([out], [args[i] for i in argnums], grad_outputs=[cot], allow_unused=True)
         return [np.zeros(args[i].shape, np.float32) if g is None else self.to_numpy(g)
-                for i, g in zip(argnums, grads)]
+                for i, g in zip(argnums, grads, strict=True)]
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
-        """*fn* under ``paddle.jit.to_static(full_graph=True)`` (a PIR program; opbridge ops become Python ops).
+        """*fn* under ``paddle.jit.to_static(full_graph=True)``: a PIR program, opbridge ops as Python ops.
 
         to_static transcribes the source of the function it is given and reads its
         signature, so lambdas and ``*args`` functions are wrapped, per arity, in a

@@ -1,0 +1,94 @@
+"""``opbridge new``: scaffold an op or a plugin project.
+
+Wiring (in ``opbridge.cli.build_parser``)::
+
+    from opbridge.scaffold import cli as scaffold_cli
+    scaffold_cli.register(sub)
+
+Examples::
+
+    opbridge new my_op --schema "my_op(Tensor x, float alpha) -> Tensor" --out my_op
+    opbridge new --from gelu_custom.json --out gelu       # msopgen-style prototype (JSON or YAML)
+    opbridge new --project my-plugin                      # a whole plugin project
+    opbridge new my_op --schema "..." --out my-plugin     # add an op to that project
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from opbridge.errors import OpbridgeError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _specs(args: argparse.Namespace) -> list[Any]:
+    from opbridge import scaffold
+
+    dtypes = scaffold.parse_dtypes(args.dtypes)
+    if args.from_file is not None:
+        if args.op or args.schema:
+            raise scaffold.ScaffoldError("give either --from PROTO or OP [--schema ...], not both")
+        protos = scaffold.load_prototype(args.from_file)
+        return [scaffold.to_spec(p, namespace=args.namespace, origin=f"prototype {args.from_file.name}")
+                for p in protos]
+    if args.op is None:
+        return []
+    return [scaffold.from_schema(args.op, args.schema, dtypes=dtypes, namespace=args.namespace)]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``opbridge new``; return the exit status."""
+    from opbridge import scaffold
+
+    try:
+        specs = _specs(args)
+        if args.project:
+            if len(specs) > 1:
+                raise scaffold.ScaffoldError("--project starts with one op; add the others with --out")
+            written = scaffold.new_project(args.project, args.out or Path("."),
+                                           spec=specs[0] if specs else None, force=args.force)
+        elif not specs:
+            print("opbridge: error: name an op (OP --schema ...), a prototype (--from) or --project NAME",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        else:
+            written = []
+            for spec in specs:
+                out = args.out or Path(spec.name)
+                written += scaffold.new_op(spec, out, force=args.force)
+    except FileNotFoundError as e:
+        print(f"opbridge: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OpbridgeError as e:
+        print(f"opbridge: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE if "failed" in str(e) else EXIT_USAGE
+    for path in written:
+        print(path)
+    return EXIT_OK
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``new`` subcommand to *subparsers*."""
+    p = subparsers.add_parser(
+        "new", help="scaffold an op (kernel, declaration, test, benchmark) or a plugin project",
+        description="Generate an op's C++ kernel (checks, dtype dispatch, OPBRIDGE_EXPORT), its declaration, "
+                    "a test and a benchmark, which build and pass as generated; or a whole plugin project "
+                    "(--project) that `pip install .` builds.",
+    )
+    p.add_argument("op", nargs="?", help="the op's name")
+    p.add_argument("--schema", help='its schema, e.g. "my_op(Tensor x, float alpha) -> Tensor" '
+                                    "(default: (Tensor x) -> Tensor)")
+    p.add_argument("--from", dest="from_file", type=Path, metavar="PROTO",
+                   help="an msopgen-style prototype (.json, .yaml): op, input_desc, output_desc, attr")
+    p.add_argument("--project", metavar="NAME", help="create the plugin project NAME (in --out, default .)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="where to write (default: ./OP); a project's root adds the op to the project")
+    p.add_argument("--dtypes",
+                   help="dtypes the kernel accepts, comma-separated (default float32,float16,bfloat16)")
+    p.add_argument("--namespace", help="library namespace (default: the op's name, or the project's package)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=run)

@@ -1,0 +1,571 @@
+"""The MindSpore adapter: PyNative through DLPack, gradients, graph mode (ops.Custom aot), bad input.
+
+MindSpore 2.10 needs numpy<2 and cannot share a process with paddle, so this
+file runs in its own environment::
+
+    OPBRIDGE_CACHE_DIR=/tmp/opbcache-ms /tmp/msenv/bin/python -m pytest tests/test_mindspore_adapter.py
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from opbridge.testing.harness_mindspore import HARNESS
+
+if HARNESS.skip_reason() is not None:
+    pytest.skip(HARNESS.skip_reason(), allow_module_level=True)
+
+ms = pytest.importorskip("mindspore")
+
+import tvm_ffi  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
+
+import opbridge  # noqa: E402
+from opbridge import ops  # noqa: E402
+from opbridge.adapters import mindspore as adapter  # noqa: E402
+from opbridge.adapters import mindspore_aot as aot  # noqa: E402
+from opbridge.build import jit as opb_jit  # noqa: E402
+from opbridge.ops import gelu as gelu_alias  # noqa: E402
+from opbridge.testing import assert_close, make_cases  # noqa: E402
+from opbridge.testing.matrix import NONCONTIGUOUS  # noqa: E402
+
+OPS = list(ops.LIBRARY.ops.values())
+GRAD_OPS = [op for op in OPS if op.backward is not None]
+_NS = itertools.count()
+
+TOY_CC = """
+#include <opbridge/opbridge.h>
+using tvm::ffi::TensorView;
+
+// scale_(Tensor(a!) x, Tensor other, float alpha): x = x * alpha + other
+void scale__cpu(TensorView x, TensorView other, double alpha) {
+  OPB_CHECK_DTYPE("scale_", x, opbridge::kFloat32);
+  OPB_CHECK_SAME_DTYPE("scale_", other, x);
+  OPB_CHECK_SAME_SHAPE("scale_", other, x);
+  OPB_CHECK_CONTIGUOUS("scale_", x);
+  OPB_CHECK_CONTIGUOUS("scale_", other);
+  float* a = static_cast<float*>(x.data_ptr());
+  const float* b = static_cast<const float*>(other.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) a[i] = a[i] * float(alpha) + b[i];
+}
+OPBRIDGE_EXPORT(scale__cpu);
+
+// twice(Tensor x) -> Tensor, no backward declared
+void twice_cpu(TensorView out, TensorView x) {
+  OPB_CHECK_DTYPE("twice", x, opbridge::kFloat32);
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
+}
+OPBRIDGE_EXPORT(twice_cpu);
+
+// affine(Tensor x, float alpha, *, int k=1, bool negate=False) -> Tensor: (+-) alpha * k * x
+template <typename T>
+void affine_loop(TensorView out, TensorView x, double c) {
+  const T* a = static_cast<const T*>(x.data_ptr());
+  T* o = static_cast<T*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = T(c * double(a[i]));
+}
+void affine_cpu(TensorView out, TensorView x, double alpha, int64_t k, bool negate) {
+  OPB_CHECK_DTYPE("affine", x, opbridge::kFloat32, opbridge::kFloat64);
+  OPB_CHECK_SAME_DTYPE("affine", out, x);
+  OPB_CHECK(k > 0, ValueError) << "affine: k must be > 0, got " << k;
+  const double c = (negate ? -alpha : alpha) * double(k);
+  if (x.dtype() == opbridge::kFloat64) {
+    affine_loop<double>(out, x, c);
+  } else {
+    affine_loop<float>(out, x, c);
+  }
+}
+OPBRIDGE_EXPORT(affine_cpu);
+
+// split_sum(Tensor x) -> (Tensor, Tensor): the row sums (int64 count of rows as second output)
+void split_sum_cpu(TensorView sums, TensorView count, TensorView x) {
+  OPB_CHECK_DTYPE("split_sum", x, opbridge::kFloat32);
+  OPB_CHECK_NDIM("split_sum", x, 2);
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* s = static_cast<float*>(sums.data_ptr());
+  for (int64_t r = 0; r < x.size(0); ++r) {
+    float acc = 0.f;
+    for (int64_t c = 0; c < x.size(1); ++c) acc += a[r * x.size(1) + c];
+    s[r] = acc;
+  }
+  static_cast<int64_t*>(count.data_ptr())[0] = x.size(0);
+}
+OPBRIDGE_EXPORT(split_sum_cpu);
+"""
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
+    """A throwaway library: a mutating op, an op without backward, scalar-argument and 2-output ops."""
+    root: Path = tmp_path_factory.mktemp("mstoy")
+    (root / "toy.cc").write_text(TOY_CC)
+    lib = opbridge.Library(f"opb_ms_test_{next(_NS)}", sources=["toy.cc"], root=root)
+
+    @lib.op("scale_(Tensor(a!) x, Tensor other, float alpha) -> ()")
+    def scale_(x: Any, other: Any, alpha: float) -> None:
+        x *= alpha
+        x += other
+
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"))
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    @lib.op("affine(Tensor x, float alpha, *, int k=1, bool negate=False) -> Tensor",
+            shape=opbridge.like("x"),
+            backward=lambda grad, x, alpha, k, negate: (affine(grad, alpha, k=k, negate=negate),))
+    def affine(x: Any, alpha: float, *, k: int = 1, negate: bool = False) -> Any:
+        return (-alpha if negate else alpha) * k * x
+
+    @lib.op("split_sum(Tensor x) -> (Tensor, Tensor)",
+            shape=lambda x: (opbridge.Spec((x.shape[0],), x.dtype), opbridge.Spec((1,), "int64")))
+    def split_sum(x: Any) -> Any:
+        return x.sum(axis=1), np.array([x.shape[0]], np.int64)
+
+    adapter.register(lib)  # declared after the adapter was imported: make it known to graphs
+    return lib
+
+
+def _t(a: Any, dtype: Any = np.float32) -> Tensor:
+    return Tensor(np.asarray(a, dtype))
+
+
+def _args(op: opbridge.OpDef, case: dict[str, Any], dtype: str) -> list[Any]:
+    return [HARNESS.from_numpy(case[a.name], dtype if case[a.name].dtype.kind == "f" else None)
+            if isinstance(case[a.name], np.ndarray) else case[a.name] for a in op.schema.arguments]
+
+
+def _cases(op: opbridge.OpDef, dtype: str) -> list[dict[str, Any]]:
+    return [c for c in make_cases(op, dtype, seed=11) if not c.get(NONCONTIGUOUS)]
+
+
+def _np(x: Any) -> np.ndarray:
+    return HARNESS.to_numpy(x)
+
+
+def _reference(op: opbridge.OpDef, args: list[Any]) -> list[np.ndarray]:
+    ref = [_np(a).astype(np.float64) if isinstance(a, Tensor) else a for a in args]
+    out = op.reference(*ref)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _outs(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+@pytest.fixture
+def graph_mode() -> Iterator[None]:
+    """Run the test in ``GRAPH_MODE``, restoring the previous mode afterwards."""
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=old)
+
+
+# ---------------------------------------------------------------------------
+# PyNative forward
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HARNESS.dtypes)
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+def test_forward_matches_reference(op: opbridge.OpDef, dtype: str) -> None:
+    rtol, atol = op.tolerance(dtype)
+    for case in _cases(op, dtype):
+        args = _args(op, case, dtype)
+        got = _outs(op.call(*args))
+        want = _reference(op, args)
+        assert len(got) == len(want) == op.n_outputs
+        for g, w in zip(got, want):
+            assert type(g) is Tensor, f"{op.name} must return mindspore.Tensor, got {type(g)}"
+            assert g.dtype == args[op.dispatch_arg].dtype
+            assert_close(_np(g), w, rtol=rtol, atol=atol, name=f"mindspore {op.name} {dtype}")
+
+
+def test_outputs_are_mindspore_tensors_in_the_kernels_memory() -> None:
+    x, y = _t(np.arange(6).reshape(2, 3)), _t(np.ones((2, 3)))
+    out = ops.add(x, y)
+    assert type(out) is Tensor and out.shape == (2, 3) and out.dtype == ms.float32
+    # The kernel wrote into the tensor's own buffer: the DLPack view of it is the same memory.
+    assert tvm_ffi.from_dlpack(out.to_dlpack()).data_ptr() == out.data_ptr()
+    # ... and MindSpore's own ops consume the result.
+    np.testing.assert_array_equal(ms.ops.mul(out, 2).asnumpy(), (np.arange(6).reshape(2, 3) + 1) * 2)
+    bf = ops.gelu(x.astype(ms.bfloat16))
+    assert bf.dtype == ms.bfloat16
+    assert tvm_ffi.from_dlpack(bf.to_dlpack()).data_ptr() == bf.data_ptr()
+
+
+def test_inputs_produced_by_queued_mindspore_ops() -> None:
+    """PyNative runs MindSpore ops asynchronously; the kernel must see their results."""
+    a = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    x = Tensor(a)
+    for _ in range(3):
+        x = ms.ops.matmul(x, Tensor(np.eye(256, dtype=np.float32) * 1.5))
+    got = ops.gelu(x)
+    assert_close(_np(got), ops.gelu.reference(a.astype(np.float64) * 1.5**3), rtol=1e-4, atol=1e-4)
+
+
+def test_parameters_dispatch_too() -> None:
+    w = ms.Parameter(_t(np.ones(4)), name="w")
+    out = ops.rms_norm(_t(np.ones((2, 4))), w)
+    assert_close(_np(out), np.ones((2, 4)) / np.sqrt(1 + 1e-6), rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# gradients
+# ---------------------------------------------------------------------------
+
+
+def _directional_check(op: opbridge.OpDef, fn: Callable[..., Any], label: str) -> None:
+    """``<vjp(g), u>`` against central differences of ``<reference, g>`` along random ``u``."""
+    rng = np.random.default_rng(5)
+    case = next(c for c in _cases(op, "float32")
+                if all(v.size > 0 for v in c.values() if isinstance(v, np.ndarray)))
+    args = _args(op, case, "float32")
+    diff = list(op.differentiable)
+    out = _np(fn(*args))
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    grads = HARNESS.vjp(fn, args, diff, g)
+    base = [_np(a).astype(np.float64) if isinstance(a, Tensor) else a for a in args]
+    for i, grad in zip(diff, grads):
+        assert grad.shape == base[i].shape
+        u = rng.standard_normal(base[i].shape)
+
+        def f_at(t: float, i: int = i, u: np.ndarray = u) -> float:
+            a = list(base)
+            a[i] = base[i] + t * u
+            return float(np.sum(op.reference(*a) * g))
+
+        h = 1e-6
+        fd = (f_at(h) - f_at(-h)) / (2 * h)
+        got = float(np.sum(grad.astype(np.float64) * u))
+        assert abs(got - fd) <= 1e-3 * max(1.0, abs(fd)), (
+            f"{label} d{op.name}/d{op.schema.arguments[i].name}: <grad, u> = {got}, finite differences {fd}")
+
+
+@pytest.mark.parametrize("op", GRAD_OPS, ids=lambda op: op.name)
+def test_pynative_gradients_match_finite_differences(op: opbridge.OpDef) -> None:
+    _directional_check(op, op.call, "pynative")
+
+
+@pytest.mark.parametrize("op", GRAD_OPS, ids=lambda op: op.name)
+def test_graph_gradients_match_finite_differences(op: opbridge.OpDef) -> None:
+    compiled = HARNESS.compile(op.call)
+    assert compiled is not None
+    _directional_check(op, compiled, "ms.jit")
+
+
+def test_grad_through_a_training_cell() -> None:
+    """``value_and_grad`` over a Cell with a Parameter, in PyNative and GRAPH_MODE."""
+
+    class Net(nn.Cell):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = ms.Parameter(Tensor(np.linspace(0.5, 1.5, 8).astype(np.float32)), name="w")
+
+        def construct(self, x: Any) -> Any:
+            return ops.gelu(ops.rms_norm(x, self.w, 1e-5)).sum()
+
+    x = _t(np.random.default_rng(1).standard_normal((3, 8)))
+    results = []
+    for mode in (ms.PYNATIVE_MODE, ms.GRAPH_MODE):
+        old = ms.get_context("mode")
+        ms.set_context(mode=mode)
+        try:
+            net = Net()
+            loss, grads = ms.value_and_grad(net, grad_position=0, weights=net.trainable_params())(x)
+            results.append((float(loss.asnumpy()), _np(grads[0]), _np(grads[1][0])))
+        finally:
+            ms.set_context(mode=old)
+    (l0, gx0, gw0), (l1, gx1, gw1) = results
+    assert l0 == pytest.approx(l1, rel=1e-6)
+    assert_close(gx1, gx0, rtol=1e-5, atol=1e-6, name="graph vs pynative dx")
+    assert_close(gw1, gw0, rtol=1e-5, atol=1e-6, name="graph vs pynative dw")
+    assert np.abs(gw0).sum() > 0
+
+
+def test_op_without_backward_raises_instead_of_zero_gradients(toy: opbridge.Library) -> None:
+    twice = toy.ops["twice"].call
+    x = _t(np.ones(3))
+    np.testing.assert_array_equal(_np(twice(x)), 2 * np.ones(3))
+    with pytest.raises(NotImplementedError, match="twice: no backward is declared"):
+        ms.grad(lambda a: twice(a).sum())(x)
+
+    @ms.jit
+    def f(a: Any) -> Any:
+        return twice(a).sum()
+
+    with pytest.raises(NotImplementedError, match="twice: no backward is declared"):
+        ms.grad(f)(x)
+
+
+def test_scalar_arguments_and_lambda_backward(toy: opbridge.Library) -> None:
+    """float / int / bool (keyword-only) scalars reach the kernel eagerly, in graphs and in bprops."""
+    affine = toy.ops["affine"].call
+    x = _t(np.arange(4))
+    np.testing.assert_allclose(_np(affine(x, 0.5, k=3, negate=True)), -1.5 * np.arange(4))
+
+    @ms.jit
+    def f(a: Any) -> Any:
+        return affine(a, 0.5, k=3, negate=True)
+
+    np.testing.assert_allclose(_np(f(x)), -1.5 * np.arange(4))
+    g = _t(np.ones(4))
+    for fn in (lambda a: affine(a, 0.5, k=3, negate=True), f):
+        _, pullback = ms.vjp(fn, x)
+        (dx,) = pullback(g)
+        np.testing.assert_allclose(_np(dx), -1.5 * np.ones(4))
+    # alpha reaches the kernel as a double in graphs too (as float32 it would round to 1.0)
+    y = _t(np.ones(2), np.float64)
+    compiled = HARNESS.compile(lambda a: affine(a, 1 + 2**-40, k=2) - 2)
+    assert compiled is not None
+    assert _np(compiled(y)).tolist() == [2**-39, 2**-39]
+    with pytest.raises(ValueError, match="affine: k must be > 0, got 0"):
+        compiled = HARNESS.compile(lambda a: affine(a, 1.0, k=0))
+        assert compiled is not None
+        compiled(y)
+
+
+def test_two_outputs_in_graph_mode(toy: opbridge.Library) -> None:
+    split_sum = toy.ops["split_sum"].call
+    x = _t(np.arange(6).reshape(3, 2))
+
+    @ms.jit
+    def f(a: Any) -> Any:
+        s, n = split_sum(a)
+        return s * 2, n
+
+    for s, n in (split_sum(x), f(x)):
+        assert n.dtype == ms.int64
+        np.testing.assert_array_equal(_np(n), [3])
+    np.testing.assert_array_equal(_np(f(x)[0]), [2, 10, 18])
+
+
+# ---------------------------------------------------------------------------
+# graph mode
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+def test_jit_forward_matches_pynative(op: opbridge.OpDef) -> None:
+    compiled = HARNESS.compile(op.call)
+    assert compiled is not None
+    for case in _cases(op, "float32")[:3]:
+        args = _args(op, case, "float32")
+        want = _outs(op.call(*args))
+        got = _outs(compiled(*args))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_close(_np(g), _np(w), rtol=0, atol=0, name=f"ms.jit {op.name}")
+
+
+def test_public_callables_inside_user_jit_functions() -> None:
+    """``opbridge.ops.<op>`` attribute access and ``from ... import`` aliases both compile to ops.Custom."""
+    x = _t(np.random.default_rng(2).standard_normal((4, 16)))
+    w = _t(np.random.default_rng(3).standard_normal(16))
+
+    @ms.jit
+    def f(a: Any, b: Any) -> Any:
+        h = ops.rms_norm(a, b, 1e-5)
+        return ops.add(gelu_alias(h), a) * 2
+
+    want = _np(ops.add(ops.gelu(ops.rms_norm(x, w, 1e-5)), x)) * 2
+    assert_close(_np(f(x, w)), want, rtol=1e-6, atol=1e-6, name="jit pipeline")
+
+
+def test_graph_mode_cell(graph_mode: None) -> None:
+    class Net(nn.Cell):  # type: ignore[misc]
+        def construct(self, a: Any, b: Any) -> Any:
+            return ops.rms_norm(ops.gelu(a), b)
+
+    x, w = _t(np.linspace(-2, 2, 24).reshape(3, 8)), _t(np.ones(8))
+    got = Net()(x, w)
+    want = ops.rms_norm.reference(ops.gelu.reference(_np(x).astype(np.float64)), np.ones(8))
+    assert_close(_np(got), want, rtol=1e-5, atol=1e-5, name="GRAPH_MODE cell")
+
+
+def test_custom_op_primitive(toy: opbridge.Library) -> None:
+    prim = adapter.custom_op(ops.rms_norm)
+    assert isinstance(prim, ms.ops.Custom)
+    assert prim is adapter.custom_op(ops.rms_norm.opdef)
+    x, w = _t(np.ones((2, 4))), _t(np.full(4, 2.0))
+    eps = Tensor(0.0, ms.float64)
+    np.testing.assert_allclose(_np(prim(x, w, eps)), np.full((2, 4), 2.0), rtol=1e-6)
+    @ms.jit
+    def f(a: Any, b: Any) -> Any:
+        return prim(a, b, Tensor(0.0, ms.float64))
+
+    np.testing.assert_allclose(_np(f(x, w)), np.full((2, 4), 2.0), rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="scale_: has no MindSpore graph primitive: it mutates"):
+        adapter.custom_op(toy.ops["scale_"])
+
+
+def test_aot_wrapper_is_generated_from_the_schemas_and_cached() -> None:
+    src = aot.wrapper_source(ops.LIBRARY)
+    for op in OPS:
+        assert f"int opb_ms_{op.name}(int nparam, void** params" in src
+        assert f'"{op.kernels["cpu"]}"' in src
+    assert 'read_float(kOp, "eps", 2' in src, "rms_norm's eps must be read from its scalar tensor"
+    mod = aot.aot_module(ops.LIBRARY)
+    mod.ready()
+    assert opb_jit.cached_artifact(mod.spec) == mod.path
+    assert aot.AotModule(ops.LIBRARY).path == mod.path, "the wrapper's cache path depends on the schemas only"
+
+
+# ---------------------------------------------------------------------------
+# zero copy, mutation
+# ---------------------------------------------------------------------------
+
+
+def test_mutation_is_zero_copy(toy: opbridge.Library) -> None:
+    scale_ = toy.ops["scale_"].call
+    x, other = _t(np.arange(6)), _t(np.full(6, 0.5))
+    ptr = HARNESS.data_ptr(x)
+    assert scale_(x, other, 3.0) is None
+    assert HARNESS.data_ptr(x) == ptr, "the mutated argument must keep its memory"
+    np.testing.assert_array_equal(_np(x), np.arange(6) * 3.0 + 0.5)
+    np.testing.assert_array_equal(_np(ms.ops.add(x, 1)), np.arange(6) * 3.0 + 1.5)
+
+
+def test_mutation_waits_for_queued_readers(toy: opbridge.Library) -> None:
+    """A queued MindSpore op reading the argument must see it as it was when queued."""
+    scale_ = toy.ops["scale_"].call
+    a = np.random.default_rng(4).standard_normal((300, 300)).astype(np.float32)
+    x = Tensor(a)
+    reader = ms.ops.matmul(x, x)
+    scale_(x, Tensor(np.zeros_like(a)), 0.0)
+    np.testing.assert_allclose(reader.asnumpy(), a @ a, rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(_np(x), np.zeros_like(a))
+
+
+def test_mutated_argument_aliasing_another_input_is_rejected(toy: opbridge.Library) -> None:
+    scale_ = toy.ops["scale_"].call
+    x = _t(np.ones(8))
+    with pytest.raises(ValueError, match="scale_: mutated argument 'x' overlaps argument 'other'"):
+        scale_(x, x, 2.0)
+
+
+def test_mutating_op_refuses_gradient_recording_and_graphs(toy: opbridge.Library) -> None:
+    scale_ = toy.ops["scale_"].call
+    x, other = _t(np.ones(3)), _t(np.ones(3))
+
+    def f(a: Any) -> Any:
+        scale_(a, other, 2.0)
+        return a.sum()
+
+    with pytest.raises(RuntimeError, match="scale_: mutates 'x' in place and declares no backward"):
+        ms.grad(f)(x)
+    with pytest.raises(NotImplementedError, match="scale_: cannot be used inside a MindSpore graph"):
+        ms.jit(f)(x)
+
+
+# ---------------------------------------------------------------------------
+# bad input
+# ---------------------------------------------------------------------------
+
+BadCall = Callable[[], Any]
+BAD_INPUTS: list[tuple[str, BadCall, type[Exception], str]] = [
+    ("dtype", lambda: ops.rms_norm(_t(np.ones((2, 4)), np.int32), _t(np.ones(4))), TypeError,
+     r"rms_norm: x must have dtype"),
+    ("float64", lambda: ops.gelu(_t(np.ones(3), np.float64)), TypeError, r"gelu: x must have dtype"),
+    ("mixed dtypes", lambda: ops.add(_t(np.ones(3)), _t(np.ones(3), np.float16)), TypeError,
+     r"add: y must have the same dtype as x"),
+    ("rank", lambda: ops.rms_norm(_t(np.ones((2, 4))), _t(np.ones((1, 4)))), ValueError, r"rms_norm: weight"),
+    ("size", lambda: ops.rms_norm(_t(np.ones((2, 64))), _t(np.ones(63))), ValueError,
+     r"rms_norm: weight must have size 64"),
+    ("mismatch", lambda: ops.add(_t(np.ones(3)), _t(np.ones(4))), ValueError, r"add: y must have the same shape"),
+    ("non-contiguous", lambda: ops.gelu(_t(np.ones((4, 6))).T), ValueError, r"gelu: x must be contiguous"),
+    ("eps < 0", lambda: ops.rms_norm(_t(np.ones((2, 4))), _t(np.ones(4)), -1.0), ValueError,
+     r"rms_norm: eps must be >= 0"),
+    ("missing", lambda: ops.rms_norm(_t(np.ones((2, 4)))), TypeError, r"rms_norm\(\) missing .*'weight'"),
+    ("wrong scalar type", lambda: ops.rms_norm(_t(np.ones((2, 4))), _t(np.ones(4)), "big"), TypeError,
+     r"rms_norm: argument 'eps' must be float, got str"),
+    ("not a tensor", lambda: ops.add(_t(np.ones(2)), [1.0, 2.0]), TypeError,
+     r"add: argument 'y' must be a mindspore.Tensor, got list"),
+]
+
+
+@pytest.mark.parametrize(("case", "call", "exc", "pattern"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_raises_named_error(case: str, call: BadCall, exc: type[Exception], pattern: str) -> None:
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+GRAPH_BAD_INPUTS: list[tuple[str, Callable[..., Any], tuple[Any, ...], type[Exception], str]] = [
+    ("dtype", lambda x, w: ops.rms_norm(x, w), (np.int32, (2, 4), (4,)), TypeError, r"rms_norm: x must have dtype"),
+    ("size", lambda x, w: ops.rms_norm(x, w), (np.float32, (2, 64), (63,)), ValueError,
+     r"rms_norm: weight must have size 64"),
+    ("eps < 0", lambda x, w: ops.rms_norm(x, w, -1.0), (np.float32, (2, 4), (4,)), ValueError,
+     r"rms_norm: eps must be >= 0"),
+    ("mismatch", lambda x, w: ops.add(x, w), (np.float32, (3,), (4,)), ValueError,
+     r"add: y must have the same shape"),
+]
+
+
+@pytest.mark.parametrize(("case", "fn", "spec", "exc", "pattern"), GRAPH_BAD_INPUTS,
+                         ids=[c[0] for c in GRAPH_BAD_INPUTS])
+def test_bad_input_in_graphs_raises_named_error(case: str, fn: Callable[..., Any], spec: tuple[Any, ...],
+                                                exc: type[Exception], pattern: str) -> None:
+    """Raised while compiling, from the kernel's own checks (the dry run in shape inference)."""
+    dtype, xs, ws = spec
+    x = Tensor(np.ones(xs, dtype))
+    w = Tensor(np.ones(ws, np.float32 if case != "mismatch" else dtype))
+    with pytest.raises(exc, match=pattern):
+        ms.jit(adapter.parseable(fn))(x, w)
+    with pytest.raises(exc, match=pattern):  # PyNative while recording gradients: the same primitive
+        ms.grad(lambda a, b: fn(a, b).sum())(x, w)
+
+
+def test_kernel_errors_at_graph_run_time_raise_cleanly(monkeypatch: pytest.MonkeyPatch,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Past the dry run (large inputs), a kernel error is a nonzero status: RuntimeError, no abort."""
+    monkeypatch.setattr(aot, "DRY_RUN_MAX_BYTES", 0)
+    x, w = Tensor(np.ones((2, 4), np.float32)), Tensor(np.ones(4, np.float32))
+
+    @ms.jit
+    def f(a: Any, b: Any) -> Any:
+        return ops.rms_norm(a, b, -2.0)
+
+    with pytest.raises(RuntimeError, match="opb_ms_rms_norm"):
+        f(x, w)
+    assert "opbridge: ValueError: rms_norm: eps must be >= 0" in capfd.readouterr().err
+    # the process is fine: the next call works
+    @ms.jit
+    def g(a: Any, b: Any) -> Any:
+        return ops.rms_norm(a, b, 0.0)
+
+    np.testing.assert_allclose(_np(g(x, w)), np.ones((2, 4)))
+
+
+def test_unsupported_array_type() -> None:
+    with pytest.raises(TypeError, match=r"add: argument 'x' must be an array"):
+        ops.add([1.0], [2.0])
+
+
+# ---------------------------------------------------------------------------
+# harness
+# ---------------------------------------------------------------------------
+
+
+def test_harness_roundtrip_and_vjp() -> None:
+    assert HARNESS.skip_reason() is None
+    a = np.linspace(-1, 1, 6).reshape(2, 3)
+    for dtype in HARNESS.dtypes:
+        t = HARNESS.from_numpy(a, dtype)
+        assert str(t.dtype).lower() == dtype
+        assert HARNESS.to_numpy(t).dtype == np.float32
+        assert HARNESS.data_ptr(t) == t.data_ptr()
+    grads = HARNESS.vjp(lambda x, y: ops.add(x, y), [_t(a), _t(a)], [1], np.full((2, 3), 3.0))
+    np.testing.assert_array_equal(grads[0], np.full((2, 3), 3.0))
+    compiled = HARNESS.compile(lambda x: ops.gelu(x) * 2)
+    assert compiled is not None
+    assert_close(_np(compiled(_t(a))), 2 * ops.gelu.reference(a), rtol=1e-5, atol=1e-6)
