@@ -9,6 +9,7 @@ file runs in its own environment::
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,18 @@ void split_sum_cpu(TensorView sums, TensorView count, TensorView x) {
 }
 OPBRIDGE_EXPORT(split_sum_cpu);
 """
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_failure_dumps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """MindSpore writes ``rank_0/om/analyze_fail.ir`` for each failed compile, by default into the cwd."""
+    old = os.environ.get("MS_OM_PATH")
+    os.environ["MS_OM_PATH"] = str(tmp_path_factory.mktemp("ms_om"))
+    yield
+    if old is None:
+        os.environ.pop("MS_OM_PATH", None)
+    else:
+        os.environ["MS_OM_PATH"] = old
 
 
 @pytest.fixture(scope="module")
@@ -324,11 +337,12 @@ def test_scalar_arguments_and_lambda_backward(toy: opbridge.Library) -> None:
         _, pullback = ms.vjp(fn, x)
         (dx,) = pullback(g)
         np.testing.assert_allclose(_np(dx), -1.5 * np.ones(4))
-    # alpha reaches the kernel as a double in graphs too (as float32 it would round to 1.0)
+    # alpha reaches the kernel as a double in graphs too (as float32 it would round to 1.0). MindSpore
+    # keeps float literals of graph source in float32, so it comes in as an argument of the graph.
     y = _t(np.ones(2), np.float64)
-    compiled = HARNESS.compile(lambda a: affine(a, 1 + 2**-40, k=2) - 2)
+    compiled = HARNESS.compile(lambda a, alpha: affine(a, alpha, k=2) - 2)
     assert compiled is not None
-    assert _np(compiled(y)).tolist() == [2**-39, 2**-39]
+    assert _np(compiled(y, 1 + 2**-40)).tolist() == [2**-39, 2**-39]
     with pytest.raises(ValueError, match="affine: k must be > 0, got 0"):
         compiled = HARNESS.compile(lambda a: affine(a, 1.0, k=0))
         assert compiled is not None

@@ -142,14 +142,17 @@ def _on_tape_call(op: OpDef) -> Callable[..., Any]:
     if reason is None:
         fn = aot.graph_function(op)
         kw_names = [a.name for a in op.schema.arguments if a.kwarg_only]
-        if not kw_names:
-            return fn
         n_pos = len(op.schema.arguments) - len(kw_names)
 
-        def positional(*args: Any) -> Any:
-            return fn(*args[:n_pos], **dict(zip(kw_names, args[n_pos:])))
+        def recorded(*args: Any) -> Any:
+            # The primitive's own shape inference sees scalars only as tensors of unknown
+            # value; run the kernel's checks here, on the real arguments, instead.
+            validate_args(op, args, _is_tensor, "a mindspore.Tensor")
+            aot.check_call(op, args)
+            with aot.checked():
+                return fn(*args[:n_pos], **dict(zip(kw_names, args[n_pos:])))
 
-        return positional
+        return recorded
     if op.schema.is_mutating:
         names = [a.name for a in op.schema.mutated_args]
         message = (f"{op.name}: mutates {', '.join(repr(n) for n in names)} in place and declares no "

@@ -24,7 +24,7 @@ call). So each op gets, derived from its declaration:
    reach it only through MindSpore's C++ ``AotExtra`` class, whose ABI
    (``std::string`` arguments, old libstdc++ ABI) opbridge does not want to
    depend on. So a ``float`` argument travels as a 0-d float64 tensor
-   (``int`` as int64, ``bool`` as bool), made with ``ops.scalar_to_tensor``;
+   (``int`` as int64, ``bool`` as bool), made with ``Tensor(value, float64)``;
    the entry point reads it back and passes a tvm-ffi float/int/bool. No
    precision is lost and a scalar that varies at run time works too.
 
@@ -596,51 +596,75 @@ class _OpCustom(ops.Custom):  # type: ignore[misc]
         if len(args) != len(schema_args):
             raise TypeError(f"{op.name}: the graph primitive takes {len(schema_args)} inputs, got {len(args)}")
         metas: list[Any] = []
-        dry_inputs: list[Any] = []
-        dynamic = False
         for a, info in zip(schema_args, args):
-            shape = list(info["shape"])
             if a.type.is_tensor:
                 if not isinstance(info["dtype"], mstype.TensorType):
                     raise TypeError(f"{op.name}: argument '{a.name}' must be a mindspore.Tensor, "
                                     f"got {info['dtype']}")
-                dtype = ms_dtype(info["dtype"])
-                dynamic = dynamic or any(d < 0 for d in shape)
-                metas.append(_Meta(shape, dtype))
-                dry_inputs.append((shape, dtype))
+                metas.append(_Meta(info["shape"], ms_dtype(info["dtype"])))
             else:
+                # A constant's value is known while compiling; otherwise check with the default.
                 value = info.get("value")
                 if isinstance(value, Tensor):
                     value = value.asnumpy().reshape(()).item()
                 elif value is None:
                     value = a.default if a.has_default else (False if a.type.base == "bool" else 0)
                 metas.append(value)
-                dry_inputs.append(value)
-        specs = op.output_specs(metas)
+        specs = check_call(op, metas, dry_run=not getattr(_STATE, "checked", False))
         shapes = [list(s.shape) for s in specs]
-        dtypes = [ms_dtype(s.dtype) for s in specs]
-        for d in dtypes:
-            if d not in _DTYPES:
-                raise TypeError(f"{op.name}: output dtype {d} cannot be passed to a kernel")
-        dynamic = dynamic or any(d < 0 for s in shapes for d in s)
-        if not dynamic:
-            total = sum(int(np.prod(s, dtype=np.int64)) * _DTYPES[d][1] for s, d in zip(shapes, dtypes))
-            total += sum(int(np.prod(m.shape, dtype=np.int64)) * _DTYPES[m.dtype][1]
-                         for m in metas if isinstance(m, _Meta) and m.dtype in _DTYPES)
-            for m, a in zip(metas, schema_args):
-                if isinstance(m, _Meta) and m.dtype not in _DTYPES:
-                    raise TypeError(f"{op.name}: {a.name} has dtype {m.dtype}, which opbridge cannot "
-                                    "pass to a kernel")
-            if total <= DRY_RUN_MAX_BYTES:
-                self.aot.dry_run(op, dry_inputs, list(zip(shapes, dtypes)))
-            else:
-                self.aot.ready()
-        else:
-            self.aot.ready()
-        out_dtypes = [mstype.TensorType(d) for d in dtypes]
+        out_dtypes = [mstype.TensorType(ms_dtype(s.dtype)) for s in specs]
         if len(specs) == 1:
             return {"shape": shapes[0], "dtype": out_dtypes[0], "value": None}
         return {"shape": tuple(shapes), "dtype": tuple(out_dtypes), "value": None}
+
+
+_STATE = threading.local()
+
+
+def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True) -> tuple[Any, ...]:
+    """Output specs of *op* for *args*, after running its kernel's checks on them.
+
+    *args* are, in schema order, anything with ``.shape``/``.dtype`` for
+    tensors and Python values for scalars. Unless *dry_run* is false, the
+    shapes are static and inputs plus outputs fit in
+    :data:`DRY_RUN_MAX_BYTES`, the op's entry point runs on zero-filled
+    buffers of these shapes and dtypes and its error (``TypeError`` /
+    ``ValueError`` naming op and argument) is raised here. Builds the
+    wrapper module if needed.
+    """
+    module = aot_module(op.library)
+    specs = op.output_specs(args)
+    tensors = [(a, tuple(int(d) for d in x.shape), ms_dtype(x.dtype))
+               for a, x in zip(op.schema.arguments, args) if a.type.is_tensor]
+    outputs = [(tuple(int(d) for d in s.shape), ms_dtype(s.dtype)) for s in specs]
+    for a, _, dtype in tensors:
+        if dtype not in _DTYPES:
+            raise TypeError(f"{op.name}: {a.name} has dtype {dtype}, which opbridge cannot pass to a kernel")
+    for _, dtype in outputs:
+        if dtype not in _DTYPES:
+            raise TypeError(f"{op.name}: output dtype {dtype} cannot be passed to a kernel")
+    shapes = [s for _, s, _ in tensors] + [s for s, _ in outputs]
+    dynamic = any(d < 0 for s in shapes for d in s)
+    total = sum(int(np.prod(s, dtype=np.int64)) * _DTYPES[d][1] for _, s, d in tensors)
+    total += sum(int(np.prod(s, dtype=np.int64)) * _DTYPES[d][1] for s, d in outputs)
+    if dry_run and not dynamic and total <= DRY_RUN_MAX_BYTES:
+        inputs = [(tuple(x.shape), ms_dtype(x.dtype)) if a.type.is_tensor else x
+                  for a, x in zip(op.schema.arguments, args)]
+        module.dry_run(op, inputs, outputs)
+    else:
+        module.ready()
+    return specs
+
+
+class checked:  # noqa: N801 - used as ``with checked():``
+    """Within the block, primitives skip their dry run: the caller ran :func:`check_call` on the real values."""
+
+    def __enter__(self) -> None:
+        self.prev = getattr(_STATE, "checked", False)
+        _STATE.checked = True
+
+    def __exit__(self, *exc: object) -> None:
+        _STATE.checked = self.prev
 
 
 # ---------------------------------------------------------------------------
@@ -651,10 +675,15 @@ class _OpCustom(ops.Custom):  # type: ignore[misc]
 
 
 def _scalar_tensor(value: Any, dtype: Any) -> Any:
-    """A scalar argument as the 0-d tensor the AOT entry point reads."""
+    """A scalar argument as the 0-d tensor the AOT entry point reads.
+
+    ``Tensor(value, float64)`` keeps a double that a graph receives as an
+    argument (``ops.scalar_to_tensor`` rounds it to float32 there; MindSpore
+    keeps float literals written in graph source in float32 either way).
+    """
     if isinstance(value, Tensor):
         return value.astype(dtype)
-    return ops.scalar_to_tensor(value, dtype)
+    return Tensor(value, dtype)
 
 
 def _item(t: Any) -> Any:

@@ -2,23 +2,28 @@
 
 Eager (dygraph)
     tvm-ffi takes ``paddle.Tensor`` directly (DLPack exchange), so a call is
-    one ``empty_like``-style allocation per output and the kernel call, with
-    no copies. The call is a function generated per op with the schema's
-    arity, so the common case costs a few attribute reads.
+    one ``empty_like``-style allocation per output (on the input's place) and
+    the kernel call, with no copies. The call is a function generated per op
+    with the schema's arity, so the common case costs a few attribute reads.
+    ``out=`` writes into the caller's tensors.
 Autograd
     When grad is enabled and a tensor argument has ``stop_gradient=False`` the
     call goes through a ``paddle.autograd.PyLayer`` whose backward is the
     declared ``backward`` (opbridge ops on paddle tensors, dispatching back
     here). Ops without one raise when differentiated; mutating ops refuse to
     be called on tensors that need grad.
-``paddle.jit.to_static``
+``paddle.jit.to_static`` and ``paddle.static`` (PIR)
     Under PIR tracing the arguments are ``paddle.pir.Value``. The kernel call
     becomes a Python op (``_C_ops._run_python_op``, the primitive behind
     ``paddle.static.register_op``) that runs the eager call on the program's
     tensors at run time; its output metadata comes from the shape rule. With
     gradients it is wrapped in ``paddle.static.nn.static_pylayer`` whose
-    backward block is traced from the declared ``backward``. Mutating ops and
-    legacy ``Program``/``Variable`` graphs raise :class:`PaddleStaticError`.
+    backward block is traced from the declared ``backward``. Functional ops
+    are marked *unified* so SOT (``full_graph=False``) records them as graph
+    ops too; mutating ops are marked *force_dynamic* (SOT runs them eagerly)
+    and raise :class:`PaddleStaticError` in a full graph, as do legacy
+    ``Program``/``Variable`` graphs. Programs holding opbridge ops cannot be
+    serialised (``paddle.jit.save``): Python ops hold Python callables.
 """
 
 from __future__ import annotations
@@ -378,6 +383,21 @@ class PaddleAdapter:
     name = "paddle"
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        """The call of *op* for arguments of *array_type*.
+
+        Parameters
+        ----------
+        op
+            The op's declaration.
+        array_type
+            ``paddle.Tensor`` (or a subclass such as a parameter) for eager
+            calls, ``paddle.pir.Value`` while a static program is traced.
+
+        Returns
+        -------
+        Callable
+            Takes the op's arguments positionally in schema order.
+        """
         # An op's first call may happen while SOT traces: its frame hook would then
         # translate everything this runs (imports, the kernel build). Switch it off.
         old = _core.set_eval_frame(None)
@@ -401,7 +421,22 @@ class PaddleAdapter:
                         f"{array_type.__module__}.{array_type.__qualname__}")
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
-        """Run *op* into the caller's tensors *outs* (``out=``, checked by the kernel); no autograd."""
+        """Run *op* into the caller's tensors *outs* (``out=``); no autograd, eager only.
+
+        Parameters
+        ----------
+        op
+            The op's declaration.
+        args
+            Its arguments in schema order.
+        outs
+            One paddle tensor per new output, checked by the kernel.
+
+        Returns
+        -------
+        Any
+            The op's results per schema, *outs* themselves for new outputs.
+        """
         if any(isinstance(v, _VALUE) for v in (*args, *outs)):
             raise PaddleStaticError(f"{op.name}: out= cannot be used under paddle.jit.to_static (it writes "
                                     f"into existing tensors); use the returned tensor instead")
