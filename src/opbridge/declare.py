@@ -16,6 +16,7 @@ matrix, benchmarks and generated wrappers -- is derived from the
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import keyword
 import sys
@@ -52,6 +53,9 @@ class like:  # noqa: N801 - reads as a phrase: shape=like("x")
     def __repr__(self) -> str:
         return f"like({', '.join(map(repr, self.names))})"
 
+
+#: Adapters that register ops with their framework as soon as they are declared.
+_DECLARE_TIME_ADAPTERS = ("torch", "paddle")
 
 #: Default per-dtype tolerances ``(rtol, atol)``; see ``opbridge.testing.TOLERANCES``.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -367,14 +371,14 @@ class Library:
         )
         op.call = _make_callable(op)
         self.ops[name] = op
-        if "torch" in sys.modules:
-            # torch is in use: register now, so torch.ops and Dynamo know the op
-            # even if its first call is inside torch.compile.
-            adapter = sys.modules.get("opbridge.adapters.torch")
+        for framework in _DECLARE_TIME_ADAPTERS:
+            if sys.modules.get(framework) is None:
+                continue
+            # The framework is in use: register now, so its graph tracers (Dynamo,
+            # Paddle's SOT) know the op even if its first call is inside a trace.
+            adapter = sys.modules.get(f"opbridge.adapters.{framework}")
             if adapter is None:
-                import importlib
-
-                importlib.import_module("opbridge.adapters.torch")  # registers every declared op
+                importlib.import_module(f"opbridge.adapters.{framework}")  # registers every declared op
             elif hasattr(adapter, "register"):
                 adapter.register(self)
         return op.call
