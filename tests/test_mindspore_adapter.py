@@ -198,7 +198,7 @@ def test_forward_matches_reference(op: opbridge.OpDef, dtype: str) -> None:
         got = _outs(op.call(*args))
         want = _reference(op, args)
         assert len(got) == len(want) == op.n_outputs
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert type(g) is Tensor, f"{op.name} must return mindspore.Tensor, got {type(g)}"
             assert g.dtype == args[op.dispatch_arg].dtype
             assert_close(_np(g), w, rtol=rtol, atol=atol, name=f"mindspore {op.name} {dtype}")
@@ -249,7 +249,7 @@ def _directional_check(op: opbridge.OpDef, fn: Callable[..., Any], label: str) -
     g = rng.standard_normal(out.shape).astype(np.float32)
     grads = HARNESS.vjp(fn, args, diff, g)
     base = [_np(a).astype(np.float64) if isinstance(a, Tensor) else a for a in args]
-    for i, grad in zip(diff, grads):
+    for i, grad in zip(diff, grads, strict=True):
         assert grad.shape == base[i].shape
         u = rng.standard_normal(base[i].shape)
 
@@ -358,7 +358,7 @@ def test_two_outputs_in_graph_mode(toy: opbridge.Library) -> None:
         s, n = split_sum(a)
         return s * 2, n
 
-    for s, n in (split_sum(x), f(x)):
+    for _, n in (split_sum(x), f(x)):
         assert n.dtype == ms.int64
         np.testing.assert_array_equal(_np(n), [3])
     np.testing.assert_array_equal(_np(f(x)[0]), [2, 10, 18])
@@ -378,7 +378,7 @@ def test_jit_forward_matches_pynative(op: opbridge.OpDef) -> None:
         want = _outs(op.call(*args))
         got = _outs(compiled(*args))
         assert len(got) == len(want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert_close(_np(g), _np(w), rtol=0, atol=0, name=f"ms.jit {op.name}")
 
 
@@ -433,6 +433,53 @@ def test_aot_wrapper_is_generated_from_the_schemas_and_cached() -> None:
     mod.ready()
     assert opb_jit.cached_artifact(mod.spec) == mod.path
     assert aot.AotModule(ops.LIBRARY).path == mod.path, "the wrapper's cache path depends on the schemas only"
+
+
+GROW_CC = """
+#include <opbridge/opbridge.h>
+using tvm::ffi::TensorView;
+void neg_cpu(TensorView out, TensorView x) {
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = -a[i];
+}
+OPBRIDGE_EXPORT(neg_cpu);
+void half_cpu(TensorView out, TensorView x) {
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 0.5f * a[i];
+}
+OPBRIDGE_EXPORT(half_cpu);
+"""
+
+
+def test_library_declaring_more_ops_after_registration(tmp_path: Path) -> None:
+    """Each declaration re-registers (declare.py's hook); primitives made earlier stay valid."""
+    (tmp_path / "grow.cc").write_text(GROW_CC)
+    lib = opbridge.Library(f"opb_ms_grow_{next(_NS)}", sources=["grow.cc"], root=tmp_path)
+
+    @lib.op("neg(Tensor x) -> Tensor", shape=opbridge.like("x"), backward=lambda g, x: (neg(g),))
+    def neg(x: Any) -> Any:
+        return -x
+
+    adapter.register(lib)
+    early = adapter.custom_op(neg)
+    x = _t(np.arange(3))
+    np.testing.assert_array_equal(_np(ms.jit(adapter.parseable(lambda a: neg(a)))(x)), -np.arange(3))
+
+    @lib.op("half(Tensor x) -> Tensor", shape=opbridge.like("x"))
+    def half(x: Any) -> Any:
+        return 0.5 * x
+
+    adapter.register(lib)
+
+    @ms.jit
+    def f(a: Any) -> Any:
+        return half(neg(a))
+
+    np.testing.assert_array_equal(_np(f(x)), -0.5 * np.arange(3))
+    np.testing.assert_array_equal(_np(early(x)), -np.arange(3))
+    np.testing.assert_array_equal(_np(ms.grad(lambda a: neg(a).sum())(x)), -np.ones(3))
 
 
 # ---------------------------------------------------------------------------
@@ -496,7 +543,8 @@ BAD_INPUTS: list[tuple[str, BadCall, type[Exception], str]] = [
     ("rank", lambda: ops.rms_norm(_t(np.ones((2, 4))), _t(np.ones((1, 4)))), ValueError, r"rms_norm: weight"),
     ("size", lambda: ops.rms_norm(_t(np.ones((2, 64))), _t(np.ones(63))), ValueError,
      r"rms_norm: weight must have size 64"),
-    ("mismatch", lambda: ops.add(_t(np.ones(3)), _t(np.ones(4))), ValueError, r"add: y must have the same shape"),
+    ("mismatch", lambda: ops.add(_t(np.ones(3)), _t(np.ones(4))), ValueError,
+     r"add: y must have the same shape"),
     ("non-contiguous", lambda: ops.gelu(_t(np.ones((4, 6))).T), ValueError, r"gelu: x must be contiguous"),
     ("eps < 0", lambda: ops.rms_norm(_t(np.ones((2, 4))), _t(np.ones(4)), -1.0), ValueError,
      r"rms_norm: eps must be >= 0"),
@@ -515,7 +563,8 @@ def test_bad_input_raises_named_error(case: str, call: BadCall, exc: type[Except
 
 
 GRAPH_BAD_INPUTS: list[tuple[str, Callable[..., Any], tuple[Any, ...], type[Exception], str]] = [
-    ("dtype", lambda x, w: ops.rms_norm(x, w), (np.int32, (2, 4), (4,)), TypeError, r"rms_norm: x must have dtype"),
+    ("dtype", lambda x, w: ops.rms_norm(x, w), (np.int32, (2, 4), (4,)), TypeError,
+     r"rms_norm: x must have dtype"),
     ("size", lambda x, w: ops.rms_norm(x, w), (np.float32, (2, 64), (63,)), ValueError,
      r"rms_norm: weight must have size 64"),
     ("eps < 0", lambda x, w: ops.rms_norm(x, w, -1.0), (np.float32, (2, 4), (4,)), ValueError,

@@ -361,7 +361,7 @@ class Library:
         op = OpDef(
             library=self,
             schema=schema,
-            kernels=dict(kernels) if kernels is not None else {"cpu": f"{name}_cpu"},
+            kernels=dict(kernels) if kernels is not None else self._default_kernels(name),
             shape=shape,
             reference=reference,
             backward=backward,
@@ -382,6 +382,13 @@ class Library:
             elif hasattr(adapter, "register"):
                 adapter.register(self)
         return op.call
+
+    def _default_kernels(self, name: str) -> dict[str, str]:
+        """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources."""
+        kernels = {"cpu": f"{name}_cpu"}
+        if self.sources_for("cuda"):
+            kernels["cuda"] = f"{name}_cuda"
+        return kernels
 
     # -- build / load -------------------------------------------------------
 

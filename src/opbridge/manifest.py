@@ -237,6 +237,7 @@ def _compile_expr(where: _Where, entry: _Map, text: str, schema: Schema,
         if not isinstance(node, _EXPR_NODES):
             raise where.error(entry, f"derivatives of {op}: {type(node).__name__} is not allowed in {text!r} "
                                      f"(use op calls, argument names, grad/grads[i], numbers and + - * / **)")
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             calls.add(_check_call(where, entry, node, schemas, op))
         elif isinstance(node, ast.Name) and node.id not in names and node.id not in calls:

@@ -14,7 +14,8 @@ ROWS = ((1,), (7,), (3, 5), (0,), (4, 1, 2), (65,))
 def advance_step(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
     """Batches of (num_seqs, num_queries, block_size, blocks per sequence), int tensors as vLLM has them."""
     out: list[dict[str, Any]] = []
-    for num_seqs, num_queries, block_size, width in ((1, 1, 16, 1), (7, 5, 4, 9), (33, 33, 16, 5), (4, 0, 8, 2)):
+    batches = ((1, 1, 16, 1), (7, 5, 4, 9), (33, 33, 16, 5), (4, 0, 8, 2))
+    for num_seqs, num_queries, block_size, width in batches:
         out.append({
             "num_seqs": num_seqs, "num_queries": num_queries, "block_size": block_size,
             "input_tokens": rng.integers(0, 32000, num_seqs).astype(np.int64),

@@ -44,7 +44,8 @@ def test_in_place_ops_mutate_and_return_none() -> None:
     tokens, positions, slots = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), \
         torch.zeros(2, dtype=torch.int64)
     tables = torch.tensor([[7, 8], [9, 10]], dtype=torch.int32)
-    ops.advance_step_flashattn(2, 2, 4, tokens, torch.tensor([[11], [12]]), positions, seq_lens, slots, tables)
+    sampled = torch.tensor([[11], [12]])
+    ops.advance_step_flashattn(2, 2, 4, tokens, sampled, positions, seq_lens, slots, tables)
     assert tokens.tolist() == [11, 12] and positions.tolist() == [3, 4] and seq_lens.tolist() == [4, 5]
     assert slots.tolist() == [7 * 4 + 3, 10 * 4 + 0]
 

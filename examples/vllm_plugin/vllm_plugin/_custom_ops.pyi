@@ -15,20 +15,20 @@ __all__ = [
 
 #: Any supported framework's array (torch.Tensor, numpy.ndarray, jax.Array, ...);
 #: an op returns arrays of the framework it was given.
-Tensor = TypeVar("Tensor")  # noqa: PYI001 - public: annotate with it
+_Tensor = TypeVar("_Tensor")
 
 def advance_step_flashattn(
     num_seqs: int,
     num_queries: int,
     block_size: int,
-    input_tokens: Tensor,
-    sampled_token_ids: Tensor,
-    input_positions: Tensor,
-    seq_lens: Tensor,
-    slot_mapping: Tensor,
-    block_tables: Tensor,
+    input_tokens: _Tensor,
+    sampled_token_ids: _Tensor,
+    input_positions: _Tensor,
+    seq_lens: _Tensor,
+    slot_mapping: _Tensor,
+    block_tables: _Tensor,
 ) -> None: ...
-def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-06) -> None: ...
-def scale_(x: Tensor, alpha: float) -> None: ...
-def silu_and_mul(x: Tensor, *, out: Tensor | None = None) -> Tensor: ...
-def silu_and_mul_backward(grad: Tensor, x: Tensor, *, out: Tensor | None = None) -> Tensor: ...
+def fused_add_rms_norm(x: _Tensor, residual: _Tensor, weight: _Tensor, eps: float = 1e-06) -> None: ...
+def scale_(x: _Tensor, alpha: float) -> None: ...
+def silu_and_mul(x: _Tensor, *, out: _Tensor | None = None) -> _Tensor: ...
+def silu_and_mul_backward(grad: _Tensor, x: _Tensor, *, out: _Tensor | None = None) -> _Tensor: ...

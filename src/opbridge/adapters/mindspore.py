@@ -104,7 +104,8 @@ def _eager_source(op: OpDef) -> str:
     lines.append("    try:")
     for i, a in enumerate(args):
         if a.type.is_tensor:
-            conv = f"_fd({a.name}.to_dlpack())"
+            # A tensor made with ``init=`` has no memory until init_data() (to_dlpack would crash).
+            conv = f"_fd(({a.name}.init_data() if {a.name}.has_init else {a.name}).to_dlpack())"
             if a.type.optional:
                 conv = f"None if {a.name} is None else {conv}"
             lines.append(f"        _a{i} = {conv}")
@@ -140,17 +141,17 @@ def _on_tape_call(op: OpDef) -> Callable[..., Any]:
     """What a call does while MindSpore records gradients: the recorded primitive, or a clear error."""
     reason = aot.unsupported_reason(op)
     if reason is None:
-        fn = aot.graph_function(op)
         kw_names = [a.name for a in op.schema.arguments if a.kwarg_only]
         n_pos = len(op.schema.arguments) - len(kw_names)
 
         def recorded(*args: Any) -> Any:
+            fn = aot.graph_function(op)
             # The primitive's own shape inference sees scalars only as tensors of unknown
             # value; run the kernel's checks here, on the real arguments, instead.
             validate_args(op, args, _is_tensor, "a mindspore.Tensor")
-            aot.check_call(op, args)
+            aot.check_call(op, args, module=fn.primitive.aot)  # type: ignore[attr-defined]
             with aot.checked():
-                return fn(*args[:n_pos], **dict(zip(kw_names, args[n_pos:])))
+                return fn(*args[:n_pos], **dict(zip(kw_names, args[n_pos:], strict=True)))
 
         return recorded
     if op.schema.is_mutating:
@@ -201,11 +202,15 @@ def register(lib: Library) -> None:
 
 def graph_function(op: OpDef | Callable[..., Any]) -> Callable[..., Any]:
     """The function MindSpore compiles in place of *op*'s public callable."""
-    return aot.graph_function(getattr(op, "opdef", op))
+    return aot.graph_function(aot._opdef(op))
 
 
 def parseable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """*fn*, or for a lambda an equivalent ``def`` MindSpore can compile (``ms.jit(parseable(lambda ...))``)."""
+    """*fn*, or for a lambda an equivalent ``def`` that MindSpore can compile.
+
+    ``ms.jit(lambda x: ...)`` fails in MindSpore ("Parse Lambda Function Fail")
+    unless the lambda stands alone on its line; ``ms.jit(parseable(lambda x: ...))`` works.
+    """
     return aot.parseable(fn)
 
 

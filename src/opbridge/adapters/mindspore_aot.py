@@ -25,8 +25,10 @@ call). So each op gets, derived from its declaration:
    (``std::string`` arguments, old libstdc++ ABI) opbridge does not want to
    depend on. So a ``float`` argument travels as a 0-d float64 tensor
    (``int`` as int64, ``bool`` as bool), made with ``Tensor(value, float64)``;
-   the entry point reads it back and passes a tvm-ffi float/int/bool. No
-   precision is lost and a scalar that varies at run time works too.
+   the entry point reads it back and passes a tvm-ffi float/int/bool. A
+   double handed to a graph as an argument keeps its precision (MindSpore
+   itself keeps float literals of graph source in float32), and a scalar
+   that varies at run time works too.
 
    *Errors.* A kernel error (``TypeError`` / ``ValueError`` with the op's and
    the argument's name) never aborts: the entry point catches it through
@@ -37,8 +39,9 @@ call). So each op gets, derived from its declaration:
    shape inference (run by MindSpore while compiling, in Python) calls the
    entry point once on zero-filled buffers of the inferred shapes, with the
    scalars' values when they are constants ("dry run"; cached per
-   signature, skipped above :data:`DRY_RUN_MAX_BYTES` and for dynamic
-   shapes), and raises that error from the compile.
+   signature, skipped above :data:`DRY_RUN_MAX_BYTES`), and raises that
+   error from the compile. A call recorded for gradients in PyNative mode
+   runs the same check on its real arguments first.
 
 2. **A graph substitute** with the op's exact Python signature, which calls
    the primitive. MindSpore's parser replaces any object found in
@@ -61,9 +64,11 @@ call). So each op gets, derived from its declaration:
    backward gets a bprop that raises ``NotImplementedError`` naming the op
    (MindSpore never silently returns zero gradients for it).
 
-Limits (the substitute raises ``NotImplementedError`` while compiling):
-ops that mutate arguments in place, ``Tensor?``, ``Tensor[]``, ``str``,
-list and ``ScalarType`` arguments. They still run eagerly in PyNative mode.
+Limits (``NotImplementedError`` while compiling): ops that mutate arguments
+in place, and ``Tensor?``, ``Tensor[]``, ``str``, list and ``ScalarType``
+arguments (they still run eagerly in PyNative mode); dynamic shapes
+(MindSpore re-infers an AOT op's shapes at run time only through a C++
+infer function, which a Python shape rule cannot provide).
 """
 
 from __future__ import annotations
@@ -91,17 +96,30 @@ from opbridge.build.compile import BuildSpec
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
 
-__all__ = ["DRY_RUN_MAX_BYTES", "custom_op", "graph_function", "unsupported_reason", "wrapper_source"]
+__all__ = [
+    "DRY_RUN_MAX_BYTES",
+    "AotModule",
+    "aot_module",
+    "check_call",
+    "checked",
+    "custom_op",
+    "graph_function",
+    "ms_dtype",
+    "parseable",
+    "register",
+    "unsupported_reason",
+    "wrapper_source",
+]
 
 #: Inputs plus outputs above this many bytes skip the compile-time dry run
 #: (errors then surface as MindSpore's RuntimeError when the graph runs).
 DRY_RUN_MAX_BYTES = 64 << 20
 
-#: schema scalar type -> (MindSpore dtype it travels as, C reader, tvm-ffi type index, union field)
-_SCALARS: dict[str, tuple[Any, str, str, str]] = {
-    "float": (mstype.float64, "read_float", "kTVMFFIFloat", "v_float64"),
-    "int": (mstype.int64, "read_int", "kTVMFFIInt", "v_int64"),
-    "bool": (mstype.bool_, "read_bool", "kTVMFFIBool", "v_int64"),
+#: schema scalar type -> (MindSpore dtype it travels as, reader in the generated C++)
+_SCALARS: dict[str, tuple[Any, str]] = {
+    "float": (mstype.float64, "read_float"),
+    "int": (mstype.int64, "read_int"),
+    "bool": (mstype.bool_, "read_bool"),
 }
 
 #: MindSpore dtype -> (name in the AOT ABI, bytes per element)
@@ -246,7 +264,8 @@ int tensor_arg(const char* op, const char* arg, int i, void** params, int* ndims
   DLDataType dt;
   if (!parse_dtype(dtypes[i], &dt)) {
     return fail("TypeError", std::string(op) + ": " + arg + " has dtype " +
-                                 (dtypes[i] ? dtypes[i] : "(null)") + ", which opbridge cannot pass to a kernel");
+                                 (dtypes[i] ? dtypes[i] : "(null)") +
+                                 ", which opbridge cannot pass to a kernel");
   }
   t->data = params[i];
   t->device = DLDevice{kDLCPU, 0};
@@ -390,12 +409,14 @@ def _entry_source(op: OpDef, k: int) -> str:
     calls = []
     ti = 0
     for j in range(n_out):
-        calls.append(f'tensor_arg(kOp, "output {j}", {n_in + j}, params, ndims, shapes, dtypes, &t[{ti}], &a[{j}])')
+        calls.append(f'tensor_arg(kOp, "output {j}", {n_in + j}, params, ndims, shapes, dtypes, '
+                     f'&t[{ti}], &a[{j}])')
         ti += 1
     for i, a in enumerate(args):
         slot = n_out + i
         if a.type.is_tensor:
-            calls.append(f'tensor_arg(kOp, "{a.name}", {i}, params, ndims, shapes, dtypes, &t[{ti}], &a[{slot}])')
+            calls.append(f'tensor_arg(kOp, "{a.name}", {i}, params, ndims, shapes, dtypes, '
+                         f'&t[{ti}], &a[{slot}])')
             ti += 1
         else:
             reader = _SCALARS[a.type.base][1]
@@ -443,6 +464,7 @@ class AotModule:
         from tvm_ffi import libinfo
 
         self.lib = lib
+        self.n_declared = len(lib.ops)
         self.ops = graph_ops(lib)
         self.index = {op.name: k for k, op in enumerate(self.ops)}
         tvm_lib_dir = Path(libinfo.find_libtvm_ffi()).parent
@@ -486,7 +508,8 @@ class AotModule:
             self._cdll = cdll
             return cdll
 
-    def dry_run(self, op: OpDef, inputs: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], Any]]) -> None:
+    def dry_run(self, op: OpDef, inputs: Sequence[Any],
+                outputs: Sequence[tuple[tuple[int, ...], Any]]) -> None:
         """Call *op*'s entry point on zero-filled buffers; raise the kernel's error, if any.
 
         *inputs* are ``(shape, dtype)`` for tensors and Python values for
@@ -494,17 +517,17 @@ class AotModule:
         """
         args = op.schema.arguments
         key = (op.name, tuple((tuple(x[0]), str(x[1])) if a.type.is_tensor else (a.type.base, x)
-                              for a, x in zip(args, inputs)),
+                              for a, x in zip(args, inputs, strict=True)),
                tuple((tuple(s), str(d)) for s, d in outputs))
         if key in self._dry_cache:
-            err = self._dry_cache[key]
-            if err is not None:
-                raise err
+            cached = self._dry_cache[key]
+            if cached is not None:
+                raise cached
             return
         bufs: list[np.ndarray] = []
         names: list[bytes] = []
         shapes: list[tuple[int, ...]] = []
-        for a, x in zip(args, inputs):
+        for a, x in zip(args, inputs, strict=True):
             if a.type.is_tensor:
                 shape, dtype = x
                 name, size = _DTYPES[ms_dtype(dtype)]
@@ -554,7 +577,8 @@ _MODULES: dict[str, AotModule] = {}
 def aot_module(lib: Library) -> AotModule:
     """The (not necessarily built) MindSpore wrapper module of *lib*."""
     mod = _MODULES.get(lib.namespace)
-    if mod is None or mod.lib is not lib or len(mod.ops) != len(graph_ops(lib)):
+    # A library may declare more ops later: its module then has more entry points.
+    if mod is None or mod.lib is not lib or mod.n_declared != len(lib.ops):
         with _LOCK:
             mod = AotModule(lib)
             _MODULES[lib.namespace] = mod
@@ -594,13 +618,19 @@ class _OpCustom(ops.Custom):  # type: ignore[misc]
         op = self.opdef
         schema_args = op.schema.arguments
         if len(args) != len(schema_args):
-            raise TypeError(f"{op.name}: the graph primitive takes {len(schema_args)} inputs, got {len(args)}")
+            raise TypeError(f"{op.name}: the graph primitive takes {len(schema_args)} inputs, "
+                            f"got {len(args)}")
         metas: list[Any] = []
-        for a, info in zip(schema_args, args):
+        for a, info in zip(schema_args, args, strict=True):
             if a.type.is_tensor:
                 if not isinstance(info["dtype"], mstype.TensorType):
                     raise TypeError(f"{op.name}: argument '{a.name}' must be a mindspore.Tensor, "
                                     f"got {info['dtype']}")
+                if any(d < 0 for d in info["shape"]):
+                    # MindSpore re-infers AOT ops of dynamic shape only through a C++ infer function.
+                    raise NotImplementedError(
+                        f"{op.name}: argument '{a.name}' has a dynamic shape {list(info['shape'])} in this "
+                        f"graph; opbridge ops in MindSpore graphs need static shapes")
                 metas.append(_Meta(info["shape"], ms_dtype(info["dtype"])))
             else:
                 # A constant's value is known while compiling; otherwise check with the default.
@@ -610,7 +640,7 @@ class _OpCustom(ops.Custom):  # type: ignore[misc]
                 elif value is None:
                     value = a.default if a.has_default else (False if a.type.base == "bool" else 0)
                 metas.append(value)
-        specs = check_call(op, metas, dry_run=not getattr(_STATE, "checked", False))
+        specs = check_call(op, metas, dry_run=not getattr(_STATE, "checked", False), module=self.aot)
         shapes = [list(s.shape) for s in specs]
         out_dtypes = [mstype.TensorType(ms_dtype(s.dtype)) for s in specs]
         if len(specs) == 1:
@@ -621,7 +651,8 @@ class _OpCustom(ops.Custom):  # type: ignore[misc]
 _STATE = threading.local()
 
 
-def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True) -> tuple[Any, ...]:
+def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True,
+               module: AotModule | None = None) -> tuple[Any, ...]:
     """Output specs of *op* for *args*, after running its kernel's checks on them.
 
     *args* are, in schema order, anything with ``.shape``/``.dtype`` for
@@ -630,12 +661,12 @@ def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True) -> tuple[An
     :data:`DRY_RUN_MAX_BYTES`, the op's entry point runs on zero-filled
     buffers of these shapes and dtypes and its error (``TypeError`` /
     ``ValueError`` naming op and argument) is raised here. Builds the
-    wrapper module if needed.
+    wrapper module (*module*, default: the library's current one) if needed.
     """
-    module = aot_module(op.library)
+    module = module or aot_module(op.library)
     specs = op.output_specs(args)
     tensors = [(a, tuple(int(d) for d in x.shape), ms_dtype(x.dtype))
-               for a, x in zip(op.schema.arguments, args) if a.type.is_tensor]
+               for a, x in zip(op.schema.arguments, args, strict=True) if a.type.is_tensor]
     outputs = [(tuple(int(d) for d in s.shape), ms_dtype(s.dtype)) for s in specs]
     for a, _, dtype in tensors:
         if dtype not in _DTYPES:
@@ -649,7 +680,7 @@ def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True) -> tuple[An
     total += sum(int(np.prod(s, dtype=np.int64)) * _DTYPES[d][1] for s, d in outputs)
     if dry_run and not dynamic and total <= DRY_RUN_MAX_BYTES:
         inputs = [(tuple(x.shape), ms_dtype(x.dtype)) if a.type.is_tensor else x
-                  for a, x in zip(op.schema.arguments, args)]
+                  for a, x in zip(op.schema.arguments, args, strict=True)]
         module.dry_run(op, inputs, outputs)
     else:
         module.ready()
@@ -657,7 +688,7 @@ def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True) -> tuple[An
 
 
 class checked:  # noqa: N801 - used as ``with checked():``
-    """Within the block, primitives skip their dry run: the caller ran :func:`check_call` on the real values."""
+    """Within the block primitives skip their dry run: the caller ran :func:`check_call` on real values."""
 
     def __enter__(self) -> None:
         self.prev = getattr(_STATE, "checked", False)
@@ -766,7 +797,7 @@ def _redefine_lambda(fn: Any, name: str) -> tuple[str, dict[str, Any]] | None:
     params, body = found
     code = fn.__code__
     free: dict[str, Any] = {n: fn.__globals__[n] for n in _global_names(code) if n in fn.__globals__}
-    for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
+    for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
         free[var] = cell.cell_contents
     return f"    def {name}({params}):\n        return {body}\n", free
 
@@ -843,7 +874,8 @@ def _factory_source(op: OpDef, backward_src: str, closure: Sequence[str]) -> str
         bargs = [a.name if a.type.is_tensor else f"_opb_item({a.name})" for a in args]
         n_tensor = sum(1 for a in args if a.type.is_tensor)
         msg = f"{op.name}: backward must return one gradient per Tensor argument ({n_tensor}), got "
-        lines.append(f"        _g = _opb_checked(_backward({', '.join([*douts, *bargs])}), {n_tensor}, {msg!r})")
+        call = f"_backward({', '.join([*douts, *bargs])})"
+        lines.append(f"        _g = _opb_checked({call}, {n_tensor}, {msg!r})")
         grads = []
         k = 0
         for a in args:
@@ -891,7 +923,7 @@ def _build_graph(op: OpDef) -> tuple[Callable[..., Any], _OpCustom | None]:
     if supported and op.backward is not None:
         backward_src, free = _graph_backward(op, op.backward)
         values.update(free)
-    closure = sorted(values) + ["_opb_prim"]
+    closure = [*sorted(values), "_opb_prim"]
     text = (f"# Generated by opbridge.adapters.mindspore_aot for {op.qualname}: {op.schema}\n"
             f"# MindSpore's graph compiler parses this file. Do not edit.\n\n"
             + _factory_source(op, backward_src, closure))
@@ -916,11 +948,19 @@ def graph_function(op: OpDef) -> Callable[..., Any]:
     """The graph substitute of *op*: its Python signature, calling its ``ops.Custom`` primitive."""
     key = op.qualname
     entry = _GRAPH.get(key)
-    if entry is None or entry[0].opdef is not op:  # type: ignore[attr-defined]
+    # Rebuilt when the library declared more ops since: the primitive names the module's path.
+    if (entry is None or entry[0].opdef is not op  # type: ignore[attr-defined]
+            or (entry[1] is not None and entry[1].aot is not aot_module(op.library))):
         with _LOCK:
             entry = _build_graph(op)
             _GRAPH[key] = entry
     return entry[0]
+
+
+def _opdef(op: OpDef | Callable[..., Any]) -> OpDef:
+    """The OpDef of a public op callable (or *op* itself)."""
+    found: OpDef = getattr(op, "opdef", None) or op  # type: ignore[assignment]
+    return found
 
 
 def custom_op(op: OpDef | Callable[..., Any]) -> _OpCustom:
@@ -930,7 +970,7 @@ def custom_op(op: OpDef | Callable[..., Any]) -> _OpCustom:
     tensors (float64 / int64 / bool), and carries the bprop derived from the
     declared backward. Usable in PyNative and graph mode.
     """
-    opdef: OpDef = getattr(op, "opdef", op)  # type: ignore[assignment]
+    opdef = _opdef(op)
     reason = unsupported_reason(opdef)
     if reason is not None:
         raise NotImplementedError(f"{opdef.name}: has no MindSpore graph primitive: {reason}")

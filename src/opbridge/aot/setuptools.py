@@ -40,7 +40,7 @@ from opbridge.errors import DeclarationError
 try:  # setuptools >= 70.1 ships bdist_wheel
     from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel
 except ImportError:  # pragma: no cover - older setuptools with the wheel package
-    from wheel.bdist_wheel import bdist_wheel as _bdist_wheel  # type: ignore[no-redef]
+    from wheel.bdist_wheel import bdist_wheel as _bdist_wheel  # type: ignore[no-redef,unused-ignore]
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["BdistWheelAnyPython", "BuildOpbridgeExt", "OpbridgeExtension", "cmdclass", "opbridge_extension"]
 
 
-class OpbridgeExtension(Extension):
+class OpbridgeExtension(Extension):  # type: ignore[misc,unused-ignore]
     """A setuptools extension built from a declared library instead of a source list.
 
     Parameters
@@ -129,7 +129,7 @@ def load_declared_library(ext: OpbridgeExtension, source_root: str | Path) -> Li
     return libs[0]
 
 
-class BuildOpbridgeExt(build_ext):
+class BuildOpbridgeExt(build_ext):  # type: ignore[misc,unused-ignore]
     """``build_ext`` that builds :class:`OpbridgeExtension` modules with opbridge's ninja build.
 
     Other extensions in the same ``setup()`` are built as usual.
@@ -165,7 +165,7 @@ class BuildOpbridgeExt(build_ext):
         print(f"opbridge: built {len(lib.ops)} ops of {lib.namespace!r} into {path}")
 
 
-class BdistWheelAnyPython(_bdist_wheel):
+class BdistWheelAnyPython(_bdist_wheel):  # type: ignore[misc,unused-ignore]
     """``bdist_wheel`` tagging the wheel ``py3-none-<platform>`` (see the module docstring)."""
 
     def finalize_options(self) -> None:

@@ -25,19 +25,19 @@ def header(lib: Library, declarations: str, out_name: str) -> str:
     )
 
 
-def _params(op: OpDef) -> list[str]:
+def _params(op: OpDef, tensor: str) -> list[str]:
     out: list[str] = []
     star = False
     for a in op.schema.arguments:
         if a.kwarg_only and not star:
             out.append("*")
             star = True
-        text = f"{a.name}: {annotation(a.type)}"
+        text = f"{a.name}: {annotation(a.type, tensor)}"
         if a.default is not NO_DEFAULT:
             text += f" = {a.default!r}"
         out.append(text)
     if accepts_out(op):
-        kind = TENSOR if op.n_outputs == 1 else f"tuple[{', '.join([TENSOR] * op.n_outputs)}]"
+        kind = tensor if op.n_outputs == 1 else f"tuple[{', '.join([tensor] * op.n_outputs)}]"
         out += ([] if star else ["*"]) + [f"out: {kind} | None = None"]
     return out
 
@@ -47,10 +47,13 @@ def accepts_out(op: OpDef) -> bool:
     return bool(getattr(op, "accepts_out", False))
 
 
-def signature(op: OpDef) -> str:
-    """``def name(params) -> ret:``, one parameter per line when it would be too long."""
-    ret = returns_annotation(op.schema.returns)
-    params = _params(op)
+def signature(op: OpDef, tensor: str = TENSOR) -> str:
+    """``def name(params) -> ret:``, one parameter per line when it would be too long.
+
+    *tensor* names the type variable of Tensor arguments (stubs want it private).
+    """
+    ret = returns_annotation(op.schema.returns, tensor)
+    params = _params(op, tensor)
     one_line = f"def {op.name}({', '.join(params)}) -> {ret}:"
     if len(one_line) <= _WIDTH:
         return one_line
@@ -137,7 +140,7 @@ def render_stub(lib: Library, declarations: str, out_name: str) -> str:
         header(lib, declarations, out_name),
         _typing_imports(lib, set()) + "\n",
         _all(ops),
-        _TENSOR_DOC + f'{TENSOR} = TypeVar("{TENSOR}")  # noqa: PYI001 - public: annotate with it\n',
+        _TENSOR_DOC + f'_{TENSOR} = TypeVar("_{TENSOR}")\n',
     ]
-    parts += [f"{signature(op)} ..." for op in ops]
+    parts += [f"{signature(op, tensor='_' + TENSOR)} ..." for op in ops]
     return "\n".join(parts) + "\n"

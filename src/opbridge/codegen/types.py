@@ -12,20 +12,20 @@ TENSOR = "Tensor"
 _SCALARS = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ScalarType": "Any"}
 
 
-def annotation(t: Type) -> str:
+def annotation(t: Type, tensor: str = TENSOR) -> str:
     """``Tensor``, ``Tensor | None``, ``Sequence[int]``, ``float``... for schema type *t*."""
-    base = TENSOR if t.base == "Tensor" else _SCALARS[t.base]
+    base = tensor if t.base == "Tensor" else _SCALARS[t.base]
     text = f"Sequence[{base}]" if t.is_list else base
     return f"{text} | None" if t.optional else text
 
 
-def returns_annotation(returns: tuple[Return, ...]) -> str:
+def returns_annotation(returns: tuple[Return, ...], tensor: str = TENSOR) -> str:
     """``None``, one annotation, or ``tuple[...]`` of them."""
     if not returns:
         return "None"
     if len(returns) == 1:
-        return annotation(returns[0].type)
-    return f"tuple[{', '.join(annotation(r.type) for r in returns)}]"
+        return annotation(returns[0].type, tensor)
+    return f"tuple[{', '.join(annotation(r.type, tensor) for r in returns)}]"
 
 
 def uses(schema: Schema) -> set[str]:

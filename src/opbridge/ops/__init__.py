@@ -2,86 +2,13 @@
 
 Each op is reachable as ``opbridge.ops.<name>`` (any supported framework's
 arrays) and, once torch is in use, as ``torch.ops.opbridge.<name>``.
-Kernels live in ``opbridge/csrc``; the references below are the declarations.
+Kernels live in ``opbridge/csrc`` (every file there is compiled into the
+library); the NumPy references in the modules below are the declarations.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
-from opbridge.declare import Library, like
-
-LIBRARY = Library(
-    "opbridge",
-    sources=["../csrc/add.cc", "../csrc/gelu.cc", "../csrc/rms_norm.cc"],
-    prebuilt="opbridge._C_ops",
-    python_module="opbridge.ops",
-)
-
-_SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
-
-
-@LIBRARY.op(
-    "add(Tensor x, Tensor y) -> Tensor",
-    shape=like("x"),
-    backward=lambda grad, x, y: (grad, grad),
-)
-def add(x: Any, y: Any) -> Any:
-    """Elementwise ``x + y`` of two tensors of one shape and dtype (no broadcasting)."""
-    return x + y
-
-
-@LIBRARY.op(
-    "gelu(Tensor x) -> Tensor",
-    shape=like("x"),
-    backward=lambda grad, x: (gelu_backward(grad, x),),
-    tolerances={"float32": (1e-5, 2e-6)},
-)
-def gelu(x: Any) -> Any:
-    """GELU, tanh approximation: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
-    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
-
-
-@LIBRARY.op("gelu_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"),
-            tolerances={"float32": (1e-5, 2e-6)})
-def gelu_backward(grad: Any, x: Any) -> Any:
-    """Gradient of :func:`gelu` with respect to ``x``, times ``grad``."""
-    u = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
-    t = np.tanh(u)
-    du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x**2)
-    return grad * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
-
-
-def _rms_norm_backward(grad: Any, x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-    return rms_norm_backward(grad, x, weight, eps)  # type: ignore[no-any-return]
-
-
-@LIBRARY.op(
-    "rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor",
-    shape=like("x"),
-    backward=_rms_norm_backward,
-)
-def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
-    """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``."""
-    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    return x * r * weight
-
-
-@LIBRARY.op(
-    "rms_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps=1e-6) -> (Tensor, Tensor)",
-    shape=like("x", "weight"),
-    tolerances={"float32": (1e-4, 1e-5), "float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)},
-)
-def rms_norm_backward(grad: Any, x: Any, weight: Any, eps: float = 1e-6) -> tuple[Any, Any]:
-    """Gradients of :func:`rms_norm` with respect to ``x`` and ``weight``."""
-    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    xhat = x * r
-    gx = grad * weight
-    dx = r * (gx - xhat * np.mean(gx * xhat, axis=-1, keepdims=True))
-    dw = np.sum((grad * xhat).reshape(-1, x.shape[-1]), axis=0)
-    return dx, dw
-
+from opbridge.ops._library import LIBRARY
+from opbridge.ops.basic import add, gelu, gelu_backward, rms_norm, rms_norm_backward
 
 __all__ = ["LIBRARY", "add", "gelu", "gelu_backward", "rms_norm", "rms_norm_backward"]

@@ -59,12 +59,9 @@ def _ref_annotation(t: Type) -> str:
 
 
 def _params(spec: OpSpec) -> str:
+    """The reference's parameters: all positional, in schema order (how opbridge calls references)."""
     out: list[str] = []
-    star = False
     for a in spec.schema.arguments:
-        if a.kwarg_only and not star:
-            out.append("*")
-            star = True
         text = f"{a.name}: {_ref_annotation(a.type)}"
         if a.has_default:
             text += f" = {a.default!r}"

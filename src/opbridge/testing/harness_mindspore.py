@@ -62,7 +62,7 @@ class MindSporeHarness:
 
         def f(*diff: Any) -> Any:
             full = list(fixed)
-            for i, d in zip(argnums, diff):
+            for i, d in zip(argnums, diff, strict=True):
                 full[i] = d
             return fn(*full)
 

@@ -1,0 +1,16 @@
+"""The built-in library object; its kernel sources are every file in ``opbridge/csrc``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opbridge.declare import Library
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+
+LIBRARY = Library(
+    "opbridge",
+    sources=sorted([*CSRC.glob("*.cc"), *CSRC.glob("*.cu")]),
+    prebuilt="opbridge._C_ops",
+    python_module="opbridge.ops",
+)

@@ -1,0 +1,175 @@
+"""`opbridge new`: generated ops and projects build and pass their own tests as generated."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opbridge import scaffold
+from opbridge.scaffold import cli as scaffold_cli
+from opbridge.scaffold.kernel import render_kernel
+from opbridge.scaffold.spec import ScaffoldError
+
+GELU_PROTO = {  # seed 003's msopgen prototype
+    "op": "GELUCustom",
+    "input_desc": [{"name": "x", "type": "float16", "format": "ND", "dynamic_shape": True}],
+    "output_desc": [{"name": "y", "type": "float16", "format": "ND", "dynamic_shape": True}],
+    "attr": [],
+    "kernel_name": "gelu_custom",
+    "need_check_supported": True,
+}
+ADD_PROTO_YAML = """\
+- op: AddCustom
+  input_desc:
+    - {name: x, param_type: required, format: [ND], type: [fp16, float]}
+    - {name: y, param_type: required, format: [ND], type: [fp16, float]}
+  output_desc:
+    - {name: z, param_type: required, format: [ND], type: [fp16, float]}
+  attr:
+    - {name: axes, param_type: required, type: list_int}
+    - {name: alpha, param_type: optional, type: float, default_value: "1.0"}
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1"}
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=600)
+    assert res.returncode == 0, f"{cmd} in {cwd} failed:\n{res.stdout[-4000:]}\n{res.stderr[-3000:]}"
+    return res.stdout
+
+
+def test_generated_ops_build_and_pass_their_tests_and_benchmarks(tmp_path: Path) -> None:
+    out = tmp_path / "ops"
+    specs = [
+        scaffold.from_schema("pair_op", "(Tensor x, Tensor y, Tensor? w, float alpha=0.5, bool flag=True) "
+                                        "-> (Tensor, Tensor)", dtypes=("float32", "float16")),
+        scaffold.from_schema("bump_", "(Tensor(a!) x, int[] dims, str tag) -> ()",
+                             dtypes=("float32", "int32")),
+        scaffold.to_spec(GELU_PROTO),
+    ]
+    (tmp_path / "add.yaml").write_text(ADD_PROTO_YAML)
+    specs += [scaffold.to_spec(p) for p in scaffold.load_prototype(tmp_path / "add.yaml")]
+    for spec in specs:
+        scaffold.new_op(spec, out)
+    kinds = (("test_", ".py"), ("bench_", ".py"), ("", "_op.py"))
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(
+        f"{kind}{s.name}{ext}" for s in specs for kind, ext in kinds)
+    env = _env(tmp_path)
+    report = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", str(out)],
+                  out, env)
+    assert "passed" in report and "failed" not in report and "skipped" not in report, report
+    for spec in specs[:2]:
+        _run([sys.executable, f"bench_{spec.name}.py", "--quick", "--json", str(tmp_path / "b.json")],
+             out, env)
+        doc = json.loads((tmp_path / "b.json").read_text())
+        assert set(doc["results"]) >= {"opbridge (numpy)", "reference (numpy)"} and "machine" in doc
+
+
+def test_prototypes_map_to_schemas_and_dtypes(tmp_path: Path) -> None:
+    gelu = scaffold.to_spec(GELU_PROTO)
+    assert str(gelu.schema) == "gelu_custom(Tensor x) -> Tensor"
+    assert (gelu.dtypes, gelu.namespace) == (("float16",), "gelu_custom")
+    (tmp_path / "add.yaml").write_text(ADD_PROTO_YAML)
+    (add,) = [scaffold.to_spec(p) for p in scaffold.load_prototype(tmp_path / "add.yaml")]
+    assert str(add.schema) == "add_custom(Tensor x, Tensor y, int[] axes, float alpha=1.0) -> Tensor"
+    assert add.dtypes == ("float32", "float16")
+    (tmp_path / "bad.yaml").write_text(ADD_PROTO_YAML + "    - {name: k, type: int}\n")
+    with pytest.raises(ScaffoldError, match="attr k has no default but follows one that has"):
+        scaffold.to_spec(scaffold.load_prototype(tmp_path / "bad.yaml")[0])
+
+
+@pytest.mark.parametrize(("proto", "message"), [
+    ({"op": "Cat", "input_desc": [{"name": "xs", "param_type": "dynamic", "type": "float"}]}, "is dynamic"),
+    ({"op": "Mm", "input_desc": [{"name": "x", "type": "float16", "format": "FRACTAL_NZ"}]},
+     "FRACTAL_NZ' is a device-specific layout"),
+    ({"op": "Odd", "input_desc": [{"name": "x", "type": "int8"}]}, "dtype 'int8' has no CPU kernel type"),
+    ({"op": "Mix", "input_desc": [{"name": "x", "type": "float16"}, {"name": "i", "type": "int32"}]},
+     "the inputs share no dtype"),
+    ({"op": "Attr", "input_desc": [{"name": "x", "type": "float"}],
+      "attr": [{"name": "t", "type": "tensor"}]}, "type 'tensor' is not supported"),
+])
+def test_unsupported_prototypes_say_why(proto: dict[str, object], message: str) -> None:
+    with pytest.raises(ScaffoldError, match=message):
+        scaffold.to_spec(proto)
+
+
+@pytest.mark.parametrize(("name", "schema", "message"), [
+    ("cat", "(Tensor[] xs) -> Tensor", "argument .xs. has type Tensor\\[\\]"),
+    ("cast", "(Tensor x, ScalarType t) -> Tensor", "ScalarType"),
+    ("other", "named(Tensor x) -> Tensor", "the schema names the op 'named', the command 'other'"),
+    ("kw", "(Tensor x, int new) -> Tensor", "new are C\\+\\+ keywords"),
+])
+def test_unsupported_schemas_say_why(name: str, schema: str, message: str) -> None:
+    with pytest.raises(ScaffoldError, match=message):
+        spec = scaffold.from_schema(name, schema)
+        render_kernel(spec, "x.py")
+
+
+def test_kernel_validates_dispatches_and_exports() -> None:
+    spec = scaffold.from_schema("mix", "(Tensor x, Tensor? w, int numel, float op) -> Tensor",
+                                dtypes=("float32", "float16", "int64"))
+    text = render_kernel(spec, "mix_op.py")
+    assert "void mix_cpu(TensorView out, TensorView x, Optional<TensorView> w, int64_t numel, double op)" \
+        in text
+    assert 'const char* op_ = "mix";' in text, "locals are renamed away from argument names"
+    assert "OPB_CHECK_DTYPE(op_, x, opbridge::kFloat32, opbridge::kFloat16, opbridge::kInt64);" in text
+    assert '::opbridge::check_same_shape(op_, "w", w.value(), "x", x);' in text
+    assert "} else if (dtype == opbridge::kFloat16) {" in text and "run(int64_t{});" in text
+    assert "const int64_t numel_ = x.numel();" in text and text.rstrip().endswith("OPBRIDGE_EXPORT(mix_cpu);")
+
+
+def test_existing_files_are_not_overwritten(tmp_path: Path) -> None:
+    spec = scaffold.from_schema("once", None)
+    scaffold.new_op(spec, tmp_path)
+    with pytest.raises(ScaffoldError, match="refusing to overwrite"):
+        scaffold.new_op(spec, tmp_path)
+    scaffold.new_op(spec, tmp_path, force=True)
+
+
+def test_project_installs_with_pip_and_passes_its_tests_and_takes_new_ops(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    parser = argparse.ArgumentParser()
+    scaffold_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["new", "--project", "demo-plugin", "--out", str(tmp_path)])
+    assert args.func(args) == 0
+    root = tmp_path / "demo-plugin"
+    args = parser.parse_args(["new", "halve_", "--schema", "halve_(Tensor(a!) x, float by=2.0) -> ()",
+                              "--out", str(root)])
+    assert args.func(args) == 0
+    assert (root / "csrc" / "halve_.cc").is_file() and (root / "demo_plugin" / "ops" / "halve_.py").is_file()
+    wrappers = (root / "demo_plugin" / "_custom_ops.py").read_text()
+    assert "def halve_(x: Tensor, by: float = 2.0) -> None:" in wrappers and "def identity(" in wrappers
+    env = _env(tmp_path)
+    site = tmp_path / "site"
+    _run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+          "--target", str(site), str(root)], tmp_path, env)
+    assert sorted(p.name for p in (site / "demo_plugin").glob("*.so")) == ["_C_ops.so"]
+    report = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")], site,
+                  {**env, "PYTHONPATH": str(site)})
+    assert "failed" not in report and "skipped" not in report, report
+    assert not (tmp_path / "cache").exists(), "the installed project compiled at run time"
+
+
+def test_cli_from_prototype_and_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proto = tmp_path / "gelu_custom.json"
+    proto.write_text(json.dumps(GELU_PROTO))
+    parser = argparse.ArgumentParser()
+    scaffold_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["new", "--from", str(proto), "--out", str(tmp_path / "g")])
+    assert args.func(args) == 0
+    kernel = (tmp_path / "g" / "csrc" / "gelu_custom.cc").read_text()
+    assert "OPB_CHECK_DTYPE(op, x, opbridge::kFloat16);" in kernel
+    args = parser.parse_args(["new"])
+    assert args.func(args) == 2
+    args = parser.parse_args(["new", "x", "--dtypes", "float8"])
+    assert args.func(args) == 2
+    assert "unknown dtype(s) ['float8']" in capsys.readouterr().err
