@@ -30,6 +30,7 @@ from opbridge.errors import OpbridgeError
 BENCHES: dict[str, str] = {
     "overhead": "opbridge.bench.overhead",
     "build": "opbridge.bench.build",
+    "latency": "opbridge.bench.latency",
 }
 
 

@@ -1,0 +1,108 @@
+"""Tail latency of small ops beside a competing process.
+
+On a shared 2-core machine a busy neighbour takes one core. A kernel that
+forks an OpenMP team for a small input then waits for a worker that the
+scheduler has parked, and its p99 jumps from microseconds to milliseconds.
+This benchmark times each call individually (interleaving opbridge and torch
+call by call), first on a quiet machine, then with one process spinning on
+a core, and reports p50/p99/p99.9 for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+DESCRIPTION = ("Per-call latency percentiles (p50/p99/p99.9) of small built-in ops next to torch, "
+               "quiet and beside one busy competing process.")
+
+_SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``opbridge bench latency``."""
+    parser.add_argument("--calls", type=int, default=20000, help="calls per candidate and load (default 20000)")
+    parser.add_argument("--shape", default="8,4096", help="input shape (default 8,4096)")
+
+
+def _workloads(shape: tuple[int, ...]) -> dict[str, tuple[Any, Any]]:
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    from opbridge import ops
+
+    x, y = torch.randn(shape), torch.randn(shape)
+    w = torch.randn(shape[-1])
+    o1, o2 = torch.empty(shape), torch.empty(shape)
+    loads = {
+        "add": (lambda: ops.add(x, y, out=o1), lambda: torch.add(x, y, out=o2)),
+        "gelu": (lambda: ops.gelu(x, out=o1), lambda: F.gelu(x, approximate="tanh")),
+        "rms_norm": (lambda: ops.rms_norm(x, w, 1e-6, out=o1), lambda: F.rms_norm(x, (shape[-1],), w, 1e-6)),
+    }
+    for ours, theirs in loads.values():
+        np.testing.assert_allclose(ours().numpy(), theirs().numpy(), rtol=1e-4, atol=1e-4)
+    return loads
+
+
+def _measure(pair: tuple[Any, Any], calls: int) -> dict[str, dict[str, float]]:
+    ours, theirs = pair
+    t_ours = np.empty(calls)
+    t_theirs = np.empty(calls)
+    clock = time.perf_counter_ns
+    for i in range(calls):
+        t0 = clock()
+        ours()
+        t1 = clock()
+        theirs()
+        t2 = clock()
+        t_ours[i] = t1 - t0
+        t_theirs[i] = t2 - t1
+    return {name: {f"p{q}": float(np.percentile(v, q)) / 1e3 for q in (50, 99, 99.9)}
+            for name, v in (("opbridge", t_ours), ("torch", t_theirs))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure quiet, then beside one spinning process."""
+    from opbridge.bench.timing import machine_info
+
+    calls = 2000 if args.quick else args.calls
+    shape = tuple(int(s) for s in args.shape.split(","))
+    loads = _workloads(shape)
+    for ours, theirs in loads.values():  # warm up: build, page in, wake the thread pools
+        for _ in range(200):
+            ours()
+            theirs()
+    result: dict[str, Any] = {"benchmark": "latency", "machine": machine_info(), "shape": list(shape),
+                              "calls": calls, "unit": "us", "quiet": {}, "loaded": {}}
+    for name, pair in loads.items():
+        print(f"latency: {name} quiet", file=sys.stderr)
+        result["quiet"][name] = _measure(pair, calls)
+    spin = subprocess.Popen([sys.executable, "-c", _SPIN.format(seconds=600)])
+    try:
+        time.sleep(0.5)
+        for name, pair in loads.items():
+            print(f"latency: {name} beside a busy process", file=sys.stderr)
+            result["loaded"][name] = _measure(pair, calls)
+    finally:
+        spin.kill()
+        spin.wait()
+    result["p99_ratio_loaded"] = {n: r["opbridge"]["p99"] / r["torch"]["p99"] for n, r in result["loaded"].items()}
+    return result
+
+
+def format_text(result: dict[str, Any]) -> str:
+    """A table of percentiles per op, load and candidate."""
+    lines = [f"per-call latency, shape {tuple(result['shape'])}, {result['calls']} calls each (µs)",
+             f"{'op':10s} {'load':7s} {'candidate':9s} {'p50':>9s} {'p99':>9s} {'p99.9':>9s}"]
+    for load in ("quiet", "loaded"):
+        for op, by in result[load].items():
+            for cand, q in by.items():
+                lines.append(f"{op:10s} {load:7s} {cand:9s} {q['p50']:9.1f} {q['p99']:9.1f} {q['p99.9']:9.1f}")
+    lines.append("p99 opbridge/torch beside a busy process: " +
+                 ", ".join(f"{k} {v:.2f}" for k, v in result["p99_ratio_loaded"].items()))
+    return "\n".join(lines)
