@@ -172,7 +172,7 @@ def test_check_fails_on_stale_or_missing_files(declared: tuple[ModuleType, Path]
     with pytest.raises(StaleGeneratedFilesError) as err:
         codegen.generate(decl.LIB, tmp_path, check=True)
     assert err.value.paths == [stub]
-    assert "-def axpy(x: Tensor, y: Tensor, alpha: float = 3.0" in str(err.value)
+    assert "-def axpy(x: _Tensor, y: _Tensor, alpha: float = 3.0" in str(err.value)
     assert f"opbridge codegen --import {decl.__name__} --library {decl.LIB.namespace}" in str(err.value)
 
 

@@ -107,6 +107,7 @@ def test_unsupported_prototypes_say_why(proto: dict[str, object], message: str) 
     ("cast", "(Tensor x, ScalarType t) -> Tensor", "ScalarType"),
     ("other", "named(Tensor x) -> Tensor", "the schema names the op 'named', the command 'other'"),
     ("kw", "(Tensor x, int new) -> Tensor", "new are C\\+\\+ keywords"),
+    ("alias_", "(Tensor(a!) x) -> Tensor(a!)", "aliases an input, which torch.compile cannot functionalize"),
 ])
 def test_unsupported_schemas_say_why(name: str, schema: str, message: str) -> None:
     with pytest.raises(ScaffoldError, match=message):

@@ -30,6 +30,10 @@ fi
 export OPBRIDGE_CACHE_DIR="$WORK/cache" OPBRIDGE_NO_PROGRESS=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 now() { date +%s.%N; }
+quiet() {  # quiet LOG COMMAND...: run it with its output in LOG, shown (the end of it) only on failure
+  local log="$1"; shift
+  "$@" > "$log" 2>&1 || { tail -40 "$log"; return 1; }
+}
 TIMES=()
 step() {  # step LABEL COMMAND...: run it, record its wall time
   local label="$1"; shift
@@ -43,18 +47,19 @@ step() {  # step LABEL COMMAND...: run it, record its wall time
 
 V="$WORK/venv"
 step "create venv" "$PY" -m venv "$V"
-step "install build tools, numpy, $TORCH_REQ" \
+step "install build tools, numpy, $TORCH_REQ" quiet "$WORK/deps.log" \
   "$V/bin/pip" install -q ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "setuptools>=70.1" wheel build pytest numpy ninja pyyaml \
   "apache-tvm-ffi>=0.1.15,<0.2" "$TORCH_REQ"
-step "install opbridge from $REPO" "$V/bin/pip" install -q --no-build-isolation --no-deps ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "$REPO"
+step "install opbridge from $REPO" quiet "$WORK/opbridge.log" \
+  "$V/bin/pip" install -q --no-build-isolation --no-deps ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "$REPO"
 
 # Build from a copy, so that build/ and *.egg-info stay out of the source tree.
 rm -rf "$WORK/src" "$WORK/dist" "$WORK/tests"
 mkdir -p "$WORK/src"
 (cd "$HERE" && tar --exclude=build --exclude=dist --exclude='*.so' --exclude=__pycache__ \
   --exclude='*.egg-info' --exclude=rank_0 -cf - .) | tar -xf - -C "$WORK/src"
-step "build the wheel (python -m build)" bash -c "'$V/bin/python' -m build --wheel --no-isolation \
-  -o '$WORK/dist' '$WORK/src' > '$WORK/build.log' 2>&1 || { tail -40 '$WORK/build.log'; exit 1; }"
+step "build the wheel (python -m build)" quiet "$WORK/build.log" \
+  "$V/bin/python" -m build --wheel --no-isolation -o "$WORK/dist" "$WORK/src"
 WHEEL="$(ls "$WORK"/dist/*.whl)"
 echo "    wheel: $(basename "$WHEEL") ($(du -k "$WHEEL" | cut -f1) KiB)"
 step "install the wheel" "$V/bin/pip" install -q --no-deps "$WHEEL"
@@ -75,8 +80,9 @@ print(f\"    import + first call after import torch: {(time.perf_counter() - t0)
 if [[ -x "$MS_PY" ]] && "$MS_PY" -c "import mindspore" > /dev/null 2>&1; then
   # The MindSpore environment gets this checkout's opbridge and the wheel in a private
   # directory put first on its path; its own packages are left as they are.
-  step "install opbridge + wheel for MindSpore" "$MS_PY" -m pip install -q --no-deps --no-build-isolation \
-    ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} --target "$WORK/ms_site" "$REPO" "$WHEEL"
+  step "install opbridge + wheel for MindSpore" quiet "$WORK/ms_install.log" \
+    "$MS_PY" -m pip install -q --no-deps --no-build-isolation ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} \
+    --target "$WORK/ms_site" "$REPO" "$WHEEL"
   step "tests in MindSpore (separate process)" bash -c \
     "cd '$WORK' && PYTHONPATH='$WORK/ms_site' '$MS_PY' -m pytest -q -p no:cacheprovider tests/test_ops_mindspore.py"
 else

@@ -417,6 +417,12 @@ def _add_bench_parsers(sub: Any) -> None:
 # -- parser and entry point ----------------------------------------------------------
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from opbridge import demo
+
+    return demo.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``opbridge`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -454,6 +460,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_cmd_doctor)
 
+    from opbridge.aot import cli as aot_cli
+    from opbridge.codegen import cli as codegen_cli
+    from opbridge.scaffold import cli as scaffold_cli
+
+    aot_cli.register(sub)  # adds --aot / --out to `build`
+    codegen_cli.register(sub)  # `codegen`
+    scaffold_cli.register(sub)  # `new`
+    p = sub.add_parser("demo", help="the main job: build, check and time every op in every framework",
+                       description="Build the built-in library, run every op in each installed framework, "
+                                   "check it against its reference and time it against the framework's own op.",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of python -m opbridge.demo (see --help)")
+    p.set_defaults(func=_cmd_demo)
     _add_bench_parsers(sub)
     return parser
 

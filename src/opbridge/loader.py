@@ -50,7 +50,14 @@ def _prebuilt_path(lib: Library, device: str) -> Path | None:
         return None
     if spec is None or spec.origin is None:
         return None
-    return Path(spec.origin)
+    path = Path(spec.origin)
+    if lib.sources and all(s.exists() for s in lib.sources):
+        # A source tree (editable install): a module built from older sources is stale.
+        from opbridge.aot.build import is_current
+
+        if not is_current(lib, path, device):
+            return None
+    return path
 
 
 def build(lib: Library, device: str = "cpu", force: bool = False) -> Path:

@@ -54,7 +54,8 @@ from opbridge.declare import like
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
 
-__all__ = ["ADAPTER", "MindSporeAdapter", "custom_op", "graph_function", "parseable", "register"]
+__all__ = ["ADAPTER", "MindSporeAdapter", "custom_op", "graph_function", "graph_unsupported_reason",
+           "parseable", "register"]
 
 #: MindSpore dtype -> NumPy dtype of the output buffer (bfloat16 is handled apart)
 _NUMPY: dict[Any, Any] = {
@@ -205,6 +206,11 @@ def graph_function(op: OpDef | Callable[..., Any]) -> Callable[..., Any]:
     return aot.graph_function(aot._opdef(op))
 
 
+def graph_unsupported_reason(op: OpDef | Callable[..., Any]) -> str | None:
+    """Why *op* cannot run inside MindSpore graphs (and under gradient recording), or None."""
+    return aot.unsupported_reason(aot._opdef(op))
+
+
 def parseable(fn: Callable[..., Any]) -> Callable[..., Any]:
     """*fn*, or for a lambda an equivalent ``def`` that MindSpore can compile.
 
@@ -225,14 +231,53 @@ def custom_op(op: OpDef | Callable[..., Any]) -> Any:
     return aot.custom_op(op)
 
 
+def _dl(t: Tensor) -> Any:
+    """*t*'s memory as a tvm-ffi tensor, through MindSpore's DLPack export."""
+    if t.has_init:
+        t.init_data()
+    return tvm_ffi.from_dlpack(t.to_dlpack())
+
+
 class MindSporeAdapter:
     """Adapter for ``mindspore.Tensor`` (and ``Parameter``)."""
 
     name = "mindspore"
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        """The op's eager call on MindSpore tensors (see the module docstring)."""
         register(op.library)
         return _make_eager(op)
+
+    def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+        """Run *op* into the caller's tensors *outs* (``out=``); PyNative only, no gradients.
+
+        Parameters
+        ----------
+        op
+            The op's declaration.
+        args
+            Its arguments in schema order.
+        outs
+            One ``mindspore.Tensor`` per new output; the kernel checks shapes and dtypes.
+
+        Returns
+        -------
+        Any
+            The op's results per schema: *outs* themselves for new outputs.
+        """
+        validate_args(op, args, _is_tensor, "a mindspore.Tensor")
+        for i, o in enumerate(outs):
+            if not isinstance(o, Tensor):
+                raise TypeError(f"{op.name}: out[{i}] must be a mindspore.Tensor, got {type(o).__name__}")
+        if _requires_grad():
+            raise RuntimeError(f"{op.name}: out= writes into existing tensors, which MindSpore cannot "
+                               f"differentiate; call it outside mindspore.grad / value_and_grad or "
+                               f"without out=")
+        if op.schema.is_mutating:
+            check_no_alias(op, args, _span)
+        kernel_args = [_dl(a) if isinstance(a, Tensor) else a for a in args]
+        loader.kernel(op, "cpu")(*(_dl(o) for o in outs), *kernel_args)
+        return pack_results(op, args, outs)
 
 
 ADAPTER = MindSporeAdapter()

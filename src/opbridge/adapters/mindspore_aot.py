@@ -14,7 +14,9 @@ call). So each op gets, derived from its declaration:
    points of a library are generated into one C++ file and built with
    opbridge's build machinery (:class:`~opbridge.build.compile.BuildSpec`,
    :func:`opbridge.build.jit.build`, cached by content) into
-   ``<namespace>_ms_aot.so``. The wrapper does not link the kernel library:
+   ``<namespace>_ms_aot.so``, which is then published under a name derived
+   from the generated source (``ops.Custom`` names the file before it is
+   built). The wrapper does not link the kernel library:
    Python resolves each ``__tvm_ffi_<kernel>`` symbol in the already-loaded
    kernel module and hands the address to ``opb_ms_bind``, so the wrapper's
    source, and therefore its cache entry, depends on the schemas alone.
@@ -78,6 +80,7 @@ import ctypes
 import hashlib
 import inspect
 import os
+import shutil
 import threading
 import types
 from collections.abc import Callable, Sequence
@@ -286,7 +289,11 @@ int64_t numel(int ndim, const int64_t* shape) {
   return n;
 }
 
-int scalar_check(const char* op, const char* arg, int i, int* ndims, int64_t** shapes) {
+int scalar_check(const char* op, const char* arg, int i, void** params, int* ndims, int64_t** shapes,
+                 const char** dtypes) {
+  if (dtypes[i] == nullptr || params[i] == nullptr) {
+    return fail("ValueError", std::string(op) + ": scalar argument " + arg + " arrived without data");
+  }
   if (numel(ndims[i], shapes[i]) == 1) return 0;
   return fail("ValueError", std::string(op) + ": scalar argument " + arg +
                                 " must arrive as a one-element tensor");
@@ -294,7 +301,7 @@ int scalar_check(const char* op, const char* arg, int i, int* ndims, int64_t** s
 
 int read_float(const char* op, const char* arg, int i, void** params, int* ndims, int64_t** shapes,
                const char** dtypes, TVMFFIAny* a) {
-  if (scalar_check(op, arg, i, ndims, shapes)) return 1;
+  if (scalar_check(op, arg, i, params, ndims, shapes, dtypes)) return 1;
   a->type_index = kTVMFFIFloat;
   a->zero_padding = 0;
   if (std::strcmp(dtypes[i], "float64") == 0) {
@@ -310,7 +317,7 @@ int read_float(const char* op, const char* arg, int i, void** params, int* ndims
 
 int read_int(const char* op, const char* arg, int i, void** params, int* ndims, int64_t** shapes,
              const char** dtypes, TVMFFIAny* a) {
-  if (scalar_check(op, arg, i, ndims, shapes)) return 1;
+  if (scalar_check(op, arg, i, params, ndims, shapes, dtypes)) return 1;
   a->type_index = kTVMFFIInt;
   a->zero_padding = 0;
   if (std::strcmp(dtypes[i], "int64") == 0) {
@@ -326,7 +333,7 @@ int read_int(const char* op, const char* arg, int i, void** params, int* ndims, 
 
 int read_bool(const char* op, const char* arg, int i, void** params, int* ndims, int64_t** shapes,
               const char** dtypes, TVMFFIAny* a) {
-  if (scalar_check(op, arg, i, ndims, shapes)) return 1;
+  if (scalar_check(op, arg, i, params, ndims, shapes, dtypes)) return 1;
   if (std::strcmp(dtypes[i], "bool") != 0) {
     return fail("TypeError", std::string(op) + ": argument '" + arg + "' must be bool, got a " +
                                  dtypes[i] + " tensor");
@@ -451,13 +458,16 @@ def wrapper_source(lib: Library) -> str:
 
 
 class AotModule:
-    """*lib*'s wrapper module: where it will be built, and (once ready) its bound entry points.
+    """*lib*'s wrapper module: where MindSpore loads it from, and (once ready) its bound entry points.
 
-    Creating one computes the module's cache path without compiling, so that
-    ``ops.Custom`` primitives can name it; :meth:`ready` builds it (once,
-    cached), loads the kernel library and binds each entry to its kernel.
-    MindSpore infers shapes (:meth:`_OpCustom.__infer__`) before it loads an
-    AOT kernel, so inference calls :meth:`ready` first.
+    ``ops.Custom`` primitives name the module's path when they are created,
+    before anything is compiled, so the path depends on the generated source
+    alone: ``<cache>/mindspore/<namespace>_ms_aot-<source hash>.so``.
+    :meth:`ready` builds the source with :func:`opbridge.build.jit.build`
+    (whose cache key also covers headers, flags and toolchain), copies the
+    artifact to that path, loads the kernel library and binds each entry to
+    its kernel. MindSpore infers shapes (:meth:`_OpCustom.__infer__`) before
+    it loads an AOT kernel, so inference calls :meth:`ready` first.
     """
 
     def __init__(self, lib: Library) -> None:
@@ -466,19 +476,32 @@ class AotModule:
         self.lib = lib
         self.n_declared = len(lib.ops)
         self.ops = graph_ops(lib)
-        self.index = {op.name: k for k, op in enumerate(self.ops)}
+        text = wrapper_source(lib)
         tvm_lib_dir = Path(libinfo.find_libtvm_ffi()).parent
         self.spec = BuildSpec(
             name=f"{lib.namespace}_ms_aot",
             sources=(),
             device="cpu",
             ldflags=(f"-Wl,-rpath,{tvm_lib_dir}",),
-            generated=((f"{lib.namespace}_ms_aot.cc", wrapper_source(lib)),),
+            generated=((f"{lib.namespace}_ms_aot.cc", text),),
         )
-        # jit.build puts the artifact here; computing it needs no compiler run.
-        self.path = jit._entry_dir(self.spec) / f"{self.spec.name}.so"
+        digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+        self.path = cache_root() / "mindspore" / f"{self.spec.name}-{digest}.so"
         self._cdll: ctypes.CDLL | None = None
         self._dry_cache: dict[Any, BaseException | None] = {}
+
+    def _publish(self, built: Path) -> None:
+        """Make :attr:`path` a copy of the build artifact *built* (atomically; no-op when it is)."""
+        marker = self.path.with_name(self.path.name + ".from")
+        if self.path.is_file() and marker.is_file() and marker.read_text() == str(built):
+            return
+        self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        shutil.copyfile(built, tmp)
+        os.replace(tmp, self.path)
+        tmp_marker = marker.with_name(f".{marker.name}.tmp{os.getpid()}")
+        tmp_marker.write_text(str(built))
+        os.replace(tmp_marker, marker)
 
     def ready(self) -> ctypes.CDLL:
         """Build (or reuse) and load the module and bind its kernels; return it."""
@@ -487,11 +510,9 @@ class AotModule:
         with _LOCK:
             if self._cdll is not None:
                 return self._cdll
-            built = jit.build(self.spec)
-            if built.resolve() != self.path.resolve():
-                raise RuntimeError(f"opbridge: the MindSpore wrapper of {self.lib.namespace!r} was built at "
-                                   f"{built}, not at {self.path} (did OPBRIDGE_CACHE_DIR change?)")
-            cdll = ctypes.CDLL(str(built))
+            self._publish(jit.build(self.spec))
+            # A module of this path already loaded in this process is reused by the loader.
+            cdll = ctypes.CDLL(str(self.path))
             for name, restype in (("opb_ms_error_kind", ctypes.c_char_p),
                                   ("opb_ms_error_message", ctypes.c_char_p)):
                 getattr(cdll, name).restype = restype
@@ -504,7 +525,7 @@ class AotModule:
                 for k, op in enumerate(self.ops):
                     sym = getattr(kernels, f"__tvm_ffi_{op.kernels['cpu']}")
                     if cdll.opb_ms_bind(k, ctypes.cast(sym, ctypes.c_void_p).value) != 0:
-                        raise RuntimeError(f"opbridge: binding {op.name} in {built} failed")
+                        raise RuntimeError(f"opbridge: binding {op.name} in {self.path} failed")
             self._cdll = cdll
             return cdll
 
@@ -847,6 +868,12 @@ def _factory_source(op: OpDef, backward_src: str, closure: Sequence[str]) -> str
             params.append("*")
             kw = True
         params.append(a.name if a.default is NO_DEFAULT else f"{a.name}={a.default!r}")
+    out_check = ""
+    if getattr(op, "accepts_out", False):
+        # The public callable's out= (writing into existing tensors) has no graph equivalent.
+        params.append("out=None" if kw else "*, out=None")
+        msg = f"{op.name}: out= cannot be used inside a MindSpore graph; use the returned tensor(s)"
+        out_check = f"        if out is not None:\n            raise NotImplementedError({msg!r})\n"
     sig = ", ".join(params)
     names = [a.name for a in args]
     # Prefixed, so that it cannot shadow a name the (re-emitted) backward uses, e.g. the op itself.
@@ -861,7 +888,7 @@ def _factory_source(op: OpDef, backward_src: str, closure: Sequence[str]) -> str
         return "\n".join(lines)
     conv = [a.name if a.type.is_tensor else f"_opb_scalar_tensor({a.name}, _opb_{a.type.base}_dtype)"
             for a in args]
-    lines += [f"    def {sub}({sig}):", f"        return _opb_prim({', '.join(conv)})"]
+    lines += [f"    def {sub}({sig}):", out_check + f"        return _opb_prim({', '.join(conv)})"]
     if backward_src:
         lines.append(backward_src.rstrip("\n"))
     douts = ["dout"] if op.n_outputs == 1 else [f"dout[{j}]" for j in range(op.n_outputs)]

@@ -323,7 +323,13 @@ class _DynamoImportHook(importlib.abc.MetaPathFinder):
 def _checked(op: OpDef, packet: Any) -> Callable[..., Any]:
     """The dispatcher call, with torch's argument-parser errors turned into named TypeErrors."""
 
+    kw_only = [a.name for a in op.schema.arguments if a.kwarg_only]
+    n_pos = len(op.schema.arguments) - len(kw_only)
+
     def call(*args: Any, **kwargs: Any) -> Any:
+        if kw_only and len(args) > n_pos:  # opbridge passes everything positionally; torch.ops wants names
+            kwargs.update(zip(kw_only, args[n_pos:]))
+            args = args[:n_pos]
         try:
             return packet(*args, **kwargs)
         except RuntimeError as e:

@@ -16,6 +16,7 @@ import argparse
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     from opbridge.aot.build import build_aot, module_filename, module_name
 
     device = getattr(args, "device", "cpu")
+    if getattr(args, "verbose", False):
+        os.environ["OPBRIDGE_VERBOSE"] = "1"
     try:
         import_declarations(getattr(args, "imports", None) or [])
         libs = select_libraries(getattr(args, "library", None))

@@ -30,7 +30,9 @@ from opbridge.errors import OpbridgeError
 BENCHES: dict[str, str] = {
     "overhead": "opbridge.bench.overhead",
     "build": "opbridge.bench.build",
+    "kernels": "opbridge.bench.kernels",
     "latency": "opbridge.bench.latency",
+    "frameworks": "opbridge.bench.frameworks",
 }
 
 

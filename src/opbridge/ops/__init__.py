@@ -10,5 +10,28 @@ from __future__ import annotations
 
 from opbridge.ops._library import LIBRARY
 from opbridge.ops.basic import add, gelu, gelu_backward, rms_norm, rms_norm_backward
+from opbridge.ops.serving import (
+    advance_step_flashattn,
+    fused_add_rms_norm,
+    gelu_and_mul,
+    gelu_and_mul_backward,
+    rotary_embedding,
+    silu_and_mul,
+    silu_and_mul_backward,
+)
 
-__all__ = ["LIBRARY", "add", "gelu", "gelu_backward", "rms_norm", "rms_norm_backward"]
+__all__ = [
+    "LIBRARY",
+    "add",
+    "advance_step_flashattn",
+    "fused_add_rms_norm",
+    "gelu",
+    "gelu_and_mul",
+    "gelu_and_mul_backward",
+    "gelu_backward",
+    "rms_norm",
+    "rms_norm_backward",
+    "rotary_embedding",
+    "silu_and_mul",
+    "silu_and_mul_backward",
+]

@@ -102,6 +102,10 @@ def validate(schema: Schema) -> None:
     for r in schema.returns:
         if not r.type.is_tensor or r.type.optional:
             raise ScaffoldError(f"{schema.name}: only Tensor returns are supported, got {r.type}")
+        if r.type.alias is not None:
+            raise ScaffoldError(f"{schema.name}: the return {r.type} aliases an input, which torch.compile "
+                                f"cannot functionalize; return nothing (-> ()), as vLLM's in-place ops do: "
+                                f"the caller sees the mutation through the argument")
 
 
 def parse_dtypes(text: str | None) -> tuple[str, ...]:

@@ -73,19 +73,22 @@ class MindSporeHarness:
         return [self.to_numpy(g) for g in grads]
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
-        """*fn* under ``mindspore.jit`` (graph mode: opbridge ops run as ``ops.Custom`` aot primitives).
+        """*fn* under ``mindspore.jit`` (opbridge ops run as ``ops.Custom`` aot primitives), or None.
 
         MindSpore compiles a function from its source. A public op callable
         has none (it is generated), so its graph substitute, which has, is
         compiled in its place; a lambda is re-emitted as a ``def`` (MindSpore
         cannot parse a lambda inside a call). Python scalars are compile-time
-        constants.
+        constants. None for an op that graph mode cannot express (one that
+        mutates its arguments, or takes optional/list/str arguments).
         """
         import mindspore as ms
 
         from opbridge.adapters import mindspore as adapter
 
         opdef = getattr(fn, "opdef", None)
+        if opdef is not None and adapter.graph_unsupported_reason(opdef) is not None:
+            return None  # e.g. an op that mutates its arguments: graphs cannot express it
         fn = adapter.graph_function(opdef) if opdef is not None else adapter.parseable(fn)
         jitted: Callable[..., Any] = ms.jit(fn)
         return jitted

@@ -215,6 +215,21 @@ CASE_HINTS: dict[str, CaseHint] = {
     "opbridge::gelu_backward": elementwise_hint("grad", "x"),
     "opbridge::rms_norm": last_dim_hint(("x",), ("weight",)),
     "opbridge::rms_norm_backward": last_dim_hint(("grad", "x"), ("weight",)),
+    # serving ops (opbridge/ops/serving.py): x = [a | b] has twice the last dim of grad / the output
+    "opbridge::silu_and_mul": lambda dtype, rng: shaped_cases(
+        [{"x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
+    "opbridge::gelu_and_mul": lambda dtype, rng: shaped_cases(
+        [{"x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
+    "opbridge::silu_and_mul_backward": lambda dtype, rng: shaped_cases(
+        [{"grad": s, "x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
+    "opbridge::gelu_and_mul_backward": lambda dtype, rng: shaped_cases(
+        [{"grad": s, "x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
+    "opbridge::fused_add_rms_norm": last_dim_hint(("input", "residual"), ("weight",)),
+    # integer positions / block tables with valid values: generated next to the ops (imported lazily)
+    "opbridge::rotary_embedding": lambda dtype, rng: __import__(
+        "opbridge.ops.serving", fromlist=["_"]).rotary_embedding_cases(dtype, rng),
+    "opbridge::advance_step_flashattn": lambda dtype, rng: __import__(
+        "opbridge.ops.serving", fromlist=["_"]).advance_step_flashattn_cases(dtype, rng),
 }
 
 _GENERIC_SCALARS: dict[str, Any] = {"float": 0.5, "int": 1, "bool": True}

@@ -1,0 +1,37 @@
+// add(Tensor x, Tensor y) -> Tensor on CUDA: elementwise, same shape, no broadcasting.
+#include <opbridge/cuda.h>
+
+namespace {
+
+using opbridge::TensorView;
+
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+}  // namespace
+
+void add_cuda(TensorView out, TensorView x, TensorView y) {
+  const char* op = "add";
+  OPB_CHECK_DEVICE(op, x, kDLCUDA);
+  OPB_CHECK_SAME_DEVICE(op, y, x);
+  OPB_CHECK_SAME_DEVICE(op, out, x);
+  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_SAME_DTYPE(op, y, x);
+  OPB_CHECK_SAME_DTYPE(op, out, x);
+  OPB_CHECK_SAME_SHAPE(op, y, x);
+  OPB_CHECK_SAME_SHAPE(op, out, x);
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, y);
+  OPB_CHECK_CONTIGUOUS(op, out);
+
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  opbridge::cuda::Context ctx(op, x);
+  OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
+    using T = opbridge::cuda::device_t<S>;
+    opbridge::cuda::map(ctx, opbridge::data_ptr<T>(out), opbridge::data_ptr<const T>(x),
+                        opbridge::data_ptr<const T>(y), n, Add{});
+  });
+}
+OPBRIDGE_EXPORT(add_cuda);

@@ -1,0 +1,165 @@
+// advance_step_flashattn (vLLM's multi-step runner; argument order of vLLM-MindSpore's
+// adv_step_flash): advance num_queries decoding sequences by one token, in place.
+//
+//   for i < num_queries:
+//     input_tokens[i]    = sampled_token_ids[i][0]
+//     seq_lens[i]       += 1
+//     input_positions[i] = pos = seq_lens[i] - 1          (the old seq_lens[i])
+//     slot_mapping[i]    = block_tables[i][pos / block_size] * block_size + pos % block_size
+//   for num_queries <= i < num_seqs (CUDA-graph padding):
+//     input_tokens[i] = 0, input_positions[i] = 0, slot_mapping[i] = -1; seq_lens[i] untouched
+//
+// dtypes / shapes: input_tokens, input_positions, slot_mapping int64 (num_seqs,);
+// sampled_token_ids int64 (num_queries, 1) (or flat (num_queries,)); seq_lens int32 (num_seqs,);
+// block_tables int32 (num_seqs, max_blocks). All contiguous, on CPU, pairwise disjoint.
+//
+// Validated before anything is written, for every i < num_queries:
+//   sampled_token_ids[i] >= 0 (a token id),
+//   0 <= seq_lens[i] < INT32_MAX (the increment must not overflow int32),
+//   seq_lens[i] / block_size < max_blocks (the block index must lie within the table's width),
+//   block id b = block_tables[i][seq_lens[i] / block_size] with 0 <= b and
+//     (b + 1) * block_size <= INT64_MAX (every slot of the block is a representable int64).
+// What cannot be checked here: that b is below the KV cache's number of blocks (the cache is
+// not an argument), i.e. that slot_mapping[i] indexes the cache. The block manager that filled
+// block_tables guarantees it in vLLM; a kernel consuming slot_mapping must bound it itself.
+#include <opbridge/math.h>
+#include <opbridge/opbridge.h>
+
+#include <cstdint>
+#include <limits>
+
+namespace {
+
+using opbridge::TensorView;
+
+void span(const TensorView& t, const char*& begin, const char*& end) {
+  begin = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+  end = begin + t.numel() * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
+}
+
+// The write loop re-reads seq_lens and block_tables after validation: a mutated
+// tensor overlapping another argument could invalidate what was checked.
+void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                    const TensorView& other) {
+  const char *b0, *e0, *b1, *e1;
+  span(t, b0, e0);
+  span(other, b1, e1);
+  OPB_CHECK(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0, ValueError)
+      << op << ": " << arg << " must not overlap " << other_arg << " in memory; pass separate tensors";
+}
+
+// Sequences [lo, hi): the validated update (see the file comment).
+void advance_rows(int64_t lo, int64_t hi, int64_t num_queries, int64_t block_size, int64_t max_blocks,
+                  int64_t* tokens, const int64_t* sampled, int64_t* positions, int32_t* seq_lens,
+                  int64_t* slots, const int32_t* tables) {
+  for (int64_t i = lo; i < hi; ++i) {
+    if (i < num_queries) {
+      const int64_t pos = seq_lens[i];
+      tokens[i] = sampled[i];
+      seq_lens[i] = int32_t(pos + 1);
+      positions[i] = pos;
+      const int64_t block = tables[i * max_blocks + pos / block_size];
+      slots[i] = block * block_size + pos % block_size;
+    } else {
+      tokens[i] = 0;
+      positions[i] = 0;
+      slots[i] = -1;
+    }
+  }
+}
+
+}  // namespace
+
+void advance_step_flashattn_cpu(int64_t num_seqs, int64_t num_queries, int64_t block_size,
+                                TensorView input_tokens, TensorView sampled_token_ids,
+                                TensorView input_positions, TensorView seq_lens, TensorView slot_mapping,
+                                TensorView block_tables) {
+  const char* op = "advance_step_flashattn";
+  OPB_CHECK(num_seqs >= 0, ValueError) << op << ": num_seqs must be >= 0, got " << num_seqs;
+  OPB_CHECK(num_queries >= 0, ValueError) << op << ": num_queries must be >= 0, got " << num_queries;
+  OPB_CHECK(num_queries <= num_seqs, ValueError)
+      << op << ": num_queries (" << num_queries << ") must be <= num_seqs (" << num_seqs << ")";
+  OPB_CHECK(block_size > 0, ValueError) << op << ": block_size must be > 0, got " << block_size;
+
+  OPB_CHECK_DEVICE(op, input_tokens, kDLCPU);
+  OPB_CHECK_DEVICE(op, sampled_token_ids, kDLCPU);
+  OPB_CHECK_DEVICE(op, input_positions, kDLCPU);
+  OPB_CHECK_DEVICE(op, seq_lens, kDLCPU);
+  OPB_CHECK_DEVICE(op, slot_mapping, kDLCPU);
+  OPB_CHECK_DEVICE(op, block_tables, kDLCPU);
+  OPB_CHECK_DTYPE(op, input_tokens, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, sampled_token_ids, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, input_positions, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, seq_lens, opbridge::kInt32);
+  OPB_CHECK_DTYPE(op, slot_mapping, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, block_tables, opbridge::kInt32);
+
+  OPB_CHECK_NDIM(op, input_tokens, 1);
+  OPB_CHECK_SIZE(op, input_tokens, 0, num_seqs, "num_seqs");
+  OPB_CHECK(sampled_token_ids.ndim() == 1 || sampled_token_ids.ndim() == 2, ValueError)
+      << op << ": sampled_token_ids must have shape (num_queries, 1) or (num_queries,), got "
+      << opbridge::shape_str(sampled_token_ids);
+  OPB_CHECK_SIZE(op, sampled_token_ids, 0, num_queries, "num_queries");
+  if (sampled_token_ids.ndim() == 2) {
+    OPB_CHECK_SIZE(op, sampled_token_ids, 1, 1, "one sampled token per query");
+  }
+  OPB_CHECK_NDIM(op, input_positions, 1);
+  OPB_CHECK_SIZE(op, input_positions, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, seq_lens, 1);
+  OPB_CHECK_SIZE(op, seq_lens, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, slot_mapping, 1);
+  OPB_CHECK_SIZE(op, slot_mapping, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, block_tables, 2);
+  OPB_CHECK_SIZE(op, block_tables, 0, num_seqs, "num_seqs");
+  const int64_t max_blocks = block_tables.size(1);
+
+  OPB_CHECK_CONTIGUOUS(op, input_tokens);
+  OPB_CHECK_CONTIGUOUS(op, sampled_token_ids);
+  OPB_CHECK_CONTIGUOUS(op, input_positions);
+  OPB_CHECK_CONTIGUOUS(op, seq_lens);
+  OPB_CHECK_CONTIGUOUS(op, slot_mapping);
+  OPB_CHECK_CONTIGUOUS(op, block_tables);
+
+  const char* names[] = {"input_tokens", "sampled_token_ids", "input_positions",
+                         "seq_lens",     "slot_mapping",      "block_tables"};
+  const TensorView* all[] = {&input_tokens, &sampled_token_ids, &input_positions,
+                             &seq_lens,     &slot_mapping,      &block_tables};
+  for (int m : {0, 2, 3, 4}) {  // the mutated ones against every other
+    for (int o = 0; o < 6; ++o) {
+      if (o != m) check_disjoint(op, names[m], *all[m], names[o], *all[o]);
+    }
+  }
+
+  int64_t* tokens = opbridge::data_ptr<int64_t>(input_tokens);
+  const int64_t* sampled = opbridge::data_ptr<const int64_t>(sampled_token_ids);
+  int64_t* positions = opbridge::data_ptr<int64_t>(input_positions);
+  int32_t* lens = opbridge::data_ptr<int32_t>(seq_lens);
+  int64_t* slots = opbridge::data_ptr<int64_t>(slot_mapping);
+  const int32_t* tables = opbridge::data_ptr<const int32_t>(block_tables);
+
+  // Validate every query before writing anything (first failure wins, in index order).
+  const int64_t max_block_id = std::numeric_limits<int64_t>::max() / block_size - 1;
+  for (int64_t i = 0; i < num_queries; ++i) {
+    OPB_CHECK(sampled[i] >= 0, ValueError)
+        << op << ": sampled_token_ids must be >= 0 (token ids), got sampled_token_ids[" << i << "] = "
+        << sampled[i];
+    const int64_t len = lens[i];
+    OPB_CHECK(len >= 0, ValueError) << op << ": seq_lens must be >= 0, got seq_lens[" << i << "] = " << len;
+    OPB_CHECK(len < std::numeric_limits<int32_t>::max(), ValueError)
+        << op << ": seq_lens[" << i << "] = " << len << " cannot be incremented without overflowing int32";
+    const int64_t b = len / block_size;
+    OPB_CHECK(b < max_blocks, ValueError)
+        << op << ": block index beyond the table's width: sequence " << i << " at position " << len
+        << " needs block_tables[" << i << "][" << b << "] (block_size " << block_size
+        << "), but block_tables has " << max_blocks << " column(s)";
+    const int64_t id = tables[i * max_blocks + b];
+    OPB_CHECK(id >= 0 && id <= max_block_id, ValueError)
+        << op << ": block_tables[" << i << "][" << b << "] = " << id << " is not a valid block id (must be in [0, "
+        << max_block_id << "] so that its slots id * block_size + [0, block_size) fit in int64)";
+  }
+
+  opbridge::parallel_for(num_seqs, 1, [&](int64_t lo, int64_t hi) {
+    advance_rows(lo, hi, num_queries, block_size, max_blocks, tokens, sampled, positions, lens, slots, tables);
+  });
+}
+OPBRIDGE_EXPORT(advance_step_flashattn_cpu);

@@ -1,0 +1,211 @@
+// advance_step_flashattn(int num_seqs, int num_queries, int block_size,
+//     Tensor(a!) input_tokens, Tensor sampled_token_ids, Tensor(b!) input_positions,
+//     Tensor(c!) seq_lens, Tensor(d!) slot_mapping, Tensor block_tables) -> ()
+// on CUDA, with advance_step.cc's (vLLM's) semantics and checks:
+//   for i < num_queries:
+//     input_tokens[i]    = sampled_token_ids[i][0]
+//     seq_lens[i]       += 1
+//     input_positions[i] = pos = seq_lens[i] - 1          (the old seq_lens[i])
+//     slot_mapping[i]    = block_tables[i][pos / block_size] * block_size + pos % block_size
+//   for num_queries <= i < num_seqs (CUDA-graph padding):
+//     input_tokens[i] = 0, input_positions[i] = 0, slot_mapping[i] = -1; seq_lens[i] untouched
+// dtypes / shapes as advance_step.cc: int64 (num_seqs,) except seq_lens (int32) and
+// block_tables (int32, (num_seqs, max_blocks)); sampled_token_ids (num_queries, 1) or
+// (num_queries,); all contiguous, the mutated ones disjoint from every other.
+//
+// Sizes, dtypes, counts and overlaps are checked on the host. The per-query
+// values (a token id >= 0, 0 <= seq_lens[i] < INT32_MAX, the block index
+// within the table's width, a block id b with 0 <= b and (b + 1) * block_size
+// <= INT64_MAX) live on the device; checking them on the host would cost a
+// device sync per decoding step, and vLLM's own kernel checks none of them
+// (an out-of-range position reads past block_tables: vllm#10432, #14404).
+// Here an offending query is left unchanged except slot_mapping[i] = -1 (the
+// padding slot, which KV-cache writes skip), nothing is accessed out of
+// bounds, and the first offender is reported through the device-side error
+// flag (opbridge/cuda.h): ValueError from the next call, or from this one with
+// OPBRIDGE_CUDA_SYNC_CHECKS=1. Unlike the CPU kernel, the valid queries of a
+// failing call are still advanced. That b is below the KV cache's block count
+// cannot be checked (the cache is not an argument).
+#include <opbridge/cuda.h>
+
+#include <limits>
+#include <string>
+
+namespace {
+
+using opbridge::TensorView;
+namespace cu = opbridge::cuda;
+
+enum : int {
+  kNegativeToken = 1,
+  kNegativeSeqLen,
+  kSeqLenOverflow,
+  kBeyondBlockTable,
+  kInvalidBlockId,
+};
+
+constexpr int kThreads = 256;
+
+__device__ unsigned long long g_claim;  // this family's error claim word, per device
+
+__global__ void __launch_bounds__(kThreads)
+    advance_step_flashattn_kernel(int64_t num_seqs, int64_t num_queries, int64_t block_size,
+                                  int64_t max_block_id, int64_t* __restrict__ input_tokens,
+                                  const int64_t* __restrict__ sampled_token_ids,
+                                  int64_t* __restrict__ input_positions, int32_t* __restrict__ seq_lens,
+                                  int64_t* __restrict__ slot_mapping,
+                                  const int32_t* __restrict__ block_tables, int64_t max_blocks,
+                                  cu::ErrorSink err) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= num_seqs) return;
+  if (i >= num_queries) {
+    input_tokens[i] = 0;
+    input_positions[i] = 0;
+    slot_mapping[i] = -1;
+    return;
+  }
+  const int64_t token = sampled_token_ids[i];
+  const int64_t pos = seq_lens[i];
+  const int64_t b = pos / block_size;
+  // The checks of advance_step.cc, in its order.
+  int code = 0;
+  int64_t value = 0, bound = 0;
+  if (token < 0) {
+    code = kNegativeToken, value = token;
+  } else if (pos < 0) {
+    code = kNegativeSeqLen, value = pos;
+  } else if (pos >= std::numeric_limits<int32_t>::max()) {
+    code = kSeqLenOverflow, value = pos;
+  } else if (b >= max_blocks) {
+    code = kBeyondBlockTable, value = pos, bound = max_blocks;
+  } else {
+    const int64_t id = block_tables[i * max_blocks + b];
+    if (id < 0 || id > max_block_id) {
+      code = kInvalidBlockId, value = id, bound = b;
+    } else {
+      input_tokens[i] = token;
+      seq_lens[i] = static_cast<int32_t>(pos + 1);
+      input_positions[i] = pos;
+      slot_mapping[i] = id * block_size + pos % block_size;
+      return;
+    }
+  }
+  slot_mapping[i] = -1;
+  cu::report_error(err, code, i, value, bound);
+}
+
+cu::ErrorFlag& error_flag() {
+  static cu::ErrorFlag flag;
+  return flag;
+}
+
+}  // namespace
+
+void advance_step_flashattn_cuda(int64_t num_seqs, int64_t num_queries, int64_t block_size,
+                                 TensorView input_tokens, TensorView sampled_token_ids,
+                                 TensorView input_positions, TensorView seq_lens, TensorView slot_mapping,
+                                 TensorView block_tables) {
+  const char* op = "advance_step_flashattn";
+  OPB_CHECK(num_seqs >= 0, ValueError) << op << ": num_seqs must be >= 0, got " << num_seqs;
+  OPB_CHECK(num_queries >= 0, ValueError) << op << ": num_queries must be >= 0, got " << num_queries;
+  OPB_CHECK(num_queries <= num_seqs, ValueError)
+      << op << ": num_queries (" << num_queries << ") must be <= num_seqs (" << num_seqs << ")";
+  OPB_CHECK(block_size > 0, ValueError) << op << ": block_size must be > 0, got " << block_size;
+
+  OPB_CHECK_DEVICE(op, input_tokens, kDLCUDA);
+  OPB_CHECK_SAME_DEVICE(op, sampled_token_ids, input_tokens);
+  OPB_CHECK_SAME_DEVICE(op, input_positions, input_tokens);
+  OPB_CHECK_SAME_DEVICE(op, seq_lens, input_tokens);
+  OPB_CHECK_SAME_DEVICE(op, slot_mapping, input_tokens);
+  OPB_CHECK_SAME_DEVICE(op, block_tables, input_tokens);
+  OPB_CHECK_DTYPE(op, input_tokens, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, sampled_token_ids, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, input_positions, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, seq_lens, opbridge::kInt32);
+  OPB_CHECK_DTYPE(op, slot_mapping, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, block_tables, opbridge::kInt32);
+
+  OPB_CHECK_NDIM(op, input_tokens, 1);
+  OPB_CHECK_SIZE(op, input_tokens, 0, num_seqs, "num_seqs");
+  OPB_CHECK(sampled_token_ids.ndim() == 1 || sampled_token_ids.ndim() == 2, ValueError)
+      << op << ": sampled_token_ids must have shape (num_queries, 1) or (num_queries,), got "
+      << opbridge::shape_str(sampled_token_ids);
+  OPB_CHECK_SIZE(op, sampled_token_ids, 0, num_queries, "num_queries");
+  if (sampled_token_ids.ndim() == 2) {
+    OPB_CHECK_SIZE(op, sampled_token_ids, 1, 1, "one sampled token per query");
+  }
+  OPB_CHECK_NDIM(op, input_positions, 1);
+  OPB_CHECK_SIZE(op, input_positions, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, seq_lens, 1);
+  OPB_CHECK_SIZE(op, seq_lens, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, slot_mapping, 1);
+  OPB_CHECK_SIZE(op, slot_mapping, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, block_tables, 2);
+  OPB_CHECK_SIZE(op, block_tables, 0, num_seqs, "num_seqs");
+  const int64_t max_blocks = block_tables.size(1);
+
+  OPB_CHECK_CONTIGUOUS(op, input_tokens);
+  OPB_CHECK_CONTIGUOUS(op, sampled_token_ids);
+  OPB_CHECK_CONTIGUOUS(op, input_positions);
+  OPB_CHECK_CONTIGUOUS(op, seq_lens);
+  OPB_CHECK_CONTIGUOUS(op, slot_mapping);
+  OPB_CHECK_CONTIGUOUS(op, block_tables);
+
+  const char* names[] = {"input_tokens", "sampled_token_ids", "input_positions",
+                         "seq_lens",     "slot_mapping",      "block_tables"};
+  const TensorView* all[] = {&input_tokens, &sampled_token_ids, &input_positions,
+                             &seq_lens,     &slot_mapping,      &block_tables};
+  for (int m : {0, 2, 3, 4}) {  // the mutated ones against every other
+    for (int o = 0; o < 6; ++o) {
+      if (o != m) cu::check_disjoint(op, names[m], *all[m], names[o], *all[o]);
+    }
+  }
+
+  const int64_t max_block_id = std::numeric_limits<int64_t>::max() / block_size - 1;
+  // The messages of advance_step.cc, for a record the kernel made.
+  auto describe = [&](const cu::ErrorRecord& r) {
+    std::ostringstream os;
+    const long long i = r.index;
+    switch (r.code) {
+      case kNegativeToken:
+        os << "sampled_token_ids must be >= 0 (token ids), got sampled_token_ids[" << i << "] = " << r.value;
+        break;
+      case kNegativeSeqLen:
+        os << "seq_lens must be >= 0, got seq_lens[" << i << "] = " << r.value;
+        break;
+      case kSeqLenOverflow:
+        os << "seq_lens[" << i << "] = " << r.value << " cannot be incremented without overflowing int32";
+        break;
+      case kBeyondBlockTable:
+        os << "block index beyond the table's width: sequence " << i << " at position " << r.value
+           << " needs block_tables[" << i << "][" << r.value / block_size << "] (block_size " << block_size
+           << "), but block_tables has " << r.bound << " column(s)";
+        break;
+      default:
+        os << "block_tables[" << i << "][" << r.bound << "] = " << r.value
+           << " is not a valid block id (must be in [0, " << max_block_id
+           << "] so that its slots id * block_size + [0, block_size) fit in int64)";
+        break;
+    }
+    os << "; that query was left unchanged and its slot_mapping entry set to -1 (padding)";
+    return os.str();
+  };
+  cu::raise_recorded(op, error_flag(), /*earlier=*/true, describe);
+  if (num_seqs == 0) return;
+
+  cu::Context ctx(op, input_tokens);
+  const cu::ErrorSink sink = error_flag().sink(op, ctx.device(), &g_claim);
+  const int64_t blocks = (num_seqs + kThreads - 1) / kThreads;
+  OPB_CHECK(blocks <= INT32_MAX, ValueError) << op << ": num_seqs = " << num_seqs << " is too large";
+  advance_step_flashattn_kernel<<<unsigned(blocks), kThreads, 0, ctx.stream>>>(
+      num_seqs, num_queries, block_size, max_block_id, opbridge::data_ptr<int64_t>(input_tokens),
+      opbridge::data_ptr<const int64_t>(sampled_token_ids), opbridge::data_ptr<int64_t>(input_positions),
+      opbridge::data_ptr<int32_t>(seq_lens), opbridge::data_ptr<int64_t>(slot_mapping),
+      opbridge::data_ptr<const int32_t>(block_tables), max_blocks, sink);
+  ctx.check_launch();
+  if (cu::sync_checks()) {
+    OPB_CUDA_CHECK(op, cudaStreamSynchronize(ctx.stream));
+    cu::raise_recorded(op, error_flag(), /*earlier=*/false, describe);
+  }
+}
+OPBRIDGE_EXPORT(advance_step_flashattn_cuda);

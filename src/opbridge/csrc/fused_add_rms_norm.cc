@@ -1,0 +1,94 @@
+// fused_add_rms_norm, in place (vLLM semantics), over the last dim H:
+//   residual <- input + residual
+//   input    <- residual * r * weight,  r = 1 / sqrt(mean(residual^2) + eps)
+// The norm is taken of the residual as stored (rounded to its dtype), as vLLM
+// does, so `input` equals rms_norm(residual_new, weight, eps) of the tensor the
+// caller gets back. Sum and norm are computed in float32, each rounded once.
+#include <opbridge/math.h>
+#include <opbridge/opbridge.h>
+
+#include <cmath>
+
+namespace {
+
+using opbridge::TensorView;
+
+// One call per thread's row range (target_clones calls are not inlined).
+// Per row: the first loop reads input and residual once and writes the new
+// residual; the second re-reads that residual row from L1/L2 (any realistic H
+// fits) and writes input. DRAM traffic is one read and one write of each
+// tensor, with no temporary beyond a float accumulator.
+template <typename T>
+OPB_TARGET_CLONES void fused_add_rms_norm_rows(T* input, T* residual, const T* w, int64_t rows, int64_t H,
+                                               float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* in = input + r * H;
+    T* res = residual + r * H;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < H; ++i) {
+      const T z = opbridge::from_float<T>(opbridge::to_float(in[i]) + opbridge::to_float(res[i]));
+      res[i] = z;
+      const float v = opbridge::to_float(z);
+      ss += v * v;
+    }
+    const float rs = 1.f / std::sqrt(ss / float(H) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) {
+      in[i] = opbridge::from_float<T>(opbridge::to_float(res[i]) * rs * opbridge::to_float(w[i]));
+    }
+  }
+}
+
+// Byte range [begin, end) of a contiguous tensor.
+void span(const TensorView& t, const char*& begin, const char*& end) {
+  begin = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+  end = begin + t.numel() * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
+}
+
+// A mutated tensor must not share memory with another argument: the result
+// would depend on the order of the loops' reads and writes.
+void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                    const TensorView& other) {
+  const char *b0, *e0, *b1, *e1;
+  span(t, b0, e0);
+  span(other, b1, e1);
+  OPB_CHECK(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0, ValueError)
+      << op << ": " << arg << " must not overlap " << other_arg << " in memory; pass separate tensors";
+}
+
+}  // namespace
+
+void fused_add_rms_norm_cpu(TensorView input, TensorView residual, TensorView weight, double eps) {
+  const char* op = "fused_add_rms_norm";
+  OPB_CHECK_DEVICE(op, input, kDLCPU);
+  OPB_CHECK_DEVICE(op, residual, kDLCPU);
+  OPB_CHECK_DEVICE(op, weight, kDLCPU);
+  OPB_CHECK_FLOATING(op, input);
+  OPB_CHECK_SAME_DTYPE(op, residual, input);
+  OPB_CHECK_SAME_DTYPE(op, weight, input);
+  OPB_CHECK_MIN_NDIM(op, input, 1);
+  OPB_CHECK_SAME_SHAPE(op, residual, input);
+  OPB_CHECK_NDIM(op, weight, 1);
+  const int64_t H = input.size(input.ndim() - 1);
+  OPB_CHECK_SIZE(op, weight, 0, H, "input's last dim");
+  OPB_CHECK_CONTIGUOUS(op, input);
+  OPB_CHECK_CONTIGUOUS(op, residual);
+  OPB_CHECK_CONTIGUOUS(op, weight);
+  // !(eps >= 0) also rejects NaN.
+  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
+  check_disjoint(op, "input", input, "residual", residual);
+  check_disjoint(op, "input", input, "weight", weight);
+  check_disjoint(op, "residual", residual, "weight", weight);
+
+  const int64_t rows = H == 0 ? 0 : input.numel() / H;
+  OPB_DISPATCH_FLOATING(op, input.dtype(), T, [&] {
+    T* in = opbridge::data_ptr<T>(input);
+    T* res = opbridge::data_ptr<T>(residual);
+    const T* w = opbridge::data_ptr<const T>(weight);
+    opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi) {
+      fused_add_rms_norm_rows<T>(in + lo * H, res + lo * H, w, hi - lo, H, float(eps));
+    });
+  });
+}
+OPBRIDGE_EXPORT(fused_add_rms_norm_cpu);

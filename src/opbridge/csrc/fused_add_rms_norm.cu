@@ -1,0 +1,95 @@
+// fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()
+// on CUDA, vLLM semantics, both updates in place:
+//   residual = input + residual              (rounded to the dtype)
+//   input    = rms_norm(residual, weight, eps)
+// The norm is taken of the *rounded* sum, the value the caller gets back in
+// residual. One block per row; 128-bit accesses when H and the pointers allow.
+#include <opbridge/cuda.h>
+
+namespace {
+
+using opbridge::TensorView;
+namespace cu = opbridge::cuda;
+
+// No __restrict on input / residual: both are read and written. The second
+// pass re-reads residual, which this very thread wrote in the first pass.
+template <int N, typename T>
+__global__ void __launch_bounds__(1024)
+    fused_add_rms_norm_kernel(T* input, T* residual, const T* __restrict__ w, int64_t rows,
+                              int64_t H, float eps) {
+  __shared__ float scratch[32];
+  const int64_t hv = H / N;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* in = input + r * H;
+    T* res = residual + r * H;
+    float ss = 0.f;
+    for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
+      const cu::Vec<T, N> a = cu::load<N>(in + i * N);
+      const cu::Vec<T, N> b = cu::load<N>(res + i * N);
+      cu::Vec<T, N> z;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        z.v[k] = cu::from_float<T>(cu::to_float(a.v[k]) + cu::to_float(b.v[k]));
+        const float f = cu::to_float(z.v[k]);
+        ss += f * f;
+      }
+      cu::store<N>(res + i * N, z);
+    }
+    const float rs = rsqrtf(cu::block_sum(ss, scratch) / float(H) + eps);
+    for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
+      const cu::Vec<T, N> z = cu::load<N>(res + i * N);
+      const cu::Vec<T, N> wv = cu::load<N>(w + i * N);
+      cu::Vec<T, N> o;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        o.v[k] = cu::from_float<T>(cu::to_float(z.v[k]) * rs * cu::to_float(wv.v[k]));
+      }
+      cu::store<N>(in + i * N, o);
+    }
+  }
+}
+
+}  // namespace
+
+void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView weight, double eps) {
+  const char* op = "fused_add_rms_norm";
+  OPB_CHECK_DEVICE(op, input, kDLCUDA);
+  OPB_CHECK_SAME_DEVICE(op, residual, input);
+  OPB_CHECK_SAME_DEVICE(op, weight, input);
+  OPB_CHECK_FLOATING(op, input);
+  OPB_CHECK_SAME_DTYPE(op, residual, input);
+  OPB_CHECK_SAME_DTYPE(op, weight, input);
+  OPB_CHECK_MIN_NDIM(op, input, 1);
+  OPB_CHECK_SAME_SHAPE(op, residual, input);
+  OPB_CHECK_NDIM(op, weight, 1);
+  const int64_t H = input.size(input.ndim() - 1);
+  OPB_CHECK_SIZE(op, weight, 0, H, "input's last dim");
+  OPB_CHECK_CONTIGUOUS(op, input);
+  OPB_CHECK_CONTIGUOUS(op, residual);
+  OPB_CHECK_CONTIGUOUS(op, weight);
+  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
+  cu::check_disjoint(op, "input", input, "residual", residual);
+  cu::check_disjoint(op, "input", input, "weight", weight);
+  cu::check_disjoint(op, "residual", residual, "weight", weight);
+
+  const int64_t rows = H == 0 ? 0 : input.numel() / H;
+  if (rows == 0) return;
+  cu::Context ctx(op, input);
+  OPB_DISPATCH_FLOATING(op, input.dtype(), S, [&] {
+    using T = cu::device_t<S>;
+    constexpr int V = cu::kVec<T>;
+    T* in = opbridge::data_ptr<T>(input);
+    T* res = opbridge::data_ptr<T>(residual);
+    const T* w = opbridge::data_ptr<const T>(weight);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
+    if (cu::can_vectorize<T>(H, in, res, w)) {
+      fused_add_rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(in, res, w, rows, H,
+                                                                                   float(eps));
+    } else {
+      fused_add_rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(in, res, w, rows, H,
+                                                                               float(eps));
+    }
+    ctx.check_launch();
+  });
+}
+OPBRIDGE_EXPORT(fused_add_rms_norm_cuda);

@@ -1,0 +1,186 @@
+// rotary_embedding, in place, with vLLM's signature and semantics:
+//   rotary_embedding(positions, query!, key!?, head_size, cos_sin_cache, is_neox)
+//
+// positions      int64, (num_tokens,) or (batch, seq)
+// query          (*positions.shape, num_heads * head_size) or (*positions.shape, num_heads, head_size)
+// key            None, or as query with its own num_kv_heads (num_heads % num_kv_heads == 0)
+// cos_sin_cache  (max_position, rot_dim), row p = [cos(p f_0..f_{rot_dim/2-1}) | sin(...)],
+//                same dtype as query (vLLM's CUDA kernel reads both as one scalar_t; convert a
+//                float32 cache with .to(query.dtype) once, as vLLM's RotaryEmbedding does)
+//
+// The first rot_dim elements of every head are rotated (rot_dim even, <= head_size); the rest
+// are left as they are. With c = cos, s = sin of the token's row and i < rot_dim / 2:
+//   NeoX  (is_neox=true):  pairs (x[i], x[i + rot_dim/2])
+//   GPT-J (is_neox=false): pairs (x[2i], x[2i + 1])
+//   (x, y) <- (x c_i - y s_i, y c_i + x s_i), in float32, rounded once.
+// Every position is checked to lie in [0, max_position) before anything is written.
+// All tensors must be contiguous (a query sliced out of a fused qkv tensor must be made
+// contiguous first -- and then copied back, since the copy is what gets rotated).
+#include <opbridge/math.h>
+#include <opbridge/opbridge.h>
+
+#include <sstream>
+
+namespace {
+
+using opbridge::Optional;
+using opbridge::TensorView;
+
+template <bool kNeox, typename T>
+OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
+  if constexpr (kNeox) {
+    T* y = x + half;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = opbridge::to_float(x[i]), b = opbridge::to_float(y[i]);
+      const float c = opbridge::to_float(cos[i]), s = opbridge::to_float(sin[i]);
+      x[i] = opbridge::from_float<T>(a * c - b * s);
+      y[i] = opbridge::from_float<T>(b * c + a * s);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = opbridge::to_float(x[2 * i]), b = opbridge::to_float(x[2 * i + 1]);
+      const float c = opbridge::to_float(cos[i]), s = opbridge::to_float(sin[i]);
+      x[2 * i] = opbridge::from_float<T>(a * c - b * s);
+      x[2 * i + 1] = opbridge::from_float<T>(b * c + a * s);
+    }
+  }
+}
+
+// Tokens [t0, t1): one call per thread (target_clones calls are not inlined).
+// The token's cache row stays in L1 across its heads.
+template <bool kNeox, typename T>
+OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* cache, int64_t t0, int64_t t1,
+                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                                     int64_t rot_dim) {
+  const int64_t half = rot_dim / 2;
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* cos = cache + pos[t] * rot_dim;
+    const T* sin = cos + half;
+    T* qt = q + t * num_heads * head_size;
+    for (int64_t h = 0; h < num_heads; ++h) rotate_head<kNeox>(qt + h * head_size, cos, sin, half);
+    if (k != nullptr) {
+      T* kt = k + t * num_kv_heads * head_size;
+      for (int64_t h = 0; h < num_kv_heads; ++h) rotate_head<kNeox>(kt + h * head_size, cos, sin, half);
+    }
+  }
+}
+
+void span(const TensorView& t, const char*& begin, const char*& end) {
+  begin = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+  end = begin + t.numel() * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
+}
+
+// Rotation is in place and positions are re-read while writing: a mutated
+// tensor sharing memory with another argument would corrupt (or un-validate) it.
+void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                    const TensorView& other) {
+  const char *b0, *e0, *b1, *e1;
+  span(t, b0, e0);
+  span(other, b1, e1);
+  OPB_CHECK(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0, ValueError)
+      << op << ": " << arg << " must not overlap " << other_arg << " in memory; pass separate tensors";
+}
+
+// query / key layout against positions: (*P, heads * head_size) or (*P, heads, head_size).
+// Returns the number of heads.
+int64_t check_heads(const char* op, const char* arg, const TensorView& t, const TensorView& positions,
+                    int64_t head_size) {
+  const int pn = positions.ndim();
+  bool lead = t.ndim() == pn + 1 || t.ndim() == pn + 2;
+  for (int i = 0; lead && i < pn; ++i) lead = t.size(i) == positions.size(i);
+  OPB_CHECK(lead, ValueError) << op << ": " << arg << " must have shape (*positions.shape, num_heads * "
+                              << "head_size) or (*positions.shape, num_heads, head_size) with positions.shape = "
+                              << opbridge::shape_str(positions) << ", got " << opbridge::shape_str(t);
+  const int64_t last = t.size(t.ndim() - 1);
+  int64_t heads;
+  if (t.ndim() == pn + 1) {
+    OPB_CHECK(last % head_size == 0, ValueError)
+        << op << ": " << arg << "'s last dim (" << last << ") must be a multiple of head_size (" << head_size
+        << "), got shape " << opbridge::shape_str(t);
+    heads = last / head_size;
+  } else {
+    OPB_CHECK(last == head_size, ValueError)
+        << op << ": " << arg << "'s last dim must be head_size (" << head_size << ") in the (..., num_heads, "
+        << "head_size) layout, got shape " << opbridge::shape_str(t);
+    heads = t.size(t.ndim() - 2);
+  }
+  OPB_CHECK(heads >= 1, ValueError) << op << ": " << arg << " must hold at least one head, got shape "
+                                    << opbridge::shape_str(t);
+  return heads;
+}
+
+}  // namespace
+
+void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<TensorView> key, int64_t head_size,
+                          TensorView cos_sin_cache, bool is_neox) {
+  const char* op = "rotary_embedding";
+  OPB_CHECK_DEVICE(op, positions, kDLCPU);
+  OPB_CHECK_DEVICE(op, query, kDLCPU);
+  OPB_CHECK_DEVICE(op, cos_sin_cache, kDLCPU);
+  OPB_CHECK_DTYPE(op, positions, opbridge::kInt64);
+  OPB_CHECK_FLOATING(op, query);
+  OPB_CHECK_SAME_DTYPE(op, cos_sin_cache, query);
+  OPB_CHECK(positions.ndim() == 1 || positions.ndim() == 2, ValueError)
+      << op << ": positions must have shape (num_tokens,) or (batch, seq), got " << opbridge::shape_str(positions);
+  OPB_CHECK(head_size > 0, ValueError) << op << ": head_size must be > 0, got " << head_size;
+  const int64_t num_heads = check_heads(op, "query", query, positions, head_size);
+  OPB_CHECK_NDIM(op, cos_sin_cache, 2);
+  const int64_t max_position = cos_sin_cache.size(0);
+  const int64_t rot_dim = cos_sin_cache.size(1);
+  OPB_CHECK(rot_dim % 2 == 0 && rot_dim >= 2 && rot_dim <= head_size, ValueError)
+      << op << ": cos_sin_cache's last dim (rot_dim = [cos | sin] halves) must be even and in [2, head_size = "
+      << head_size << "], got shape " << opbridge::shape_str(cos_sin_cache);
+  OPB_CHECK_CONTIGUOUS(op, positions);
+  OPB_CHECK_CONTIGUOUS(op, query);
+  OPB_CHECK_CONTIGUOUS(op, cos_sin_cache);
+  int64_t num_kv_heads = 0;
+  if (key.has_value()) {
+    const TensorView& k = key.value();
+    ::opbridge::check_device(op, "key", k, kDLCPU);
+    ::opbridge::check_same_dtype(op, "key", k, "query", query);
+    num_kv_heads = check_heads(op, "key", k, positions, head_size);
+    OPB_CHECK(num_heads % num_kv_heads == 0, ValueError)
+        << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's (" << num_kv_heads
+        << ")";
+    ::opbridge::check_contiguous(op, "key", k);
+    check_disjoint(op, "key", k, "query", query);
+    check_disjoint(op, "key", k, "positions", positions);
+    check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
+  }
+  check_disjoint(op, "query", query, "positions", positions);
+  check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
+
+  // Positions index the cache: check them all before writing anything.
+  const int64_t num_tokens = positions.numel();
+  const int64_t* pos = opbridge::data_ptr<const int64_t>(positions);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t p = pos[t];
+    if (TVM_FFI_PREDICT_FALSE(p < 0 || p >= max_position)) {
+      std::ostringstream where;
+      if (positions.ndim() == 2) {
+        where << t / positions.size(1) << ", " << t % positions.size(1);
+      } else {
+        where << t;
+      }
+      OPB_THROW(ValueError) << op << ": positions must be in [0, max_position) with max_position = " << max_position
+                            << " (cos_sin_cache's first dim), got positions[" << where.str() << "] = " << p;
+    }
+  }
+  if (num_tokens == 0) return;
+
+  OPB_DISPATCH_FLOATING(op, query.dtype(), T, [&] {
+    T* q = opbridge::data_ptr<T>(query);
+    T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
+    const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
+    opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
+      if (is_neox) {
+        rotary_tokens<true, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim);
+      } else {
+        rotary_tokens<false, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim);
+      }
+    });
+  });
+}
+OPBRIDGE_EXPORT(rotary_embedding_cpu);

@@ -1,0 +1,191 @@
+"""Tests of ``opbridge bench frameworks`` and its worker protocol.
+
+Structure only: no assertion looks at a timing. The runs are tiny (``--quick``
+with a few rounds, no cold build: the workers load the library from the
+ambient ``OPBRIDGE_CACHE_DIR``), and cover NumPy and torch; frameworks that
+are not installed are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opbridge.bench import frameworks, fw_worker, load
+from opbridge.cli import build_parser
+from opbridge.ops import LIBRARY
+
+SRC = Path(frameworks.__file__).resolve().parents[2]
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+STATS = {"p20", "p50", "p80", "rounds"}
+
+
+def _worker(*argv: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
+    path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OPBRIDGE_NO_PROGRESS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "opbridge.bench.fw_worker", *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, f"the worker must print exactly one JSON line; got {proc.stdout!r}\n{proc.stderr}"
+    return proc.returncode, json.loads(lines[0])
+
+
+def _check_section(row: dict[str, Any]) -> None:
+    assert {"op", "mode", "shape", "dtype", "candidates", "verified", "number", "stats_us", "ratio",
+            "ratios"} <= set(row)
+    assert set(row["candidates"]) == {"opbridge", "native"}
+    assert set(row["stats_us"]) == {"opbridge", "native"}
+    for stats in row["stats_us"].values():
+        assert set(stats) == STATS
+        assert 0 < stats["p20"] <= stats["p50"] <= stats["p80"]
+    assert set(row["ratios"]) == {"p20", "p50", "p80"}
+    assert row["ratio"] == row["ratios"]["p50"] > 0
+    assert row["number"] >= 1
+
+
+@pytest.fixture(scope="module")
+def library_path() -> str:
+    return str(LIBRARY.build("cpu"))
+
+
+def test_registered_and_parses() -> None:
+    mod = load("frameworks")
+    assert mod is frameworks
+    args = build_parser().parse_args(["bench", "frameworks", "--quick", "--json", "--frameworks", "numpy",
+                                      "torch", "--builds", "--ms-python", "/nonexistent/python"])
+    assert args.frameworks == ["numpy", "torch"] and args.quick and args.json and args.builds
+    assert args.ms_python == "/nonexistent/python" and not args.no_cold_build
+
+
+def test_worker_protocol_numpy(library_path: str) -> None:
+    code, doc = _worker("numpy", "--rounds", "2", "--number", "5", "--module", library_path)
+    assert code == 0
+    assert doc["protocol"] == fw_worker.PROTOCOL and doc["framework"] == "numpy"
+    assert {"python", "executable", "versions", "module", "rounds", "max_number", "sections",
+            "skipped_sections", "errors"} <= set(doc)
+    assert doc["errors"] == {}
+    # The same file, found in the shared cache (or, should the sources have changed since the
+    # fixture built it, loaded explicitly: "pinned").
+    assert doc["module"]["loaded_path"] == library_path
+    assert doc["module"]["requested_path"] == library_path
+    assert list(doc["sections"]) == ["add/eager/8"]
+    row = doc["sections"]["add/eager/8"]
+    _check_section(row)
+    assert row["verified"] == "exact"
+
+
+def test_worker_loads_the_module_it_is_given(library_path: str, tmp_path: Path) -> None:
+    """A module at a path the worker's own build key does not name is loaded explicitly ("pinned")."""
+    copy = tmp_path / "elsewhere" / Path(library_path).name
+    copy.parent.mkdir()
+    shutil.copy2(library_path, copy)
+    code, doc = _worker("numpy", "--rounds", "1", "--number", "2", "--module", str(copy))
+    assert code == 0, doc
+    assert doc["module"]["pinned"] is True
+    assert doc["module"]["loaded_path"] == str(copy)
+    assert doc["module"]["requested_path"] == str(copy) != doc["module"]["own_key_path"]
+
+
+def test_worker_reports_a_missing_framework(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "paddle", None)  # find_spec() then reports it as absent
+    doc = fw_worker.measure("paddle", rounds=1, number=1)
+    assert doc["framework"] == "paddle" and "not installed" in doc["unavailable"]
+    assert "sections" not in doc
+
+
+def test_worker_rejects_bad_arguments() -> None:
+    proc = subprocess.run([sys.executable, "-m", "opbridge.bench.fw_worker", "numpy", "--rounds", "0"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert proc.returncode == 2 and "positive" in proc.stderr
+
+
+def test_ms_python_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(frameworks, "_MS_FALLBACK", tmp_path / "no-msenv" / "python")
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    # explicit --ms-python wins, even over the environment variable
+    got = frameworks.ms_python(str(fake), {"OPBRIDGE_MS_PYTHON": "/x"}, tmp_path)
+    assert got == (str(fake), "--ms-python")
+    path, why = frameworks.ms_python(str(tmp_path / "missing"), {}, tmp_path)
+    assert path is None and "--ms-python" in why and "missing" in why
+    assert frameworks.ms_python(None, {"OPBRIDGE_MS_PYTHON": str(fake)}, tmp_path)[0] == str(fake)
+    path, why = frameworks.ms_python(None, {}, tmp_path)
+    assert path is None and "--ms-python" in why
+    venv = tmp_path / ".venv-ms" / "bin"
+    venv.mkdir(parents=True)
+    shutil.copy2(fake, venv / "python")
+    assert frameworks.ms_python(None, {}, tmp_path)[0] == str(venv / "python")
+
+
+def _args(**over: Any) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    frameworks.add_arguments(parser)
+    args = parser.parse_args(["--quick", "--no-cold-build", "--rounds", "2", "--number", "10",
+                              "--target-ms", "1"])
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
+
+
+@pytest.fixture(scope="module")
+def quick_result() -> dict[str, Any]:
+    names = ["numpy", "torch"] if HAVE_TORCH else ["numpy"]
+    return frameworks.run(_args(frameworks=names, builds=True))
+
+
+def test_quick_run_structure(quick_result: dict[str, Any], library_path: str) -> None:
+    r = quick_result
+    json.dumps(r)  # serialisable
+    assert r["benchmark"] == "frameworks" and r["quick"] is True
+    assert {"machine", "settings", "cold_build", "frameworks", "module", "ratios", "builds",
+            "problems"} <= set(r)
+    assert r["problems"] == []
+    assert r["cold_build"] == {"skipped": "--no-cold-build", "path": library_path}
+    assert r["builds"] == {"skipped": "--quick"}
+    names = ["numpy", "torch"] if HAVE_TORCH else ["numpy"]
+    assert list(r["frameworks"]) == names
+    for fw in names:
+        doc = r["frameworks"][fw]
+        assert doc["framework"] == fw and doc["errors"] == {}
+        _check_section(doc["sections"]["add/eager/8"])
+        assert r["ratios"][fw] == {"add/eager/8": doc["sections"]["add/eager/8"]["ratio"]}
+    assert r["module"]["all_equal"] is True
+    assert r["module"]["loaded_paths"] == {fw: library_path for fw in names}
+
+
+def test_text_report(quick_result: dict[str, Any]) -> None:
+    text = frameworks.format_text(quick_result)
+    assert "add/eager/8" in text and "np.add(x, y)" in text
+    assert "all workers loaded the same .so: yes" in text
+    if HAVE_TORCH:
+        assert "torch.add(x, y)" in text
+    # the builds section renders numbers, errors and skips alike
+    fake = dict(quick_result)
+    fake["builds"] = {
+        "opbridge_cold": {"seconds": 10.0, "cpu_seconds": 8.0, "ops": ["add", "gelu"]},
+        "opbridge_cold_add_only": {"seconds": 2.0, "cpu_seconds": 1.5},
+        "paddle_cpp_extension_load": {"seconds": 20.0, "cpu_seconds": 16.0},
+        "mindspore_custom_op_builder": {"error": "RuntimeError: no compiler", "exit": 1, "stderr_tail": ""},
+        "ratios": {"paddle_cpp_extension_load/opbridge_cold": 2.0,
+                   "paddle_cpp_extension_load/opbridge_cold (cpu)": 2.0,
+                   "paddle_cpp_extension_load/opbridge_cold_add_only": 10.0,
+                   "paddle_cpp_extension_load/opbridge_cold_add_only (cpu)": 10.667},
+    }
+    fake["frameworks"] = {**quick_result["frameworks"], "mindspore": {"framework": "mindspore",
+                                                                       "skipped": "no MindSpore environment"}}
+    text = frameworks.format_text(fake)
+    assert "FAILED: RuntimeError: no compiler" in text
+    assert "2.00x" in text and "mindspore: skipped (no MindSpore environment)" in text
