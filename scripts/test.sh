@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 scripts/envs.sh
 export OPBRIDGE_CACHE_DIR=${OPBRIDGE_CACHE_DIR:-$PWD/.cache/opbridge}
 export OPBRIDGE_NO_PROGRESS=${OPBRIDGE_NO_PROGRESS:-1}
+# MindSpore writes compile-failure dumps (rank_0/...) into the working directory otherwise.
+export MS_OM_PATH=${MS_OM_PATH:-$PWD/.cache/mindspore-om}
 status=0
 run() { echo "== $*"; "$@" || status=1; }
 

@@ -124,9 +124,9 @@ def test_cpu_use_never_loads_the_cuda_module() -> None:
         print(sorted(loader._MODULES), "opbridge_cuda" in maps, torch.cuda.is_initialized())
     """)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
+                         env=dict(os.environ))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split("\n")[-2] == "[('opbridge', 'cpu')] False False", res.stdout
+    assert res.stdout.strip().splitlines()[-1] == "[('opbridge', 'cpu')] False False", res.stdout
 
 
 # ---------------------------------------------------------------------------
@@ -168,7 +168,8 @@ class _ClaimsCuda:
         n = int(np.prod(shape)) if shape else 1
         buf = np.zeros(max(n, 1) * 2 * bits // 8 + 64, np.uint8)
         if strides is None:
-            st, acc = [], 1
+            st: list[int] = []
+            acc = 1
             for s in reversed(shape):
                 st.insert(0, acc)
                 acc *= s
@@ -198,33 +199,53 @@ def _t(*shape: int, dtype: str = "float32", dev: int = 0, strides: tuple[int, ..
     return tvm_ffi().from_dlpack(_ClaimsCuda(tuple(shape), dtype, dev, strides, device_type=1 if cpu else 2))
 
 
+def _adv(**kw: Any) -> list[Any]:
+    """advance_step_flashattn_cuda's arguments for 4 sequences, 3 queries; *kw* replaces some."""
+    def get(name: str, *shape: int, dtype: str = "int64") -> Any:
+        return kw[name] if name in kw else _t(*shape, dtype=dtype)
+
+    return [kw.get("num_seqs", 4), kw.get("num_queries", 3), 16, get("input_tokens", 4),
+            get("sampled", 3, 1), get("input_positions", 4), get("seq_lens", 4, dtype="int32"),
+            get("slot_mapping", 4), get("block_tables", 4, 2, dtype="int32")]
+
+
+def _rot(**kw: Any) -> list[Any]:
+    """rotary_embedding_cuda's arguments: 5 tokens, 4 query and 2 key heads of 8; *kw* replaces some."""
+    def get(name: str, *shape: int, dtype: str = "float32") -> Any:
+        return kw[name] if name in kw else _t(*shape, dtype=dtype)
+
+    return [get("positions", 5, dtype="int64"), get("query", 5, 32), get("key", 5, 16), 8,
+            get("cache", 64, 8), True]
+
+
+def _same_input_and_residual() -> list[Any]:
+    both = _t(3, 8)
+    return [both, both, _t(8), 1e-6]
+
+
 def _bad_calls() -> list[tuple[str, Any, type[Exception], str]]:
     """(kernel, () -> args, exception, message pattern): each call is wrong in one way."""
-    seq = lambda n, dt="int64": _t(n, dtype=dt)  # noqa: E731
-    adv = lambda **kw: [kw.get("num_seqs", 4), kw.get("num_queries", 3), kw.get("block_size", 16),  # noqa: E731
-                        kw.get("input_tokens", seq(4)), kw.get("sampled", _t(3, 1, dtype="int64")),
-                        kw.get("input_positions", seq(4)), kw.get("seq_lens", seq(4, "int32")),
-                        kw.get("slot_mapping", seq(4)), kw.get("block_tables", _t(4, 2, dtype="int32"))]
-    rot = lambda **kw: [kw.get("positions", _t(5, dtype="int64")), kw.get("query", _t(5, 32)),  # noqa: E731
-                        kw.get("key", _t(5, 16)), kw.get("head_size", 8), kw.get("cache", _t(64, 8)),
-                        kw.get("is_neox", True)]
-    same = _t(3, 8)
     return [
         ("add_cuda", lambda: [_t(3, 4), _t(3, 4), _t(3, 4, dtype="float16")], TypeError,
          r"add: y must have the same dtype as x \(float32\), got float16"),
-        ("add_cuda", lambda: [_t(3, 4), _t(3, 4), _t(3, 5)], ValueError, r"add: y must have the same shape as x"),
+        ("add_cuda", lambda: [_t(3, 4), _t(3, 4), _t(3, 5)], ValueError,
+         r"add: y must have the same shape as x"),
         ("add_cuda", lambda: [_t(3, 4), _t(3, 4), _t(3, 4, dev=1)], ValueError,
          r"add: y must be on the same device as x \(cuda:0\), got cuda:1"),
-        ("add_cuda", lambda: [_t(3, 4), _t(3, 4, cpu=True), _t(3, 4)], ValueError, r"add: x must be on cuda, got cpu"),
-        ("add_cuda", lambda: [_t(3, 4), _t(3, 4, strides=(1, 3)), _t(3, 4)], ValueError, r"add: x must be contiguous"),
+        ("add_cuda", lambda: [_t(3, 4), _t(3, 4, cpu=True), _t(3, 4)], ValueError,
+         r"add: x must be on cuda, got cpu"),
+        ("add_cuda", lambda: [_t(3, 4), _t(3, 4, strides=(1, 3)), _t(3, 4)], ValueError,
+         r"add: x must be contiguous"),
         ("gelu_cuda", lambda: [_t(3, dtype="int64"), _t(3, dtype="int64")], TypeError,
          r"gelu: x must have dtype float32, float16 or bfloat16, got int64"),
-        ("gelu_backward_cuda", lambda: [_t(3), _t(4), _t(3)], ValueError, r"gelu_backward: grad must have the same shape"),
+        ("gelu_backward_cuda", lambda: [_t(3), _t(4), _t(3)], ValueError,
+         r"gelu_backward: grad must have the same shape"),
         ("rms_norm_cuda", lambda: [_t(2, 4), _t(2, 4), _t(5), 1e-6], ValueError,
          r"rms_norm: weight must have size 4 in dim 0"),
-        ("rms_norm_backward_cuda", lambda: [_t(2, 4), _t(4), _t(2, 4), _t(2, 4), _t(4), float("nan")], ValueError,
-         r"rms_norm_backward: eps must be >= 0"),
-        ("silu_and_mul_cuda", lambda: [_t(2, 3), _t(2, 7)], ValueError, r"silu_and_mul: x's last dim must be even"),
+        ("rms_norm_backward_cuda", lambda: [_t(2, 4), _t(4), _t(2, 4), _t(2, 4), _t(4), float("nan")],
+         ValueError, r"rms_norm_backward: eps must be >= 0"),
+        ("silu_and_mul_cuda", lambda: [_t(2, 3), _t(2, 7)], ValueError,
+         r"silu_and_mul: x's last dim must be even"),
         ("gelu_and_mul_cuda", lambda: [_t(2, 4), _t(2, 6)], ValueError,
          r"gelu_and_mul: out must have x's shape with the last dim halved"),
         ("gelu_and_mul_backward_cuda", lambda: [_t(2, 6), _t(2, 4), _t(2, 6)], ValueError,
@@ -233,23 +254,23 @@ def _bad_calls() -> list[tuple[str, Any, type[Exception], str]]:
          r"silu_and_mul_backward: grad must have the same dtype as x"),
         ("fused_add_rms_norm_cuda", lambda: [_t(3, 8), _t(3, 7), _t(8), 1e-6], ValueError,
          r"fused_add_rms_norm: residual must have the same shape as input"),
-        ("fused_add_rms_norm_cuda", lambda: [same, same, _t(8), 1e-6], ValueError,
+        ("fused_add_rms_norm_cuda", _same_input_and_residual, ValueError,
          r"fused_add_rms_norm: input must not overlap residual"),
-        ("rotary_embedding_cuda", lambda: rot(positions=_t(5, dtype="int32")), TypeError,
+        ("rotary_embedding_cuda", lambda: _rot(positions=_t(5, dtype="int32")), TypeError,
          r"rotary_embedding: positions must have dtype int64"),
-        ("rotary_embedding_cuda", lambda: rot(cache=_t(64, 10)), ValueError,
+        ("rotary_embedding_cuda", lambda: _rot(cache=_t(64, 10)), ValueError,
          r"rotary_embedding: cos_sin_cache's last dim .* must be even and in \[2, head_size = 8\]"),
-        ("rotary_embedding_cuda", lambda: rot(key=_t(5, 24)), ValueError,
+        ("rotary_embedding_cuda", lambda: _rot(key=_t(5, 24)), ValueError,
          r"rotary_embedding: query's number of heads \(4\) must be a multiple of key's \(3\)"),
-        ("rotary_embedding_cuda", lambda: rot(query=_t(6, 32), key=None), ValueError,
+        ("rotary_embedding_cuda", lambda: _rot(query=_t(6, 32), key=None), ValueError,
          r"rotary_embedding: query must have shape \(\*positions.shape"),
-        ("advance_step_flashattn_cuda", lambda: adv(num_queries=5), ValueError,
+        ("advance_step_flashattn_cuda", lambda: _adv(num_queries=5), ValueError,
          r"advance_step_flashattn: num_queries \(5\) must be <= num_seqs \(4\)"),
-        ("advance_step_flashattn_cuda", lambda: adv(seq_lens=seq(4)), TypeError,
+        ("advance_step_flashattn_cuda", lambda: _adv(seq_lens=_t(4, dtype="int64")), TypeError,
          r"advance_step_flashattn: seq_lens must have dtype int32, got int64"),
-        ("advance_step_flashattn_cuda", lambda: adv(block_tables=_t(8, dtype="int32")), ValueError,
+        ("advance_step_flashattn_cuda", lambda: _adv(block_tables=_t(8, dtype="int32")), ValueError,
          r"advance_step_flashattn: block_tables must be 2-D"),
-        ("advance_step_flashattn_cuda", lambda: adv(sampled=_t(3, 2, dtype="int64")), ValueError,
+        ("advance_step_flashattn_cuda", lambda: _adv(sampled=_t(3, 2, dtype="int64")), ValueError,
          r"advance_step_flashattn: sampled_token_ids must have size 1 in dim 1"),
     ]
 
@@ -270,7 +291,7 @@ def test_every_cuda_kernel_has_an_argument_check_test() -> None:
 
 
 @needs_nvcc
-@pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is installed: this checks the no-driver error")
+@pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is installed (this checks the error without)")
 def test_cuda_call_without_a_driver_says_so(cuda_module: Any) -> None:
     mod, _ = cuda_module
     with pytest.raises(RuntimeError, match=r"add: cudaGetDevice failed: cudaErrorInsufficientDriver: .*"
@@ -344,7 +365,7 @@ def _results(op: Any, args: list[Any]) -> list[Any]:
     """Call *op*; its returned tensors, then its mutated arguments."""
     ret = op.call(*args)
     rets = [] if ret is None else list(ret) if isinstance(ret, (tuple, list)) else [ret]
-    mutated = [v for a, v in zip(op.schema.arguments, args) if a.is_mutated and v is not None]
+    mutated = [v for a, v in zip(op.schema.arguments, args, strict=True) if a.is_mutated and v is not None]
     return [*rets[:op.n_outputs], *mutated]
 
 
@@ -353,19 +374,21 @@ def _assert_same(op: Any, dtype: str, got: list[Any], want: list[Any], where: st
 
     rtol, atol = op.tolerance(dtype)
     assert len(got) == len(want)
-    for j, (g, w) in enumerate(zip(got, want)):
+    for j, (g, w) in enumerate(zip(got, want, strict=True)):
         g = g.cpu()
         if g.dtype.is_floating_point:
             # CPU and CUDA each approximate the exact value within the op's tolerance.
-            assert_close(g.float(), w.float(), rtol=2 * rtol, atol=2 * atol, dtype=dtype, name=f"{where} result {j}")
+            assert_close(g.float(), w.float(), rtol=2 * rtol, atol=2 * atol, dtype=dtype,
+                         name=f"{where} result {j}")
         else:
             assert (g == w).all(), f"{where} result {j}: {g} != {w}"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["add", "gelu", "gelu_backward", "rms_norm", "rms_norm_backward", "silu_and_mul",
-                                  "silu_and_mul_backward", "gelu_and_mul", "gelu_and_mul_backward",
-                                  "fused_add_rms_norm", "rotary_embedding", "advance_step_flashattn"])
+@pytest.mark.parametrize("name", ["add", "gelu", "gelu_backward", "rms_norm", "rms_norm_backward",
+                                  "silu_and_mul", "silu_and_mul_backward", "gelu_and_mul",
+                                  "gelu_and_mul_backward", "fused_add_rms_norm", "rotary_embedding",
+                                  "advance_step_flashattn"])
 def test_cuda_matches_cpu(gpu: Any, name: str, dtype: str) -> None:
     from opbridge.testing.matrix import NONCONTIGUOUS, make_cases
 
@@ -391,10 +414,11 @@ def test_cuda_large_rows_match_cpu(gpu: Any) -> None:
         w = torch.randn(9000, dtype=dtype)
         g = torch.randn_like(x)
         name = str(dtype).rpartition(".")[2]
-        _assert_same(ops.rms_norm.opdef, name, [ops.rms_norm(x.cuda(), w.cuda())], [ops.rms_norm(x, w)], "rms_norm")
-        _assert_same(ops.rms_norm_backward.opdef, name, list(ops.rms_norm_backward(g.cuda(), x.cuda(), w.cuda())),
+        xc, wc, gc = x.cuda(), w.cuda(), g.cuda()
+        _assert_same(ops.rms_norm.opdef, name, [ops.rms_norm(xc, wc)], [ops.rms_norm(x, w)], "rms_norm")
+        _assert_same(ops.rms_norm_backward.opdef, name, list(ops.rms_norm_backward(gc, xc, wc)),
                      list(ops.rms_norm_backward(g, x, w)), "rms_norm_backward")
-        _assert_same(ops.silu_and_mul.opdef, name, [ops.silu_and_mul(x.cuda())], [ops.silu_and_mul(x)], "silu")
+        _assert_same(ops.silu_and_mul.opdef, name, [ops.silu_and_mul(xc)], [ops.silu_and_mul(x)], "silu")
 
 
 def test_torch_dispatcher_autograd_and_compile_on_cuda(gpu: Any) -> None:
@@ -414,7 +438,8 @@ def test_torch_dispatcher_autograd_and_compile_on_cuda(gpu: Any) -> None:
 
     compiled = torch.compile(lambda a, b: ops.gelu(ops.add(a, b)), fullgraph=True, backend="aot_eager")
     a, b = torch.randn(5, 123), torch.randn(5, 123)
-    _assert_same(ops.gelu.opdef, "float32", [compiled(a.cuda(), b.cuda())], [ops.gelu(ops.add(a, b))], "compile")
+    want = ops.gelu(ops.add(a, b))
+    _assert_same(ops.gelu.opdef, "float32", [compiled(a.cuda(), b.cuda())], [want], "compile")
 
     out = torch.empty(5, 123, device="cuda")
     assert ops.add(a.cuda(), b.cuda(), out=out) is out

@@ -60,7 +60,8 @@ from opbridge.bench import BenchError
 from opbridge.bench.timing import dist_version, machine_info
 
 DESCRIPTION = (
-    "opbridge.ops.add (and gelu/rms_norm under jax.jit) next to each framework's own op, in one "
+    "Every framework, one compiled module, next to its own ops: opbridge.ops.add (and gelu/rms_norm "
+    "under jax.jit) next to each framework's own op, in one "
     "worker process per framework (numpy, torch, jax, paddle, mindspore PyNative and ms.jit), timed "
     "interleaved after checking results; every worker loads the one cold-built op library; with "
     "--builds also the cold build of an equivalent add op with Paddle's cpp_extension.load and "
@@ -591,9 +592,10 @@ def format_text(result: dict[str, Any]) -> str:
     ]
     cold = result["cold_build"]
     if "seconds" in cold:
+        samples = ", ".join(f"{x:.2f}" for x in cold["samples"])
         lines.append(f"op library: cold build {cold['seconds']:.2f} s wall, {cold['cpu_seconds']:.2f} s cpu "
-                     f"(median of {len(cold['samples'])}; {len(cold['ops'])} ops, "
-                     f"{len(cold['sources'])} sources)")
+                     f"(median of {len(cold['samples'])}: {samples} s; "
+                     f"{len(cold['ops'])} ops, {len(cold['sources'])} sources)")
     else:
         lines.append(f"op library: cold build skipped ({cold['skipped']})")
     mod = result["module"]

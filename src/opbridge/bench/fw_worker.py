@@ -200,6 +200,7 @@ def _use_module(path: str | None) -> dict[str, Any]:
         own = None
     info: dict[str, Any] = {"requested_path": path, "own_key_path": own, "pinned": False}
     if path is None or own == path:
+        loader.load(LIBRARY, "cpu")  # now, before the sources can change under a concurrent edit
         return info
     from opbridge._tvm import tvm_ffi
 

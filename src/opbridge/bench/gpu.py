@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"size (default {DEFAULT_SIZE}; --quick {QUICK_SIZE})")
     parser.add_argument("--rounds", type=int, metavar="N", default=None,
                         help="interleaved rounds per case (default 15; --quick 5)")
-    parser.add_argument("--device", type=int, metavar="INDEX", default=0, help="CUDA device index (default 0)")
+    parser.add_argument("--device", type=int, metavar="INDEX", default=0,
+                        help="CUDA device index (default 0)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile candidate")
 
 
@@ -106,7 +107,8 @@ def time_cuda(fns: dict[str, Callable[[], Any]], rounds: int,
     """
     import torch
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
     def timed(fn: Callable[[], Any], number: int) -> float:
         start.record()
@@ -137,8 +139,6 @@ def copy_bandwidth(device: Any, rounds: int, nbytes: int = COPY_BYTES) -> dict[s
     x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     stats, number = time_cuda({"copy": lambda: torch.empty_like(x).copy_(x)}, rounds)
     p50 = stats["copy"]["p50"]
-    del x
-    torch.cuda.empty_cache()
     return {"bytes": 2 * nbytes, "seconds": stats["copy"], "number": number, "gbps": 2 * nbytes / p50 / 1e9}
 
 
@@ -216,8 +216,8 @@ def candidates(op: Any, impl: Any, compiled: Callable[..., Any] | None) -> dict[
         def compile_new(args: list[Any]) -> Any:
             return functools.partial(compiled, *args), _as_tuple
 
-        cands[COMPILE_NEW] = ("new", f"torch.compile(fullgraph=True, dynamic=False) of {impl.what or 'the formula'}",
-                              compile_new)
+        what = f"torch.compile(fullgraph=True, dynamic=False) of {impl.what or 'the formula'}"
+        cands[COMPILE_NEW] = ("new", what, compile_new)
     return cands
 
 
@@ -260,7 +260,7 @@ def _check(op: Any, label: str, name: str, got: Sequence[Any], expected: Sequenc
     if len(got) != len(expected):
         raise BenchError(f"{label}: {name} gave {len(got)} result(s), opbridge {len(expected)}")
     rtol, atol = op.tolerance(dtype)
-    for j, (g, e) in enumerate(zip(got, expected)):
+    for j, (g, e) in enumerate(zip(got, expected, strict=True)):
         try:
             assert_close(g.cpu(), e.cpu(), rtol=2 * rtol, atol=2 * atol, dtype=dtype, name=f"result {j}")
         except AssertionError as err:
@@ -274,7 +274,7 @@ def _expected(op: Any, cands: dict[str, tuple[str, str, Bind]], pristine: list[A
 
 
 def choose_torch(op: Any, wl: Any, device: Any) -> Any:
-    """The first torch variant of *wl* whose float32 result matches opbridge's on the GPU (None if none listed)."""
+    """The first torch variant of *wl* whose float32 result matches opbridge's on the GPU, or None."""
     if not wl.torch:
         return None
     pristine = make_args(op, wl, (4, 256), "float32", device, seed=1)
@@ -304,8 +304,8 @@ def run_case(op: Any, wl: Any, impl: Any, size: tuple[int, int], dtype: str, dev
     if impl is not None and use_compile:
         try:
             compiled = torch.compile(impl.new, fullgraph=True, dynamic=False)
-            compiled(*_clone(pristine))  # compile now, outside the timing
-        except Exception as e:  # noqa: BLE001 - any compiler failure only drops the candidate
+            compiled(*_clone(pristine))  # type: ignore[no-untyped-call]  # compile now, not while timing
+        except Exception as e:  # any compiler failure only drops the candidate
             compiled = None
             notes.append(f"compile_new dropped: torch.compile failed: {type(e).__name__}: {str(e)[:300]}")
     cands = candidates(op, impl, compiled)
@@ -321,7 +321,8 @@ def run_case(op: Any, wl: Any, impl: Any, size: tuple[int, int], dtype: str, dev
                               "number": number, "rounds": rounds, "candidates": {}, "notes": notes}
     for name, (mode, what, _bind) in cands.items():
         s = stats[name]
-        record["candidates"][name] = {"mode": mode, "what": what, "seconds": s, "gbps": moved / s["p50"] / 1e9}
+        record["candidates"][name] = {"mode": mode, "what": what, "seconds": s,
+                                      "gbps": moved / s["p50"] / 1e9}
     for name, base in _SAME_MODE.items():
         if name in stats and base in stats:
             record["candidates"][name]["speedup_vs_opbridge"] = stats[name]["p50"] / stats[base]["p50"]
@@ -337,8 +338,9 @@ def _gpu_info(device: Any) -> dict[str, Any]:
     import torch
 
     p = torch.cuda.get_device_properties(device)
-    return {"name": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1),
-            "multiprocessors": p.multi_processor_count, "torch_cuda": torch.version.cuda}
+    return {"name": p.name, "capability": f"{p.major}.{p.minor}",
+            "memory_gib": round(p.total_memory / 2**30, 1), "multiprocessors": p.multi_processor_count,
+            "torch_cuda": torch.version.cuda}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -412,12 +414,15 @@ def format_text(result: dict[str, Any]) -> str:
         return f"opbridge bench gpu: skipped: {result['skipped']}"
     gpu, copy = result["gpu"], result["copy"]
     lines = [
-        f"GPU: {gpu['name']} (sm {gpu['capability']}, {gpu['memory_gib']} GiB, torch CUDA {gpu['torch_cuda']})",
+        f"GPU: {gpu['name']} (compute capability {gpu['capability']}, {gpu['memory_gib']} GiB, "
+        f"torch CUDA {gpu['torch_cuda']})",
         f"copy bandwidth (empty_like(x).copy_(x), 1 GiB): {copy['before']['gbps']:.0f} GB/s before, "
         f"{copy['after']['gbps']:.0f} GB/s after; reference {copy['reference_gbps']:.0f} GB/s",
-        f"size {tuple(result['size'])}; per-call p50 in us; fraction of copy bandwidth; speed-up = theirs / ours",
+        f"size {tuple(result['size'])}; per-call p50 in us; fraction of copy bandwidth; "
+        "speed-up = theirs / ours",
         "",
-        f"{'op':<20} {'dtype':<9} {'candidate':<13} {'mode':<8} {'p50 us':>9} {'GB/s':>7} {'copy':>5} {'speed-up':>8}",
+        f"{'op':<20} {'dtype':<9} {'candidate':<13} {'mode':<8} {'p50 us':>9} {'GB/s':>7} {'copy':>5} "
+        f"{'speed-up':>8}",
     ]
     for rec in result["results"]:
         for name, c in rec["candidates"].items():

@@ -1042,6 +1042,14 @@ def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
             "speedup_vs_compile": vs_compile, "small_speedup_vs_eager": small}
 
 
+def _loadavg() -> float | None:
+    """The 1-minute load average (other work competing for the cores), or None."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; see the module docstring."""
     wall0 = time.monotonic()
@@ -1051,6 +1059,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from opbridge.bench import stream
 
+    load_start = _loadavg()
     p = plan(s)
     if not p.ops:
         raise BenchError("no op to benchmark: " + "; ".join(f"{k['op']}: {k['reason']}" for k in p.skipped))
@@ -1102,6 +1111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info = machine_info()
     info["torch_threads"] = torch.get_num_threads()
     info["omp_num_threads_env"] = os.environ.get("OMP_NUM_THREADS")
+    info["loadavg_1m_start_end"] = [load_start, _loadavg()]
     for pss in passes:
         pss.pop("samples_s", None)
     result: dict[str, Any] = {
@@ -1182,7 +1192,8 @@ def format_text(result: dict[str, Any]) -> str:
     lines = [
         f"opbridge bench kernels{' (--quick)' if result['quick'] else ''}",
         f"machine: {m['cpu_model']}, {m['cpus_usable']} CPUs, torch {m['torch']} ({m['torch_threads']} threads), "
-        f"numpy {m['numpy']}, tvm-ffi {m['tvm_ffi']}, python {m['python']}, {m['date']}",
+        f"numpy {m['numpy']}, tvm-ffi {m['tvm_ffi']}, python {m['python']}, {m['date']}; 1-min load average "
+        f"{m['loadavg_1m_start_end'][0]} at the start, {m['loadavg_1m_start_end'][1]} at the end",
         f"STREAM ({st['passes'][0]['n']} floats, {st['passes'][0]['threads']} threads), GB/s p50 of the first "
         f"pass: " + ", ".join(f"{n} {v['gbps_p50']:.1f}" for n, v in k.items())
         + f"; copy reference (both passes) {st['copy_gbps']:.2f} GB/s",

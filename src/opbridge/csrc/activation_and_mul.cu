@@ -113,19 +113,18 @@ int64_t check_halves(const char* op, const TensorView& x) {
   OPB_CHECK_MIN_NDIM(op, x, 1);
   OPB_CHECK_CONTIGUOUS(op, x);
   const int64_t two_d = x.size(x.ndim() - 1);
-  OPB_CHECK(two_d % 2 == 0, ValueError) << op << ": x's last dim must be even (it holds the two halves "
-                                        << "[a, b]), got shape " << opbridge::shape_str(x);
+  OPB_CHECK(two_d % 2 == 0, ValueError) << op << ": x's last dim must be even (it holds the halves [a | b]), "
+                                        << "got shape " << opbridge::shape_str(x);
   return two_d / 2;
 }
 
-void check_half_shape(const char* op, const char* arg, const TensorView& t, const TensorView& x,
-                      int64_t d) {
+// t has x's shape with the last dim halved (the message of activation_and_mul.cc).
+void check_half_shape(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
   bool ok = t.ndim() == x.ndim();
   for (int i = 0; ok && i + 1 < t.ndim(); ++i) ok = t.size(i) == x.size(i);
-  ok = ok && t.size(t.ndim() - 1) == d;
-  OPB_CHECK(ok, ValueError) << op << ": " << arg << " must have x's leading dims and last dim " << d
-                            << " (half of x's " << 2 * d << "), got shape " << opbridge::shape_str(t)
-                            << " for x of shape " << opbridge::shape_str(x);
+  ok = ok && t.size(t.ndim() - 1) * 2 == x.size(x.ndim() - 1);
+  OPB_CHECK(ok, ValueError) << op << ": " << arg << " must have x's shape with the last dim halved (x: "
+                            << opbridge::shape_str(x) << "), got " << opbridge::shape_str(t);
 }
 
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX)); }
@@ -135,7 +134,7 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
   const int64_t d = check_halves(op, x);
   OPB_CHECK_SAME_DEVICE(op, out, x);
   OPB_CHECK_SAME_DTYPE(op, out, x);
-  check_half_shape(op, "out", out, x, d);
+  check_half_shape(op, "out", out, x);
   OPB_CHECK_CONTIGUOUS(op, out);
 
   const int64_t rows = d == 0 ? 0 : out.numel() / d;
@@ -163,7 +162,7 @@ void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, Te
   OPB_CHECK_SAME_DEVICE(op, grad_x, grad);
   OPB_CHECK_SAME_DTYPE(op, grad, x);
   OPB_CHECK_SAME_DTYPE(op, grad_x, x);
-  check_half_shape(op, "grad", grad, x, d);
+  check_half_shape(op, "grad", grad, x);
   OPB_CHECK_SAME_SHAPE(op, grad_x, x);
   OPB_CHECK_CONTIGUOUS(op, grad);
   OPB_CHECK_CONTIGUOUS(op, grad_x);

@@ -5,7 +5,12 @@ The functions below are the NumPy references (they are the declarations); the
 CPU kernels live in ``opbridge/csrc/{activation_and_mul,fused_add_rms_norm,
 rotary_embedding,advance_step}.cc``. Mutating ops (``Tensor(a!)``) update their
 arguments in place in torch, NumPy and Paddle, and return the new values of the
-mutated arguments in JAX (whose arrays are immutable).
+mutated arguments in JAX (whose arrays are immutable). ``rotary_embedding`` and
+``advance_step_flashattn`` take int64 tensors, which JAX only has with
+``jax_enable_x64`` (otherwise it narrows them to int32 and the kernels reject
+them with a TypeError naming the argument); in JAX, errors that depend on
+tensor contents (a position out of range, a bad block id) surface from inside
+XLA as ``JaxRuntimeError`` carrying the same message.
 
 ``rotary_embedding_cases`` and ``advance_step_flashattn_cases`` generate valid
 test cases for :func:`opbridge.testing.check_op` (registered in
