@@ -65,11 +65,14 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import jax_tvm_ffi
 import numpy as np
 
 from opbridge import loader
+from opbridge._tvm import tvm_ffi as _import_tvm_ffi
 from opbridge.schema import check_value
+
+_import_tvm_ffi()  # before jax_tvm_ffi, which imports tvm_ffi (and with it torch, unless hidden)
+import jax_tvm_ffi  # noqa: E402
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef

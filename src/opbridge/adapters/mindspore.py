@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 import mindspore as ms
 import numpy as np
-import tvm_ffi
 from mindspore import Tensor
 from mindspore.graph.api import _pynative_executor
 
 from opbridge import loader
+from opbridge._tvm import tvm_ffi as _import_tvm_ffi
 from opbridge.adapters import mindspore_aot as aot
 from opbridge.adapters.base import check_no_alias, pack_results, validate_args
 from opbridge.declare import like
@@ -71,6 +71,8 @@ _NUMPY: dict[Any, Any] = {
 }
 
 _requires_grad: Callable[[], bool] = _pynative_executor._executor.requires_grad
+
+tvm_ffi = _import_tvm_ffi()  # without importing torch, which `import tvm_ffi` otherwise does
 
 
 def _is_tensor(x: Any) -> bool:

@@ -33,7 +33,7 @@ def _fast_prelude(op: OpDef) -> str | None:
     """
     args = op.schema.arguments
     if op.schema.is_mutating or not isinstance(op.shape, like) or any(
-            a.type.is_tensor and a.type.optional or a.type.is_tensor_list for a in args):
+            (a.type.is_tensor and a.type.optional) or a.type.is_tensor_list for a in args):
         return None
     names = [a.name for a in args]
     outs = [f"_o{i}" for i in range(op.n_outputs)]
