@@ -221,3 +221,13 @@ def test_library_exports_every_declared_kernel() -> None:
     path = loader.loaded_path(ops.LIBRARY, "cpu")
     declared = sorted(op.kernels["cpu"] for op in ops.LIBRARY.ops.values())
     assert sorted(loader.exports(path)) == declared
+
+
+def test_cache_key_does_not_depend_on_install_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _spec(tmp_path)
+    key = bcompile.fingerprint(spec)
+    includes, lib = bcompile._tvm_ffi_paths()
+    moved = ([str(tmp_path / "venv2" / "include"), str(tmp_path / "venv2" / "dlpack")],
+             tmp_path / "venv2" / "lib" / lib.name)
+    monkeypatch.setattr(bcompile, "_tvm_ffi_paths", lambda: moved)
+    assert bcompile.fingerprint(spec) == key, "another virtualenv with the same tvm-ffi must share the cache"

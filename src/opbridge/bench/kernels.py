@@ -118,8 +118,8 @@ class Settings:
     out: Path
 
 
-FULL = {"rounds": 30, "min_rounds": 7, "target_ms": 20.0, "case_budget_s": 12.0, "stream_rounds": 10}
-QUICK = {"rounds": 7, "min_rounds": 3, "target_ms": 5.0, "case_budget_s": 1.5, "stream_rounds": 5}
+FULL: dict[str, float] = {"rounds": 30, "min_rounds": 7, "target_ms": 20.0, "case_budget_s": 12.0, "stream_rounds": 10}
+QUICK: dict[str, float] = {"rounds": 7, "min_rounds": 3, "target_ms": 5.0, "case_budget_s": 1.5, "stream_rounds": 5}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +190,7 @@ def settings(args: argparse.Namespace) -> Settings:
     bad = [t for t in dtypes if t not in ("float32", "float16", "bfloat16")]
     if bad:
         raise BenchError(f"--dtypes: unsupported {', '.join(bad)} (float32, float16, bfloat16)")
-    rounds = args.rounds if args.rounds is not None else d["rounds"]
+    rounds = int(args.rounds if args.rounds is not None else d["rounds"])
     target_ms = args.target_ms if args.target_ms is not None else d["target_ms"]
     if rounds < 1 or target_ms <= 0:
         raise BenchError(f"--rounds and --target-ms must be positive (got {rounds}, {target_ms})")
@@ -202,7 +202,7 @@ def settings(args: argparse.Namespace) -> Settings:
         sizes=sizes,
         dtypes=dtypes,
         rounds=rounds,
-        min_rounds=min(d["min_rounds"], rounds),
+        min_rounds=min(int(d["min_rounds"]), rounds),
         target_s=target_ms / 1e3,
         case_budget_s=d["case_budget_s"],
         compile=(not quick) if args.compile is None else bool(args.compile),
@@ -212,7 +212,7 @@ def settings(args: argparse.Namespace) -> Settings:
         memory_dtypes=dtypes[:1] if quick else dtypes,
         plots=not args.no_plots,
         stream_n=args.stream_n or (QUICK_N if quick else DEFAULT_N),
-        stream_rounds=d["stream_rounds"],
+        stream_rounds=int(d["stream_rounds"]),
         threads=args.threads or 0,
         local_stream_bytes=int(args.local_stream_mib * 2**20),
         out=Path(args.out) if args.out else Path("results") / f"bench-kernels-{stamp}",
@@ -248,7 +248,7 @@ class Progress:
     def show(self, label: str) -> None:
         """Draw the bar with *label* as the step now running."""
         frac = min(self.done_weight / self.total, 1.0)
-        filled = int(round(frac * self.width))
+        filled = round(frac * self.width)
         elapsed = time.monotonic() - self.start
         eta = "?" if self.done_weight <= 0 else self._clock(elapsed * (self.total - self.done_weight)
                                                              / self.done_weight)
@@ -539,8 +539,8 @@ def _compile(op: Any, impl: Any) -> CompiledPair:
 
     n = len(op.schema.arguments)
     targets = None if op.n_outputs else _mutated(op)
-    opts = {"fullgraph": True, "dynamic": False}
-    return CompiledPair(torch.compile(impl.new, **opts), torch.compile(_into(impl, n, targets), **opts))
+    return CompiledPair(torch.compile(impl.new, fullgraph=True, dynamic=False),
+                        torch.compile(_into(impl, n, targets), fullgraph=True, dynamic=False))
 
 
 def _capture_code(fn: Callable[[], Any]) -> tuple[Any, list[str], float]:
@@ -767,8 +767,8 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
                      "gbps": _sig(moved["total"] / (st["p50"] * 1e-6) / 1e9)}
     return {
         "op": op.name, "size": case.size_name, "rows_cols": list(case.size), "dtype": dtype, "shapes": shape,
-        "bytes": moved, "torch_variant": impl.label if impl is not None else "", "candidates": results, "skipped": skipped,
-        "compile": compile_info, "stream_copy_local": local_row,
+        "bytes": moved, "torch_variant": impl.label if impl is not None else "", "candidates": results,
+        "skipped": skipped, "compile": compile_info, "stream_copy_local": local_row,
     }
 
 
@@ -782,29 +782,27 @@ class _nullcontext:  # noqa: N801 - contextlib.nullcontext without importing it 
 
 def _compile_case(case: CaseSpec, impl: Any, pristine: list[Any], expected: Sequence[Any],
                   info: dict[str, Any], skipped: dict[str, str]) -> list[Candidate]:
-    """Compile the case's formula (new output and into a buffer), verify both, keep what is fair."""
+    """Compile the case's formula (new output and into a buffer), verify both, keep what is fair.
+
+    Each is compiled on its own: Inductor failing on one (it has bugs, e.g. a
+    ``KeyError`` in the C++ outer-loop fusion of a graph that mutates two
+    inputs) only drops that one, with the error recorded.
+    """
     import torch
 
     op = case.op
     torch._dynamo.reset()  # compile once per case; never hit the recompile limit across cases
-    try:
-        pair = _compile(op, impl)
-        cands = compiled_candidates(op, impl, pair)
-        results: dict[str, Any] = {}
-        for c in cands:
-            fn, get = c.bind(_clone(pristine))
-            ret, codes, secs = _capture_code(fn)
-            results[c.name] = (get(ret), codes, secs)
-    except BenchError:
-        raise
-    except Exception as e:  # noqa: BLE001 - Inductor failing is a missing competitor, not our error
-        msg = f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        skipped[COMPILE_NEW] = skipped[COMPILE_OUT] = msg
-        return []
     kept = []
     smallest = min(math.prod(t.shape) for t in expected)
-    for c in cands:
-        got, codes, secs = results[c.name]
+    for c in compiled_candidates(op, impl, _compile(op, impl)):
+        try:
+            fn, get = c.bind(_clone(pristine))
+            ret, codes, secs = _capture_code(fn)
+            got = get(ret)
+        except Exception as e:  # Inductor failing is a missing competitor, not our error
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            skipped[c.name] = f"torch.compile failed: {type(e).__name__}: {first}"
+            continue
         _check(op, case.label, c.name, got, expected, case.dtype)
         allocs = _allocations(codes)
         info[c.name] = {"first_call_seconds": secs, "allocations_numel": allocs}
@@ -1240,12 +1238,12 @@ def format_text(result: dict[str, Any]) -> str:
                  if any(n in v for v in by.values())]
         lines.append(f"  {'op':<20} {'dtype':<9} " + " ".join(f"{n:>18}" for n in names))
         for (op, d), row in by.items():
-            cells = []
+            mem_cells = []
             for n in names:
                 r = row.get(n)
-                cells.append(f"{'-':>18}" if r is None else
-                             f"{r['beyond_io_bytes'] / 2**20:>9.2f} ({r['beyond_io_vs_input']:.2f}x)")
-            lines.append(f"  {op:<20} {d:<9} " + " ".join(cells))
+                mem_cells.append(f"{'-':>18}" if r is None else
+                                 f"{r['beyond_io_bytes'] / 2**20:>9.2f} ({r['beyond_io_vs_input']:.2f}x)")
+            lines.append(f"  {op:<20} {d:<9} " + " ".join(mem_cells))
         for op, v in mem["ops"].items():
             allowed = "none" if v["kind"] == "forward" else "at most one"
             lines.append(f"  {op}: opbridge's worst {v['worst_beyond_io_vs_input']:.2f}x of its largest input "

@@ -218,4 +218,4 @@ def copy_gbps(passes: list[dict[str, Any]]) -> float:
 
     secs = [s for p in passes for s in p["samples_s"]["copy"]]
     nbytes = passes[0]["kernels"]["copy"]["bytes"]
-    return round(nbytes / percentile(secs, 50) / 1e9, 3)
+    return round(float(nbytes) / percentile(secs, 50) / 1e9, 3)

@@ -122,7 +122,8 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
     def rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
         # (R, 1) float32, no full-size temporary: vector_norm reduces in one pass.
         h = x.shape[-1]
-        return torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=f32).pow_(2).div_(h).add_(eps).rsqrt_()
+        r: torch.Tensor = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=f32)
+        return r.pow_(2).div_(h).add_(eps).rsqrt_()
 
     def rms_into(dst: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> None:
         torch.mul(x, rstd(x, eps), out=dst)
@@ -134,7 +135,7 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
 
     def silu_mul_out(x: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
         a, b = halves(x)
-        torch._C._nn.silu(a, out=outs[0])
+        torch.ops.aten.silu.out(a, out=outs[0])
         outs[0].mul_(b)
 
     def gelu_mul(approximate: str) -> TorchImpl:
@@ -144,7 +145,7 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
 
         def out(x: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
             a, b = halves(x)
-            torch._C._nn.gelu(a, approximate=approximate, out=outs[0])
+            torch.ops.aten.gelu.out(a, approximate=approximate, out=outs[0])
             outs[0].mul_(b)
 
         return TorchImpl(new, out, f"gelu(a, approximate={approximate!r}, out=buf) then buf.mul_(b)",
@@ -173,7 +174,7 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
         "add": (TorchImpl(lambda x, y: (torch.add(x, y),), lambda x, y, outs: torch.add(x, y, out=outs[0]),
                           "torch.add(x, y, out=buf)", "torch.add(x, y)"),),
         "gelu": (TorchImpl(lambda x: (F.gelu(x, approximate="tanh"),),
-                           lambda x, outs: torch._C._nn.gelu(x, approximate="tanh", out=outs[0]),
+                           lambda x, outs: torch.ops.aten.gelu.out(x, approximate="tanh", out=outs[0]),
                            "gelu(x, approximate='tanh', out=buf)", "F.gelu(x, approximate='tanh')"),),
         "gelu_backward": (TorchImpl(
             lambda grad, x: (torch.ops.aten.gelu_backward(grad, x, approximate="tanh"),),
@@ -237,7 +238,7 @@ def infer(op: OpDef) -> tuple[Workload | None, str]:
     for case in cases:
         if case.get(LAYOUT, "contiguous") != "contiguous" or case.get(NONCONTIGUOUS):
             continue
-        ref = getattr(case.get(lead), "shape", ())
+        ref: tuple[int, ...] = tuple(getattr(case.get(lead), "shape", ()))
         if len(ref) != 2 or 0 in ref:
             continue
         roles: dict[str, str] = {}
@@ -283,7 +284,7 @@ def itemsize(dtype: Any) -> int:
 
 def nbytes(t: Any) -> int:
     """Bytes of tensor or array *t* (anything with ``.shape`` and ``.dtype``)."""
-    return math.prod(tuple(t.shape)) * itemsize(t.dtype)
+    return int(math.prod(tuple(t.shape))) * itemsize(t.dtype)
 
 
 def bytes_moved(op: OpDef, args: Sequence[Any]) -> dict[str, int]:
