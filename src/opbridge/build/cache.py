@@ -1,0 +1,66 @@
+"""The private JIT cache: ownership checks and crash-safe cross-process locks."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from opbridge import config
+from opbridge.errors import CacheSecurityError
+
+
+def _check_private(path: Path) -> None:
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise CacheSecurityError(
+            f"opbridge: refusing to use cache directory {path}: it is owned by uid {st.st_uid}, "
+            f"not by you (uid {os.getuid()}). Set OPBRIDGE_CACHE_DIR to a directory you own."
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheSecurityError(
+            f"opbridge: refusing to use cache directory {path}: it is group- or world-writable "
+            f"(mode {stat.S_IMODE(st.st_mode):o}); another user could plant a library there. "
+            f"Run `chmod 700 {path}` or set OPBRIDGE_CACHE_DIR."
+        )
+
+
+def cache_root(create: bool = True) -> Path:
+    """Return the cache directory, created 0700, after checking it is private.
+
+    Raises
+    ------
+    CacheSecurityError
+        If the directory belongs to another user or is group/world-writable.
+    """
+    root = config.cache_dir()
+    if create and not root.exists():
+        old = os.umask(0o077)
+        try:
+            root.mkdir(parents=True, mode=0o700, exist_ok=True)
+        finally:
+            os.umask(old)
+    if root.exists():
+        _check_private(root)
+    return root
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on *path* for the duration of the block.
+
+    The kernel drops the lock when the holder exits, however it exits, so a
+    build killed half-way never leaves waiters hanging (unlike a lock file
+    that is polled for existence).
+    """
+    path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -1,0 +1,83 @@
+"""JIT builds into the private cache, safe against concurrent and killed builds.
+
+Protocol (after Triton's cache and flashinfer's loader):
+
+1. The entry's name is a hash of everything that determines the artifact.
+2. A hit is an entry whose ``manifest.json`` exists; the manifest is written
+   last, so a half-built entry never counts.
+3. On a miss: take the entry's ``flock``, check again, build in a private
+   temporary directory, write the manifest, then ``os.replace`` the directory
+   into place. A build killed at any point leaves at most a stray temporary
+   directory, and the kernel drops its lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from opbridge.build.cache import cache_root, file_lock
+from opbridge.build.compile import BuildSpec, fingerprint, run_ninja, write_ninja
+
+_MANIFEST = "manifest.json"
+
+
+def _entry_dir(spec: BuildSpec) -> Path:
+    key = fingerprint(spec)
+    return cache_root() / "jit" / f"{spec.name}-{spec.device}-{key[:20]}"
+
+
+def cached_artifact(spec: BuildSpec) -> Path | None:
+    """Return the cached module for *spec*, or None; never builds, never raises on a miss."""
+    try:
+        entry = _entry_dir(spec)
+    except OSError:
+        return None
+    so = entry / f"{spec.name}.so"
+    if (entry / _MANIFEST).is_file() and so.is_file():
+        return so
+    return None
+
+
+def build(spec: BuildSpec, force: bool = False) -> Path:
+    """Build *spec* (or reuse the cached build) and return the ``.so`` path.
+
+    Raises
+    ------
+    BuildError
+        If compilation fails; nothing is cached in that case.
+    CacheSecurityError
+        If the cache directory is not private to this user.
+    """
+    entry = _entry_dir(spec)
+    so = entry / f"{spec.name}.so"
+    if not force and (entry / _MANIFEST).is_file() and so.is_file():
+        return so
+    with file_lock(entry.parent / "locks" / (entry.name + ".lock")):
+        if not force and (entry / _MANIFEST).is_file() and so.is_file():
+            return so
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+        try:
+            (tmp / "obj").mkdir()
+            write_ninja(spec, tmp, tmp / so.name)
+            start = time.monotonic()
+            run_ninja(spec, tmp)
+            manifest = {
+                "name": spec.name,
+                "device": spec.device,
+                "sources": [str(s) for s in spec.sources],
+                "seconds": round(time.monotonic() - start, 3),
+                "created": time.time(),
+            }
+            (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
+            if entry.exists():
+                shutil.rmtree(entry)
+            os.replace(tmp, entry)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return so
