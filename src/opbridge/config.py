@@ -13,7 +13,12 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_NO_PROGRESS``   ``1`` hides the build progress line            ``0``
 ``OPBRIDGE_CXX``           C++ compiler                                   ``$CXX`` or ``c++``
 ``OPBRIDGE_CUDA_ARCHS``    CUDA architectures for ``.cu`` sources         ``80;90``
+``OPBRIDGE_CUDA_SYNC_CHECKS`` ``1``: CUDA kernels sync to raise device-side ``0``
+                           argument errors (bad positions / block ids)
+                           in the offending call, not the next one
 =========================  =============================================  ======================
+
+``nvcc`` is found on ``PATH``, then under ``$CUDA_HOME`` / ``$CUDA_PATH``.
 """
 
 from __future__ import annotations

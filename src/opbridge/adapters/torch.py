@@ -60,6 +60,17 @@ def _lead(op: OpDef, args: Sequence[Any]) -> torch.Tensor:
     return t
 
 
+def _cuda_stream(device: torch.device) -> Any:
+    """Publish torch's current stream *of the tensor's device* to tvm-ffi for the kernel call.
+
+    ``tvm_ffi.use_torch_stream()`` publishes the current device's stream, which
+    is the wrong one for a tensor on another GPU.
+    """
+    tvm = _tvm.tvm_ffi()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return tvm.use_raw_stream(tvm.device(f"cuda:{index}"), torch.cuda.current_stream(index).cuda_stream)
+
+
 def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
     """The dispatcher's kernel for *device*: allocate outputs, call the compiled kernel.
 
@@ -78,7 +89,7 @@ def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
         alloc = []
     call = f"_k({', '.join([*outs, *names])})"
     if device == "cuda":
-        call = f"with _stream():\n        {call}"
+        call = f"with _stream({names[op.dispatch_arg]}.device):\n        {call}"
     lines = [f"def impl({', '.join(params)}):"]
     if op.schema.is_mutating:
         lines.append(f"    _alias(({', '.join(names)},))")
@@ -97,7 +108,7 @@ def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
         "_alloc": lambda a: _alloc(op, a, _lead(op, a).device),
         "_alias": lambda a: check_no_alias(op, a, _span),
         "_pack": lambda a, o: pack_results(op, a, o),
-        "_stream": lambda: _tvm.tvm_ffi().use_torch_stream(),
+        "_stream": _cuda_stream,
     }
 
     def first_call(*args: Any) -> Any:
@@ -395,9 +406,7 @@ class TorchAdapter:
             check_no_alias(op, args, _span)
         kern = loader.kernel(op, device)
         if device == "cuda":
-            from opbridge._tvm import tvm_ffi
-
-            with tvm_ffi().use_torch_stream():
+            with _cuda_stream(_lead(op, args).device):
                 kern(*outs, *args)
         else:
             kern(*outs, *args)

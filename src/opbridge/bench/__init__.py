@@ -32,6 +32,7 @@ BENCHES: dict[str, str] = {
     "build": "opbridge.bench.build",
     "kernels": "opbridge.bench.kernels",
     "latency": "opbridge.bench.latency",
+    "gpu": "opbridge.bench.gpu",
     "frameworks": "opbridge.bench.frameworks",
 }
 
