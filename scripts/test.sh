@@ -25,4 +25,8 @@ if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
   run env OPBRIDGE_FRAMEWORK=mindspore .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/conformance
   [ -f tests/test_mindspore_adapter.py ] && run .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/test_mindspore_adapter.py
 fi
+# The example plugin: its wheel built in a fresh venv, installed, tested in torch and MindSpore.
+if [ "${OPBRIDGE_SKIP_WHEEL:-0}" != "1" ]; then
+  run env OPBRIDGE_MINDSPORE_PYTHON="$PWD/.venv-ms/bin/python" bash examples/vllm_plugin/ci_wheel.sh
+fi
 exit $status
