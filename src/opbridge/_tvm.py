@@ -9,6 +9,7 @@ itself.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 from types import ModuleType
@@ -18,17 +19,15 @@ _LOCK = threading.Lock()
 
 def tvm_ffi() -> ModuleType:
     """Return the ``tvm_ffi`` module, importing it without importing torch."""
-    mod = sys.modules.get("tvm_ffi")
-    if mod is not None:
-        return mod
+    loaded = sys.modules.get("tvm_ffi")
+    if loaded is not None:
+        return loaded
     with _LOCK:
         if "torch" in sys.modules:
-            import tvm_ffi as mod
-            return mod
+            return importlib.import_module("tvm_ffi")
         sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail fast
         try:
-            import tvm_ffi as mod
+            return importlib.import_module("tvm_ffi")
         finally:
             if sys.modules.get("torch", 0) is None:
                 del sys.modules["torch"]
-        return mod

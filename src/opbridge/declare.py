@@ -230,7 +230,7 @@ def _make_callable(op: OpDef) -> Callable[..., Any]:
         "_with_out": lambda args, out: dispatch.call_with_out(op, args, out),
     }
     exec(compile(_callable_source(op), f"<opbridge op {op.qualname}>", "exec"), ns)  # noqa: S102
-    fn = ns[op.name]
+    fn: Callable[..., Any] = ns[op.name]
     fn.__doc__ = op.doc or f"{op.qualname}: {op.schema}"
     fn.__qualname__ = op.name
     fn.__module__ = op.library.python_module

@@ -35,7 +35,7 @@ class Harness(Protocol):
     def skip_reason(self) -> str | None:
         """None when the framework is importable and usable, else why not."""
 
-    def from_numpy(self, a: np.ndarray, dtype: str) -> Any:
+    def from_numpy(self, a: np.ndarray, dtype: str | None) -> Any:
         """A framework array holding *a* cast to *dtype* (ints keep their dtype when dtype is None)."""
 
     def to_numpy(self, x: Any) -> np.ndarray:

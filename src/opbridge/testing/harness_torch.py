@@ -32,7 +32,8 @@ class TorchHarness:
         x = x.detach().cpu()
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()
-        return x.numpy()
+        arr: np.ndarray = x.numpy()
+        return arr
 
     def vjp(self, fn: Callable[..., Any], args: Sequence[Any], argnums: Sequence[int],
             cotangent: np.ndarray) -> list[np.ndarray]:
