@@ -119,10 +119,16 @@ def test_graph_mode_matches_eager(op: opbridge.OpDef) -> None:
         pytest.skip(f"{FRAMEWORK} has no graph mode for opbridge ops")
     for case in _cases(op, "float32")[:3]:
         args = _args(op, case, "float32")
-        want = [H.to_numpy(w) for w in _observed(op, args, op.call(*args))]
+        want = [None if w is None else H.to_numpy(w) for w in _observed(op, args, op.call(*args))]
         args = _args(op, case, "float32")
-        got = [H.to_numpy(g) for g in _observed(op, args, compiled(*args))]
+        try:
+            observed = _observed(op, args, compiled(*args))
+        except NotImplementedError as e:  # an adapter's documented graph-mode limit, e.g. Paddle's mutating ops
+            pytest.skip(f"{FRAMEWORK} graph mode: {e}")
+        got = [None if g is None else H.to_numpy(g) for g in observed]
         for g, w in zip(got, want):
+            if g is None and w is None:  # an optional mutated argument that was not given
+                continue
             assert_close(g, w, rtol=0, atol=0, name=f"{FRAMEWORK} graph-mode {op.name}")
 
 

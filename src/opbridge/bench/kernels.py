@@ -26,8 +26,16 @@ the inputs before anything is timed (a mismatch raises
 timed interleaved (:func:`opbridge.bench.timing.interleaved`). Bytes moved
 count each Tensor argument read once and each result written once
 (:func:`opbridge.bench.workloads.bytes_moved`); GB/s is bytes over the
-median time, and the fraction of STREAM copy uses the copy bandwidth of
-:mod:`opbridge.bench.stream` measured at the start and the end of this run.
+median time. Two fractions of STREAM copy are reported: against the copy
+bandwidth of :mod:`opbridge.bench.stream` measured (on 256 MiB arrays) at
+the start and the end of this run, and -- for cases moving 32 MiB or more --
+against a STREAM copy of the case's own byte count timed interleaved with
+its candidates, which sees the same cache residency and the same moment's
+load (this machine's L3 may hold much of a 64 MiB case). A fraction can
+exceed 1: STREAM counts no write-allocate traffic, so a copy into a
+separate array really moves 3 bytes per 2 counted, while an op that
+writes lines it has just read (in place, e.g. ``fused_add_rms_norm``)
+moves only what is counted.
 Speed-ups are the competitor's median over ours in the same mode (> 1:
 opbridge is faster); an op that mutates in place has only its in-place
 form, which stands in for "new output" too.
@@ -996,7 +1004,8 @@ def _speedups(case: dict[str, Any], mutating: bool) -> dict[str, dict[str, Any]]
             continue
         for r in rivals:
             if r in cands:
-                out[r] = {"ours": mine, "speedup": _sig(cands[r]["p50_us"] / cands[mine]["p50_us"])}
+                out[r] = {"ours": mine, "speedup": _sig(cands[r]["p50_us"] / cands[mine]["p50_us"]),
+                          "speedup_p20": _sig(cands[r]["p20_us"] / cands[mine]["p20_us"])}
     return out
 
 
@@ -1038,6 +1047,14 @@ def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
     return {"large_float32_frac_stream_copy": frac, "large_float32_frac_stream_copy_run": frac_run,
             "large_new_speedup_vs_eager": new_vs_eager,
             "speedup_vs_compile": vs_compile, "small_speedup_vs_eager": small}
+
+
+def _l3_size() -> str | None:
+    """The last-level cache size the kernel reports (``/sys``), e.g. ``"491520K"``, or None."""
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        return None
 
 
 def _loadavg() -> float | None:
@@ -1109,6 +1126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info = machine_info()
     info["torch_threads"] = torch.get_num_threads()
     info["omp_num_threads_env"] = os.environ.get("OMP_NUM_THREADS")
+    info["l3_cache"] = _l3_size()
     info["loadavg_1m_start_end"] = [load_start, _loadavg()]
     for pss in passes:
         pss.pop("samples_s", None)
@@ -1190,14 +1208,20 @@ def format_text(result: dict[str, Any]) -> str:
     lines = [
         f"opbridge bench kernels{' (--quick)' if result['quick'] else ''}",
         f"machine: {m['cpu_model']}, {m['cpus_usable']} CPUs, torch {m['torch']} ({m['torch_threads']} threads), "
-        f"numpy {m['numpy']}, tvm-ffi {m['tvm_ffi']}, python {m['python']}, {m['date']}; 1-min load average "
+        f"numpy {m['numpy']}, tvm-ffi {m['tvm_ffi']}, python {m['python']}, L3 {m.get('l3_cache')}, "
+        f"{m['date']}; 1-min load average "
         f"{m['loadavg_1m_start_end'][0]} at the start, {m['loadavg_1m_start_end'][1]} at the end",
         f"STREAM ({st['passes'][0]['n']} floats, {st['passes'][0]['threads']} threads), GB/s p50 of the first "
         f"pass: " + ", ".join(f"{n} {v['gbps_p50']:.1f}" for n, v in k.items())
         + f"; copy reference (both passes) {st['copy_gbps']:.2f} GB/s",
         "speed-up = competitor p50 / opbridge p50 in the same mode (>1: opbridge faster)",
-        "",
     ]
+    loads = [x for x in m.get("loadavg_1m_start_end", []) if x is not None]
+    if loads and max(loads) >= m["cpus_usable"]:
+        lines.append(f"WARNING: the machine was busy (1-min load average up to {max(loads)} on {m['cpus_usable']} "
+                     "CPUs): OpenMP-parallel calls wait for a descheduled team thread (milliseconds each), so "
+                     "multi-threaded candidates at small sizes look far slower than on an idle machine")
+    lines.append("")
     sm = result["summary"]
     if sm["large_float32_frac_stream_copy"]:
         lines.append("large float32, into an existing buffer / in place: fraction of STREAM copy, against a copy "
