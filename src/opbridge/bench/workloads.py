@@ -105,9 +105,13 @@ def normed(full_names: Sequence[str], row: Sequence[str]) -> Callable[[tuple[int
 
 
 def gated(size: tuple[int, int]) -> dict[str, Shape]:
-    """``x`` of a ``*_and_mul`` op: ``(R, C)``; an odd C gives ``(R, 2C)`` so the half-width stays odd."""
+    """``x`` of a ``*_and_mul`` op: ``(R, C)``; an odd C gives ``(R, 2C)`` so the half-width stays odd.
+
+    ``grad`` (of the backward ops) is the forward's output, ``(R, C/2)``.
+    """
     rows, cols = size
-    return {"x": (rows, cols if cols % 2 == 0 else 2 * cols)}
+    width = cols if cols % 2 == 0 else 2 * cols
+    return {"x": (rows, width), "grad": (rows, width // 2)}
 
 
 # -- torch formulas -----------------------------------------------------------------
@@ -151,6 +155,16 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
         return TorchImpl(new, out, f"gelu(a, approximate={approximate!r}, out=buf) then buf.mul_(b)",
                          f"F.gelu(a, approximate={approximate!r}) * b", f"approximate={approximate!r}")
 
+    def silu_mul_backward(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a, b = halves(x)
+        s = torch.sigmoid(a)
+        return (torch.cat([grad * b * s * (1 + a * (1 - s)), grad * a * s], dim=-1),)
+
+    def gelu_mul_backward(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a, b = halves(x)
+        return (torch.cat([torch.ops.aten.gelu_backward(grad * b, a, approximate="tanh"),
+                           grad * F.gelu(a, approximate="tanh")], dim=-1),)
+
     def fused_add_rms_new(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
                           eps: float) -> tuple[torch.Tensor, ...]:
         s = x + residual
@@ -191,6 +205,8 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
         "silu_and_mul": (TorchImpl(lambda x: (F.silu(halves(x)[0]) * halves(x)[1],), silu_mul_out,
                                    "silu(a, out=buf) then buf.mul_(b)", "F.silu(a) * b"),),
         "gelu_and_mul": (gelu_mul("none"), gelu_mul("tanh")),
+        "silu_and_mul_backward": (TorchImpl(silu_mul_backward, what="torch.cat of the two halves' gradients"),),
+        "gelu_and_mul_backward": (TorchImpl(gelu_mul_backward, what="aten.gelu_backward + gelu, torch.cat"),),
         "gelu_tanh_and_mul": (gelu_mul("tanh"),),
         "fused_add_rms_norm": (TorchImpl(
             fused_add_rms_new, fused_add_rms_inplace,
@@ -210,6 +226,8 @@ _SHAPES: dict[str, tuple[Callable[[tuple[int, int]], dict[str, Shape]], str]] = 
     "silu_and_mul": (gated, "size is x's shape (R, 2d); an odd size uses x = (R, 2C) so d = C stays odd"),
     "gelu_and_mul": (gated, "size is x's shape (R, 2d); an odd size uses x = (R, 2C) so d = C stays odd"),
     "gelu_tanh_and_mul": (gated, "size is x's shape (R, 2d); an odd size uses x = (R, 2C)"),
+    "silu_and_mul_backward": (gated, "size is x's shape (R, 2d), grad (R, d); an odd size uses x = (R, 2C)"),
+    "gelu_and_mul_backward": (gated, "size is x's shape (R, 2d), grad (R, d); an odd size uses x = (R, 2C)"),
     "fused_add_rms_norm": (normed(["input", "x", "residual"], ["weight"]),
                            "mutates its input and residual in place"),
 }
