@@ -55,7 +55,7 @@ class like:  # noqa: N801 - reads as a phrase: shape=like("x")
 
 
 #: Adapters that register ops with their framework as soon as they are declared.
-_DECLARE_TIME_ADAPTERS = ("torch", "paddle", "mindspore")
+_DECLARE_TIME_ADAPTERS = ("torch", "paddle")
 
 #: Default per-dtype tolerances ``(rtol, atol)``; see ``opbridge.testing.TOLERANCES``.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
