@@ -387,9 +387,12 @@ class TorchAdapter:
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
         """Run *op* into the caller's tensors *outs* (``out=``); no autograd, like torch's own ``out=``."""
-        register(op.library)
-        validate_args(op, args, _is_tensor, "a torch.Tensor")
+        if op.qualname not in _REGISTERED:
+            register(op.library)
         tensors = [a for a in (*args, *outs) if isinstance(a, torch.Tensor)]
+        if len(tensors) != len(outs) + sum(1 for a in args if isinstance(a, torch.Tensor)) or not all(
+                isinstance(args[i], torch.Tensor) for i in op.differentiable):
+            validate_args(op, args, _is_tensor, "a torch.Tensor")  # names the offending argument
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             raise RuntimeError(f"{op.name}: out= does not support autograd (an argument requires grad); "
                                f"call it under torch.no_grad() or without out=")
@@ -397,6 +400,7 @@ class TorchAdapter:
         no_modes = (not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()
                     and torch._C._functorch.peek_interpreter_stack() is None)
         if not (plain and no_modes):
+            validate_args(op, args, _is_tensor, "a torch.Tensor")
             results = getattr(getattr(torch.ops, op.library.namespace), op.name).default(*args)
             for o, r in zip(outs, results if isinstance(results, tuple) else (results,)):
                 o.copy_(r)
@@ -404,18 +408,25 @@ class TorchAdapter:
         device = _lead(op, args).device.type
         if op.schema.is_mutating:
             check_no_alias(op, args, _span)
-        kern = loader.kernel(op, device)
+        kern = _KERNELS.get((op.qualname, device))
+        if kern is None:
+            kern = _KERNELS[(op.qualname, device)] = loader.kernel(op, device)
         if device == "cuda":
             with _cuda_stream(_lead(op, args).device):
                 kern(*outs, *args)
         else:
-            kern(*outs, *args)
+            try:
+                kern(*outs, *args)
+            except TypeError:
+                validate_args(op, args, _is_tensor, "a torch.Tensor")  # a named error for a bad scalar
+                raise
         for o in outs:
             torch.autograd.graph.increment_version(o)
-        return pack_results(op, args, outs)
+        return outs[0] if len(outs) == 1 and len(op.schema.returns) == 1 else pack_results(op, args, outs)
 
 
 _FAST: set[str] = set()
+_KERNELS: dict[tuple[str, str], Any] = {}
 ADAPTER = TorchAdapter()
 
 
