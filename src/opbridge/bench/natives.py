@@ -76,10 +76,21 @@ def _mindspore() -> dict[str, Factory]:
     def rms(x: Any, w: Any, eps: float) -> Any:
         return x * ops.rsqrt(ops.mean(x * x, -1, True) + eps) * w
 
+    from mindspore.graph.api import _pynative_executor
+
+    def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
+        # PyNative queues kernels and returns at once; wait for the result, as opbridge's call does.
+        def run() -> Any:
+            out = fn()
+            _pynative_executor.sync()
+            return out
+
+        return run
+
     return {
-        "add": lambda a: lambda: ops.add(a[0], a[1]),
-        "gelu": lambda a: lambda: ops.gelu(a[0], approximate="tanh"),
-        "rms_norm": lambda a: lambda: rms(a[0], a[1], a[2]),
+        "add": lambda a: synced(lambda: ops.add(a[0], a[1])),
+        "gelu": lambda a: synced(lambda: ops.gelu(a[0], approximate="tanh")),
+        "rms_norm": lambda a: synced(lambda: rms(a[0], a[1], a[2])),
     }
 
 
