@@ -9,7 +9,11 @@
 #include <opbridge/opbridge.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <type_traits>
 
 #ifdef _OPENMP
@@ -109,12 +113,9 @@ OPB_ALWAYS_INLINE float fast_exp(float x) {
 // few ulp of 1 once tanh saturates.
 OPB_ALWAYS_INLINE float fast_sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
 
-// Runs f(begin, end) -- or f(begin, end, tid) if f takes a thread index -- over
-// [0, n) split into one contiguous range per thread, tid in
-// [0, parallel_threads(n, work_per_item)). Serial below kParallelGrain units of
-// work (n * work_per_item), where waking the team costs more than it saves.
-// Static split: fixed partitions, so per-thread partial sums (a weight
-// gradient) reduce in a deterministic order.
+// How many threads parallel_for uses for n items of work_per_item units each:
+// one below kParallelGrain units of work (waking a helper costs more than it
+// saves), else OpenMP's thread count (OMP_NUM_THREADS is honoured).
 inline int parallel_threads(int64_t n, int64_t work_per_item) {
 #ifdef _OPENMP
   if (n > 1 && n * std::max<int64_t>(work_per_item, 1) >= kParallelGrain) {
@@ -126,30 +127,144 @@ inline int parallel_threads(int64_t n, int64_t work_per_item) {
   return 1;
 }
 
+namespace detail {
+
+// A caller-runs thread pool. A job is split into chunks; the calling thread
+// claims and runs chunks itself and the workers help if the scheduler lets
+// them in time. The caller only ever waits for chunks a running worker has
+// already claimed, never for a worker to wake up: beside a busy process a
+// parked OpenMP worker costs milliseconds per fork-join, this costs at most
+// one chunk. Claims carry the job's generation, so a worker that wakes late
+// can never run a chunk of the next job with the previous job's function.
+class Pool {
+ public:
+  static Pool& Get() {
+    static Pool* pool = new Pool();  // leaked on purpose: no joins at exit
+    return *pool;
+  }
+
+  int threads() const { return nworkers_ + 1; }
+
+  // Runs body(chunk) for chunk in [0, nchunks), each exactly once; helpers
+  // are limited to the first `helpers` workers.
+  template <typename Body>
+  void Run(int64_t nchunks, int helpers, Body& body) {
+    if (in_pool_ || nworkers_ == 0 || nchunks <= 1) {  // nested or single: stay on this thread
+      for (int64_t c = 0; c < nchunks; ++c) body(c);
+      return;
+    }
+    std::lock_guard<std::mutex> serial(run_mu_);
+    Thunk thunk = [](void* b, int64_t c) { (*static_cast<Body*>(b))(c); };
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      gen = ++generation_;
+      body_ = &body;
+      thunk_ = thunk;
+      nchunks_ = nchunks;
+      helpers_ = helpers;
+      done_.store(0, std::memory_order_relaxed);
+      next_.store(gen << kIndexBits, std::memory_order_release);
+    }
+    cv_.notify_all();
+    in_pool_ = true;
+    int64_t mine = 0;
+    for (int64_t c; (c = Claim(gen, nchunks)) >= 0; ++mine) thunk(&body, c);
+    in_pool_ = false;
+    done_.fetch_add(mine, std::memory_order_acq_rel);
+    while (done_.load(std::memory_order_acquire) < nchunks) std::this_thread::yield();
+  }
+
+ private:
+  using Thunk = void (*)(void*, int64_t);
+  static constexpr int kIndexBits = 40;
+
+  Pool() {
+#ifdef _OPENMP
+    nworkers_ = std::max(omp_get_max_threads(), 1) - 1;
+#else
+    nworkers_ = std::max(int(std::thread::hardware_concurrency()), 1) - 1;
+#endif
+    for (int i = 0; i < nworkers_; ++i) std::thread([this, i] { Work(i + 1); }).detach();
+  }
+
+  int64_t Claim(uint64_t gen, int64_t nchunks) {
+    uint64_t v = next_.load(std::memory_order_acquire);
+    while ((v >> kIndexBits) == gen && int64_t(v & ((uint64_t(1) << kIndexBits) - 1)) < nchunks) {
+      if (next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) {
+        return int64_t(v & ((uint64_t(1) << kIndexBits) - 1));
+      }
+    }
+    return -1;
+  }
+
+  void Work(int id) {
+    in_pool_ = true;
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t gen;
+      void* body;
+      Thunk thunk;
+      int64_t nchunks;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return generation_ != seen; });
+        seen = gen = generation_;
+        if (id >= helpers_) continue;
+        body = body_;
+        thunk = thunk_;
+        nchunks = nchunks_;
+      }
+      int64_t mine = 0;
+      for (int64_t c; (c = Claim(gen, nchunks)) >= 0; ++mine) thunk(body, c);
+      if (mine) done_.fetch_add(mine, std::memory_order_acq_rel);
+    }
+  }
+
+  int nworkers_ = 0;
+  std::mutex run_mu_, mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  void* body_ = nullptr;
+  Thunk thunk_ = nullptr;
+  int64_t nchunks_ = 0;
+  int helpers_ = 0;
+  std::atomic<uint64_t> next_{0};
+  std::atomic<int64_t> done_{0};
+  static thread_local bool in_pool_;
+};
+
+inline thread_local bool Pool::in_pool_ = false;
+
+}  // namespace detail
+
+// Chunks per thread for f(begin, end): enough that a thread the scheduler
+// parks only delays a small share of the work.
+constexpr int kChunksPerThread = 4;
+
 template <typename F>
 inline void parallel_for(int64_t n, int64_t work_per_item, F&& f) {
-  auto call = [&f](int64_t begin, int64_t end, int tid) {
-    if constexpr (std::is_invocable_v<F&, int64_t, int64_t, int>) {
-      f(begin, end, tid);
-    } else {
-      (void)tid;
-      f(begin, end);
-    }
-  };
   if (n <= 0) return;
   const int nt = parallel_threads(n, work_per_item);
-  if (nt == 1) {
-    call(0, n, 0);
-    return;
+  if constexpr (std::is_invocable_v<F&, int64_t, int64_t, int>) {
+    // f takes a partition index (per-partition partial sums): exactly nt fixed
+    // partitions, each run by whichever thread claims it, so the reduction
+    // order -- and the result -- does not depend on scheduling.
+    auto body = [&](int64_t t) {
+      const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+      if (begin < end) f(begin, end, int(t));
+    };
+    if (nt == 1) return body(0);
+    detail::Pool::Get().Run(nt, nt, body);
+  } else {
+    if (nt == 1) return f(int64_t(0), n);
+    const int64_t chunks = std::min<int64_t>(n, int64_t(nt) * kChunksPerThread);
+    auto body = [&](int64_t c) {
+      const int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+      if (begin < end) f(begin, end);
+    };
+    detail::Pool::Get().Run(chunks, nt, body);
   }
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = n * t / team, end = n * (t + 1) / team;
-    if (begin < end) call(begin, end, int(t));
-  }
-#endif
 }
 
 }  // namespace opbridge
