@@ -78,13 +78,13 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
         case = _demo_case(op)
         args = [harness.from_numpy(v, "float32" if v.dtype.kind == "f" else None)
                 if isinstance(v, np.ndarray) else v for v in _ordered(op, case)]
+        want = _reference(op, case)  # first: harnesses may share memory with the case's arrays
         try:
             got = _results(op, args, op.call(*args), harness.mutates_in_place)
         except Exception as e:  # report and go on: the table shows every op
             ok_all = False
             rows.append(f"{name:10s} {op.name:18s} ERROR {type(e).__name__}: {str(e).splitlines()[0]}")
             continue
-        want = _reference(op, case)
         rtol, atol = op.tolerance("float32")
         errs = [float(np.max(np.abs(harness.to_numpy(g).astype(np.float64) - w), initial=0.0))
                 for g, w in zip(got, want)]
