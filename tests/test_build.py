@@ -226,7 +226,7 @@ def test_library_exports_every_declared_kernel() -> None:
 def test_cache_key_does_not_depend_on_install_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = _spec(tmp_path)
     key = bcompile.fingerprint(spec)
-    includes, lib = bcompile._tvm_ffi_paths()
+    _, lib = bcompile._tvm_ffi_paths()
     moved = ([str(tmp_path / "venv2" / "include"), str(tmp_path / "venv2" / "dlpack")],
              tmp_path / "venv2" / "lib" / lib.name)
     monkeypatch.setattr(bcompile, "_tvm_ffi_paths", lambda: moved)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from opbridge.bench import timing
 from opbridge import cli
+from opbridge.bench import timing
 from opbridge.cli import main
 from opbridge.ops import LIBRARY
 

@@ -17,7 +17,7 @@ QUICKSTART = ROOT / "examples" / "quickstart"
 def _readme_blocks() -> dict[str, str]:
     text = (ROOT / "README.md").read_text()
     blocks = {}
-    for lang, body in re.findall(r"```(cpp|python)\n(.*?)```", text, re.S):
+    for _lang, body in re.findall(r"```(cpp|python)\n(.*?)```", text, re.S):
         first, rest = body.split("\n", 1)
         blocks[first.lstrip("/# ").strip()] = rest
     return blocks

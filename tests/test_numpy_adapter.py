@@ -22,9 +22,9 @@ def test_numpy_call_and_out() -> None:
 
 def test_numpy_bad_input() -> None:
     x = np.ones(4, np.float32)
-    with pytest.raises(TypeError, match="add: argument 'y' must be a numpy.ndarray, got list"):
+    with pytest.raises(TypeError, match=r"add: argument 'y' must be a numpy\.ndarray, got list"):
         ops.add(x, [1.0, 2.0, 3.0, 4.0])
-    with pytest.raises(TypeError, match="rms_norm: argument 'eps' must be float"):
+    with pytest.raises(TypeError, match=r"rms_norm: argument 'eps' must be float"):
         ops.rms_norm(x.reshape(1, 4), x, "tiny")
     with pytest.raises(TypeError, match="add: x must have dtype"):
         ops.add(np.ones(4), np.ones(4))

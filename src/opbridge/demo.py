@@ -9,6 +9,7 @@ environments). Exit status 1 if any result disagrees with its reference.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -20,6 +21,10 @@ from opbridge.testing.harness import HARNESSES, get
 from opbridge.testing.matrix import NONCONTIGUOUS
 
 DEFAULT_FRAMEWORKS = ("numpy", "torch", "jax", "paddle")
+
+
+def _call_synced(fn: Any, args: Sequence[Any]) -> Any:
+    return _sync(fn(*args))
 
 
 def _sync(x: Any) -> Any:
@@ -95,7 +100,7 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
         timing = ""
         if op.name in native and not op.schema.is_mutating:
             stats = summary(interleaved({
-                "opbridge": lambda: _sync(op.call(*args)),
+                "opbridge": functools.partial(_call_synced, op.call, args),
                 "native": native[op.name](args),
             }, rounds=rounds, number=number))
             ours, theirs = stats["opbridge"]["p50"], stats["native"]["p50"]

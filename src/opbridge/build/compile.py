@@ -72,7 +72,7 @@ def _tvm_ffi_paths() -> tuple[list[str], Path]:
     return includes, Path(libinfo.find_libtvm_ffi())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiler_version(compiler: str) -> str:
     try:
         out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
