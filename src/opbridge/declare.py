@@ -103,6 +103,7 @@ class OpDef:
     dispatch_arg: int = 0
     call: Callable[..., Any] = field(init=False, repr=False)
     preludes: dict[str, str] = field(default_factory=dict, repr=False)
+    out_preludes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -147,7 +148,7 @@ class OpDef:
         return tuple(i for i, a in enumerate(self.schema.arguments)
                      if a.type.is_tensor and not a.is_mutated)
 
-    def install_prelude(self, key: str, prelude: str, names: Mapping[str, Any]) -> None:
+    def install_prelude(self, key: str, prelude: str, names: Mapping[str, Any], out_prelude: str = "") -> None:
         """Splice an adapter's inline fast path into the public callable.
 
         *prelude* is indented function-body source, guarded by the type of
@@ -155,13 +156,17 @@ class OpDef:
         the generic dispatch; *names* are the globals it uses (prefix them
         with the adapter's name: all adapters share one namespace). Each
         adapter (*key*) has at most one prelude; they run in installation
+        order. *out_prelude* (8-space indented) runs first when ``out=`` is
+        given, and either returns or falls through to the generic ``out=`` path;
         order. The callable object keeps its identity, so references users
         already hold get faster too.
         """
         fn = self.call
         fn.__globals__.update(names)
         self.preludes[key] = prelude
-        source = _callable_source(self, "".join(self.preludes.values()))
+        if out_prelude:
+            self.out_preludes[key] = out_prelude
+        source = _callable_source(self, "".join(self.preludes.values()), "".join(self.out_preludes.values()))
         code = compile(source, f"<opbridge op {self.qualname}>", "exec")
         scratch: dict[str, Any] = dict(fn.__globals__)
         exec(code, scratch)  # noqa: S102 - generated from a parsed schema
@@ -194,7 +199,7 @@ def signature_source(op: OpDef) -> tuple[list[str], bool]:
     return params, kw_started
 
 
-def _callable_source(op: OpDef, prelude: str = "") -> str:
+def _callable_source(op: OpDef, prelude: str = "", out_prelude: str = "") -> str:
     """Source of the op's public callable: adapters' inline fast paths, then type dispatch."""
     params, kw_started = signature_source(op)
     names = [a.name for a in op.schema.arguments]
@@ -202,7 +207,8 @@ def _callable_source(op: OpDef, prelude: str = "") -> str:
     out_check = ""
     if op.accepts_out:
         params.append("out=None" if kw_started else "*, out=None")
-        out_check = f"    if out is not None:\n        return _with_out(({', '.join(names)},), out)\n"
+        out_check = (f"    if out is not None:\n{out_prelude}"
+                     f"        return _with_out(({', '.join(names)},), out)\n")
     return (
         f"def {op.name}({', '.join(params)}):\n"
         f"{out_check}"

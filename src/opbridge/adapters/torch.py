@@ -267,6 +267,33 @@ def _fast_prelude(op: OpDef) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _fast_out_prelude(op: OpDef) -> str:
+    """Body lines of the fast ``out=`` path (one output, plain CPU tensors), or ``""``."""
+    args = op.schema.arguments
+    if (not op.accepts_out or op.n_outputs != 1 or len(op.schema.returns) != 1 or "cpu" not in op.kernels
+            or any(a.type.is_tensor_list for a in args)):
+        return ""
+    names = [a.name for a in args]
+    lead = names[op.dispatch_arg]
+    conds = [f"type({lead}) is _T", "type(out) is _T", "not _dyn()", f"not {lead}.requires_grad",
+             "not out.requires_grad", f"{lead}.is_cpu"]
+    for i, a in enumerate(args):
+        if a.type.is_tensor and i != op.dispatch_arg:
+            c = f"(type({a.name}) is _T and not {a.name}.requires_grad)"
+            conds.append(f"({a.name} is None or {c})" if a.type.optional else c)
+    conds += ["not _dstack()", "not _tfmode()", "_fstack() is None", "_trace() is None"]
+    params = ", ".join(names)
+    return "\n".join([
+        f"        if {' and '.join(conds)}:",
+        "            try:",
+        f"                _k(out, {params})",
+        "            except TypeError:",
+        f"                return _with_out(({params},), out)",
+        "            _bump(out)",
+        "            return out",
+    ]) + "\n"
+
+
 def _substitute_for_dynamo(op: OpDef) -> None:
     """Make Dynamo trace *op*'s public callable as the registered torch op.
 
@@ -380,7 +407,7 @@ class TorchAdapter:
                 "_fstack": torch._C._functorch.peek_interpreter_stack,
                 "_trace": torch._C._get_tracing_state,
                 "_dyn": torch.compiler.is_dynamo_compiling,
-            })
+            }, out_prelude=_fast_out_prelude(op))
             _FAST.add(op.qualname)
         return slow
 
