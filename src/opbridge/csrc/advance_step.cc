@@ -32,22 +32,6 @@ namespace {
 
 using opbridge::TensorView;
 
-void span(const TensorView& t, const char*& begin, const char*& end) {
-  begin = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
-  end = begin + t.numel() * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
-}
-
-// The write loop re-reads seq_lens and block_tables after validation: a mutated
-// tensor overlapping another argument could invalidate what was checked.
-void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                    const TensorView& other) {
-  const char *b0, *e0, *b1, *e1;
-  span(t, b0, e0);
-  span(other, b1, e1);
-  OPB_CHECK(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0, ValueError)
-      << op << ": " << arg << " must not overlap " << other_arg << " in memory; pass separate tensors";
-}
-
 // Sequences [lo, hi): the validated update (see the file comment).
 void advance_rows(int64_t lo, int64_t hi, int64_t num_queries, int64_t block_size, int64_t max_blocks,
                   int64_t* tokens, const int64_t* sampled, int64_t* positions, int32_t* seq_lens,
@@ -124,9 +108,11 @@ void advance_step_flashattn_cpu(int64_t num_seqs, int64_t num_queries, int64_t b
                          "seq_lens",     "slot_mapping",      "block_tables"};
   const TensorView* all[] = {&input_tokens, &sampled_token_ids, &input_positions,
                              &seq_lens,     &slot_mapping,      &block_tables};
+  // The write loop re-reads seq_lens and block_tables after validation: a mutated
+  // tensor overlapping another argument could invalidate what was checked.
   for (int m : {0, 2, 3, 4}) {  // the mutated ones against every other
     for (int o = 0; o < 6; ++o) {
-      if (o != m) check_disjoint(op, names[m], *all[m], names[o], *all[o]);
+      if (o != m) opbridge::check_disjoint(op, names[m], *all[m], names[o], *all[o]);
     }
   }
 

@@ -157,7 +157,7 @@ void advance_step_flashattn_cuda(int64_t num_seqs, int64_t num_queries, int64_t 
                              &seq_lens,     &slot_mapping,      &block_tables};
   for (int m : {0, 2, 3, 4}) {  // the mutated ones against every other
     for (int o = 0; o < 6; ++o) {
-      if (o != m) cu::check_disjoint(op, names[m], *all[m], names[o], *all[o]);
+      if (o != m) opbridge::check_disjoint(op, names[m], *all[m], names[o], *all[o]);
     }
   }
 

@@ -40,23 +40,6 @@ OPB_TARGET_CLONES void fused_add_rms_norm_rows(T* input, T* residual, const T* w
   }
 }
 
-// Byte range [begin, end) of a contiguous tensor.
-void span(const TensorView& t, const char*& begin, const char*& end) {
-  begin = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
-  end = begin + t.numel() * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
-}
-
-// A mutated tensor must not share memory with another argument: the result
-// would depend on the order of the loops' reads and writes.
-void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                    const TensorView& other) {
-  const char *b0, *e0, *b1, *e1;
-  span(t, b0, e0);
-  span(other, b1, e1);
-  OPB_CHECK(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0, ValueError)
-      << op << ": " << arg << " must not overlap " << other_arg << " in memory; pass separate tensors";
-}
-
 }  // namespace
 
 void fused_add_rms_norm_cpu(TensorView input, TensorView residual, TensorView weight, double eps) {
@@ -77,9 +60,9 @@ void fused_add_rms_norm_cpu(TensorView input, TensorView residual, TensorView we
   OPB_CHECK_CONTIGUOUS(op, weight);
   // !(eps >= 0) also rejects NaN.
   OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
-  check_disjoint(op, "input", input, "residual", residual);
-  check_disjoint(op, "input", input, "weight", weight);
-  check_disjoint(op, "residual", residual, "weight", weight);
+  opbridge::check_disjoint(op, "input", input, "residual", residual);
+  opbridge::check_disjoint(op, "input", input, "weight", weight);
+  opbridge::check_disjoint(op, "residual", residual, "weight", weight);
 
   const int64_t rows = H == 0 ? 0 : input.numel() / H;
   OPB_DISPATCH_FLOATING(op, input.dtype(), T, [&] {

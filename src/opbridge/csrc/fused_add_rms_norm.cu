@@ -68,9 +68,9 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
   OPB_CHECK_CONTIGUOUS(op, residual);
   OPB_CHECK_CONTIGUOUS(op, weight);
   OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
-  cu::check_disjoint(op, "input", input, "residual", residual);
-  cu::check_disjoint(op, "input", input, "weight", weight);
-  cu::check_disjoint(op, "residual", residual, "weight", weight);
+  opbridge::check_disjoint(op, "input", input, "residual", residual);
+  opbridge::check_disjoint(op, "input", input, "weight", weight);
+  opbridge::check_disjoint(op, "residual", residual, "weight", weight);
 
   const int64_t rows = H == 0 ? 0 : input.numel() / H;
   if (rows == 0) return;

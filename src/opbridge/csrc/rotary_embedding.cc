@@ -67,22 +67,6 @@ OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* ca
   }
 }
 
-void span(const TensorView& t, const char*& begin, const char*& end) {
-  begin = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
-  end = begin + t.numel() * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
-}
-
-// Rotation is in place and positions are re-read while writing: a mutated
-// tensor sharing memory with another argument would corrupt (or un-validate) it.
-void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                    const TensorView& other) {
-  const char *b0, *e0, *b1, *e1;
-  span(t, b0, e0);
-  span(other, b1, e1);
-  OPB_CHECK(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0, ValueError)
-      << op << ": " << arg << " must not overlap " << other_arg << " in memory; pass separate tensors";
-}
-
 // query / key layout against positions: (*P, heads * head_size) or (*P, heads, head_size).
 // Returns the number of heads.
 int64_t check_heads(const char* op, const char* arg, const TensorView& t, const TensorView& positions,
@@ -145,12 +129,12 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<Tenso
         << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's (" << num_kv_heads
         << ")";
     ::opbridge::check_contiguous(op, "key", k);
-    check_disjoint(op, "key", k, "query", query);
-    check_disjoint(op, "key", k, "positions", positions);
-    check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
+    opbridge::check_disjoint(op, "key", k, "query", query);
+    opbridge::check_disjoint(op, "key", k, "positions", positions);
+    opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
   }
-  check_disjoint(op, "query", query, "positions", positions);
-  check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
+  opbridge::check_disjoint(op, "query", query, "positions", positions);
+  opbridge::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
 
   // Positions index the cache: check them all before writing anything.
   const int64_t num_tokens = positions.numel();

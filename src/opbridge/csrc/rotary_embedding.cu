@@ -143,12 +143,12 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
         << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's (" << num_kv_heads
         << ")";
     ::opbridge::check_contiguous(op, "key", k);
-    cu::check_disjoint(op, "key", k, "query", query);
-    cu::check_disjoint(op, "key", k, "positions", positions);
-    cu::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
+    opbridge::check_disjoint(op, "key", k, "query", query);
+    opbridge::check_disjoint(op, "key", k, "positions", positions);
+    opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
   }
-  cu::check_disjoint(op, "query", query, "positions", positions);
-  cu::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
+  opbridge::check_disjoint(op, "query", query, "positions", positions);
+  opbridge::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
 
   cu::raise_recorded(op, error_flag(), /*earlier=*/true, describe);
   const int64_t num_tokens = positions.numel();

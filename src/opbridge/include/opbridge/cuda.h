@@ -207,22 +207,6 @@ class Scratch {
   bool async_ = true;
 };
 
-// A mutated tensor must not share memory with another argument: the result
-// would depend on the order in which threads read and write. (Byte ranges of
-// contiguous tensors; the same check as the CPU kernels make.)
-inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                           const TensorView& other) {
-  auto span = [](const TensorView& v, const char*& begin, const char*& end) {
-    begin = static_cast<const char*>(v.data_ptr()) + v.byte_offset();
-    end = begin + v.numel() * ((v.dtype().bits * v.dtype().lanes + 7) / 8);
-  };
-  const char *b0, *e0, *b1, *e1;
-  span(t, b0, e0);
-  span(other, b1, e1);
-  OPB_CHECK(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0, ValueError)
-      << op << ": " << arg << " must not overlap " << other_arg << " in memory; pass separate tensors";
-}
-
 // ---------------------------------------------------------------------------
 // element types and conversions (arithmetic always in float32)
 // ---------------------------------------------------------------------------

@@ -244,6 +244,24 @@ inline void check_contiguous(const char* op, const char* arg, const TensorView& 
   }
 }
 
+// A mutated tensor must not share memory with another argument: the result would
+// depend on the order of a kernel's reads and writes, and validated inputs could
+// change under it. Empty tensors overlap nothing.
+inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                           const TensorView& other) {
+  auto span = [](const TensorView& v, const char*& begin, const char*& end) {
+    begin = static_cast<const char*>(v.data_ptr()) + v.byte_offset();
+    end = begin + v.numel() * ((v.dtype().bits * v.dtype().lanes + 7) / 8);
+  };
+  const char *b0, *e0, *b1, *e1;
+  span(t, b0, e0);
+  span(other, b1, e1);
+  if (!(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0)) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must not overlap " << other_arg
+                          << " in memory; pass separate tensors";
+  }
+}
+
 // The macros stringise the C++ variable name, which by convention is the
 // schema's argument name, so messages match what the Python user wrote.
 #define OPB_CHECK_DTYPE(op, t, ...) ::opbridge::check_dtype(op, #t, t, {__VA_ARGS__})
