@@ -27,6 +27,7 @@
 // failing call are still advanced. That b is below the KV cache's block count
 // cannot be checked (the cache is not an argument).
 #include <opbridge/cuda.h>
+#include <opbridge/ops/advance_step.h>
 
 #include <limits>
 #include <string>
@@ -106,11 +107,7 @@ void advance_step_flashattn_cuda(int64_t num_seqs, int64_t num_queries, int64_t 
                                  TensorView input_positions, TensorView seq_lens, TensorView slot_mapping,
                                  TensorView block_tables) {
   const char* op = "advance_step_flashattn";
-  OPB_CHECK(num_seqs >= 0, ValueError) << op << ": num_seqs must be >= 0, got " << num_seqs;
-  OPB_CHECK(num_queries >= 0, ValueError) << op << ": num_queries must be >= 0, got " << num_queries;
-  OPB_CHECK(num_queries <= num_seqs, ValueError)
-      << op << ": num_queries (" << num_queries << ") must be <= num_seqs (" << num_seqs << ")";
-  OPB_CHECK(block_size > 0, ValueError) << op << ": block_size must be > 0, got " << block_size;
+  opbridge::advance_step::check_scalars(op, num_seqs, num_queries, block_size);
 
   OPB_CHECK_DEVICE(op, input_tokens, kDLCUDA);
   OPB_CHECK_SAME_DEVICE(op, sampled_token_ids, input_tokens);
@@ -118,48 +115,9 @@ void advance_step_flashattn_cuda(int64_t num_seqs, int64_t num_queries, int64_t 
   OPB_CHECK_SAME_DEVICE(op, seq_lens, input_tokens);
   OPB_CHECK_SAME_DEVICE(op, slot_mapping, input_tokens);
   OPB_CHECK_SAME_DEVICE(op, block_tables, input_tokens);
-  OPB_CHECK_DTYPE(op, input_tokens, opbridge::kInt64);
-  OPB_CHECK_DTYPE(op, sampled_token_ids, opbridge::kInt64);
-  OPB_CHECK_DTYPE(op, input_positions, opbridge::kInt64);
-  OPB_CHECK_DTYPE(op, seq_lens, opbridge::kInt32);
-  OPB_CHECK_DTYPE(op, slot_mapping, opbridge::kInt64);
-  OPB_CHECK_DTYPE(op, block_tables, opbridge::kInt32);
-
-  OPB_CHECK_NDIM(op, input_tokens, 1);
-  OPB_CHECK_SIZE(op, input_tokens, 0, num_seqs, "num_seqs");
-  OPB_CHECK(sampled_token_ids.ndim() == 1 || sampled_token_ids.ndim() == 2, ValueError)
-      << op << ": sampled_token_ids must have shape (num_queries, 1) or (num_queries,), got "
-      << opbridge::shape_str(sampled_token_ids);
-  OPB_CHECK_SIZE(op, sampled_token_ids, 0, num_queries, "num_queries");
-  if (sampled_token_ids.ndim() == 2) {
-    OPB_CHECK_SIZE(op, sampled_token_ids, 1, 1, "one sampled token per query");
-  }
-  OPB_CHECK_NDIM(op, input_positions, 1);
-  OPB_CHECK_SIZE(op, input_positions, 0, num_seqs, "num_seqs");
-  OPB_CHECK_NDIM(op, seq_lens, 1);
-  OPB_CHECK_SIZE(op, seq_lens, 0, num_seqs, "num_seqs");
-  OPB_CHECK_NDIM(op, slot_mapping, 1);
-  OPB_CHECK_SIZE(op, slot_mapping, 0, num_seqs, "num_seqs");
-  OPB_CHECK_NDIM(op, block_tables, 2);
-  OPB_CHECK_SIZE(op, block_tables, 0, num_seqs, "num_seqs");
-  const int64_t max_blocks = block_tables.size(1);
-
-  OPB_CHECK_CONTIGUOUS(op, input_tokens);
-  OPB_CHECK_CONTIGUOUS(op, sampled_token_ids);
-  OPB_CHECK_CONTIGUOUS(op, input_positions);
-  OPB_CHECK_CONTIGUOUS(op, seq_lens);
-  OPB_CHECK_CONTIGUOUS(op, slot_mapping);
-  OPB_CHECK_CONTIGUOUS(op, block_tables);
-
-  const char* names[] = {"input_tokens", "sampled_token_ids", "input_positions",
-                         "seq_lens",     "slot_mapping",      "block_tables"};
-  const TensorView* all[] = {&input_tokens, &sampled_token_ids, &input_positions,
-                             &seq_lens,     &slot_mapping,      &block_tables};
-  for (int m : {0, 2, 3, 4}) {  // the mutated ones against every other
-    for (int o = 0; o < 6; ++o) {
-      if (o != m) opbridge::check_disjoint(op, names[m], *all[m], names[o], *all[o]);
-    }
-  }
+  const int64_t max_blocks = opbridge::advance_step::check_tensors(
+      op, num_seqs, num_queries, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+      block_tables);
 
   const int64_t max_block_id = std::numeric_limits<int64_t>::max() / block_size - 1;
   // The messages of advance_step.cc, for a record the kernel made.

@@ -1,0 +1,73 @@
+// Argument checks of advance_step_flashattn shared by its CPU and CUDA kernels
+// (device checks stay with each kernel). Errors name the op and the argument.
+#pragma once
+
+#include <opbridge/opbridge.h>
+
+#include <cstdint>
+
+namespace opbridge {
+namespace advance_step {
+
+inline void check_scalars(const char* op, int64_t num_seqs, int64_t num_queries, int64_t block_size) {
+  OPB_CHECK(num_seqs >= 0, ValueError) << op << ": num_seqs must be >= 0, got " << num_seqs;
+  OPB_CHECK(num_queries >= 0, ValueError) << op << ": num_queries must be >= 0, got " << num_queries;
+  OPB_CHECK(num_queries <= num_seqs, ValueError)
+      << op << ": num_queries (" << num_queries << ") must be <= num_seqs (" << num_seqs << ")";
+  OPB_CHECK(block_size > 0, ValueError) << op << ": block_size must be > 0, got " << block_size;
+}
+
+// dtypes, shapes, contiguity and disjointness; returns block_tables' width (max_blocks).
+inline int64_t check_tensors(const char* op, int64_t num_seqs, int64_t num_queries, const TensorView& input_tokens,
+                             const TensorView& sampled_token_ids, const TensorView& input_positions,
+                             const TensorView& seq_lens, const TensorView& slot_mapping,
+                             const TensorView& block_tables) {
+  OPB_CHECK_DTYPE(op, input_tokens, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, sampled_token_ids, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, input_positions, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, seq_lens, opbridge::kInt32);
+  OPB_CHECK_DTYPE(op, slot_mapping, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, block_tables, opbridge::kInt32);
+
+  OPB_CHECK_NDIM(op, input_tokens, 1);
+  OPB_CHECK_SIZE(op, input_tokens, 0, num_seqs, "num_seqs");
+  OPB_CHECK(sampled_token_ids.ndim() == 1 || sampled_token_ids.ndim() == 2, ValueError)
+      << op << ": sampled_token_ids must have shape (num_queries, 1) or (num_queries,), got "
+      << opbridge::shape_str(sampled_token_ids);
+  OPB_CHECK_SIZE(op, sampled_token_ids, 0, num_queries, "num_queries");
+  if (sampled_token_ids.ndim() == 2) {
+    OPB_CHECK_SIZE(op, sampled_token_ids, 1, 1, "one sampled token per query");
+  }
+  OPB_CHECK_NDIM(op, input_positions, 1);
+  OPB_CHECK_SIZE(op, input_positions, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, seq_lens, 1);
+  OPB_CHECK_SIZE(op, seq_lens, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, slot_mapping, 1);
+  OPB_CHECK_SIZE(op, slot_mapping, 0, num_seqs, "num_seqs");
+  OPB_CHECK_NDIM(op, block_tables, 2);
+  OPB_CHECK_SIZE(op, block_tables, 0, num_seqs, "num_seqs");
+  const int64_t max_blocks = block_tables.size(1);
+
+  OPB_CHECK_CONTIGUOUS(op, input_tokens);
+  OPB_CHECK_CONTIGUOUS(op, sampled_token_ids);
+  OPB_CHECK_CONTIGUOUS(op, input_positions);
+  OPB_CHECK_CONTIGUOUS(op, seq_lens);
+  OPB_CHECK_CONTIGUOUS(op, slot_mapping);
+  OPB_CHECK_CONTIGUOUS(op, block_tables);
+
+  const char* names[] = {"input_tokens", "sampled_token_ids", "input_positions",
+                         "seq_lens",     "slot_mapping",      "block_tables"};
+  const TensorView* all[] = {&input_tokens, &sampled_token_ids, &input_positions,
+                             &seq_lens,     &slot_mapping,      &block_tables};
+  // The write loop re-reads seq_lens and block_tables after validation: a mutated
+  // tensor overlapping another argument could invalidate what was checked.
+  for (int m : {0, 2, 3, 4}) {  // the mutated ones against every other
+    for (int o = 0; o < 6; ++o) {
+      if (o != m) opbridge::check_disjoint(op, names[m], *all[m], names[o], *all[o]);
+    }
+  }
+  return max_blocks;
+}
+
+}  // namespace advance_step
+}  // namespace opbridge
