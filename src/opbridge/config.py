@@ -16,6 +16,11 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_CUDA_SYNC_CHECKS`` ``1``: CUDA kernels sync to raise device-side ``0``
                            argument errors (bad positions / block ids)
                            in the offending call, not the next one
+``OPBRIDGE_THREADING``     which threads run a parallel CPU kernel:       ``omp``
+                           ``omp`` (the process's OpenMP team, shared
+                           with torch's) or ``pool`` (a private
+                           caller-runs pool: bounded p99 beside busy
+                           neighbours); read once per process
 =========================  =============================================  ======================
 
 ``nvcc`` is found on ``PATH``, then under ``$CUDA_HOME`` / ``$CUDA_PATH``.
@@ -67,3 +72,19 @@ def cuda_archs() -> list[str]:
     """CUDA architectures to compile for, e.g. ``["80", "90"]``."""
     raw = os.environ.get("OPBRIDGE_CUDA_ARCHS", "80;90")
     return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+
+
+THREADING_CHOICES = ("omp", "pool")
+
+
+def threading() -> str:
+    """The CPU threading policy (``OPBRIDGE_THREADING``: ``omp`` or ``pool``).
+
+    The kernels read the variable themselves, once per process; this accessor
+    exists so that a misspelt value fails loudly when a module is loaded
+    instead of silently meaning the default.
+    """
+    raw = os.environ.get("OPBRIDGE_THREADING") or "omp"
+    if raw not in THREADING_CHOICES:
+        raise ValueError(f"OPBRIDGE_THREADING must be one of {', '.join(THREADING_CHOICES)}, got {raw!r}")
+    return raw

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opbridge import config
 from opbridge.build.compile import BuildSpec
 from opbridge.errors import BackendUnavailableError, DeclarationError
 
@@ -78,6 +79,7 @@ def load(lib: Library, device: str = "cpu") -> Any:
         if mod is None:
             from opbridge._tvm import tvm_ffi
 
+            config.threading()  # a misspelt OPBRIDGE_THREADING fails here, not silently
             path = _prebuilt_path(lib, device) or build(lib, device)
             mod = tvm_ffi().load_module(str(path))
             _MODULES[key] = mod

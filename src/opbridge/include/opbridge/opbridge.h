@@ -24,6 +24,7 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 namespace opbridge {
 
@@ -149,6 +150,17 @@ inline half from_float<half>(float f) {
   const uint32_t normal = (u + (uint32_t(15 - 127) << 23) + 0xfffu + mant_odd) >> 13;
   const uint32_t o = select_bits(u >= f16max, overflow, select_bits(u < (113u << 23), denorm, normal));
   return half{uint16_t(o | (sign >> 16))};
+}
+
+// f rounded to T's precision and back: to_float(from_float<T>(f)) without a
+// T-typed temporary (see fused_add_rms_norm.cc for why that matters).
+template <typename T>
+inline float round_to(float f) {
+  if constexpr (std::is_same_v<T, float>) {
+    return f;
+  } else {
+    return to_float(T{from_float<T>(f).bits});
+  }
 }
 
 // Typed data pointer; honours DLPack's byte_offset (TensorView::data_ptr() does not).

@@ -1,0 +1,78 @@
+"""The two CPU threading policies (OPBRIDGE_THREADING=omp|pool) compute the same results.
+
+Each policy is read once per process by the kernels, so each runs in a child
+process on inputs above the parallel grain; the children print digests of
+their outputs, which must match each other bit for bit (the reductions use
+fixed partitions) and the NumPy references.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_CHILD = r"""
+import hashlib, json, sys
+import numpy as np
+import opbridge.ops as ops
+from opbridge.testing import assert_close
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((513, 1031), dtype=np.float32)   # 528,903 elements: above the grain
+y = rng.standard_normal((513, 1031), dtype=np.float32)
+w = rng.standard_normal(1031, dtype=np.float32)
+g = rng.standard_normal((513, 1031), dtype=np.float32)
+xx = rng.standard_normal((513, 2062), dtype=np.float32)
+results = {
+    "add": ops.add(x, y),
+    "gelu": ops.gelu(x),
+    "rms_norm": ops.rms_norm(x, w, 1e-6),
+    "rms_norm_backward": ops.rms_norm_backward(g, x, w, 1e-6),
+    "silu_and_mul": ops.silu_and_mul(xx),
+}
+refs = {
+    "add": ops.add.reference(x, y),
+    "gelu": ops.gelu.reference(x),
+    "rms_norm": ops.rms_norm.reference(x, w, 1e-6),
+    "rms_norm_backward": ops.rms_norm_backward.reference(g, x, w, 1e-6),
+    "silu_and_mul": ops.silu_and_mul.reference(xx),
+}
+digests = {}
+for name, got in results.items():
+    got = got if isinstance(got, tuple) else (got,)
+    ref = refs[name] if isinstance(refs[name], tuple) else (refs[name],)
+    for a, b in zip(got, ref):
+        assert_close(a, b, dtype="float32")
+    digests[name] = hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in got)).hexdigest()
+print(json.dumps(digests))
+"""
+
+
+def _run(policy: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OPBRIDGE_THREADING=policy, OMP_NUM_THREADS="2")
+    return subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def test_omp_and_pool_policies_agree_bitwise() -> None:
+    runs = {p: _run(p) for p in ("omp", "pool")}
+    for policy, proc in runs.items():
+        assert proc.returncode == 0, f"{policy}: {proc.stderr[-2000:]}"
+    digests = {p: json.loads(proc.stdout.strip().splitlines()[-1]) for p, proc in runs.items()}
+    assert digests["omp"] == digests["pool"]
+
+
+def test_misspelt_policy_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opbridge import config
+
+    monkeypatch.setenv("OPBRIDGE_THREADING", "openmp")
+    with pytest.raises(ValueError, match="OPBRIDGE_THREADING must be one of omp, pool"):
+        config.threading()
+    monkeypatch.setenv("OPBRIDGE_THREADING", "pool")
+    assert config.threading() == "pool"
+    monkeypatch.delenv("OPBRIDGE_THREADING")
+    assert config.threading() == "omp"
