@@ -7,6 +7,7 @@
 #include <opbridge/activations.h>
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
+#include <opbridge/ops/activation_and_mul.h>
 
 #include <algorithm>
 
@@ -70,35 +71,12 @@ OPB_TARGET_CLONES void act_and_mul_backward_chunk(T* grad_x, const T* grad, cons
   }
 }
 
-// x: (..., 2d) floating, contiguous, on CPU. Returns d.
-int64_t check_x(const char* op, const TensorView& x) {
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_MIN_NDIM(op, x, 1);
-  const int64_t two_d = x.size(x.ndim() - 1);
-  OPB_CHECK(two_d % 2 == 0, ValueError)
-      << op << ": x's last dim must be even (it holds the halves [a | b]), got shape "
-      << opbridge::shape_str(x);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  return two_d / 2;
-}
-
-// t has x's shape with the last dim halved.
-void check_half_shape(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
-  bool ok = t.ndim() == x.ndim();
-  for (int i = 0; ok && i + 1 < t.ndim(); ++i) ok = t.size(i) == x.size(i);
-  ok = ok && t.size(t.ndim() - 1) * 2 == x.size(x.ndim() - 1);
-  OPB_CHECK(ok, ValueError) << op << ": " << arg << " must have x's shape with the last dim halved (x: "
-                            << opbridge::shape_str(x) << "), got " << opbridge::shape_str(t);
-}
-
 template <typename Act>
 void act_and_mul(const char* op, TensorView out, TensorView x) {
-  const int64_t d = check_x(op, x);
+  OPB_CHECK_DEVICE(op, x, kDLCPU);
+  const int64_t d = opbridge::activation_and_mul::check_x(op, x);
   OPB_CHECK_DEVICE(op, out, kDLCPU);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  check_half_shape(op, "out", out, x);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::activation_and_mul::check_out(op, out, x);
 
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -112,15 +90,11 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
 
 template <typename Act>
 void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, TensorView x) {
-  const int64_t d = check_x(op, x);
+  OPB_CHECK_DEVICE(op, x, kDLCPU);
+  const int64_t d = opbridge::activation_and_mul::check_x(op, x);
   OPB_CHECK_DEVICE(op, grad, kDLCPU);
   OPB_CHECK_DEVICE(op, grad_x, kDLCPU);
-  OPB_CHECK_SAME_DTYPE(op, grad, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
-  check_half_shape(op, "grad", grad, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
-  OPB_CHECK_CONTIGUOUS(op, grad);
-  OPB_CHECK_CONTIGUOUS(op, grad_x);
+  opbridge::activation_and_mul::check_grads(op, grad_x, grad, x);
 
   const int64_t n = grad.numel();
   if (n == 0) return;

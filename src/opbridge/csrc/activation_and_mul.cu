@@ -9,6 +9,7 @@
 // One block per row (grid-stride over rows); 128-bit accesses when d and the
 // pointers allow.
 #include <opbridge/cuda.h>
+#include <opbridge/ops/activation_and_mul.h>
 
 namespace {
 
@@ -106,36 +107,14 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// x: (..., 2d); returns d. `out` is (..., d): the same leading dims.
-int64_t check_halves(const char* op, const TensorView& x) {
-  OPB_CHECK_DEVICE(op, x, kDLCUDA);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_MIN_NDIM(op, x, 1);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  const int64_t two_d = x.size(x.ndim() - 1);
-  OPB_CHECK(two_d % 2 == 0, ValueError) << op << ": x's last dim must be even (it holds the halves [a | b]), "
-                                        << "got shape " << opbridge::shape_str(x);
-  return two_d / 2;
-}
-
-// t has x's shape with the last dim halved (the message of activation_and_mul.cc).
-void check_half_shape(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
-  bool ok = t.ndim() == x.ndim();
-  for (int i = 0; ok && i + 1 < t.ndim(); ++i) ok = t.size(i) == x.size(i);
-  ok = ok && t.size(t.ndim() - 1) * 2 == x.size(x.ndim() - 1);
-  OPB_CHECK(ok, ValueError) << op << ": " << arg << " must have x's shape with the last dim halved (x: "
-                            << opbridge::shape_str(x) << "), got " << opbridge::shape_str(t);
-}
-
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX)); }
 
 template <typename Act>
 void act_and_mul(const char* op, TensorView out, TensorView x) {
-  const int64_t d = check_halves(op, x);
+  OPB_CHECK_DEVICE(op, x, kDLCUDA);
+  const int64_t d = opbridge::activation_and_mul::check_x(op, x);
   OPB_CHECK_SAME_DEVICE(op, out, x);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  check_half_shape(op, "out", out, x);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::activation_and_mul::check_out(op, out, x);
 
   const int64_t rows = d == 0 ? 0 : out.numel() / d;
   if (rows == 0) return;
@@ -157,15 +136,11 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
 template <typename Act>
 void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, TensorView x) {
   OPB_CHECK_DEVICE(op, grad, kDLCUDA);
-  const int64_t d = check_halves(op, x);
+  OPB_CHECK_DEVICE(op, x, kDLCUDA);
+  const int64_t d = opbridge::activation_and_mul::check_x(op, x);
   OPB_CHECK_SAME_DEVICE(op, x, grad);
   OPB_CHECK_SAME_DEVICE(op, grad_x, grad);
-  OPB_CHECK_SAME_DTYPE(op, grad, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
-  check_half_shape(op, "grad", grad, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
-  OPB_CHECK_CONTIGUOUS(op, grad);
-  OPB_CHECK_CONTIGUOUS(op, grad_x);
+  opbridge::activation_and_mul::check_grads(op, grad_x, grad, x);
 
   const int64_t rows = d == 0 ? 0 : grad.numel() / d;
   if (rows == 0) return;

@@ -1,6 +1,7 @@
 // add(Tensor x, Tensor y) -> Tensor: elementwise, same shape, no broadcasting.
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
+#include <opbridge/ops/add.h>
 
 namespace {
 
@@ -23,14 +24,7 @@ void add_cpu(TensorView out, TensorView x, TensorView y) {
   OPB_CHECK_DEVICE(op, x, kDLCPU);
   OPB_CHECK_DEVICE(op, y, kDLCPU);
   OPB_CHECK_DEVICE(op, out, kDLCPU);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, y, x);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  OPB_CHECK_SAME_SHAPE(op, y, x);
-  OPB_CHECK_SAME_SHAPE(op, out, x);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, y);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::add::check_tensors(op, out, x, y);
 
   const int64_t n = x.numel();
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {

@@ -1,5 +1,6 @@
 // add(Tensor x, Tensor y) -> Tensor on CUDA: elementwise, same shape, no broadcasting.
 #include <opbridge/cuda.h>
+#include <opbridge/ops/add.h>
 
 namespace {
 
@@ -16,14 +17,7 @@ void add_cuda(TensorView out, TensorView x, TensorView y) {
   OPB_CHECK_DEVICE(op, x, kDLCUDA);
   OPB_CHECK_SAME_DEVICE(op, y, x);
   OPB_CHECK_SAME_DEVICE(op, out, x);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, y, x);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  OPB_CHECK_SAME_SHAPE(op, y, x);
-  OPB_CHECK_SAME_SHAPE(op, out, x);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, y);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::add::check_tensors(op, out, x, y);
 
   const int64_t n = x.numel();
   if (n == 0) return;

@@ -6,6 +6,7 @@
 // caller gets back. Sum and norm are computed in float32, each rounded once.
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
+#include <opbridge/ops/fused_add_rms_norm.h>
 
 #include <cmath>
 
@@ -50,22 +51,7 @@ void fused_add_rms_norm_cpu(TensorView input, TensorView residual, TensorView we
   OPB_CHECK_DEVICE(op, input, kDLCPU);
   OPB_CHECK_DEVICE(op, residual, kDLCPU);
   OPB_CHECK_DEVICE(op, weight, kDLCPU);
-  OPB_CHECK_FLOATING(op, input);
-  OPB_CHECK_SAME_DTYPE(op, residual, input);
-  OPB_CHECK_SAME_DTYPE(op, weight, input);
-  OPB_CHECK_MIN_NDIM(op, input, 1);
-  OPB_CHECK_SAME_SHAPE(op, residual, input);
-  OPB_CHECK_NDIM(op, weight, 1);
-  const int64_t H = input.size(input.ndim() - 1);
-  OPB_CHECK_SIZE(op, weight, 0, H, "input's last dim");
-  OPB_CHECK_CONTIGUOUS(op, input);
-  OPB_CHECK_CONTIGUOUS(op, residual);
-  OPB_CHECK_CONTIGUOUS(op, weight);
-  // !(eps >= 0) also rejects NaN.
-  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
-  opbridge::check_disjoint(op, "input", input, "residual", residual);
-  opbridge::check_disjoint(op, "input", input, "weight", weight);
-  opbridge::check_disjoint(op, "residual", residual, "weight", weight);
+  const int64_t H = opbridge::fused_add_rms_norm::check_args(op, input, residual, weight, eps);
 
   const int64_t rows = H == 0 ? 0 : input.numel() / H;
   OPB_DISPATCH_FLOATING(op, input.dtype(), T, [&] {

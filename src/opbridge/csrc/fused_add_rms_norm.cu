@@ -5,6 +5,7 @@
 // The norm is taken of the *rounded* sum, the value the caller gets back in
 // residual. One block per row; 128-bit accesses when H and the pointers allow.
 #include <opbridge/cuda.h>
+#include <opbridge/ops/fused_add_rms_norm.h>
 
 namespace {
 
@@ -56,21 +57,7 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
   OPB_CHECK_DEVICE(op, input, kDLCUDA);
   OPB_CHECK_SAME_DEVICE(op, residual, input);
   OPB_CHECK_SAME_DEVICE(op, weight, input);
-  OPB_CHECK_FLOATING(op, input);
-  OPB_CHECK_SAME_DTYPE(op, residual, input);
-  OPB_CHECK_SAME_DTYPE(op, weight, input);
-  OPB_CHECK_MIN_NDIM(op, input, 1);
-  OPB_CHECK_SAME_SHAPE(op, residual, input);
-  OPB_CHECK_NDIM(op, weight, 1);
-  const int64_t H = input.size(input.ndim() - 1);
-  OPB_CHECK_SIZE(op, weight, 0, H, "input's last dim");
-  OPB_CHECK_CONTIGUOUS(op, input);
-  OPB_CHECK_CONTIGUOUS(op, residual);
-  OPB_CHECK_CONTIGUOUS(op, weight);
-  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
-  opbridge::check_disjoint(op, "input", input, "residual", residual);
-  opbridge::check_disjoint(op, "input", input, "weight", weight);
-  opbridge::check_disjoint(op, "residual", residual, "weight", weight);
+  const int64_t H = opbridge::fused_add_rms_norm::check_args(op, input, residual, weight, eps);
 
   const int64_t rows = H == 0 ? 0 : input.numel() / H;
   if (rows == 0) return;

@@ -2,6 +2,7 @@
 //   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
+#include <opbridge/ops/gelu.h>
 
 namespace {
 
@@ -54,11 +55,7 @@ void gelu_cpu(TensorView out, TensorView x) {
   const char* op = "gelu";
   OPB_CHECK_DEVICE(op, x, kDLCPU);
   OPB_CHECK_DEVICE(op, out, kDLCPU);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  OPB_CHECK_SAME_SHAPE(op, out, x);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::gelu::check_forward(op, out, x);
 
   const int64_t n = x.numel();
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
@@ -74,14 +71,7 @@ void gelu_backward_cpu(TensorView grad_x, TensorView grad, TensorView x) {
   OPB_CHECK_DEVICE(op, grad, kDLCPU);
   OPB_CHECK_DEVICE(op, x, kDLCPU);
   OPB_CHECK_DEVICE(op, grad_x, kDLCPU);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, grad, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
-  OPB_CHECK_SAME_SHAPE(op, grad, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
-  OPB_CHECK_CONTIGUOUS(op, grad);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, grad_x);
+  opbridge::gelu::check_backward(op, grad_x, grad, x);
 
   const int64_t n = x.numel();
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {

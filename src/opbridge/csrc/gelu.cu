@@ -3,6 +3,7 @@
 // which equals 0.5 x (1 + tanh(z / 2)) without the tanh form's cancellation
 // on the negative tail (see gelu.cc for the measurements).
 #include <opbridge/cuda.h>
+#include <opbridge/ops/gelu.h>
 
 namespace {
 
@@ -38,11 +39,7 @@ void gelu_cuda(TensorView out, TensorView x) {
   const char* op = "gelu";
   OPB_CHECK_DEVICE(op, x, kDLCUDA);
   OPB_CHECK_SAME_DEVICE(op, out, x);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  OPB_CHECK_SAME_SHAPE(op, out, x);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::gelu::check_forward(op, out, x);
 
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -59,14 +56,7 @@ void gelu_backward_cuda(TensorView grad_x, TensorView grad, TensorView x) {
   OPB_CHECK_DEVICE(op, grad, kDLCUDA);
   OPB_CHECK_SAME_DEVICE(op, x, grad);
   OPB_CHECK_SAME_DEVICE(op, grad_x, grad);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, grad, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
-  OPB_CHECK_SAME_SHAPE(op, grad, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
-  OPB_CHECK_CONTIGUOUS(op, grad);
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, grad_x);
+  opbridge::gelu::check_backward(op, grad_x, grad, x);
 
   const int64_t n = x.numel();
   if (n == 0) return;

@@ -2,6 +2,7 @@
 //   y = x * r * w,  r = 1 / sqrt(mean(x^2) + eps)
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
+#include <opbridge/ops/rms_norm.h>
 
 #include <cmath>
 #include <vector>
@@ -73,33 +74,15 @@ void sum_partials(T* out, float* partial, int nt, int64_t H) {
   for (int64_t i = 0; i < H; ++i) out[i] = opbridge::from_float<T>(partial[i]);
 }
 
-// Shared validation of x / weight / eps; returns H.
-int64_t check_x_weight_eps(const char* op, const TensorView& x, const TensorView& weight,
-                           double eps) {
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  OPB_CHECK_DEVICE(op, weight, kDLCPU);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, weight, x);
-  OPB_CHECK_MIN_NDIM(op, x, 1);
-  OPB_CHECK_NDIM(op, weight, 1);
-  const int64_t H = x.size(x.ndim() - 1);
-  OPB_CHECK_SIZE(op, weight, 0, H, "x's last dim");
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, weight);
-  // !(eps >= 0) also rejects NaN.
-  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
-  return H;
-}
-
 }  // namespace
 
 void rms_norm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm";
-  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE(op, x, kDLCPU);
+  OPB_CHECK_DEVICE(op, weight, kDLCPU);
+  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
   OPB_CHECK_DEVICE(op, out, kDLCPU);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  OPB_CHECK_SAME_SHAPE(op, out, x);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::rms_norm::check_out(op, out, x);
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
@@ -116,19 +99,13 @@ OPBRIDGE_EXPORT(rms_norm_cpu);
 void rms_norm_backward_cpu(TensorView grad_x, TensorView grad_weight, TensorView grad, TensorView x,
                            TensorView weight, double eps) {
   const char* op = "rms_norm_backward";
-  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE(op, x, kDLCPU);
+  OPB_CHECK_DEVICE(op, weight, kDLCPU);
+  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
   OPB_CHECK_DEVICE(op, grad, kDLCPU);
   OPB_CHECK_DEVICE(op, grad_x, kDLCPU);
   OPB_CHECK_DEVICE(op, grad_weight, kDLCPU);
-  OPB_CHECK_SAME_DTYPE(op, grad, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_weight, weight);
-  OPB_CHECK_SAME_SHAPE(op, grad, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_weight, weight);
-  OPB_CHECK_CONTIGUOUS(op, grad);
-  OPB_CHECK_CONTIGUOUS(op, grad_x);
-  OPB_CHECK_CONTIGUOUS(op, grad_weight);
+  opbridge::rms_norm::check_grads(op, grad_x, grad_weight, grad, x, weight);
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {

@@ -4,6 +4,7 @@
 // pointers allow, fp32 block reductions. Each row is read twice; the second
 // read hits L1/L2, so DRAM traffic stays one read + one write.
 #include <opbridge/cuda.h>
+#include <opbridge/ops/rms_norm.h>
 
 namespace {
 
@@ -117,33 +118,15 @@ __global__ void __launch_bounds__(kColumns* kColumnGroups)
   }
 }
 
-// Shared validation of x / weight / eps (as rms_norm.cc); returns H.
-int64_t check_x_weight_eps(const char* op, const TensorView& x, const TensorView& weight,
-                           double eps) {
-  OPB_CHECK_DEVICE(op, x, kDLCUDA);
-  OPB_CHECK_SAME_DEVICE(op, weight, x);
-  OPB_CHECK_FLOATING(op, x);
-  OPB_CHECK_SAME_DTYPE(op, weight, x);
-  OPB_CHECK_MIN_NDIM(op, x, 1);
-  OPB_CHECK_NDIM(op, weight, 1);
-  const int64_t H = x.size(x.ndim() - 1);
-  OPB_CHECK_SIZE(op, weight, 0, H, "x's last dim");
-  OPB_CHECK_CONTIGUOUS(op, x);
-  OPB_CHECK_CONTIGUOUS(op, weight);
-  // !(eps >= 0) also rejects NaN.
-  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
-  return H;
-}
-
 }  // namespace
 
 void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm";
-  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE(op, x, kDLCUDA);
+  OPB_CHECK_SAME_DEVICE(op, weight, x);
+  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
   OPB_CHECK_SAME_DEVICE(op, out, x);
-  OPB_CHECK_SAME_DTYPE(op, out, x);
-  OPB_CHECK_SAME_SHAPE(op, out, x);
-  OPB_CHECK_CONTIGUOUS(op, out);
+  opbridge::rms_norm::check_out(op, out, x);
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   if (rows == 0) return;
@@ -168,19 +151,13 @@ OPBRIDGE_EXPORT(rms_norm_cuda);
 void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorView grad,
                             TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm_backward";
-  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE(op, x, kDLCUDA);
+  OPB_CHECK_SAME_DEVICE(op, weight, x);
+  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
   OPB_CHECK_SAME_DEVICE(op, grad, x);
   OPB_CHECK_SAME_DEVICE(op, grad_x, x);
   OPB_CHECK_SAME_DEVICE(op, grad_weight, x);
-  OPB_CHECK_SAME_DTYPE(op, grad, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
-  OPB_CHECK_SAME_DTYPE(op, grad_weight, weight);
-  OPB_CHECK_SAME_SHAPE(op, grad, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
-  OPB_CHECK_SAME_SHAPE(op, grad_weight, weight);
-  OPB_CHECK_CONTIGUOUS(op, grad);
-  OPB_CHECK_CONTIGUOUS(op, grad_x);
-  OPB_CHECK_CONTIGUOUS(op, grad_weight);
+  opbridge::rms_norm::check_grads(op, grad_x, grad_weight, grad, x, weight);
 
   if (H == 0) return;
   const int64_t rows = x.numel() / H;

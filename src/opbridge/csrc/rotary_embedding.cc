@@ -18,6 +18,7 @@
 // contiguous first -- and then copied back, since the copy is what gets rotated).
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
+#include <opbridge/ops/rotary_embedding.h>
 
 #include <sstream>
 
@@ -67,34 +68,6 @@ OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* ca
   }
 }
 
-// query / key layout against positions: (*P, heads * head_size) or (*P, heads, head_size).
-// Returns the number of heads.
-int64_t check_heads(const char* op, const char* arg, const TensorView& t, const TensorView& positions,
-                    int64_t head_size) {
-  const int pn = positions.ndim();
-  bool lead = t.ndim() == pn + 1 || t.ndim() == pn + 2;
-  for (int i = 0; lead && i < pn; ++i) lead = t.size(i) == positions.size(i);
-  OPB_CHECK(lead, ValueError) << op << ": " << arg << " must have shape (*positions.shape, num_heads * "
-                              << "head_size) or (*positions.shape, num_heads, head_size) with positions.shape = "
-                              << opbridge::shape_str(positions) << ", got " << opbridge::shape_str(t);
-  const int64_t last = t.size(t.ndim() - 1);
-  int64_t heads;
-  if (t.ndim() == pn + 1) {
-    OPB_CHECK(last % head_size == 0, ValueError)
-        << op << ": " << arg << "'s last dim (" << last << ") must be a multiple of head_size (" << head_size
-        << "), got shape " << opbridge::shape_str(t);
-    heads = last / head_size;
-  } else {
-    OPB_CHECK(last == head_size, ValueError)
-        << op << ": " << arg << "'s last dim must be head_size (" << head_size << ") in the (..., num_heads, "
-        << "head_size) layout, got shape " << opbridge::shape_str(t);
-    heads = t.size(t.ndim() - 2);
-  }
-  OPB_CHECK(heads >= 1, ValueError) << op << ": " << arg << " must hold at least one head, got shape "
-                                    << opbridge::shape_str(t);
-  return heads;
-}
-
 }  // namespace
 
 void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<TensorView> key, int64_t head_size,
@@ -103,38 +76,13 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<Tenso
   OPB_CHECK_DEVICE(op, positions, kDLCPU);
   OPB_CHECK_DEVICE(op, query, kDLCPU);
   OPB_CHECK_DEVICE(op, cos_sin_cache, kDLCPU);
-  OPB_CHECK_DTYPE(op, positions, opbridge::kInt64);
-  OPB_CHECK_FLOATING(op, query);
-  OPB_CHECK_SAME_DTYPE(op, cos_sin_cache, query);
-  OPB_CHECK(positions.ndim() == 1 || positions.ndim() == 2, ValueError)
-      << op << ": positions must have shape (num_tokens,) or (batch, seq), got " << opbridge::shape_str(positions);
-  OPB_CHECK(head_size > 0, ValueError) << op << ": head_size must be > 0, got " << head_size;
-  const int64_t num_heads = check_heads(op, "query", query, positions, head_size);
-  OPB_CHECK_NDIM(op, cos_sin_cache, 2);
+  const int64_t num_heads = opbridge::rotary_embedding::check_query_and_cache(
+      op, positions, query, head_size, cos_sin_cache, /*int32_rows=*/false);
+  if (key.has_value()) ::opbridge::check_device(op, "key", key.value(), kDLCPU);
+  const int64_t num_kv_heads = opbridge::rotary_embedding::check_key_and_overlaps(
+      op, positions, query, key, head_size, cos_sin_cache, num_heads, /*int32_rows=*/false);
   const int64_t max_position = cos_sin_cache.size(0);
   const int64_t rot_dim = cos_sin_cache.size(1);
-  OPB_CHECK(rot_dim % 2 == 0 && rot_dim >= 2 && rot_dim <= head_size, ValueError)
-      << op << ": cos_sin_cache's last dim (rot_dim = [cos | sin] halves) must be even and in [2, head_size = "
-      << head_size << "], got shape " << opbridge::shape_str(cos_sin_cache);
-  OPB_CHECK_CONTIGUOUS(op, positions);
-  OPB_CHECK_CONTIGUOUS(op, query);
-  OPB_CHECK_CONTIGUOUS(op, cos_sin_cache);
-  int64_t num_kv_heads = 0;
-  if (key.has_value()) {
-    const TensorView& k = key.value();
-    ::opbridge::check_device(op, "key", k, kDLCPU);
-    ::opbridge::check_same_dtype(op, "key", k, "query", query);
-    num_kv_heads = check_heads(op, "key", k, positions, head_size);
-    OPB_CHECK(num_heads % num_kv_heads == 0, ValueError)
-        << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's (" << num_kv_heads
-        << ")";
-    ::opbridge::check_contiguous(op, "key", k);
-    opbridge::check_disjoint(op, "key", k, "query", query);
-    opbridge::check_disjoint(op, "key", k, "positions", positions);
-    opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
-  }
-  opbridge::check_disjoint(op, "query", query, "positions", positions);
-  opbridge::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
 
   // Positions index the cache: check them all before writing anything.
   const int64_t num_tokens = positions.numel();

@@ -15,6 +15,7 @@
 // read) and is reported through the device-side error flag (opbridge/cuda.h):
 // ValueError from the next call, or from this one with OPBRIDGE_CUDA_SYNC_CHECKS=1.
 #include <opbridge/cuda.h>
+#include <opbridge/ops/rotary_embedding.h>
 
 #include <string>
 
@@ -66,36 +67,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// query / key layout against positions; returns the number of heads (as rotary_embedding.cc).
-int64_t check_heads(const char* op, const char* arg, const TensorView& t, const TensorView& positions,
-                    int64_t head_size) {
-  const int pn = positions.ndim();
-  bool lead = t.ndim() == pn + 1 || t.ndim() == pn + 2;
-  for (int i = 0; lead && i < pn; ++i) lead = t.size(i) == positions.size(i);
-  OPB_CHECK(lead, ValueError) << op << ": " << arg << " must have shape (*positions.shape, num_heads * "
-                              << "head_size) or (*positions.shape, num_heads, head_size) with positions.shape = "
-                              << opbridge::shape_str(positions) << ", got " << opbridge::shape_str(t);
-  const int64_t last = t.size(t.ndim() - 1);
-  int64_t heads;
-  if (t.ndim() == pn + 1) {
-    OPB_CHECK(last % head_size == 0, ValueError)
-        << op << ": " << arg << "'s last dim (" << last << ") must be a multiple of head_size (" << head_size
-        << "), got shape " << opbridge::shape_str(t);
-    heads = last / head_size;
-  } else {
-    OPB_CHECK(last == head_size, ValueError)
-        << op << ": " << arg << "'s last dim must be head_size (" << head_size << ") in the (..., num_heads, "
-        << "head_size) layout, got shape " << opbridge::shape_str(t);
-    heads = t.size(t.ndim() - 2);
-  }
-  OPB_CHECK(heads >= 1, ValueError) << op << ": " << arg << " must hold at least one head, got shape "
-                                    << opbridge::shape_str(t);
-  // heads * head_size is one token's row; the kernel indexes within it in int.
-  OPB_CHECK(heads * head_size <= INT32_MAX, ValueError)
-      << op << ": " << arg << " has " << heads * head_size << " elements per token; at most 2^31 - 1 are supported";
-  return heads;
-}
-
 cu::ErrorFlag& error_flag() {
   static cu::ErrorFlag flag;
   return flag;
@@ -117,38 +88,13 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
   OPB_CHECK_DEVICE(op, positions, kDLCUDA);
   OPB_CHECK_SAME_DEVICE(op, query, positions);
   OPB_CHECK_SAME_DEVICE(op, cos_sin_cache, positions);
-  OPB_CHECK_DTYPE(op, positions, opbridge::kInt64);
-  OPB_CHECK_FLOATING(op, query);
-  OPB_CHECK_SAME_DTYPE(op, cos_sin_cache, query);
-  OPB_CHECK(positions.ndim() == 1 || positions.ndim() == 2, ValueError)
-      << op << ": positions must have shape (num_tokens,) or (batch, seq), got " << opbridge::shape_str(positions);
-  OPB_CHECK(head_size > 0, ValueError) << op << ": head_size must be > 0, got " << head_size;
-  const int64_t num_heads = check_heads(op, "query", query, positions, head_size);
-  OPB_CHECK_NDIM(op, cos_sin_cache, 2);
+  const int64_t num_heads = opbridge::rotary_embedding::check_query_and_cache(
+      op, positions, query, head_size, cos_sin_cache, /*int32_rows=*/true);
+  if (key.has_value()) ::opbridge::check_same_device(op, "key", key.value(), "positions", positions);
+  const int64_t num_kv_heads = opbridge::rotary_embedding::check_key_and_overlaps(
+      op, positions, query, key, head_size, cos_sin_cache, num_heads, /*int32_rows=*/true);
   const int64_t max_position = cos_sin_cache.size(0);
   const int64_t rot_dim = cos_sin_cache.size(1);
-  OPB_CHECK(rot_dim % 2 == 0 && rot_dim >= 2 && rot_dim <= head_size, ValueError)
-      << op << ": cos_sin_cache's last dim (rot_dim = [cos | sin] halves) must be even and in [2, head_size = "
-      << head_size << "], got shape " << opbridge::shape_str(cos_sin_cache);
-  OPB_CHECK_CONTIGUOUS(op, positions);
-  OPB_CHECK_CONTIGUOUS(op, query);
-  OPB_CHECK_CONTIGUOUS(op, cos_sin_cache);
-  int64_t num_kv_heads = 0;
-  if (key.has_value()) {
-    const TensorView& k = key.value();
-    ::opbridge::check_same_device(op, "key", k, "positions", positions);
-    ::opbridge::check_same_dtype(op, "key", k, "query", query);
-    num_kv_heads = check_heads(op, "key", k, positions, head_size);
-    OPB_CHECK(num_heads % num_kv_heads == 0, ValueError)
-        << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's (" << num_kv_heads
-        << ")";
-    ::opbridge::check_contiguous(op, "key", k);
-    opbridge::check_disjoint(op, "key", k, "query", query);
-    opbridge::check_disjoint(op, "key", k, "positions", positions);
-    opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
-  }
-  opbridge::check_disjoint(op, "query", query, "positions", positions);
-  opbridge::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
 
   cu::raise_recorded(op, error_flag(), /*earlier=*/true, describe);
   const int64_t num_tokens = positions.numel();

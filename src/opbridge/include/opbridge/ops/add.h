@@ -1,0 +1,23 @@
+// Argument checks of add shared by its CPU and CUDA kernels (device checks stay
+// with each kernel). Errors name the op and the argument.
+#pragma once
+
+#include <opbridge/opbridge.h>
+
+namespace opbridge {
+namespace add {
+
+// Same dtype and shape, no broadcasting.
+inline void check_tensors(const char* op, const TensorView& out, const TensorView& x, const TensorView& y) {
+  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_SAME_DTYPE(op, y, x);
+  OPB_CHECK_SAME_DTYPE(op, out, x);
+  OPB_CHECK_SAME_SHAPE(op, y, x);
+  OPB_CHECK_SAME_SHAPE(op, out, x);
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, y);
+  OPB_CHECK_CONTIGUOUS(op, out);
+}
+
+}  // namespace add
+}  // namespace opbridge

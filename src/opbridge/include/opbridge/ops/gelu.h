@@ -1,0 +1,31 @@
+// Argument checks of gelu and gelu_backward shared by their CPU and CUDA kernels
+// (device checks stay with each kernel). Errors name the op and the argument.
+#pragma once
+
+#include <opbridge/opbridge.h>
+
+namespace opbridge {
+namespace gelu {
+
+inline void check_forward(const char* op, const TensorView& out, const TensorView& x) {
+  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_SAME_DTYPE(op, out, x);
+  OPB_CHECK_SAME_SHAPE(op, out, x);
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, out);
+}
+
+inline void check_backward(const char* op, const TensorView& grad_x, const TensorView& grad,
+                           const TensorView& x) {
+  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_SAME_DTYPE(op, grad, x);
+  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
+  OPB_CHECK_SAME_SHAPE(op, grad, x);
+  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
+  OPB_CHECK_CONTIGUOUS(op, grad);
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, grad_x);
+}
+
+}  // namespace gelu
+}  // namespace opbridge

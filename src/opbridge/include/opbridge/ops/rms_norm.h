@@ -1,0 +1,48 @@
+// Argument checks of rms_norm and rms_norm_backward shared by their CPU and CUDA kernels
+// (device checks stay with each kernel). Errors name the op and the argument.
+#pragma once
+
+#include <opbridge/opbridge.h>
+
+#include <cstdint>
+
+namespace opbridge {
+namespace rms_norm {
+
+// x (..., H) and weight (H,) of one floating dtype, contiguous, and eps; returns H.
+inline int64_t check_x_weight_eps(const char* op, const TensorView& x, const TensorView& weight, double eps) {
+  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_SAME_DTYPE(op, weight, x);
+  OPB_CHECK_MIN_NDIM(op, x, 1);
+  OPB_CHECK_NDIM(op, weight, 1);
+  const int64_t H = x.size(x.ndim() - 1);
+  OPB_CHECK_SIZE(op, weight, 0, H, "x's last dim");
+  OPB_CHECK_CONTIGUOUS(op, x);
+  OPB_CHECK_CONTIGUOUS(op, weight);
+  // !(eps >= 0) also rejects NaN.
+  OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
+  return H;
+}
+
+inline void check_out(const char* op, const TensorView& out, const TensorView& x) {
+  OPB_CHECK_SAME_DTYPE(op, out, x);
+  OPB_CHECK_SAME_SHAPE(op, out, x);
+  OPB_CHECK_CONTIGUOUS(op, out);
+}
+
+// rms_norm_backward's grad and grad_x are like x, grad_weight like weight.
+inline void check_grads(const char* op, const TensorView& grad_x, const TensorView& grad_weight,
+                        const TensorView& grad, const TensorView& x, const TensorView& weight) {
+  OPB_CHECK_SAME_DTYPE(op, grad, x);
+  OPB_CHECK_SAME_DTYPE(op, grad_x, x);
+  OPB_CHECK_SAME_DTYPE(op, grad_weight, weight);
+  OPB_CHECK_SAME_SHAPE(op, grad, x);
+  OPB_CHECK_SAME_SHAPE(op, grad_x, x);
+  OPB_CHECK_SAME_SHAPE(op, grad_weight, weight);
+  OPB_CHECK_CONTIGUOUS(op, grad);
+  OPB_CHECK_CONTIGUOUS(op, grad_x);
+  OPB_CHECK_CONTIGUOUS(op, grad_weight);
+}
+
+}  // namespace rms_norm
+}  // namespace opbridge
