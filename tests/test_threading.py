@@ -1,4 +1,5 @@
-"""The two CPU threading policies (OPBRIDGE_THREADING=omp|pool) compute the same results.
+"""The CPU threading policies (OPBRIDGE_THREADING=auto|omp|pool): how auto resolves, and that
+omp and pool compute the same results.
 
 Each policy is read once per process by the kernels, so each runs in a child
 process on inputs above the parallel grain; the children print digests of
@@ -66,13 +67,45 @@ def test_omp_and_pool_policies_agree_bitwise() -> None:
     assert digests["omp"] == digests["pool"]
 
 
+_POLICY_CHILD = r"""
+import sys
+if sys.argv[1] == "torch":
+    import torch
+import numpy as np
+import opbridge.ops as ops
+from opbridge import loader
+from opbridge.ops._library import LIBRARY
+ops.add(np.ones(4, np.float32), np.ones(4, np.float32))
+print(loader.threading_policy(LIBRARY))
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "imports", "expected"),
+    [
+        (None, "numpy", "pool"),  # auto, no torch: the caller-runs pool
+        (None, "torch", "omp"),  # auto, torch imported first: torch's OpenMP team
+        ("omp", "numpy", "omp"),  # the variable wins over auto
+        ("pool", "torch", "pool"),
+    ],
+)
+def test_policy_resolution(env: str | None, imports: str, expected: str) -> None:
+    child_env = {k: v for k, v in os.environ.items() if k != "OPBRIDGE_THREADING"}
+    if env is not None:
+        child_env["OPBRIDGE_THREADING"] = env
+    proc = subprocess.run([sys.executable, "-c", _POLICY_CHILD, imports], env=child_env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == expected
+
+
 def test_misspelt_policy_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from opbridge import config
 
     monkeypatch.setenv("OPBRIDGE_THREADING", "openmp")
-    with pytest.raises(ValueError, match="OPBRIDGE_THREADING must be one of omp, pool"):
+    with pytest.raises(ValueError, match="OPBRIDGE_THREADING must be one of auto, omp, pool"):
         config.threading()
     monkeypatch.setenv("OPBRIDGE_THREADING", "pool")
     assert config.threading() == "pool"
     monkeypatch.delenv("OPBRIDGE_THREADING")
-    assert config.threading() == "omp"
+    assert config.threading() == "auto"

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <opbridge/opbridge.h>
+#include <opbridge/threading.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,8 +15,6 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #ifdef _OPENMP
@@ -244,34 +243,24 @@ inline thread_local bool Pool::in_pool_ = false;
 // parks only delays a small share of the work.
 constexpr int kChunksPerThread = 4;
 
-// Which threads run the chunks of a parallel job (OPBRIDGE_THREADING, read
-// once per process):
-//  - "omp" (default): the process's OpenMP team, each thread claiming chunks
-//    from a shared counter. In a PyTorch process this is torch's own team
-//    (torch ships libgomp.so.1 and loads it globally, so our libgomp.so.1
-//    dependency binds to it), whose workers spin for milliseconds after every
-//    torch op: a private pool would fight them for the cores instead. Measured
-//    here, 4096x4096 float32 rms_norm into a buffer right after a torch op:
-//    5.2 ms on the OpenMP team vs 8.0 ms on a private pool; every large
-//    into-buffer kernel reaches 0.99-1.6x a same-bytes copy (0.59-1.2x on the
+// Which threads run the chunks of a parallel job (opbridge::threading(),
+// threading.h): OPBRIDGE_THREADING=omp|pool, else chosen when the module is
+// loaded -- the OpenMP team in a process that has imported torch, the pool
+// everywhere else. Measured on this 2-core box:
+//  - OpenMP team. torch ships libgomp.so.1 and loads it globally, so our
+//    libgomp.so.1 dependency binds to torch's runtime and its team, whose
+//    workers spin for milliseconds after every torch op: a private pool would
+//    fight them for the cores. 4096x4096 float32 rms_norm into a buffer right
+//    after a torch op: 5.2 ms on the team vs 8.0 ms on the pool; every large
+//    into-buffer kernel reaches 0.99-1.65x a same-bytes copy (0.59-1.2x on the
 //    pool). Dynamic claiming means a late thread delays the job only by the
-//    join, never by a static share of the work; still, beside a busy process a
-//    descheduled team thread makes p99 of a 1024x1024 kernel ~8 ms -- the same
-//    as torch's own ops under that load.
-//  - "pool": the caller-runs pool above. The caller never waits for a thread
-//    to be scheduled, so p99 stays within ~1.3x of p50 beside a busy process
-//    (0.6 ms vs torch's 3-8 ms for 1024x1024 add), at the price of running
-//    single-threaded whenever another runtime's threads hold the other cores.
-enum class Threading { kOpenMP, kPool };
-
-inline Threading threading() {
-  static const Threading mode = [] {
-    const char* e = std::getenv("OPBRIDGE_THREADING");
-    return (e != nullptr && std::string(e) == "pool") ? Threading::kPool : Threading::kOpenMP;
-  }();
-  return mode;
-}
-
+//    join, but beside a busy process a descheduled team thread still makes p99
+//    of a 1024x1024 kernel ~8 ms -- the same as torch's own ops under that load.
+//  - Caller-runs pool (above). The caller never waits for a thread to be
+//    scheduled, so p99 stays near p50 beside a busy process (0.6 ms for
+//    1024x1024 add). Under jax.jit, whose own threads spin between ops, the
+//    team's p80 reached 7 ms for 1024x1024 kernels while the pool held
+//    0.8-0.9x XLA's own time; hence the pool outside torch.
 template <typename Body>
 inline void run_chunks(int64_t nchunks, int nt, Body& body) {
 #ifdef _OPENMP
