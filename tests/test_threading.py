@@ -1,5 +1,5 @@
-"""The CPU threading policies (OPBRIDGE_THREADING=auto|omp|pool): how auto resolves, and that
-omp and pool compute the same results.
+"""The CPU threading policies (OPBRIDGE_THREADING=omp|pool): which is in force, and that both
+compute the same results.
 
 Each policy is read once per process by the kernels, so each runs in a child
 process on inputs above the parallel grain; the children print digests of
@@ -83,9 +83,9 @@ print(loader.threading_policy(LIBRARY))
 @pytest.mark.parametrize(
     ("env", "imports", "expected"),
     [
-        (None, "numpy", "pool"),  # auto, no torch: the caller-runs pool
-        (None, "torch", "omp"),  # auto, torch imported first: torch's OpenMP team
-        ("omp", "numpy", "omp"),  # the variable wins over auto
+        (None, "numpy", "omp"),  # the default: the OpenMP team
+        (None, "torch", "omp"),  # torch's OpenMP team
+        ("pool", "numpy", "pool"),
         ("pool", "torch", "pool"),
     ],
 )
@@ -103,9 +103,9 @@ def test_misspelt_policy_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from opbridge import config
 
     monkeypatch.setenv("OPBRIDGE_THREADING", "openmp")
-    with pytest.raises(ValueError, match="OPBRIDGE_THREADING must be one of auto, omp, pool"):
+    with pytest.raises(ValueError, match="OPBRIDGE_THREADING must be one of omp, pool"):
         config.threading()
     monkeypatch.setenv("OPBRIDGE_THREADING", "pool")
     assert config.threading() == "pool"
     monkeypatch.delenv("OPBRIDGE_THREADING")
-    assert config.threading() == "auto"
+    assert config.threading() == "omp"

@@ -16,12 +16,12 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_CUDA_SYNC_CHECKS`` ``1``: CUDA kernels sync to raise device-side ``0``
                            argument errors (bad positions / block ids)
                            in the offending call, not the next one
-``OPBRIDGE_THREADING``     which threads run a parallel CPU kernel:       ``auto``
-                           ``omp`` (the process's OpenMP team, in torch
-                           torch's own) or ``pool`` (a private
-                           caller-runs pool: bounded p99 beside busy
-                           neighbours); ``auto``: ``omp`` if torch is
-                           imported when the module loads, else ``pool``
+``OPBRIDGE_THREADING``     which threads run a parallel CPU kernel:       ``omp``
+                           ``omp`` (the process's OpenMP team; torch's
+                           own in a torch process) or ``pool`` (a private
+                           caller-runs pool: lower p99 beside busy
+                           neighbours, slower otherwise); read once per
+                           process
 =========================  =============================================  ======================
 
 ``nvcc`` is found on ``PATH``, then under ``$CUDA_HOME`` / ``$CUDA_PATH``.
@@ -75,17 +75,17 @@ def cuda_archs() -> list[str]:
     return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
 
 
-THREADING_CHOICES = ("auto", "omp", "pool")
+THREADING_CHOICES = ("omp", "pool")
 
 
 def threading() -> str:
-    """The CPU threading policy (``OPBRIDGE_THREADING``: ``auto``, ``omp`` or ``pool``).
+    """The CPU threading policy (``OPBRIDGE_THREADING``: ``omp``, the default, or ``pool``).
 
-    The kernels read ``omp`` / ``pool`` themselves, once per process; ``auto``
-    (the default) is resolved by the loader when it loads a module. A misspelt
-    value raises here, when a module is loaded, instead of meaning the default.
+    The kernels read the variable themselves, once per process; this accessor
+    exists so that a misspelt value fails loudly when a module is loaded
+    instead of silently meaning the default.
     """
-    raw = os.environ.get("OPBRIDGE_THREADING") or "auto"
+    raw = os.environ.get("OPBRIDGE_THREADING") or "omp"
     if raw not in THREADING_CHOICES:
         raise ValueError(f"OPBRIDGE_THREADING must be one of {', '.join(THREADING_CHOICES)}, got {raw!r}")
     return raw

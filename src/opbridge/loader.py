@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,31 +79,12 @@ def load(lib: Library, device: str = "cpu") -> Any:
         if mod is None:
             from opbridge._tvm import tvm_ffi
 
-            policy = config.threading()  # a misspelt OPBRIDGE_THREADING fails here, not silently
+            config.threading()  # a misspelt OPBRIDGE_THREADING fails here, not silently
             path = _prebuilt_path(lib, device) or build(lib, device)
             mod = tvm_ffi().load_module(str(path))
-            if device == "cpu" and policy == "auto":
-                _set_threading(path, omp="torch" in sys.modules)
             _MODULES[key] = mod
             _PATHS[key] = path
     return mod
-
-
-def _set_threading(path: Path, omp: bool) -> None:
-    """Pick the module's CPU threading policy (math.h, parallel_for): torch's OpenMP team or the pool.
-
-    In a torch process the OpenMP team is torch's own, whose threads spin after every
-    torch op, so sharing it beats a private pool; elsewhere the pool keeps p99 bounded.
-    Modules built before the setter existed keep their built-in default.
-    """
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(str(path))["__opbridge_set_threading"]
-    except (OSError, AttributeError):
-        return
-    fn.argtypes = [ctypes.c_int]
-    fn(1 if omp else 0)
 
 
 def threading_policy(lib: Library) -> str:

@@ -244,23 +244,24 @@ inline thread_local bool Pool::in_pool_ = false;
 constexpr int kChunksPerThread = 4;
 
 // Which threads run the chunks of a parallel job (opbridge::threading(),
-// threading.h): OPBRIDGE_THREADING=omp|pool, else chosen when the module is
-// loaded -- the OpenMP team in a process that has imported torch, the pool
-// everywhere else. Measured on this 2-core box:
-//  - OpenMP team. torch ships libgomp.so.1 and loads it globally, so our
-//    libgomp.so.1 dependency binds to torch's runtime and its team, whose
-//    workers spin for milliseconds after every torch op: a private pool would
-//    fight them for the cores. 4096x4096 float32 rms_norm into a buffer right
-//    after a torch op: 5.2 ms on the team vs 8.0 ms on the pool; every large
-//    into-buffer kernel reaches 0.99-1.65x a same-bytes copy (0.59-1.2x on the
-//    pool). Dynamic claiming means a late thread delays the job only by the
-//    join, but beside a busy process a descheduled team thread still makes p99
-//    of a 1024x1024 kernel ~8 ms -- the same as torch's own ops under that load.
+// threading.h; OPBRIDGE_THREADING=omp|pool, default omp). Measured on this
+// 2-core box, 1024x1024 float32 into a buffer, interleaved with torch.add:
+//  - OpenMP team (default). In a PyTorch process it is torch's own team:
+//    torch ships libgomp.so.1 and loads it globally, so our libgomp.so.1
+//    dependency binds to it, and its workers, spinning after every torch op,
+//    pick our chunks up at once. Quiet machine: add / gelu / rms_norm p50
+//    0.24 / 0.29 / 0.16 ms, p99 0.35 / 0.44 / 0.27 ms. 4096x4096 rms_norm
+//    right after a torch op: 5.8 ms, vs 8.4 ms on the pool, which has to fight
+//    torch's spinning workers for the cores. Under jax.jit (quiet) it ran at
+//    0.33-0.73x XLA's own time, the pool at 0.61-0.90x. Dynamic claiming means
+//    a late thread delays the job by the join only, not by a share of the
+//    work; but beside a busy process the join waits for a descheduled team
+//    thread: p99 8-12 ms -- as for torch's own add (12 ms) under that load.
 //  - Caller-runs pool (above). The caller never waits for a thread to be
-//    scheduled, so p99 stays near p50 beside a busy process (0.6 ms for
-//    1024x1024 add). Under jax.jit, whose own threads spin between ops, the
-//    team's p80 reached 7 ms for 1024x1024 kernels while the pool held
-//    0.8-0.9x XLA's own time; hence the pool outside torch.
+//    scheduled: beside a busy process p99 1.7-4 ms, but p50 is 1.3-1.7x the
+//    team's (the helper rarely gets a core in time), and in a torch process
+//    torch's own ops suffer (torch.add p50 0.22 -> 3.2 ms beside the busy
+//    process). For latency-critical work beside busy neighbours.
 template <typename Body>
 inline void run_chunks(int64_t nchunks, int nt, Body& body) {
 #ifdef _OPENMP
