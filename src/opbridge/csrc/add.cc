@@ -11,10 +11,7 @@ using opbridge::TensorView;
 // per-iteration independence still allows.
 template <typename T>
 OPB_TARGET_CLONES void add_chunk(T* out, const T* x, const T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = opbridge::from_float<T>(opbridge::to_float(x[i]) + opbridge::to_float(y[i]));
-  }
+  opbridge::map2(out, x, y, n, [](float a, float b) { return a + b; });
 }
 
 }  // namespace

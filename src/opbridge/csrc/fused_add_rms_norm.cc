@@ -37,10 +37,7 @@ OPB_TARGET_CLONES void fused_add_rms_norm_rows(T* input, T* residual, const T* w
       ss += v * v;
     }
     const float rs = 1.f / std::sqrt(ss / float(H) + eps);
-#pragma omp simd
-    for (int64_t i = 0; i < H; ++i) {
-      in[i] = opbridge::from_float<T>(opbridge::to_float(res[i]) * rs * opbridge::to_float(w[i]));
-    }
+    opbridge::map2(in, res, w, H, [rs](float v, float wv) { return v * rs * wv; });
   }
 }
 

@@ -20,14 +20,14 @@ constexpr float kCoeff = 0.044715f;
 // 1 - s = e s stays relatively accurate on both tails.
 // fast_exp rather than libm expf: a scalar call per element would stop the
 // loop from vectorising.
+OPB_ALWAYS_INLINE float gelu(float v) {
+  const float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v * v);
+  return v * opbridge::fast_sigmoid(z);
+}
+
 template <typename T>
 OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = opbridge::to_float(x[i]);
-    const float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v * v);
-    out[i] = opbridge::from_float<T>(v * opbridge::fast_sigmoid(z));
-  }
+  opbridge::map1</*kStage16=*/true>(out, x, n, [](float v) { return gelu(v); });
 }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
@@ -35,18 +35,15 @@ OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
 // stays a normal float; the true value there is < 1e-33.
 template <typename T>
 OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = opbridge::to_float(x[i]);
+  opbridge::map2</*kStage16=*/true>(grad_x, grad, x, n, [](float g, float v) {
     const float v2 = v * v;
     float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v2);
     z = opbridge::select(z < -80.f, -80.f, z);
     const float e = opbridge::fast_exp(-z);
     const float s = 1.f / (1.f + e);
     const float dz = 2.f * kSqrt2OverPi * (1.f + 3.f * kCoeff * v2);
-    const float d = s + v * dz * (e * s) * s;
-    grad_x[i] = opbridge::from_float<T>(opbridge::to_float(grad[i]) * d);
-  }
+    return g * (s + v * dz * (e * s) * s);
+  });
 }
 
 }  // namespace

@@ -27,10 +27,7 @@ OPB_TARGET_CLONES void rms_norm_rows(T* out, const T* x, const T* w, int64_t row
       ss += v * v;
     }
     const float rs = 1.f / std::sqrt(ss / float(H) + eps);
-#pragma omp simd
-    for (int64_t i = 0; i < H; ++i) {
-      yr[i] = opbridge::from_float<T>(opbridge::to_float(xr[i]) * rs * opbridge::to_float(w[i]));
-    }
+    opbridge::map2(yr, xr, w, H, [rs](float v, float wv) { return v * rs * wv; });
   }
 }
 

@@ -114,6 +114,60 @@ OPB_ALWAYS_INLINE float fast_exp(float x) {
 // few ulp of 1 once tanh saturates.
 OPB_ALWAYS_INLINE float fast_sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
 
+// out[i] = from_float<T>(f(to_float(x[i]))) (map1) or f(x[i], y[i]) (map2)
+// for i in [0, n): the loop of every elementwise kernel. Always inlined, so it
+// runs in the caller's ISA clone; f must be inlinable (a functor or a lambda).
+// With kStage16, 16-bit types go through L1-resident float blocks: converting
+// inside an expensive math loop (exp, division) gives GCC 32 lanes per
+// iteration (a zmm of 16-bit values) whose float temporaries spill; staged,
+// the math loop is the float32 one -- bfloat16 gelu 1.2x faster in-cache on
+// AVX-512 and 2.7x at 4096x4096. For cheap f (add, scale) the extra block
+// passes cost more than they save (bfloat16 add at (8,4096) 1.2x slower), so
+// staging is the caller's choice. out may be exactly x or y (in place): each
+// block reads its inputs before it writes.
+constexpr int64_t kStageBlock = 512;
+
+template <bool kStage16 = false, typename T, typename F>
+OPB_ALWAYS_INLINE void map1(T* out, const T* x, int64_t n, F&& f) {
+  if constexpr (kStage16 && sizeof(T) == 2) {
+    alignas(64) float bx[kStageBlock];
+    for (int64_t s = 0; s < n; s += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, n - s);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) bx[i] = to_float(x[s + i]);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) bx[i] = f(bx[i]);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) out[s + i] = from_float<T>(bx[i]);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = from_float<T>(f(to_float(x[i])));
+  }
+}
+
+template <bool kStage16 = false, typename T, typename F>
+OPB_ALWAYS_INLINE void map2(T* out, const T* x, const T* y, int64_t n, F&& f) {
+  if constexpr (kStage16 && sizeof(T) == 2) {
+    alignas(64) float bx[kStageBlock], by[kStageBlock];
+    for (int64_t s = 0; s < n; s += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, n - s);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) {
+        bx[i] = to_float(x[s + i]);
+        by[i] = to_float(y[s + i]);
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) bx[i] = f(bx[i], by[i]);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) out[s + i] = from_float<T>(bx[i]);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = from_float<T>(f(to_float(x[i]), to_float(y[i])));
+  }
+}
+
 // How many threads parallel_for uses for n items of work_per_item units each:
 // one below kParallelGrain units of work (waking a helper costs more than it
 // saves), else OpenMP's thread count (OMP_NUM_THREADS is honoured).
