@@ -18,7 +18,7 @@ constexpr float kCoeff = 0.044715f;
 // x in [-20, 20], worst absolute gradient error: 4.2e-6 with fast_tanh,
 // 2.2e-7 this way (torch's tanhf kernel: 1.0e-6). With e = exp(-z),
 // 1 - s = e s stays relatively accurate on both tails.
-// fast_exp rather than libm expf: a scalar call per element would stop the
+// exp_for_logistic rather than libm expf: a scalar call per element would stop the
 // loop from vectorising.
 OPB_ALWAYS_INLINE float gelu(float v) {
   const float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v * v);
@@ -39,7 +39,7 @@ OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x,
     const float v2 = v * v;
     float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v2);
     z = opbridge::select(z < -80.f, -80.f, z);
-    const float e = opbridge::fast_exp(-z);
+    const float e = opbridge::exp_for_logistic(-z);
     const float s = 1.f / (1.f + e);
     const float dz = 2.f * kSqrt2OverPi * (1.f + 3.f * kCoeff * v2);
     return g * (s + v * dz * (e * s) * s);

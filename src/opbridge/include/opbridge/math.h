@@ -108,11 +108,39 @@ OPB_ALWAYS_INLINE float fast_exp(float x) {
   return y * bits_to_float(uint32_t(n1 + 127) << 23) * bits_to_float(uint32_t(n2 + 127) << 23);
 }
 
-// 1 / (1 + e^-x), max rel error 1.44e-7 on [-80, 80] (measured as above).
-// Relative accuracy on both tails (0 below, 1 above), unlike
-// 0.5 (1 + tanh(x / 2)), whose 1 + tanh cancels to an absolute error of a
-// few ulp of 1 once tanh saturates.
-OPB_ALWAYS_INLINE float fast_sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
+// exp(x) for the logistic function only: what 1 / (1 + e) and e / (1 + e)
+// need, in about two thirds of fast_exp's vector instructions. x is clamped
+// to [-87.3, 88.8], so n stays in [-126, 128] and 2^n is applied in one step:
+// normal down to e^-87.3 ~ 1.2e-38 (exp(-inf) gives that, not 0; 1 + e is 1
+// either way), and n = 128 is exactly the bits of +inf, which makes
+// 1 / (1 + e) exactly 0 above x ~ 88.4 (true value < 4e-39, subnormal).
+// e^r on |r| <= ln2/2 is 1 + r + r^2 q(r) with q a degree-4 minimax fit of
+// relative error 3.1e-9 (Cephes' expf uses degree 5 for the same r); in
+// float32, max rel error 8.1e-8 on [-87, 88.3], as fast_exp. NaN propagates.
+// Measured in-cache on a Zen 3 core (x86-64-v3 clone), 32K floats: this exp
+// 12.3 us vs fast_exp 17.0 us; gelu through it 19.3 vs 27.1 us.
+OPB_ALWAYS_INLINE float exp_for_logistic(float x) {
+  const float kMagic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  float c = select(x > 88.8f, 88.8f, x);
+  c = select(c < -87.3f, -87.3f, c);
+  float fn = c * 1.44269504088896341f + kMagic;
+  const int32_t n = int32_t(float_to_bits(fn) - float_to_bits(kMagic));
+  fn -= kMagic;
+  float r = c - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  float q = r * 1.381457201205194e-3f + 8.368730545043945e-3f;
+  q = r * q + 4.166838899254799e-2f;
+  q = r * q + 1.666652113199234e-1f;
+  q = r * q + 4.999999403953552e-1f;
+  const float y = q * (r * r) + r + 1.f;
+  return y * bits_to_float(uint32_t(n + 127) << 23);
+}
+
+// 1 / (1 + e^-x), max rel error 1.44e-7 on [-80, 80] (measured as above);
+// exactly 0 below x ~ -88.4, exactly 1 above x ~ 17. Relative accuracy on
+// both tails, unlike 0.5 (1 + tanh(x / 2)), whose 1 + tanh cancels to an
+// absolute error of a few ulp of 1 once tanh saturates.
+OPB_ALWAYS_INLINE float fast_sigmoid(float x) { return 1.f / (1.f + exp_for_logistic(-x)); }
 
 // out[i] = from_float<T>(f(to_float(x[i]))) (map1) or f(x[i], y[i]) (map2)
 // for i in [0, n): the loop of every elementwise kernel. Always inlined, so it
