@@ -16,6 +16,9 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_CUDA_SYNC_CHECKS`` ``1``: CUDA kernels sync to raise device-side ``0``
                            argument errors (bad positions / block ids)
                            in the offending call, not the next one
+``OPBRIDGE_HUGEPAGES``     ``0``: no transparent-huge-page advice on      ``1``
+                           fresh CPU outputs of 4 MiB and more
+                           (:mod:`opbridge.memory`); read once per process
 ``OPBRIDGE_THREADING``     which threads run a parallel CPU kernel:       ``omp``
                            ``omp`` (the process's OpenMP team; torch's
                            own in a torch process) or ``pool`` (a private
@@ -89,3 +92,8 @@ def threading() -> str:
     if raw not in THREADING_CHOICES:
         raise ValueError(f"OPBRIDGE_THREADING must be one of {', '.join(THREADING_CHOICES)}, got {raw!r}")
     return raw
+
+
+def hugepages() -> bool:
+    """Whether fresh CPU outputs get transparent-huge-page advice (``OPBRIDGE_HUGEPAGES``, default on)."""
+    return os.environ.get("OPBRIDGE_HUGEPAGES", "1").strip().lower() not in ("0", "false", "no", "off")

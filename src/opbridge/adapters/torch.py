@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opbridge import _tvm, loader
+from opbridge import _tvm, loader, memory
 from opbridge.adapters.base import check_no_alias, pack_results, validate_args
-from opbridge.declare import like, signature_source
+from opbridge.declare import Spec, like, signature_source
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
@@ -53,6 +53,30 @@ def _ordered(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[A
 
 def _alloc(op: OpDef, args: Sequence[Any], device: torch.device | str) -> list[torch.Tensor]:
     return [torch.empty(s.shape, dtype=_dtype(s.dtype), device=device) for s in op.output_specs(args)]
+
+
+def _fresh(t: torch.Tensor) -> None:
+    """Huge-page advice for a new CPU output before the kernel first writes it (:mod:`opbridge.memory`)."""
+    memory.advise_fresh(t.data_ptr(), t.nbytes)
+
+
+def _cpu_alloc(op: OpDef) -> Callable[[Sequence[Any]], list[torch.Tensor]]:
+    """``_alloc(op, args, "cpu")`` for the fast path: the shape rule called directly, no device argument.
+
+    At (8, 4096) ``silu_and_mul`` this is 4.4 µs against 5.1 µs through ``_alloc``
+    (of which ``torch.empty`` is 2.2 µs and the shape rule 1.3 µs).
+    """
+    rule = op.shape
+    if rule is None or isinstance(rule, like):
+        return lambda a: _alloc(op, a, "cpu")
+    empty = torch.empty
+
+    def alloc(args: Sequence[Any]) -> list[torch.Tensor]:
+        out = rule(*args)
+        specs: tuple[Spec, ...] = (out,) if isinstance(out, Spec) else tuple(out)
+        return [empty(s.shape, dtype=s.dtype if type(s.dtype) is torch.dtype else _dtype(s.dtype)) for s in specs]
+
+    return alloc
 
 
 def _lead(op: OpDef, args: Sequence[Any]) -> torch.Tensor:
@@ -87,6 +111,8 @@ def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
         alloc = [f"{', '.join(outs)}, = _alloc(({', '.join(names)},))"]
     else:
         alloc = []
+    if device == "cpu":
+        alloc += [f"if {o}.nbytes >= _hmin: _fresh({o})" for o in outs]
     call = f"_k({', '.join([*outs, *names])})"
     if device == "cuda":
         call = f"with _stream({names[op.dispatch_arg]}.device):\n        {call}"
@@ -109,6 +135,8 @@ def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
         "_alias": lambda a: check_no_alias(op, a, _span),
         "_pack": lambda a, o: pack_results(op, a, o),
         "_stream": _cuda_stream,
+        "_hmin": memory.MIN_BYTES,
+        "_fresh": _fresh,
     }
 
     def first_call(*args: Any) -> Any:
@@ -248,6 +276,7 @@ def _fast_prelude(op: OpDef) -> str | None:
     if op.schema.is_mutating:
         lines.append(f"            _alias(({params},))")
     lines += [f"            {line}" for line in alloc]
+    lines += [f"            if {o}.nbytes >= _hmin: _fresh({o})" for o in outs]
     lines += [
         f"            _k({', '.join([*outs, *names])})",
         "        except TypeError:",
@@ -398,7 +427,9 @@ class TorchAdapter:
                 "_k": loader.kernel(op, "cpu"),
                 "_slow": slow,
                 "_empty_like": torch.empty_like,
-                "_alloc": lambda a: _alloc(op, a, "cpu"),
+                "_alloc": _cpu_alloc(op),
+                "_hmin": memory.MIN_BYTES,
+                "_fresh": _fresh,
                 "_alias": lambda a: check_no_alias(op, a, _span),
                 "_bump": torch.autograd.graph.increment_version,
                 "_pack": lambda a, o: pack_results(op, a, o),
