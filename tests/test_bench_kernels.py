@@ -154,3 +154,195 @@ def test_bad_options_are_bench_errors(tmp_path: Path) -> None:
     with pytest.raises(bench.BenchError, match="no op"):
         kernels.plan(kernels.settings(parser.parse_args(["bench", "kernels", "--ops", "nope",
                                                          "--out", str(tmp_path)])))
+
+
+# -- ops with index arguments: rotary_embedding, advance_step_flashattn -------------------------------
+
+INDEXED = ("rotary_embedding", "advance_step_flashattn")
+INDEXED_SIZES = ("4x256", "3x130")
+
+
+def _torch_args(op: Any, case: dict[str, Any]) -> list[Any]:
+    """Schema-ordered torch arguments of a test case (floating arrays as float32)."""
+    import numpy as np
+
+    args = []
+    for a in op.schema.arguments:
+        v = case[a.name]
+        if isinstance(v, np.ndarray):
+            v = torch.from_numpy(v.astype(np.float32) if v.dtype.kind == "f" else v.copy())
+        args.append(v)
+    return args
+
+
+def _reference(op: Any, args: list[Any]) -> tuple[Any, ...]:
+    """The op's NumPy reference on copies of *args*: the new values of its mutated arguments."""
+    np_args = [a.numpy().copy() if isinstance(a, torch.Tensor) else a for a in args]
+    op.reference(*np_args)
+    return tuple(np_args[i] for i, a in enumerate(op.schema.arguments) if a.is_mutated)
+
+
+@pytest.mark.parametrize("name", INDEXED)
+def test_indexed_torch_formulas_match_the_reference(name: str) -> None:
+    """The workload's torch formulas (functional and in place) on every contiguous test case of the op:
+    both rotary styles, key None, split head layouts, 2-D positions, partial rotation; advance_step's
+    padding, block_size 1 and the int32/int64 edge values."""
+    from opbridge.bench import workloads
+    from opbridge.testing.compare import assert_close
+    from opbridge.testing.matrix import LAYOUT, NONCONTIGUOUS, make_cases
+
+    op = LIBRARY.ops[name]
+    (impl,) = workloads.workloads()[name].torch
+    mutated = [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
+    styles = set()
+    checked = 0
+    for case in make_cases(op, "float32"):
+        if case.get(LAYOUT, "contiguous") != "contiguous" or case.get(NONCONTIGUOUS):
+            continue
+        args = _torch_args(op, case)
+        if name == "rotary_embedding":
+            if args[0].numel() == 0:  # vLLM's formula cannot reshape zero tokens into heads
+                continue
+            styles.add(case["is_neox"])
+        expected = _reference(op, args)
+        new = impl.new(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        inplace = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        impl.out(*inplace)
+        for j, e in enumerate(expected):
+            if e is None:  # rotary_embedding without a key
+                assert new[j] is None and inplace[mutated[j]] is None
+                continue
+            assert_close(new[j], e, dtype="float32", name=f"{name} new result {j}")
+            assert_close(inplace[mutated[j]], e, dtype="float32", name=f"{name} in-place result {j}")
+            if e.dtype.kind != "f":
+                assert new[j].dtype == inplace[mutated[j]].dtype == torch.from_numpy(e).dtype
+        checked += 1
+    assert checked >= 5
+    if name == "rotary_embedding":
+        assert styles == {True, False}  # NeoX and GPT-J
+
+
+@pytest.mark.parametrize("size", [(8, 4096), (257, 5125), (2, 64), (1, 7)])
+def test_indexed_workload_inputs_are_valid(size: tuple[int, int]) -> None:
+    """make_args gives the shapes the rule says, int64/int32 index tensors in range, and byte counts
+    that count gathered rows rather than whole tables."""
+    from opbridge.bench import workloads
+
+    known = workloads.workloads()
+    rope = LIBRARY.ops["rotary_embedding"]
+    wl = known["rotary_embedding"]
+    args = kernels.make_args(rope, wl, size, "bfloat16")
+    positions, query, key, head_size, cache, is_neox = args
+    shapes = wl.shapes(size)
+    assert tuple(query.shape) == shapes["query"] and tuple(key.shape) == shapes["key"]
+    assert positions.dtype == torch.int64 and 0 <= int(positions.min()) and int(positions.max()) < cache.shape[0]
+    assert query.dtype == key.dtype == cache.dtype == torch.bfloat16 and is_neox is True
+    assert query.shape[1] % head_size == 0 and (query.shape[1] // head_size) % (key.shape[1] // head_size) == 0
+    if size == (257, 5125):
+        assert tuple(query.shape) == (257, 5120) and head_size == 128  # the nearby shape the note names
+    rope.call(*args)  # the kernel accepts them
+    rows = size[0] * cache.shape[1] * 2
+    qk = 2 * (query.numel() + key.numel())
+    read = 8 * size[0] + qk + rows  # positions, query and key, one cos/sin row per token
+    assert wl.moved(rope, args) == {"read": read, "written": qk, "total": read + qk}
+
+    step = LIBRARY.ops["advance_step_flashattn"]
+    wl = known["advance_step_flashattn"]
+    assert kernels.case_dtypes(wl, ("float32", "bfloat16")) == ("int64/int32",)
+    args = kernels.make_args(step, wl, size, wl.dtype)
+    num_seqs, num_queries, block_size, tokens, sampled, positions, seq_lens, slots, tables = args
+    assert num_seqs == size[0] and num_queries == max(size[0] - 1, 1) and block_size == 16
+    assert [t.dtype for t in (tokens, sampled, positions, seq_lens, slots, tables)] == [
+        torch.int64, torch.int64, torch.int64, torch.int32, torch.int64, torch.int32]
+    assert int(seq_lens.max()) <= size[1]
+    # room for max_calls more steps after the longest sequence, plus the untimed calls made without a restore
+    assert (int(seq_lens.max()) + 2 * wl.max_calls) // block_size < tables.shape[1]
+    assert torch.unique(tables).numel() == tables.numel() and int(tables.min()) >= 0  # each block once
+    assert wl.moved(step, args) == {"read": num_queries * 16, "written": num_seqs * 24 + num_queries * 4,
+                                    "total": num_queries * 20 + num_seqs * 24}
+    step.call(*args)
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench-kernels-indexed") / "results"
+    argv = ["bench", "kernels", "--quick", "--ops", ",".join(INDEXED), "--sizes", ",".join(INDEXED_SIZES),
+            "--dtypes", ",".join(DTYPES), "--rounds", "2", "--target-ms", "0.2", "--stream-n", "65536",
+            "--memory-size", "64x1024", "--out", str(out)]
+    return kernels.run(build_parser().parse_args(argv))
+
+
+def test_indexed_ops_are_in_the_default_list() -> None:
+    assert set(INDEXED) <= set(kernels.DEFAULT_OPS)
+    s = kernels.settings(build_parser().parse_args(["bench", "kernels", "--out", "unused"]))
+    p = kernels.plan(s)
+    assert set(INDEXED) <= {op.name for op in p.ops}, p.skipped
+    assert not any(k["op"] in INDEXED for k in p.skipped)
+
+
+def test_indexed_quick_run(indexed: dict[str, Any]) -> None:
+    """Both ops run, verified, against the reference and torch eager; the integer op once per size."""
+    cases = indexed["cases"]
+    assert indexed["skipped_ops"] == []
+    assert {(c["op"], c["size"], c["dtype"]) for c in cases} == {
+        *(("rotary_embedding", s, d) for s in INDEXED_SIZES for d in DTYPES),
+        *(("advance_step_flashattn", s, "int64/int32") for s in INDEXED_SIZES)}
+    for c in cases:
+        expected = {kernels.OURS_OUT, kernels.EAGER_NEW, kernels.EAGER_OUT}
+        if c["dtype"] != "bfloat16":  # float32, and the integer op's fixed dtypes
+            expected.add(kernels.REF)
+        assert set(c["candidates"]) == expected, (c["op"], c["size"], c["dtype"])
+        assert c["candidates"][kernels.OURS_OUT]["mode"] == "inplace"
+        assert set(c["speedups"]) == expected - {kernels.OURS_OUT}
+        for row in c["candidates"].values():
+            assert 0 < row["p20_us"] <= row["p50_us"] <= row["p80_us"] and row["gbps"] > 0
+    rope = next(c for c in cases if c["op"] == "rotary_embedding" and c["size"] == "4x256"
+                and c["dtype"] == "float32")
+    assert rope["shapes"] == {"positions": [4], "query": [4, 256], "key": [4, 256], "cos_sin_cache": [8192, 128]}
+    assert rope["bytes"]["read"] == 4 * 8 + 2 * 4 * 256 * 4 + 4 * 128 * 4  # the gathered rows, not the cache
+    step = next(c for c in cases if c["op"] == "advance_step_flashattn" and c["size"] == "3x130")
+    assert step["shapes"]["sampled_token_ids"] == [2, 1] and step["shapes"]["block_tables"][0] == 3
+
+    assert {(r["op"], r["dtype"]) for r in indexed["memory"]["rows"]} == {
+        ("rotary_embedding", "float32"), ("advance_step_flashattn", "int64/int32")}
+    for op in INDEXED:
+        assert indexed["memory"]["ops"][op]["ok"], indexed["memory"]["ops"][op]
+    dtypes: dict[str, set[str]] = {}
+    with open(indexed["files"]["csv"], newline="") as f:
+        for r in csv.DictReader(f):
+            dtypes.setdefault(r["op"], set()).add(r["dtype"])
+    assert dtypes == {"rotary_embedding": set(DTYPES), "advance_step_flashattn": {"int64/int32"}}
+    assert sorted(Path(p).name for p in indexed["files"]["plots"]) == sorted(f"{op}.png" for op in INDEXED)
+    text = kernels.format_text(indexed)
+    assert "advance_step_flashattn int64/int32" in text
+
+
+def _run_step(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    argv = ["bench", "kernels", "--quick", "--ops", "advance_step_flashattn", "--sizes", "5x64",
+            "--rounds", "2", "--target-ms", "0.1", "--stream-n", "65536", "--no-memory", "--no-plots",
+            "--out", str(tmp_path / "out"), *extra]
+    return kernels.run(build_parser().parse_args(argv))
+
+
+def test_advance_step_is_restored_between_samples(tmp_path: Path) -> None:
+    """A long sample would walk every sequence off its block table (the kernel raises) unless the
+    harness caps the calls per sample and restores the mutated tensors before each one."""
+    from opbridge.bench import workloads
+
+    cap = workloads.workloads()["advance_step_flashattn"].max_calls
+    (case,) = _run_step(tmp_path, "--target-ms", "1000", "--rounds", "3")["cases"]
+    assert case["candidates"][kernels.OURS_OUT]["number"] == cap
+    assert case["candidates"][kernels.OURS_OUT]["rounds"] == 3
+
+
+def test_an_integer_result_must_match_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    op = LIBRARY.ops["advance_step_flashattn"]
+    right = op.reference
+
+    def off_by_one(*args: Any) -> None:
+        right(*args)
+        args[7][0] += 1  # one slot of one sequence
+
+    monkeypatch.setattr(op, "reference", off_by_one)
+    with pytest.raises(bench.BenchError, match="numpy_ref"):
+        _run_step(tmp_path)

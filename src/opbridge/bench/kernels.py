@@ -3,7 +3,10 @@
 For each op (the built-in forward ops and, when declared, the serving ops;
 ``--all-ops`` adds the backward ops), each size (small ``(8, 4096)``, large
 ``(4096, 4096)``, odd ``(257, 5125)``) and each dtype (float32, bfloat16),
-these candidates compute the same result:
+these candidates compute the same result. An op whose tensors have fixed
+integer dtypes (``advance_step_flashattn``: int64 and int32) runs once per
+size, labelled with those dtypes; ops with index arguments get valid values
+from their workload (:mod:`.workloads`):
 
 ===============  =========  ====================================================================
 candidate        mode       what is called
@@ -22,10 +25,14 @@ candidate        mode       what is called
 
 Every candidate's result is checked against opbridge's on fresh copies of
 the inputs before anything is timed (a mismatch raises
-:class:`~opbridge.bench.BenchError`); then all candidates of a case are
-timed interleaved (:func:`opbridge.bench.timing.interleaved`). Bytes moved
-count each Tensor argument read once and each result written once
-(:func:`opbridge.bench.workloads.bytes_moved`); GB/s is bytes over the
+:class:`~opbridge.bench.BenchError`; integer results must match exactly);
+then all candidates of a case are timed interleaved
+(:func:`opbridge.bench.timing.interleaved`). An in-place op that uses up its
+inputs (``advance_step_flashattn`` moves every sequence one token on per
+call) has its mutated arguments restored, untimed, before each sample.
+Bytes moved count each Tensor argument read once and each result written
+once (:func:`opbridge.bench.workloads.bytes_moved`), or what the workload
+counts (rows gathered from a table, not the table); GB/s is bytes over the
 median time. Two fractions of STREAM copy are reported: against the copy
 bandwidth of :mod:`opbridge.bench.stream` measured (on 256 MiB arrays) at
 the start and the end of this run, and -- for cases moving 32 MiB or more --
@@ -78,8 +85,9 @@ from opbridge.bench.timing import interleaved, machine_info, summary
 
 DESCRIPTION = (
     "Kernel throughput against STREAM: each op (add, gelu, rms_norm, and silu_and_mul, gelu_and_mul, "
-    "fused_add_rms_norm when declared; --all-ops adds the backward ops) at small, large and odd sizes "
-    "in float32 and bfloat16, opbridge into an existing buffer and with a new output, against the NumPy "
+    "fused_add_rms_norm, rotary_embedding, advance_step_flashattn when declared; --all-ops adds the "
+    "backward ops) at small, large and odd sizes in float32 and bfloat16 (integer-only ops once per "
+    "size), opbridge into an existing buffer and with a new output, against the NumPy "
     "reference, torch eager and torch.compile (Inductor); verified before timing, timed interleaved; GB/s "
     "and the fraction of STREAM copy measured in the same run, speed-ups, peak extra memory per call; "
     "JSON, CSV and PNG plots under --out."
@@ -94,7 +102,8 @@ CANDIDATES = (OURS_OUT, OURS_NEW, REF, EAGER_NEW, EAGER_OUT, COMPILE_NEW, COMPIL
 PAIRS = {OURS_OUT: (EAGER_OUT, COMPILE_OUT), OURS_NEW: (EAGER_NEW, COMPILE_NEW, REF)}
 DTYPES = ("float32", "bfloat16")
 #: The serving ops benchmarked by default when declared (the built-in forward ops always are).
-DEFAULT_OPS = ("add", "gelu", "rms_norm", "silu_and_mul", "gelu_and_mul", "fused_add_rms_norm")
+DEFAULT_OPS = ("add", "gelu", "rms_norm", "silu_and_mul", "gelu_and_mul", "fused_add_rms_norm",
+               "rotary_embedding", "advance_step_flashattn")
 #: Compiled code that allocates a buffer this large (relative to the smallest result) is not in place.
 _INPLACE_ALLOC_FRACTION = 0.5
 #: A temporary at least this fraction of the largest input counts as "input-sized".
@@ -143,7 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", metavar="LIST", default=None,
                         help=f"comma-separated sizes: names ({sizes}) or RxC (default: all three)")
     parser.add_argument("--dtypes", metavar="LIST", default=",".join(DTYPES),
-                        help=f"comma-separated dtypes (default {','.join(DTYPES)})")
+                        help=f"comma-separated dtypes (default {','.join(DTYPES)}); ops with fixed integer "
+                             "dtypes (advance_step_flashattn) run once per size whatever this says")
     parser.add_argument("--rounds", type=int, metavar="N", default=None,
                         help=f"most interleaved rounds per case (default {FULL['rounds']}, "
                              f"{QUICK['rounds']} with --quick; large cases get fewer to fit a time budget)")
@@ -341,23 +351,31 @@ def plan(s: Settings, *, for_memory: bool = False) -> Plan:
     return out
 
 
+def case_dtypes(wl: Any, dtypes: Sequence[str]) -> tuple[str, ...]:
+    """The dtypes *wl*'s op runs with: its fixed dtype label, else each of *dtypes*."""
+    return (wl.dtype,) if wl.dtype else tuple(dtypes)
+
+
 def make_args(op: Any, wl: Any, size: tuple[int, int], dtype: str, seed: int = 0) -> list[Any]:
-    """Schema-ordered arguments of *op* at *size*: standard-normal tensors of *dtype*, then scalars."""
+    """Schema-ordered arguments of *op* at *size*: the workload's own values (``wl.make_args``) where
+    it gives them, standard-normal tensors of *dtype* for the other Tensor arguments, then scalars."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
+    given = wl.make_args(size, dtype, gen) if wl.make_args is not None else {}
     shapes = wl.shapes(size)
-    tdt = getattr(torch, dtype)
     args: list[Any] = []
     for a in op.schema.arguments:
-        if a.type.is_tensor:
+        if a.name in given:
+            args.append(given[a.name])
+        elif a.type.is_tensor:
             shape = shapes.get(a.name)
             if shape is None:
                 if a.type.optional:
                     args.append(None)
                     continue
                 raise BenchError(f"{op.name}: the workload gives no shape for Tensor argument {a.name!r}")
-            args.append(torch.randn(shape, generator=gen, dtype=torch.float32).to(tdt))
+            args.append(torch.randn(shape, generator=gen, dtype=torch.float32).to(getattr(torch, dtype)))
         elif a.name in wl.scalars:
             args.append(wl.scalars[a.name])
         elif a.has_default:
@@ -600,6 +618,8 @@ def _close(got: Any, expected: Any, rtol: float, atol: float) -> bool:
     e = torch.from_numpy(expected) if not isinstance(expected, torch.Tensor) else expected
     if g.shape != e.shape:
         return False
+    if not (g.is_floating_point() or e.is_floating_point()):  # exact; float32 would round ids past 2^24
+        return g.dtype == e.dtype and bool(torch.equal(g, e))
     return bool(torch.isclose(g.float(), e.float(), rtol=rtol, atol=atol, equal_nan=True).all())
 
 
@@ -644,13 +664,31 @@ def _probe(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def _time_case(fns: dict[str, Callable[[], Any]], s: Settings) -> tuple[dict[str, dict[str, float]], int, int]:
-    probes = {n: _probe(f) for n, f in fns.items()}  # also the warm-up call
+def _time_case(fns: dict[str, Callable[[], Any]], s: Settings, *, max_calls: int = 0,
+               before: Callable[[], Any] | None = None) -> tuple[dict[str, dict[str, float]], int, int]:
+    """Time *fns* interleaved; *before* (untimed) precedes each sample, of at most *max_calls* calls."""
+    probes = {}
+    for n, f in fns.items():  # also the warm-up call
+        if before is not None:
+            before()
+        probes[n] = _probe(f)
     slowest = max(probes.values())
-    number = max(1, min(10_000, round(s.target_s / max(slowest, 1e-9))))
+    number = max(1, min(max_calls or 10_000, 10_000, round(s.target_s / max(slowest, 1e-9))))
     per_round = number * sum(probes.values())
     rounds = max(s.min_rounds, min(s.rounds, int(s.case_budget_s / max(per_round, 1e-9))))
-    return summary(interleaved(fns, rounds=rounds, number=number, warmup=0)), rounds, number
+    stats = interleaved(fns, rounds=rounds, number=number, warmup=0, before=before)
+    return summary(stats), rounds, number
+
+
+def _restorer(op: Any, args: Sequence[Any]) -> Callable[[], None]:
+    """A function that puts *args*' mutated tensors back to their present values."""
+    saved = [(args[i], args[i].clone()) for i in _mutated(op) if args[i] is not None]
+
+    def restore() -> None:
+        for t, v in saved:
+            t.copy_(v)
+
+    return restore
 
 
 def _local_copy(total_bytes: int, threads: int) -> Callable[[], Any]:
@@ -696,13 +734,14 @@ def choose_torch(op: Any, wl: Any) -> Any:
     """
     if not wl.torch:
         return None
-    pristine = make_args(op, wl, (4, 256), "float32", seed=1)
+    dtype = wl.dtype or "float32"
+    pristine = make_args(op, wl, (4, 256), dtype, seed=1)
     expected = _expected(op, pristine)
     errors = []
     for impl in wl.torch:
         try:
             got = _as_tuple(impl.new(*_clone(pristine)))
-            _check(op, f"{op.name} (4, 256) float32", EAGER_NEW, got, expected, "float32")
+            _check(op, f"{op.name} (4, 256) {dtype}", EAGER_NEW, got, expected, dtype)
             return impl
         except BenchError as e:
             errors.append(str(e))
@@ -714,11 +753,9 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
     """Verify and time every candidate of *case*; return its result record."""
     import torch
 
-    from opbridge.bench.workloads import bytes_moved
-
     op, dtype = case.op, case.dtype
     pristine = make_args(op, case.wl, case.size, dtype)
-    moved = bytes_moved(op, pristine)
+    moved = case.wl.moved(op, pristine)
     expected = _expected(op, pristine)
     impl = case.impl
 
@@ -726,7 +763,7 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
     skipped: dict[str, str] = {}
     if op.reference is None:
         skipped[REF] = "the op declares no reference"
-    elif dtype != "float32":
+    elif not _reference_dtype(case.wl, dtype):
         skipped[REF] = "float32 only"
     elif case.size_name == "large" and not s.reference_large:
         skipped[REF] = "skipped on the large size with --quick"
@@ -754,8 +791,9 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
     del expected
     gc.collect()
     recompile_guard = torch._dynamo.config.patch(error_on_recompile=True) if s.compile else _nullcontext()
+    restore = _restorer(op, pristine) if case.wl.max_calls else None
     with recompile_guard:
-        stats, rounds, number = _time_case(bound, s)
+        stats, rounds, number = _time_case(bound, s, max_calls=case.wl.max_calls, before=restore)
     bound.clear()
     shape = {a.name: list(v.shape) for a, v in zip(op.schema.arguments, pristine) if hasattr(v, "shape")}
     results: dict[str, Any] = {}
@@ -851,9 +889,14 @@ def _reset_peak() -> bool:
     return True
 
 
-def _memory_candidates(op: Any, impl: Any, dtype: str) -> list[Candidate]:
+def _reference_dtype(wl: Any, dtype: str) -> bool:
+    """Whether the NumPy reference runs at *dtype*: float32, or the fixed dtypes of an integer op."""
+    return dtype == "float32" or bool(wl.dtype)
+
+
+def _memory_candidates(op: Any, wl: Any, impl: Any, dtype: str) -> list[Candidate]:
     cands = opbridge_candidates(op)
-    if op.reference is not None and dtype == "float32":
+    if op.reference is not None and _reference_dtype(wl, dtype):
         cands.append(reference_candidate(op))
     if impl is not None:
         cands += eager_candidates(op, impl)
@@ -920,7 +963,7 @@ def memory_child() -> None:
         op = lib.ops[item["op"]]
         wl = known.get(op.name) or workloads.infer(op)[0]
         size = tuple(item["size"])
-        cands = [c for c in _memory_candidates(op, choose_torch(op, wl), item["dtype"])
+        cands = [c for c in _memory_candidates(op, wl, choose_torch(op, wl), item["dtype"])
                  if not item.get("candidates") or c.name in item["candidates"]]
         if not reset:  # warm up on a tiny case: a warm-up at full size would raise the peak we compare with
             tiny = make_args(op, wl, (2, 64), item["dtype"])
@@ -950,7 +993,8 @@ def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def measure_memory(p: Plan, s: Settings) -> dict[str, Any]:
     """Peak memory beyond inputs and outputs of one call of each candidate (see the module docstring)."""
-    items = [{"op": op.name, "dtype": d, "size": list(s.memory_size)} for op in p.ops for d in s.memory_dtypes]
+    items = [{"op": op.name, "dtype": d, "size": list(s.memory_size)} for op in p.ops
+             for d in case_dtypes(p.workloads[op.name], s.memory_dtypes)]
     result = _run_child({"mode": "reset", "items": items})
     method = "reset"
     if not result["reset"]:  # one process per measurement
@@ -959,7 +1003,7 @@ def measure_memory(p: Plan, s: Settings) -> dict[str, Any]:
         for item in items:
             op = next(o for o in p.ops if o.name == item["op"])
             impl = p.torch[op.name] if op.name in p.torch else choose_torch(op, p.workloads[op.name])
-            for c in _memory_candidates(op, impl, item["dtype"]):
+            for c in _memory_candidates(op, p.workloads[op.name], impl, item["dtype"]):
                 rows += _run_child({"mode": "fresh", "items": [{**item, "candidates": [c.name]}]})["rows"]
         result = {"reset": False, "rows": rows}
     verdicts = {}
@@ -1083,7 +1127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     threads = s.threads
     p.torch = {op.name: choose_torch(op, p.workloads[op.name]) for op in p.ops}
     cases = [CaseSpec(op, p.workloads[op.name], p.torch[op.name], sn, sz, d) for op in p.ops
-             for sn, sz in s.sizes.items() for d in s.dtypes]
+             for sn, sz in s.sizes.items() for d in case_dtypes(p.workloads[op.name], s.dtypes)]
     stream_w = 2.0 * s.stream_n / (16 << 20)
     total = sum(_weight(c, s) for c in cases) + 2 * stream_w + (8.0 if s.memory else 0.0)
     bar = Progress(total, len(cases) + 2 + int(s.memory))
@@ -1226,29 +1270,29 @@ def format_text(result: dict[str, Any]) -> str:
     if sm["large_float32_frac_stream_copy"]:
         lines.append("large float32, into an existing buffer / in place: fraction of STREAM copy, against a copy "
                      "of the same bytes timed interleaved (against the run's STREAM copy):")
-        lines.append(f"  {'op':<20} {'opbridge':>14} {'eager':>14} {'compile':>14}")
+        lines.append(f"  {'op':<22} {'opbridge':>14} {'eager':>14} {'compile':>14}")
         for op, row in sm["large_float32_frac_stream_copy"].items():
             run_row = sm["large_float32_frac_stream_copy_run"][op]
-            lines.append(f"  {op:<20} " + " ".join(f"{row[n]:>6.2f} ({run_row[n]:.2f})" if n in row else f"{'-':>14}"
+            lines.append(f"  {op:<22} " + " ".join(f"{row[n]:>6.2f} ({run_row[n]:.2f})" if n in row else f"{'-':>14}"
                                                     for n in (OURS_OUT, EAGER_OUT, COMPILE_OUT)))
         lines.append("")
     if sm["large_new_speedup_vs_eager"]:
         lines.append("large, new output: opbridge speed-up vs torch eager (in-place ops: their in-place call):")
         for op, row in sm["large_new_speedup_vs_eager"].items():
-            lines.append(f"  {op:<20} " + "  ".join(f"{d} {_fmt_x(v)}" for d, v in row.items()))
+            lines.append(f"  {op:<22} " + "  ".join(f"{d} {_fmt_x(v)}" for d, v in row.items()))
         lines.append("")
     if sm["speedup_vs_compile"]:
         lines.append("speed-up vs torch.compile (Inductor), new output / into a buffer:")
         for op, by_size in sm["speedup_vs_compile"].items():
             for sz, by_dt in by_size.items():
                 cells = "  ".join(f"{d} {_fmt_x(r.get('new'))} / {_fmt_x(r.get('out'))}" for d, r in by_dt.items())
-                lines.append(f"  {op:<20} {sz:<6} {cells}")
+                lines.append(f"  {op:<22} {sz:<6} {cells}")
         lines.append("")
     if sm["small_speedup_vs_eager"]:
         lines.append("small: opbridge speed-up vs torch eager, new output / into a buffer:")
         for op, by_dt in sm["small_speedup_vs_eager"].items():
             cells = "  ".join(f"{d} {_fmt_x(r.get('new'))} / {_fmt_x(r.get('out'))}" for d, r in by_dt.items())
-            lines.append(f"  {op:<20} {cells}")
+            lines.append(f"  {op:<22} {cells}")
         lines.append("")
     mem = result["memory"]
     if "rows" in mem:
@@ -1260,14 +1304,14 @@ def format_text(result: dict[str, Any]) -> str:
             by.setdefault((r["op"], r["dtype"]), {})[r["candidate"]] = r
         names = [n for n in (OURS_OUT, OURS_NEW, REF, EAGER_NEW, EAGER_OUT)
                  if any(n in v for v in by.values())]
-        lines.append(f"  {'op':<20} {'dtype':<9} " + " ".join(f"{n:>18}" for n in names))
+        lines.append(f"  {'op':<22} {'dtype':<11} " + " ".join(f"{n:>18}" for n in names))
         for (op, d), row in by.items():
             mem_cells = []
             for n in names:
                 r = row.get(n)
                 mem_cells.append(f"{'-':>18}" if r is None else
                                  f"{r['beyond_io_bytes'] / 2**20:>9.2f} ({r['beyond_io_vs_input']:.2f}x)")
-            lines.append(f"  {op:<20} {d:<9} " + " ".join(mem_cells))
+            lines.append(f"  {op:<22} {d:<11} " + " ".join(mem_cells))
         for op, v in mem["ops"].items():
             allowed = "none" if v["kind"] == "forward" else "at most one"
             lines.append(f"  {op}: opbridge's worst {v['worst_beyond_io_vs_input']:.2f}x of its largest input "

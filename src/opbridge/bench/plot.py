@@ -93,8 +93,9 @@ def plot_op(op: str, cases: Sequence[dict[str, Any]], copy_gbps: float, path: Pa
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.1 if len(labels) > 4 else 0.06, 1, 1))
+    ncol = max(1, min(4, 2 * len(dtypes), len(labels)))  # a one-panel figure (one dtype) fits two per line
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.02 + 0.045 * -(-len(labels) // ncol), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -35,6 +35,7 @@ def interleaved(
     rounds: int,
     number: int,
     warmup: int = 3,
+    before: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
     """Time each candidate in *rounds* interleaved rounds of *number* calls.
 
@@ -55,6 +56,10 @@ def interleaved(
         Calls per candidate per round; a sample is their mean.
     warmup
         Untimed calls of each candidate before the first round.
+    before
+        Called, untimed, before each candidate's warm-up and before each
+        sample: restores state the calls use up (an in-place op that can
+        only be repeated so often on the same inputs). None: nothing.
 
     Returns
     -------
@@ -72,6 +77,8 @@ def interleaved(
     if not names:
         raise ValueError("interleaved() needs at least one candidate")
     for name in names:
+        if before is not None:
+            before()
         for _ in range(warmup):
             fns[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -81,6 +88,8 @@ def interleaved(
         for r in range(rounds):
             k = r % len(names)
             for name in names[k:] + names[:k]:
+                if before is not None:
+                    before()
                 samples[name].append(_time_calls(fns[name], number) / number)
     finally:
         if gc_was_enabled:

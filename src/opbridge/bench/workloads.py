@@ -7,6 +7,14 @@ what ``torch.compile`` compiles) and, where torch can, an eager formula that
 writes into caller-provided buffers (or in place, for ops that mutate their
 arguments).
 
+Most ops take floating tensors that standard-normal values of the benchmark
+dtype stand in for. An op with index or integer arguments
+(``rotary_embedding``'s positions, ``advance_step_flashattn``'s sequence
+state) supplies its own values (:attr:`Workload.make_args`), may count its
+bytes itself (a gather reads a few rows of a table, not all of it), may run
+with fixed dtypes instead of each benchmark dtype, and may say how often it
+can be called on the same inputs before they must be restored.
+
 Ops are looked up by name in :func:`workloads`; an op without an entry gets
 an inferred workload when its test cases (``opbridge.testing.matrix``) show
 only arguments shaped like its lead argument or like one row of it (then it
@@ -78,6 +86,28 @@ class Workload:
         Anything a reader of the results needs to know.
     scalars
         Values of non-Tensor arguments that have no schema default.
+    make_args
+        ``make_args((rows, cols), dtype, generator)`` -> ``{argument: value}``
+        for the arguments that standard-normal tensors of ``shapes`` cannot
+        stand in for (indices, integer tensors, size-dependent scalars); the
+        Tensor arguments it leaves out are standard normal as usual.
+        *generator* is a seeded ``torch.Generator``.
+    bytes_moved
+        ``bytes_moved(args)`` -> ``{"read", "written", "total"}`` for an op
+        that touches only part of an argument (rows gathered from a table);
+        None: :func:`bytes_moved` (every Tensor argument read once, every
+        result written once).
+    dtype
+        The dtype label (e.g. ``"int64/int32"``) of an op whose tensors have
+        fixed dtypes: it runs once per size under this label whatever the
+        benchmark dtypes are, and its NumPy reference always runs. Empty: once
+        per benchmark dtype.
+    max_calls
+        For an in-place op that uses up its inputs (``advance_step_flashattn``
+        moves every sequence one token on per call, and its block table
+        ends): the most calls it may make on one set of inputs. The harness
+        then restores the mutated arguments, untimed, before each timed
+        sample and makes at most this many calls per sample. 0: no limit.
     """
 
     op: str
@@ -85,6 +115,14 @@ class Workload:
     torch: tuple[TorchImpl, ...] = ()
     note: str = ""
     scalars: Mapping[str, Any] = field(default_factory=dict)
+    make_args: Callable[[tuple[int, int], str, Any], Mapping[str, Any]] | None = None
+    bytes_moved: Callable[[Sequence[Any]], dict[str, int]] | None = None
+    dtype: str = ""
+    max_calls: int = 0
+
+    def moved(self, op: OpDef, args: Sequence[Any]) -> dict[str, int]:
+        """Bytes a kernel must move for schema-ordered *args* (see :attr:`bytes_moved`)."""
+        return self.bytes_moved(args) if self.bytes_moved is not None else bytes_moved(op, args)
 
 
 # -- shapes ---------------------------------------------------------------------
@@ -112,6 +150,115 @@ def gated(size: tuple[int, int]) -> dict[str, Shape]:
     rows, cols = size
     width = cols if cols % 2 == 0 else 2 * cols
     return {"x": (rows, width), "grad": (rows, width // 2)}
+
+
+# -- ops with index arguments ----------------------------------------------------------
+
+#: rotary_embedding: Llama-style heads of 128, rotated whole, 4 query heads per key head, a
+#: cache of 8192 positions (base 10000).
+ROPE_HEAD_SIZE, ROPE_KV_GROUP, ROPE_MAX_POSITION = 128, 4, 8192
+
+
+def rope_heads(cols: int) -> tuple[int, int, int]:
+    """``(head_size, query heads, key heads)`` for a benchmark width *cols* (query's width).
+
+    Heads of :data:`ROPE_HEAD_SIZE`, as many as fit *cols* to the nearest
+    (5125 gives 40 heads, 5120 wide); below one head, one head of *cols*
+    rounded down to even. Key heads are a quarter of the query heads (grouped
+    query attention) when that divides evenly, else as many.
+    """
+    if cols < ROPE_HEAD_SIZE:
+        head, heads = max(2, cols - cols % 2), 1
+    else:
+        head, heads = ROPE_HEAD_SIZE, max(1, round(cols / ROPE_HEAD_SIZE))
+    return head, heads, heads // ROPE_KV_GROUP if heads % ROPE_KV_GROUP == 0 else heads
+
+
+def rope_shapes(size: tuple[int, int]) -> dict[str, Shape]:
+    """``rotary_embedding``: rows tokens, query ``(rows, heads * 128)``, key with a quarter of the heads."""
+    rows, cols = size
+    head, heads, kv_heads = rope_heads(cols)
+    return {"positions": (rows,), "query": (rows, heads * head), "key": (rows, kv_heads * head),
+            "cos_sin_cache": (ROPE_MAX_POSITION, head)}
+
+
+def rope_args(size: tuple[int, int], dtype: str, gen: Any) -> dict[str, Any]:
+    """Positions uniform in ``[0, max_position)``, vLLM's cos/sin cache in *dtype*, NeoX style."""
+    import torch
+
+    shapes = rope_shapes(size)
+    max_position, rot_dim = shapes["cos_sin_cache"]
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
+    return {
+        "positions": torch.randint(0, max_position, shapes["positions"], generator=gen, dtype=torch.int64),
+        "head_size": rope_heads(size[1])[0],
+        "cos_sin_cache": torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(getattr(torch, dtype)),
+        "is_neox": True,
+    }
+
+
+def rope_bytes(args: Sequence[Any]) -> dict[str, int]:
+    """Positions read, query and key read and written, one cos/sin row read per token (not the whole cache)."""
+    positions, query, key, _head_size, cache = args[:5]
+    qk = nbytes(query) + (0 if key is None else nbytes(key))
+    rows = int(math.prod(tuple(positions.shape))) * int(cache.shape[-1]) * itemsize(cache.dtype)
+    read = nbytes(positions) + qk + rows
+    return {"read": read, "written": qk, "total": read + qk}
+
+
+#: advance_step_flashattn: KV-cache blocks of 16 tokens; every call moves each sequence one token on,
+#: so the block table leaves room for this many calls beyond the longest sequence.
+STEP_BLOCK_SIZE, STEP_ROOM = 16, 1024
+
+
+def step_sizes(size: tuple[int, int]) -> tuple[int, int, int]:
+    """``(num_seqs, num_queries, max_blocks)`` of ``advance_step_flashattn`` for ``(rows, cols)``.
+
+    rows sequences, one of them padding when rows > 1 (as a CUDA-graph
+    batch pads); cols is the longest context in tokens, and the table is
+    wide enough for it plus :data:`STEP_ROOM` more steps.
+    """
+    rows, cols = size
+    return rows, rows - 1 if rows > 1 else rows, -(-(cols + STEP_ROOM) // STEP_BLOCK_SIZE)
+
+
+def step_shapes(size: tuple[int, int]) -> dict[str, Shape]:
+    """``advance_step_flashattn``: ``(num_seqs,)`` state, ``(num_queries, 1)`` samples, the block table."""
+    n, q, width = step_sizes(size)
+    return {"input_tokens": (n,), "sampled_token_ids": (q, 1), "input_positions": (n,), "seq_lens": (n,),
+            "slot_mapping": (n,), "block_tables": (n, width)}
+
+
+def step_args(size: tuple[int, int], dtype: str, gen: Any) -> dict[str, Any]:
+    """Lengths uniform in ``[1, cols]``, token ids below 32000, each block id used once (a permutation).
+
+    The mutated tensors start from values the op never writes, so a kernel
+    that leaves an element unwritten fails verification.
+    """
+    import torch
+
+    n, q, width = step_sizes(size)
+    shapes = step_shapes(size)
+    i64 = torch.int64
+    return {
+        "num_seqs": n, "num_queries": q, "block_size": STEP_BLOCK_SIZE,
+        "input_tokens": torch.randint(10**6, 2 * 10**6, shapes["input_tokens"], generator=gen, dtype=i64),
+        "sampled_token_ids": torch.randint(0, 32000, shapes["sampled_token_ids"], generator=gen, dtype=i64),
+        "input_positions": torch.randint(10**6, 2 * 10**6, shapes["input_positions"], generator=gen, dtype=i64),
+        "seq_lens": torch.randint(1, size[1] + 1, shapes["seq_lens"], generator=gen, dtype=torch.int32),
+        "slot_mapping": torch.randint(10**9, 2 * 10**9, shapes["slot_mapping"], generator=gen, dtype=i64),
+        "block_tables": torch.randperm(n * width, generator=gen, dtype=torch.int32).view(n, width),
+    }
+
+
+def step_bytes(args: Sequence[Any]) -> dict[str, int]:
+    """Per query: a sampled token, its length and one block-table entry read; tokens, positions, slots
+    (every sequence) and the queries' lengths written."""
+    _n, q, _bs, tokens, sampled, positions, seq_lens, slots, tables = args
+    read = nbytes(sampled) + q * (itemsize(seq_lens.dtype) + itemsize(tables.dtype))
+    written = nbytes(tokens) + nbytes(positions) + nbytes(slots) + q * itemsize(seq_lens.dtype)
+    return {"read": read, "written": written, "total": read + written}
 
 
 # -- torch formulas -----------------------------------------------------------------
@@ -184,6 +331,68 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
         dw = (gf * xhat).reshape(-1, x.shape[-1]).sum(0)
         return dx.to(x.dtype), dw.to(w.dtype)
 
+    def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+        # vLLM's _apply_rotary_emb_torch: in x's dtype, NeoX halves or GPT-J even/odd pairs.
+        cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+        x1, x2 = torch.chunk(x, 2, dim=-1) if is_neox else (x[..., ::2], x[..., 1::2])
+        o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        return torch.cat((o1, o2), dim=-1) if is_neox else torch.stack((o1, o2), dim=-1).flatten(-2)
+
+    def rope_new(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
+                 cache: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor | None, ...]:
+        # vLLM's RotaryEmbedding.forward_native.
+        positions = positions.flatten()
+        n, rot = positions.shape[0], cache.shape[-1]
+        cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+
+        def apply(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            v = t.reshape(n, -1, head_size)
+            return torch.cat((rope_rotate(v[..., :rot], cos, sin, is_neox), v[..., rot:]), dim=-1).reshape(t.shape)
+
+        return apply(query), apply(key)
+
+    def rope_inplace(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
+                     cache: torch.Tensor, is_neox: bool) -> None:
+        positions = positions.flatten()
+        n, half = positions.shape[0], cache.shape[-1] // 2
+        cos, sin = cache.index_select(0, positions).unsqueeze(-2).chunk(2, dim=-1)
+        for t in (query, key):
+            if t is None:
+                continue
+            r = t.view(n, -1, head_size)[..., :2 * half]
+            x1, x2 = (r[..., :half], r[..., half:]) if is_neox else (r[..., ::2], r[..., 1::2])
+            o1 = x1 * cos - x2 * sin
+            x2.mul_(cos).add_(x1 * sin)
+            x1.copy_(o1)
+
+    def step_new(num_seqs: int, num_queries: int, block_size: int, input_tokens: torch.Tensor,
+                 sampled: torch.Tensor, input_positions: torch.Tensor, seq_lens: torch.Tensor,
+                 slot_mapping: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # The new input_tokens, input_positions, seq_lens and slot_mapping (the mutated arguments' order).
+        q, pad = num_queries, num_seqs - num_queries
+        pos = seq_lens[:q].to(torch.int64)
+        blocks = block_tables[:q].gather(1, (pos // block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
+        zeros = input_tokens.new_zeros(pad)
+        return (torch.cat((sampled.reshape(q), zeros)), torch.cat((pos, zeros)),
+                torch.cat((seq_lens[:q] + 1, seq_lens[q:])),
+                torch.cat((blocks * block_size + pos % block_size, slot_mapping.new_full((pad,), -1))))
+
+    def step_inplace(num_seqs: int, num_queries: int, block_size: int, input_tokens: torch.Tensor,
+                     sampled: torch.Tensor, input_positions: torch.Tensor, seq_lens: torch.Tensor,
+                     slot_mapping: torch.Tensor, block_tables: torch.Tensor) -> None:
+        q = num_queries
+        pos = input_positions[:q]
+        pos.copy_(seq_lens[:q])
+        seq_lens[:q].add_(1)
+        input_tokens[:q].copy_(sampled.reshape(q))
+        blocks = block_tables[:q].gather(1, (pos // block_size).unsqueeze(1)).squeeze(1)
+        torch.add(pos % block_size, blocks, alpha=block_size, out=slot_mapping[:q])
+        input_tokens[q:].zero_()
+        input_positions[q:].zero_()
+        slot_mapping[q:].fill_(-1)
+
     return {
         "add": (TorchImpl(lambda x, y: (torch.add(x, y),), lambda x, y, outs: torch.add(x, y, out=outs[0]),
                           "torch.add(x, y, out=buf)", "torch.add(x, y)"),),
@@ -212,6 +421,17 @@ def _torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
             fused_add_rms_new, fused_add_rms_inplace,
             "in place: residual.add_(x), vector_norm -> (R,1) rstd, mul(residual, rstd, out=x), x.mul_(w)",
             "s = x + residual; (F.rms_norm(s, (H,), w, eps), s)"),),
+        "rotary_embedding": (TorchImpl(
+            rope_new, rope_inplace,
+            "in place on views of query and key: index_select the cos/sin rows, o1 = x1 cos - x2 sin, "
+            "x2.mul_(cos).add_(x1 sin), x1.copy_(o1)",
+            "vLLM's RotaryEmbedding.forward_native: index_select, chunk, rotate halves (NeoX) or pairs "
+            "(GPT-J), torch.cat"),),
+        "advance_step_flashattn": (TorchImpl(
+            step_new, step_inplace,
+            "in place, vectorised: copy_ tokens and positions, seq_lens.add_(1), gather the block ids, "
+            "add(pos % bs, block, alpha=bs, out=slot_mapping), fill the padding",
+            "vectorised torch: gather the block ids, torch.cat of queries and padding"),),
     }
 
 
@@ -233,10 +453,31 @@ _SHAPES: dict[str, tuple[Callable[[tuple[int, int]], dict[str, Shape]], str]] = 
 }
 
 
+#: Workloads of ops with index arguments: their own inputs and byte counts (see :class:`Workload`).
+_INDEXED: dict[str, dict[str, Any]] = {
+    "rotary_embedding": dict(
+        shapes=rope_shapes, make_args=rope_args, bytes_moved=rope_bytes,
+        note="rows tokens at random positions below 8192, NeoX style; query rows x (heads of 128: cols "
+             "rounded to the nearest multiple, so the odd size 257x5125 runs 257x5120, 40 heads), key a "
+             "quarter of query's heads (GQA); cos_sin_cache (8192, 128) in query's dtype; bytes count the "
+             "cos/sin rows gathered, not the whole cache"),
+    "advance_step_flashattn": dict(
+        shapes=step_shapes, make_args=step_args, bytes_moved=step_bytes, dtype="int64/int32",
+        max_calls=STEP_ROOM // 2,
+        note="rows sequences (one of them padding), block_size 16, lengths up to cols tokens; int64/int32 "
+             "tensors, so one case per size; every call moves each sequence one token on: the mutated "
+             f"tensors are restored before each timed sample (at most {STEP_ROOM // 2} calls); bytes count "
+             "one block-table entry per query, not the whole table"),
+}
+
+
 def workloads() -> dict[str, Workload]:
     """Every known workload by op name (imports torch)."""
     impls = _torch_impls()
-    return {name: Workload(name, shapes, impls.get(name, ()), note) for name, (shapes, note) in _SHAPES.items()}
+    out = {name: Workload(name, shapes, impls.get(name, ()), note) for name, (shapes, note) in _SHAPES.items()}
+    for name, spec in _INDEXED.items():
+        out[name] = Workload(name, torch=impls.get(name, ()), **spec)
+    return out
 
 
 def infer(op: OpDef) -> tuple[Workload | None, str]:
