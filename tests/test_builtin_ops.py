@@ -347,3 +347,38 @@ def test_kit_reports_bad_case_hint(selftest: dict[str, Any]) -> None:
 def test_explicit_cases(selftest: dict[str, Any]) -> None:
     report = check_op(selftest["twice"], cases=[{"x": np.linspace(-1, 1, 9)}], **QUICK)
     assert report.cases == 1 and report.checks["forward"] == 1 and report.checks["grad"] == 1
+
+
+# ---------------------------------------------------------------------------
+# 16-bit loads and stores (math.h's block conversions)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_load_store_is_bit_exact(dtype: str) -> None:
+    """``add(x, 0)`` and ``add(x, y)`` over every 16-bit pattern equal torch's float32 sum rounded to *dtype*.
+
+    65536 values span many staging blocks and end off a 16-lane boundary once sliced,
+    so the vector loops and their scalar tails are both compared.
+    """
+    t = getattr(torch, dtype)
+    allbits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(t)
+    gen = torch.Generator().manual_seed(0)
+    rand = torch.randint(-32768, 32768, (3, 65536), generator=gen, dtype=torch.int32).to(torch.int16).view(t)
+    for a, b in [(allbits, torch.zeros_like(allbits)), (allbits, rand[0]), (rand[1], rand[2]),
+                 (allbits[5:-6], rand[0][11:])]:
+        out = opbridge.ops.add(a, b)
+        want = (a.float() + b.float()).to(t)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(out), nan)
+        assert torch.equal(out.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
+def test_bfloat16_nan_keeps_its_sign_and_payload_and_is_quiet() -> None:
+    """A bfloat16 NaN plus 0 comes back as the same NaN, quiet bit set (0x0040), sign kept."""
+    allbits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    x = allbits.view(torch.bfloat16)
+    nan = torch.isnan(x)
+    assert int(nan.sum()) == 2 * 127  # both signs, every non-zero mantissa
+    out = opbridge.ops.add(x, torch.zeros_like(x)).view(torch.int16)
+    assert torch.equal(out[nan], allbits[nan] | 0x0040)

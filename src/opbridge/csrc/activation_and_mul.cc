@@ -36,7 +36,7 @@ OPB_TARGET_CLONES void act_and_mul_chunk(T* out, const T* x, int64_t d, int64_t 
     const T* a = x + r * 2 * d + i0;
     const T* b = a + d;
     T* o = out + r * d + i0;
-    opbridge::map2</*kStage16=*/true>(o, a, b, n, [](float av, float bv) { return Act::f(av) * bv; });
+    opbridge::map2(o, a, b, n, [](float av, float bv) { return Act::f(av) * bv; });
     lo += n;
     ++r;
     i0 = 0;

@@ -27,7 +27,7 @@ OPB_ALWAYS_INLINE float gelu(float v) {
 
 template <typename T>
 OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
-  opbridge::map1</*kStage16=*/true>(out, x, n, [](float v) { return gelu(v); });
+  opbridge::map1(out, x, n, [](float v) { return gelu(v); });
 }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
@@ -35,7 +35,7 @@ OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
 // stays a normal float; the true value there is < 1e-33.
 template <typename T>
 OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x, int64_t n) {
-  opbridge::map2</*kStage16=*/true>(grad_x, grad, x, n, [](float g, float v) {
+  opbridge::map2(grad_x, grad, x, n, [](float g, float v) {
     const float v2 = v * v;
     float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v2);
     z = opbridge::select(z < -80.f, -80.f, z);
