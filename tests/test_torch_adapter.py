@@ -283,3 +283,25 @@ def test_out_inside_compile() -> None:
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, b1)
     torch.testing.assert_close(got, f(x, b2))
     torch.testing.assert_close(b1, b2)
+
+
+def test_out_only_callers_get_the_fast_out_path() -> None:
+    """A process whose every call passes out= still gets the inline out= path (no generic dispatch per call)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "import opbridge.dispatch as d\n"
+        "from opbridge import ops\n"
+        "x, o = torch.ones(8, 16), torch.empty(8, 16)\n"
+        "ops.add(x, x, out=o)\n"
+        "assert 'torch' in ops.add.opdef.out_preludes, ops.add.opdef.out_preludes\n"
+        "calls = []\n"
+        "real = d.call_with_out\n"
+        "d.call_with_out = lambda *a: calls.append(a) or real(*a)\n"
+        "for _ in range(3):\n"
+        "    ops.add(x, x, out=o)\n"
+        "assert calls == [] and torch.equal(o, x + x)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -233,7 +233,7 @@ def _make_callable(op: OpDef) -> Callable[..., Any]:
     ns: dict[str, Any] = {
         "_table": table,
         "_resolve": lambda x: dispatch.resolve(op, table, x),
-        "_with_out": lambda args, out: dispatch.call_with_out(op, args, out),
+        "_with_out": lambda args, out: dispatch.call_with_out(op, table, args, out),
     }
     exec(compile(_callable_source(op), f"<opbridge op {op.qualname}>", "exec"), ns)  # noqa: S102
     fn: Callable[..., Any] = ns[op.name]

@@ -54,8 +54,13 @@ def resolve(op: OpDef, table: dict[type, Callable[..., Any]], x: Any) -> Callabl
     return fn
 
 
-def call_with_out(op: OpDef, args: tuple[Any, ...], out: Any) -> Any:
-    """Run *op* writing into caller-provided output(s) *out* (a tensor or a tuple of them)."""
+def call_with_out(op: OpDef, table: dict[type, Callable[..., Any]], args: tuple[Any, ...], out: Any) -> Any:
+    """Run *op* writing into caller-provided output(s) *out* (a tensor or a tuple of them).
+
+    The first call for an array type also resolves the op's call for it (as a
+    call without ``out=`` would), so the adapter's inline ``out=`` fast path is
+    installed even when every call passes ``out=``.
+    """
     outs = tuple(out) if isinstance(out, tuple) else (out,)
     if len(outs) != op.n_outputs:
         raise TypeError(f"{op.name}: out= needs {op.n_outputs} tensor(s), got {len(outs)}")
@@ -69,4 +74,6 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], out: Any) -> Any:
         if framework_of(o) != name:
             raise TypeError(f"{op.name}: out[{i}] must be an array of the same framework as the inputs "
                             f"({name}), got {type(o).__module__}.{type(o).__qualname__}")
+    if type(x) not in table:
+        resolve(op, table, x)
     return ad.call_with_out(op, args, outs)
