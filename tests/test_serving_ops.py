@@ -189,6 +189,31 @@ def test_fused_add_rms_norm_numpy_and_rejections() -> None:
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_fused_add_rms_norm_rejects_overlap(framework: str) -> None:
+    """A mutated argument sharing memory with any other tensor argument is refused before anything is written."""
+    buf = torch.arange(12 * 16, dtype=torch.float32).reshape(12, 16)
+    x, res = buf[:4], buf[4:8]
+    cases = [
+        ((x, x, buf[8]), "input", "residual"),  # the same tensor
+        ((buf[:4], buf[2:6], buf[8]), "input", "residual"),  # overlapping slices
+        ((x, res, x[1]), "input", "weight"),  # a read-only argument inside a mutated one
+        ((buf[8:12], res, buf[7]), "residual", "weight"),  # at the last element
+    ]
+    for args, name, other in cases:
+        before = buf.clone()
+        call = tuple(a.numpy() for a in args) if framework == "numpy" else args
+        msg = f"fused_add_rms_norm: mutated argument '{name}' overlaps argument '{other}' in memory; pass separate"
+        with pytest.raises(ValueError, match=f"^{re.escape(msg)} tensors$"):
+            ops.fused_add_rms_norm(*call)
+        torch.testing.assert_close(buf, before, rtol=0, atol=0)
+    adjacent = (x, res, buf[8])  # touching is not overlapping
+    want_y, want_res = vllm_fused_add_rms_norm(*(a.clone() for a in adjacent), 1e-6)
+    ops.fused_add_rms_norm(*(tuple(a.numpy() for a in adjacent) if framework == "numpy" else adjacent))
+    close(res, want_res)
+    close(x, want_y)
+
+
 # ---------------------------------------------------------------------------
 # rotary_embedding
 # ---------------------------------------------------------------------------
@@ -551,6 +576,27 @@ def test_advance_step_rejects(what: str, edit: Callable[[dict[str, Any]], None],
         ops.advance_step_flashattn(**args)
     for n, v in before.items():  # nothing was written, not even the queries before the bad one
         np.testing.assert_array_equal(np.asarray(args[n]), v, err_msg=f"{what}: {n} changed")
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_empty_tensors_overlap_nothing(framework: str) -> None:
+    """The alias check skips empty tensors, mutated or not, wherever they point (as the kernels do)."""
+    args = step_args(4, 0, 16, 2)
+    args["sampled_token_ids"] = args["sampled_token_ids"].view(0, 1)
+    want = _clone(args)
+    vllm_advance_step(**want)
+    x, w = torch.ones(0, 16), torch.ones(16)
+    if framework == "numpy":  # torch gives empty tensors a null data_ptr(), NumPy keeps the view's address
+        args = {n: v.numpy() if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+        args["sampled_token_ids"] = args["input_tokens"][2:4].reshape(2, 1)[:0]
+        start = args["input_tokens"].__array_interface__["data"][0]
+        assert args["sampled_token_ids"].__array_interface__["data"][0] == start + 16  # inside input_tokens
+        x, w = x.numpy(), w.numpy()
+    ops.advance_step_flashattn(**args)
+    for n, v in want.items():
+        if isinstance(v, torch.Tensor):
+            np.testing.assert_array_equal(np.asarray(args[n]), v.numpy(), err_msg=n)
+    ops.fused_add_rms_norm(x, x, w)  # one empty tensor as both mutated arguments
 
 
 def test_advance_step_reference_rejects_like_the_kernel() -> None:

@@ -48,7 +48,7 @@ from mindspore.graph.api import _pynative_executor
 from opbridge import loader
 from opbridge._tvm import tvm_ffi as _import_tvm_ffi
 from opbridge.adapters import mindspore_aot as aot
-from opbridge.adapters.base import check_no_alias, pack_results, validate_args
+from opbridge.adapters.base import check_no_alias, make_alias_check, pack_results, validate_args
 from opbridge.declare import like
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def _make_eager(op: OpDef) -> Callable[..., Any]:
         "_fd": tvm_ffi.from_dlpack,
         "_k": kern,
         "_bad": bad,
-        "_alias": lambda a: check_no_alias(op, a, _span),
+        "_alias": make_alias_check(op, _span),
         "_alloc": _alloc,
         "_output_specs": op.output_specs,
         "_dtype": aot.ms_dtype,

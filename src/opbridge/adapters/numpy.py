@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from opbridge import loader
-from opbridge.adapters.base import check_no_alias, pack_results, validate_args
+from opbridge.adapters.base import make_alias_check, pack_results, validate_args
 from opbridge.declare import like
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
+    from opbridge.schema import Schema
 
 
 def _span(a: np.ndarray) -> tuple[int, int]:
@@ -56,6 +57,7 @@ class NumpyAdapter:
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         kern = loader.kernel(op, "cpu")
         mutating = op.schema.is_mutating
+        check_alias = _alias_check(op)
         like_idx = None
         if isinstance(op.shape, like):
             names = [a.name for a in op.schema.arguments]
@@ -68,7 +70,7 @@ class NumpyAdapter:
             else:
                 outs = [np.empty(s.shape, np.dtype(s.dtype)) for s in op.output_specs(args)]
             if mutating:
-                check_no_alias(op, args, _span)
+                check_alias(args)
             kern(*outs, *args)
             return pack_results(op, args, outs)
 
@@ -82,9 +84,18 @@ class NumpyAdapter:
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
         """Run *op* into the caller's arrays *outs* (validated by the kernel)."""
         validate_args(op, args, _is_array, "a numpy.ndarray")
-        check_no_alias(op, args, _span)
+        _alias_check(op)(args)
         loader.kernel(op, "cpu")(*outs, *args)
         return pack_results(op, args, outs)
 
 
+def _alias_check(op: OpDef) -> Callable[[Sequence[Any]], None]:
+    """*op*'s alias check (:func:`~opbridge.adapters.base.make_alias_check`), built on first use."""
+    check = _ALIAS_CHECKS.get(op.schema)
+    if check is None:
+        check = _ALIAS_CHECKS[op.schema] = make_alias_check(op, _span)
+    return check
+
+
+_ALIAS_CHECKS: dict[Schema, Callable[[Sequence[Any]], None]] = {}  # the check depends on the schema only
 ADAPTER = NumpyAdapter()

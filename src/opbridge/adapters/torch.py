@@ -25,11 +25,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opbridge import _tvm, loader, memory
-from opbridge.adapters.base import check_no_alias, pack_results, validate_args
+from opbridge.adapters.base import (
+    alias_check_source,
+    check_no_alias,
+    make_alias_check,
+    pack_results,
+    validate_args,
+)
 from opbridge.declare import Spec, like, signature_source
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
+    from opbridge.schema import Schema
 
 _TORCH_LIBS: dict[str, torch.library.Library] = {}
 _REGISTERED: set[str] = set()
@@ -42,7 +49,11 @@ def _dtype(d: Any) -> torch.dtype:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     p = t.data_ptr()
-    return p, p + t.numel() * t.element_size()
+    return p, p + t.nbytes
+
+
+# _span inline, for alias_check_source (nbytes is numel() * element_size()).
+_SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes"
 
 
 def _ordered(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -117,8 +128,9 @@ def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
     if device == "cuda":
         call = f"with _stream({names[op.dispatch_arg]}.device):\n        {call}"
     lines = [f"def impl({', '.join(params)}):"]
-    if op.schema.is_mutating:
-        lines.append(f"    _alias(({', '.join(names)},))")
+    alias = alias_check_source(op, names, _SPAN_SOURCE, "    ")
+    if alias:
+        lines.append(alias.rstrip("\n"))
     lines += [f"    {line}" for line in alloc] + [f"    {call}"]
     returns = op.schema.returns
     if not returns:
@@ -273,8 +285,9 @@ def _fast_prelude(op: OpDef) -> str | None:
     else:
         alloc = []
     lines = [f"    if {' and '.join(conds)}:", "        try:"]
-    if op.schema.is_mutating:
-        lines.append(f"            _alias(({params},))")
+    alias = alias_check_source(op, names, _SPAN_SOURCE, "            ")
+    if alias:
+        lines.append(alias.rstrip("\n"))
     lines += [f"            {line}" for line in alloc]
     lines += [f"            if {o}.nbytes >= _hmin: _fresh({o})" for o in outs]
     lines += [
@@ -283,9 +296,11 @@ def _fast_prelude(op: OpDef) -> str | None:
         # Let the dispatcher's argument parser name the offending argument.
         f"            return _slow({slow_args})",
     ]
-    for a in op.schema.mutated_args:
-        guard = f"if {a.name} is not None: " if a.type.optional else ""
-        lines.append(f"        {guard}_bump({a.name})")
+    # One increment_version call for the tensors that are always there (it takes an iterable).
+    required = [a.name for a in op.schema.mutated_args if not a.type.optional]
+    if required:
+        lines.append(f"        _bump(({''.join(n + ', ' for n in required)}))")
+    lines += [f"        if {a.name} is not None: _bump({a.name})" for a in op.schema.mutated_args if a.type.optional]
     returns = op.schema.returns
     if not returns:
         lines.append("        return None")
@@ -465,7 +480,10 @@ class TorchAdapter:
             return pack_results(op, args, outs)
         device = _lead(op, args).device.type
         if op.schema.is_mutating:
-            check_no_alias(op, args, _span)
+            check = _ALIAS_CHECKS.get(op.schema)
+            if check is None:
+                check = _ALIAS_CHECKS[op.schema] = make_alias_check(op, _span)
+            check(args)
         kern = _KERNELS.get((op.qualname, device))
         if kern is None:
             kern = _KERNELS[(op.qualname, device)] = loader.kernel(op, device)
@@ -485,6 +503,7 @@ class TorchAdapter:
 
 _FAST: set[str] = set()
 _KERNELS: dict[tuple[str, str], Any] = {}
+_ALIAS_CHECKS: dict[Schema, Callable[[Sequence[Any]], None]] = {}  # the check depends on the schema only
 ADAPTER = TorchAdapter()
 
 
