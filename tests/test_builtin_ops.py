@@ -9,6 +9,7 @@ that says what is wrong.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -382,3 +383,30 @@ def test_bfloat16_nan_keeps_its_sign_and_payload_and_is_quiet() -> None:
     assert int(nan.sum()) == 2 * 127  # both signs, every non-zero mantissa
     out = opbridge.ops.add(x, torch.zeros_like(x)).view(torch.int16)
     assert torch.equal(out[nan], allbits[nan] | 0x0040)
+
+
+# ---------------------------------------------------------------------------
+# streaming stores (float32 outputs of 16 MiB and more, math.h)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["add", "gelu", "gelu_backward", "rms_norm", "silu_and_mul"])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_large_float32_outputs_match_the_reference(name: str, offset: int) -> None:
+    """Outputs past the streaming threshold, also into buffers that start off a 16-byte boundary."""
+    op = getattr(opbridge.ops, name)
+    rows, cols = 1031, 4099 * (2 if name == "silu_and_mul" else 1)  # 16.1 MiB of output
+    gen = torch.Generator().manual_seed(offset)
+    x = torch.randn(rows, cols, generator=gen)
+    args = {"add": (x, torch.randn(rows, cols, generator=gen)), "gelu": (x,),
+            "gelu_backward": (torch.randn(rows, cols, generator=gen), x),
+            "rms_norm": (x, torch.randn(cols, generator=gen), 1e-6), "silu_and_mul": (x,)}[name]
+    shape = (rows, cols // 2) if name == "silu_and_mul" else (rows, cols)
+    assert math.prod(shape) * 4 >= 16 << 20
+    buf = torch.full((math.prod(shape) + offset + 7,), float("nan"))
+    out = buf[offset: offset + math.prod(shape)].view(shape)
+    op(*args, out=out)
+    want = op.reference(*(a.numpy() if isinstance(a, torch.Tensor) else a for a in args))
+    assert_close(out, torch.from_numpy(np.asarray(want)), rtol=1e-5, atol=1e-5)
+    assert torch.isnan(buf[:offset]).all() and torch.isnan(buf[offset + math.prod(shape):]).all()
+    np.testing.assert_array_equal(op(*args).numpy(), out.numpy())  # a new output: the same bits

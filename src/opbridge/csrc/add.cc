@@ -10,8 +10,8 @@ using opbridge::TensorView;
 // No __restrict: out may be exactly x or y (in-place), which omp simd's
 // per-iteration independence still allows.
 template <typename T>
-OPB_TARGET_CLONES void add_chunk(T* out, const T* x, const T* y, int64_t n) {
-  opbridge::map2(out, x, y, n, [](float a, float b) { return a + b; });
+OPB_TARGET_CLONES void add_chunk(T* out, const T* x, const T* y, int64_t n, bool stream) {
+  opbridge::map2(out, x, y, n, [](float a, float b) { return a + b; }, stream);
 }
 
 }  // namespace
@@ -28,7 +28,10 @@ void add_cpu(TensorView out, TensorView x, TensorView y) {
     T* o = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
     const T* b = opbridge::data_ptr<const T>(y);
-    opbridge::parallel_for(n, 1, [&](int64_t lo, int64_t hi) { add_chunk<T>(o + lo, a + lo, b + lo, hi - lo); });
+    const bool stream = o != a && o != b && opbridge::stream_stores(n * int64_t(sizeof(T)));
+    opbridge::parallel_for(n, 1, [&](int64_t lo, int64_t hi) {
+      add_chunk<T>(o + lo, a + lo, b + lo, hi - lo, stream);
+    });
   });
 }
 OPBRIDGE_EXPORT(add_cpu);

@@ -16,7 +16,7 @@ using opbridge::TensorView;
 // read hits L1/L2 for any realistic H, so DRAM traffic stays one read + one write.
 template <typename T>
 OPB_TARGET_CLONES void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t H,
-                                     float eps) {
+                                     float eps, bool stream) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * H;
     T* yr = out + r * H;
@@ -27,7 +27,7 @@ OPB_TARGET_CLONES void rms_norm_rows(T* out, const T* x, const T* w, int64_t row
       ss += v * v;
     }
     const float rs = 1.f / std::sqrt(ss / float(H) + eps);
-    opbridge::map2(yr, xr, w, H, [rs](float v, float wv) { return v * rs * wv; });
+    opbridge::map2(yr, xr, w, H, [rs](float v, float wv) { return v * rs * wv; }, stream);
   }
 }
 
@@ -86,8 +86,9 @@ void rms_norm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
     T* y = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
+    const bool stream = y != a && opbridge::stream_stores(x.numel() * int64_t(sizeof(T)));
     opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi) {
-      rms_norm_rows<T>(y + lo * H, a + lo * H, w, hi - lo, H, float(eps));
+      rms_norm_rows<T>(y + lo * H, a + lo * H, w, hi - lo, H, float(eps), stream);
     });
   });
 }
