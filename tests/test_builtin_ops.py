@@ -386,7 +386,7 @@ def test_bfloat16_nan_keeps_its_sign_and_payload_and_is_quiet() -> None:
 
 
 # ---------------------------------------------------------------------------
-# streaming stores (float32 outputs of 16 MiB and more, math.h)
+# large float32 outputs (add and rms_norm stream them: 16 MiB and more, math.h)
 # ---------------------------------------------------------------------------
 
 

@@ -29,14 +29,14 @@ struct GeluTanh {
 // still runs on every thread). One call per thread: target_clones functions
 // are not inlined.
 template <typename Act, typename T>
-OPB_TARGET_CLONES void act_and_mul_chunk(T* out, const T* x, int64_t d, int64_t lo, int64_t hi, bool stream) {
+OPB_TARGET_CLONES void act_and_mul_chunk(T* out, const T* x, int64_t d, int64_t lo, int64_t hi) {
   int64_t r = lo / d, i0 = lo - r * d;
   while (lo < hi) {
     const int64_t n = std::min(d - i0, hi - lo);
     const T* a = x + r * 2 * d + i0;
     const T* b = a + d;
     T* o = out + r * d + i0;
-    opbridge::map2(o, a, b, n, [](float av, float bv) { return Act::f(av) * bv; }, stream);
+    opbridge::map2(o, a, b, n, [](float av, float bv) { return Act::f(av) * bv; });
     lo += n;
     ++r;
     i0 = 0;
@@ -81,10 +81,7 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
     T* o = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
     // Threading decided on x's element count (2 per output element), as rms_norm does.
-    const bool stream = opbridge::stream_stores(n * int64_t(sizeof(T)));
-    opbridge::parallel_for(n, 2, [&](int64_t lo, int64_t hi) {
-      act_and_mul_chunk<Act, T>(o, a, d, lo, hi, stream);
-    });
+    opbridge::parallel_for(n, 2, [&](int64_t lo, int64_t hi) { act_and_mul_chunk<Act, T>(o, a, d, lo, hi); });
   });
 }
 

@@ -26,15 +26,15 @@ OPB_ALWAYS_INLINE float gelu(float v) {
 }
 
 template <typename T>
-OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n, bool stream) {
-  opbridge::map1(out, x, n, [](float v) { return gelu(v); }, stream);
+OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
+  opbridge::map1(out, x, n, [](float v) { return gelu(v); });
 }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 // z is clamped at -80 so that e stays finite (e * s would be inf * 0) and s
 // stays a normal float; the true value there is < 1e-33.
 template <typename T>
-OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x, int64_t n, bool stream) {
+OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x, int64_t n) {
   opbridge::map2(grad_x, grad, x, n, [](float g, float v) {
     const float v2 = v * v;
     float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v2);
@@ -43,7 +43,7 @@ OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x,
     const float s = 1.f / (1.f + e);
     const float dz = 2.f * kSqrt2OverPi * (1.f + 3.f * kCoeff * v2);
     return g * (s + v * dz * (e * s) * s);
-  }, stream);
+  });
 }
 
 }  // namespace
@@ -58,8 +58,7 @@ void gelu_cpu(TensorView out, TensorView x) {
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
     T* o = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
-    const bool stream = o != a && opbridge::stream_stores(n * int64_t(sizeof(T)));
-    opbridge::parallel_for(n, 1, [&](int64_t lo, int64_t hi) { gelu_chunk<T>(o + lo, a + lo, hi - lo, stream); });
+    opbridge::parallel_for(n, 1, [&](int64_t lo, int64_t hi) { gelu_chunk<T>(o + lo, a + lo, hi - lo); });
   });
 }
 OPBRIDGE_EXPORT(gelu_cpu);
@@ -76,9 +75,8 @@ void gelu_backward_cpu(TensorView grad_x, TensorView grad, TensorView x) {
     T* gx = opbridge::data_ptr<T>(grad_x);
     const T* g = opbridge::data_ptr<const T>(grad);
     const T* a = opbridge::data_ptr<const T>(x);
-    const bool stream = gx != g && gx != a && opbridge::stream_stores(n * int64_t(sizeof(T)));
     opbridge::parallel_for(n, 1, [&](int64_t lo, int64_t hi) {
-      gelu_backward_chunk<T>(gx + lo, g + lo, a + lo, hi - lo, stream);
+      gelu_backward_chunk<T>(gx + lo, g + lo, a + lo, hi - lo);
     });
   });
 }

@@ -239,8 +239,8 @@ OPB_ALWAYS_INLINE void from_float_block(T* out, const float* in, int64_t n) {
 // out-of-place elementwise kernel moves one extra byte per byte it writes;
 // a non-temporal store writes whole lines without reading them and without
 // evicting the inputs from cache. 4096x4096 float32 add on 2 threads
-// (Zen 3): 5.2 -> 4.2 ms. float32 outputs only (map_stream says why), and
-// only outputs of kStreamMinBytes and more:
+// (Zen 3): 5.2 -> 4.2 ms. Memory-bound float32 maps only (map2 and
+// map_stream say why), and only outputs of kStreamMinBytes and more:
 // a smaller output may still be in cache when the next op reads it, and
 // then writing it to DRAM would cost that op a DRAM read. In-place kernels
 // never stream (the lines they write were just read into cache). Streaming
@@ -291,9 +291,12 @@ OPB_ALWAYS_INLINE void stream_fence() {
 // 4.80 -> 4.21 us. out may be exactly x or y (in place): each block reads its
 // inputs before it writes.
 //
-// With stream (see stream_stores), float32 results go out through
+// map2 with stream (see stream_stores): float32 results go out through
 // stream_copy in blocks of kStreamBlock elements computed straight from x / y
-// (16-bit outputs ignore stream, see map_stream).
+// (16-bit outputs ignore stream, see map_stream). Only for cheap f, where
+// DRAM sets the pace (add, the rms_norm row scale): an expensive f re-loads
+// its constants for every small block, and gelu / silu_and_mul at 4096x4096
+// float32 ran 1.25x slower streamed (5.9 -> 7.5 ms, 3.1 -> 3.9 ms).
 // Small blocks keep DRAM reads and streaming writes interleaved: 4096x4096
 // float32 add on 2 threads, 5.2 ms plain, 4.2 ms in blocks of 64 or 128,
 // 4.6 ms in blocks of 512, 5.8 ms when staged through float copies first.
@@ -310,13 +313,8 @@ OPB_ALWAYS_INLINE void map_stream(float* out, const float* x, const float* y, in
   alignas(64) float b[kStreamBlock];
   for (int64_t s = 0; s < n; s += kStreamBlock) {
     const int64_t m = std::min(kStreamBlock, n - s);
-    if (y == nullptr) {
 #pragma omp simd
-      for (int64_t i = 0; i < m; ++i) b[i] = f(x[s + i], 0.f);
-    } else {
-#pragma omp simd
-      for (int64_t i = 0; i < m; ++i) b[i] = f(x[s + i], y[s + i]);
-    }
+    for (int64_t i = 0; i < m; ++i) b[i] = f(x[s + i], y[s + i]);
     stream_copy(out + s, b, m * int64_t(sizeof(float)));
   }
   stream_fence();
@@ -325,13 +323,7 @@ OPB_ALWAYS_INLINE void map_stream(float* out, const float* x, const float* y, in
 }  // namespace detail
 
 template <typename T, typename F>
-OPB_ALWAYS_INLINE void map1(T* out, const T* x, int64_t n, F&& f, bool stream = false) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (stream) {
-      auto f2 = [&f](float v, float) { return f(v); };
-      return detail::map_stream(out, x, nullptr, n, f2);
-    }
-  }
+OPB_ALWAYS_INLINE void map1(T* out, const T* x, int64_t n, F&& f) {
   if constexpr (sizeof(T) == 2) {
     alignas(64) float bx[kStageBlock];
     for (int64_t s = 0; s < n; s += kStageBlock) {
