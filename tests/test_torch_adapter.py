@@ -33,7 +33,24 @@ void twice_cpu(TensorView out, TensorView x) {
   for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
 }
 OPBRIDGE_EXPORT(twice_cpu);
+void head_cpu(TensorView out, TensorView x, int64_t n) {
+  const int64_t w = x.size(x.ndim() - 1), rows = w == 0 ? 0 : x.numel() / w;
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) o[r * n + i] = a[r * w + i];
+}
+OPBRIDGE_EXPORT(head_cpu);
 """
+
+HEAD_RULE_CALLS: list[tuple[int, ...]] = []
+
+
+def _head_shape(x: Any, n: int) -> opbridge.Spec:
+    HEAD_RULE_CALLS.append(tuple(x.shape))
+    if n > x.shape[-1]:
+        raise ValueError(f"head: n must be at most x's last dim {x.shape[-1]}, got {n}")
+    return opbridge.Spec((*x.shape[:-1], n), x.dtype)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +67,10 @@ def inplace_lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
     @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"))
     def twice(x: Any) -> Any:
         return 2 * x
+
+    @lib.op("head(Tensor x, int n) -> Tensor", shape=_head_shape)
+    def head(x: Any, n: int) -> Any:
+        return x[..., :n].copy()
 
     return lib
 
@@ -305,3 +326,23 @@ def test_out_only_callers_get_the_fast_out_path() -> None:
         "assert calls == [] and torch.equal(o, x + x)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_fast_path_remembers_shape_rule_results_per_signature(inplace_lib: Any) -> None:
+    head = inplace_lib.ops["head"].call
+    x = torch.arange(24.0).reshape(4, 6)
+    with torch.no_grad():
+        head(x, 2)  # resolves and installs the fast path
+        head(x, 2)  # the fast path's first call asks the rule
+        HEAD_RULE_CALLS.clear()
+        for _ in range(3):
+            assert torch.equal(head(x, 2), x[:, :2])
+        assert HEAD_RULE_CALLS == []  # answered from memory
+        assert torch.equal(head(x, 3), x[:, :3])  # a new scalar: the rule runs
+        y = torch.arange(10.0).reshape(2, 5)
+        assert torch.equal(head(y, 3), y[:, :3])  # a new shape: the rule runs
+        assert HEAD_RULE_CALLS == [(4, 6), (2, 5)]
+        for _ in range(2):  # a rule that raises is asked again each time, and its error surfaces
+            with pytest.raises(ValueError, match="head: n must be at most"):
+                head(x, 7)
+        assert HEAD_RULE_CALLS[2:] == [(4, 6), (4, 6)]

@@ -71,22 +71,55 @@ def _fresh(t: torch.Tensor) -> None:
     memory.advise_fresh(t.data_ptr(), t.nbytes)
 
 
-def _cpu_alloc(op: OpDef) -> Callable[[Sequence[Any]], list[torch.Tensor]]:
-    """``_alloc(op, args, "cpu")`` for the fast path: the shape rule called directly, no device argument.
+#: Distinct argument signatures remembered per op by the fast path's allocation (then it starts over).
+_ALLOC_CACHE_SIZE = 256
 
-    At (8, 4096) ``silu_and_mul`` this is 4.4 µs against 5.1 µs through ``_alloc``
-    (of which ``torch.empty`` is 2.2 µs and the shape rule 1.3 µs).
+
+def _cpu_alloc(op: OpDef) -> Callable[[Sequence[Any]], list[torch.Tensor]]:
+    """``_alloc(op, args, "cpu")`` for the fast path, remembering the shape rule's answers.
+
+    A shape rule is a function of the arguments' shapes, dtypes and scalar
+    values only (``torch.compile`` runs it on fake tensors as the fake
+    kernel), so its result is kept per such signature: a repeated call costs
+    one dict lookup instead of the rule (1.2 µs for ``silu_and_mul``), and
+    allocating costs ``torch.empty`` (2.1 µs). A signature with an
+    unhashable scalar (a list) runs the rule each time.
     """
     rule = op.shape
     if rule is None or isinstance(rule, like):
         return lambda a: _alloc(op, a, "cpu")
-    empty = torch.empty
+    args = op.schema.arguments
+    key = ", ".join(f"a[{i}].shape, a[{i}].dtype" if a.type.is_tensor and not a.type.optional
+                    else f"_sig(a[{i}])" if a.type.is_tensor else f"a[{i}]" for i, a in enumerate(args))
+    cache: dict[Any, list[tuple[Any, torch.dtype]]] = {}
 
-    def alloc(args: Sequence[Any]) -> list[torch.Tensor]:
-        out = rule(*args)
-        specs: tuple[Spec, ...] = (out,) if isinstance(out, Spec) else tuple(out)
-        return [empty(s.shape, dtype=s.dtype if type(s.dtype) is torch.dtype else _dtype(s.dtype)) for s in specs]
+    def specs(a: Sequence[Any]) -> list[tuple[Any, torch.dtype]]:
+        out = rule(*a)
+        return [(tuple(s.shape), _dtype(s.dtype)) for s in ((out,) if isinstance(out, Spec) else out)]
 
+    def miss(k: Any, a: Sequence[Any]) -> list[torch.Tensor]:
+        got = specs(a)
+        try:
+            if len(cache) >= _ALLOC_CACHE_SIZE:
+                cache.clear()
+            cache[k] = got
+        except TypeError:  # an unhashable scalar
+            pass
+        return [torch.empty(shape, dtype=dt) for shape, dt in got]
+
+    ns: dict[str, Any] = {"_cache": cache, "_miss": miss, "_empty": torch.empty,
+                          "_sig": lambda t: None if t is None else (t.shape, t.dtype)}
+    src = ("def alloc(a):\n"
+           f"    k = ({key},)\n"
+           "    try:\n"
+           "        got = _cache.get(k)\n"
+           "    except TypeError:\n"
+           "        got = None\n"
+           "    if got is None:\n"
+           "        return _miss(k, a)\n"
+           "    return [_empty(shape, dtype=dt) for shape, dt in got]\n")
+    exec(compile(src, f"<opbridge {op.qualname} cpu alloc>", "exec"), ns)  # noqa: S102 - from a parsed schema
+    alloc: Callable[[Sequence[Any]], list[torch.Tensor]] = ns["alloc"]
     return alloc
 
 

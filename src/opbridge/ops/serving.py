@@ -37,16 +37,19 @@ _INT64_MAX = int(np.iinfo(np.int64).max)
 
 def _halves(op: str, x: Any) -> int:
     """The half width d of x's last dim (2d); ValueError naming the op and x when odd or 0-d."""
-    shape = tuple(x.shape)
+    shape = x.shape
     if not shape or shape[-1] % 2:
-        raise ValueError(f"{op}: x's last dim must be even (it holds the halves [a | b]), got shape {shape}")
+        raise ValueError(f"{op}: x's last dim must be even (it holds the halves [a | b]), got shape {tuple(shape)}")
     return shape[-1] // 2  # type: ignore[no-any-return]
 
 
 def _halve_last(op: str) -> Any:
+    # Runs on every call that allocates a new output: one read of x.shape.
     def rule(x: Any) -> Spec:
-        d = _halves(op, x)
-        return Spec((*tuple(x.shape)[:-1], d), x.dtype)
+        shape = x.shape
+        if not shape or shape[-1] % 2:
+            _halves(op, x)  # raises, naming the op
+        return Spec((*shape[:-1], shape[-1] // 2), x.dtype)
 
     rule.__name__ = f"{op}_shape"
     rule.__doc__ = "x's shape with the last dim halved, in x's dtype."
