@@ -1,5 +1,6 @@
 // gelu (tanh approximation) and its backward.
 //   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+#include <opbridge/activations.h>
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/gelu.h>
@@ -18,16 +19,11 @@ constexpr float kCoeff = 0.044715f;
 // x in [-20, 20], worst absolute gradient error: 4.2e-6 with fast_tanh,
 // 2.2e-7 this way (torch's tanhf kernel: 1.0e-6). With e = exp(-z),
 // 1 - s = e s stays relatively accurate on both tails.
-// exp_for_logistic rather than libm expf: a scalar call per element would stop the
-// loop from vectorising.
-OPB_ALWAYS_INLINE float gelu(float v) {
-  const float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v * v);
-  return v * opbridge::fast_sigmoid(z);
-}
+// The forward is act::gelu_tanh (activations.h), shared with gelu_and_mul.
 
 template <typename T>
 OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
-  opbridge::map1(out, x, n, [](float v) { return gelu(v); });
+  opbridge::map1(out, x, n, [](float v) { return opbridge::act::gelu_tanh(v); });
 }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
