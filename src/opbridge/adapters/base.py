@@ -83,18 +83,32 @@ def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str) 
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
-def make_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]]) -> Callable[[Sequence[Any]], None]:
+AliasCheck = Callable[[Sequence[Any]], None]
+_ALIAS_CHECKS: dict[tuple[Any, Callable[[Any], tuple[int, int]]], AliasCheck] = {}
+
+
+def make_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]]) -> AliasCheck:
     """:func:`check_no_alias` specialised to *op*: a function of the schema-ordered arguments.
 
-    Build it once per op (it compiles :func:`alias_check_source`); for an op
-    that mutates no tensor it does nothing.
+    Compiled from :func:`alias_check_source` on the first request for an
+    (op schema, *span*) pair and kept, so callers may ask for it per call
+    (the check depends on the schema only). For an op that mutates no tensor
+    it does nothing.
     """
+    key = (op.schema, span)
+    check = _ALIAS_CHECKS.get(key)
+    if check is None:
+        check = _ALIAS_CHECKS[key] = _compile_alias_check(op, span)
+    return check
+
+
+def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]]) -> AliasCheck:
     n = len(op.schema.arguments)
     body = alias_check_source(op, [f"args[{i}]" for i in range(n)], "{s}, {e} = _span({t})", "    ")
     ns: dict[str, Any] = {"_span": span, "_alias": lambda a: check_no_alias(op, a, span)}
     exec(compile(f"def check(args):\n{body}    return None\n",  # noqa: S102 - from a parsed schema
                  f"<opbridge alias check {op.qualname}>", "exec"), ns)
-    check: Callable[[Sequence[Any]], None] = ns["check"]
+    check: AliasCheck = ns["check"]
     return check
 
 

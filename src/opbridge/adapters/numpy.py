@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,7 +13,6 @@ from opbridge.declare import like
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
-    from opbridge.schema import Schema
 
 
 def _span(a: np.ndarray) -> tuple[int, int]:
@@ -57,7 +56,7 @@ class NumpyAdapter:
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         kern = loader.kernel(op, "cpu")
         mutating = op.schema.is_mutating
-        check_alias = _alias_check(op)
+        check_alias = make_alias_check(op, _span)
         like_idx = None
         if isinstance(op.shape, like):
             names = [a.name for a in op.schema.arguments]
@@ -84,18 +83,9 @@ class NumpyAdapter:
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
         """Run *op* into the caller's arrays *outs* (validated by the kernel)."""
         validate_args(op, args, _is_array, "a numpy.ndarray")
-        _alias_check(op)(args)
+        make_alias_check(op, _span)(args)
         loader.kernel(op, "cpu")(*outs, *args)
         return pack_results(op, args, outs)
 
 
-def _alias_check(op: OpDef) -> Callable[[Sequence[Any]], None]:
-    """*op*'s alias check (:func:`~opbridge.adapters.base.make_alias_check`), built on first use."""
-    check = _ALIAS_CHECKS.get(op.schema)
-    if check is None:
-        check = _ALIAS_CHECKS[op.schema] = make_alias_check(op, _span)
-    return check
-
-
-_ALIAS_CHECKS: dict[Schema, Callable[[Sequence[Any]], None]] = {}  # the check depends on the schema only
 ADAPTER = NumpyAdapter()

@@ -59,14 +59,12 @@ from opbridge.errors import OpbridgeError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
-    from opbridge.schema import Schema
 
 _T = paddle.Tensor
 _VALUE: type = paddle.pir.Value  # type: ignore[attr-defined]
 _NAMES = itertools.count()
 _core: Any = paddle.base.core
 _STATIC = threading.local()  # .in_backward: tracing a static backward block
-_ALIAS_CHECKS: dict[Schema, Callable[[Sequence[Any]], None]] = {}  # call_with_out's, built on first use
 
 
 class PaddleStaticError(OpbridgeError, NotImplementedError):
@@ -465,10 +463,7 @@ class PaddleAdapter:
             raise RuntimeError(f"{op.name}: out= does not support autograd (a tensor has "
                                f"stop_gradient=False); call it under paddle.no_grad() or without out=")
         if op.schema.is_mutating:
-            check = _ALIAS_CHECKS.get(op.schema)
-            if check is None:
-                check = _ALIAS_CHECKS[op.schema] = make_alias_check(op, _span)
-            check(args)
+            make_alias_check(op, _span)(args)
         loader.kernel(op, "cpu")(*outs, *args)
         for o in outs:
             o._bump_inplace_version()

@@ -36,7 +36,6 @@ from opbridge.declare import Spec, like, signature_source
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
-    from opbridge.schema import Schema
 
 _TORCH_LIBS: dict[str, torch.library.Library] = {}
 _REGISTERED: set[str] = set()
@@ -513,10 +512,7 @@ class TorchAdapter:
             return pack_results(op, args, outs)
         device = _lead(op, args).device.type
         if op.schema.is_mutating:
-            check = _ALIAS_CHECKS.get(op.schema)
-            if check is None:
-                check = _ALIAS_CHECKS[op.schema] = make_alias_check(op, _span)
-            check(args)
+            make_alias_check(op, _span)(args)
         kern = _KERNELS.get((op.qualname, device))
         if kern is None:
             kern = _KERNELS[(op.qualname, device)] = loader.kernel(op, device)
@@ -536,7 +532,6 @@ class TorchAdapter:
 
 _FAST: set[str] = set()
 _KERNELS: dict[tuple[str, str], Any] = {}
-_ALIAS_CHECKS: dict[Schema, Callable[[Sequence[Any]], None]] = {}  # the check depends on the schema only
 ADAPTER = TorchAdapter()
 
 
