@@ -788,6 +788,11 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
     local = moved["total"] >= s.local_stream_bytes
     if local:  # the same bytes copied by STREAM, interleaved with the candidates: drift hits both alike
         bound[STREAM_LOCAL] = _local_copy(moved["total"], s.threads)
+    # In cache, a copy of the same bytes on one thread and on the run's threads: how fast any kernel
+    # that must move these bytes could be (the ceiling of a speed-up over torch, see _summary).
+    copy_threads = {} if local else {f"cache_copy_{t}t": t for t in sorted({1, s.threads})}
+    for name, t in copy_threads.items():
+        bound[name] = _local_copy(moved["total"], t)
     del expected
     gc.collect()
     recompile_guard = torch._dynamo.config.patch(error_on_recompile=True) if s.compile else _nullcontext()
@@ -806,15 +811,17 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
         }
         if local:
             results[c.name]["frac_stream_copy_local"] = _sig(stats[STREAM_LOCAL]["p50"] / row["p50"])
-    local_row = None
-    if local:
-        st = stats[STREAM_LOCAL]
-        local_row = {"p20_us": st["p20"], "p50_us": st["p50"], "p80_us": st["p80"],
-                     "gbps": _sig(moved["total"] / (st["p50"] * 1e-6) / 1e9)}
+    def copy_row(name: str) -> dict[str, Any]:
+        st = stats[name]
+        return {"p20_us": st["p20"], "p50_us": st["p50"], "p80_us": st["p80"],
+                "gbps": _sig(moved["total"] / (st["p50"] * 1e-6) / 1e9)}
+
     return {
         "op": op.name, "size": case.size_name, "rows_cols": list(case.size), "dtype": dtype, "shapes": shape,
         "bytes": moved, "torch_variant": impl.label if impl is not None else "", "candidates": results,
-        "skipped": skipped, "compile": compile_info, "stream_copy_local": local_row,
+        "skipped": skipped, "compile": compile_info,
+        "stream_copy_local": copy_row(STREAM_LOCAL) if local else None,
+        "cache_copies": {name: dict(copy_row(name), threads=t) for name, t in copy_threads.items()},
     }
 
 
@@ -1065,6 +1072,7 @@ def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
     new_vs_eager: dict[str, Any] = {}
     vs_compile: dict[str, Any] = {}
     small: dict[str, Any] = {}
+    ceiling: dict[str, Any] = {}
     for op in ops:
         c = get(op, "large", "float32")
         if c is not None:
@@ -1081,6 +1089,11 @@ def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
                 small.setdefault(op, {})[d] = {k: c["speedups"][r]["speedup"]
                                                for k, r in (("new", EAGER_NEW), ("out", EAGER_OUT))
                                                if r in c["speedups"]}
+                if c.get("cache_copies"):
+                    floor = min(r["p50_us"] for r in c["cache_copies"].values())
+                    ceiling.setdefault(op, {})[d] = {k: _sig(c["candidates"][r]["p50_us"] / floor)
+                                                     for k, r in (("new", EAGER_NEW), ("out", EAGER_OUT))
+                                                     if r in c["candidates"]}
             for sz in sizes:
                 c = get(op, sz, d)
                 if c is not None:
@@ -1090,7 +1103,8 @@ def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
                         vs_compile.setdefault(op, {}).setdefault(sz, {})[d] = row
     return {"large_float32_frac_stream_copy": frac, "large_float32_frac_stream_copy_run": frac_run,
             "large_new_speedup_vs_eager": new_vs_eager,
-            "speedup_vs_compile": vs_compile, "small_speedup_vs_eager": small}
+            "speedup_vs_compile": vs_compile, "small_speedup_vs_eager": small,
+            "small_ceiling_vs_eager": ceiling}
 
 
 def _l3_size() -> str | None:
@@ -1294,6 +1308,14 @@ def format_text(result: dict[str, Any]) -> str:
             cells = "  ".join(f"{d} {_fmt_x(r.get('new'))} / {_fmt_x(r.get('out'))}" for d, r in by_dt.items())
             lines.append(f"  {op:<22} {cells}")
         lines.append("")
+    if sm.get("small_ceiling_vs_eager"):
+        lines.append("small: the most any kernel could beat torch eager by, new output / into a buffer: eager's time "
+                     "over the fastest in-cache copy of the same bytes (one thread or the run's threads), call "
+                     "overhead included:")
+        for op, by_dt in sm["small_ceiling_vs_eager"].items():
+            cells = "  ".join(f"{d} {_fmt_x(r.get('new'))} / {_fmt_x(r.get('out'))}" for d, r in by_dt.items())
+            lines.append(f"  {op:<22} {cells}")
+        lines.append("")
     mem = result["memory"]
     if "rows" in mem:
         lines.append(f"peak memory beyond inputs and outputs, one call at {mem['size'][0]}x{mem['size'][1]} "
@@ -1329,9 +1351,10 @@ def format_text(result: dict[str, Any]) -> str:
             loc = f"{r['frac_stream_copy_local']:>5.2f}" if "frac_stream_copy_local" in r else f"{'':>5}"
             lines.append(f"    {n:<13} {r['mode']:<8} {r['p20_us']:>11.1f} {r['p50_us']:>11.1f} {r['p80_us']:>11.1f}"
                          f" {r['gbps']:>7.2f} {r['frac_stream_copy']:>5.2f} {loc}  {rel}")
-        if c.get("stream_copy_local"):
-            r = c["stream_copy_local"]
-            lines.append(f"    {'stream copy':<13} {'same B':<8} {r['p20_us']:>11.1f} {r['p50_us']:>11.1f} "
+        copies = {"stream copy": c["stream_copy_local"]} if c.get("stream_copy_local") else {}
+        copies.update({f"copy {r['threads']} thr": r for r in c.get("cache_copies", {}).values()})
+        for name, r in copies.items():
+            lines.append(f"    {name:<13} {'same B':<8} {r['p20_us']:>11.1f} {r['p50_us']:>11.1f} "
                          f"{r['p80_us']:>11.1f} {r['gbps']:>7.2f}")
         for n, why in c["skipped"].items():
             lines.append(f"    {n:<13} skipped: {why}")
