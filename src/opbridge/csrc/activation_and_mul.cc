@@ -15,14 +15,8 @@ namespace {
 
 using opbridge::TensorView;
 
-struct Silu {
-  static OPB_ALWAYS_INLINE float f(float x) { return opbridge::act::silu(x); }
-  static OPB_ALWAYS_INLINE float df(float x) { return opbridge::act::silu_grad(x); }
-};
-struct GeluTanh {
-  static OPB_ALWAYS_INLINE float f(float x) { return opbridge::act::gelu_tanh(x); }
-  static OPB_ALWAYS_INLINE float df(float x) { return opbridge::act::gelu_tanh_grad(x); }
-};
+using opbridge::act::GeluTanh;
+using opbridge::act::Silu;
 
 // Output elements [lo, hi) of the flattened (rows, d) output; a chunk may start
 // and end mid-row, so the split is even whatever the row count (one long row
@@ -36,7 +30,7 @@ OPB_TARGET_CLONES void act_and_mul_chunk(T* out, const T* x, int64_t d, int64_t 
     const T* a = x + r * 2 * d + i0;
     const T* b = a + d;
     T* o = out + r * d + i0;
-    opbridge::map2(o, a, b, n, [](float av, float bv) { return Act::f(av) * bv; });
+    opbridge::map2(o, a, b, n, opbridge::act::ApplyAndMul<Act>{});
     lo += n;
     ++r;
     i0 = 0;

@@ -23,7 +23,7 @@ constexpr float kCoeff = 0.044715f;
 
 template <typename T>
 OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
-  opbridge::map1(out, x, n, [](float v) { return opbridge::act::gelu_tanh(v); });
+  opbridge::map1(out, x, n, opbridge::act::Apply<opbridge::act::GeluTanh>{});
 }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).

@@ -77,5 +77,90 @@ OPB_ALWAYS_INLINE float gelu_tanh_grad(float x) {
   return l.s + xc * dz * l.one_minus_s * l.s;
 }
 
+#ifdef OPB_VEC_AVX2
+// The AVX2 forms of exp_for_logistic, silu and gelu_tanh: the same
+// operations in the same order (FMA where GCC contracts the scalar form),
+// with the clamps as vminps / vmaxps, which keep NaN as the scalar selects do
+// (vminps(hi, x) returns x when either is NaN). The error bounds above were
+// measured on this form (the AVX2 path runs on Zen 3), and it gives the same
+// bits as the scalar form in the x86-64-v3 clone (tests/test_serving_ops.py
+// compares the forward with the backward's d/db = act(a) bit for bit).
+// Zen 3, opbridge bench kernels, into a buffer, before -> after (separate
+// runs): (8, 4096) float32 gelu 26.9 -> 20.5 us, silu_and_mul 11.4 -> 9.6 us,
+// gelu_and_mul 13.9 -> 11.9 us; (4096, 4096) float32 gelu 5.7 -> 5.2 ms,
+// gelu_and_mul 3.8 -> 3.4 ms. A standalone loop of 32K float32 gelu: 19.8 ->
+// 15.8 us; Estrin instead of Horner for q was slower (the clamps, not the
+// polynomial's depth, were the cost).
+namespace avx2 {
+
+// 1 + exp_for_logistic(x), the denominator of the logistic family.
+OPB_AVX2_INLINE __m256 one_plus_exp_for_logistic(__m256 x) {
+  const __m256 magic = _mm256_set1_ps(12582912.f);
+  __m256 c = _mm256_min_ps(_mm256_set1_ps(88.8f), x);
+  c = _mm256_max_ps(_mm256_set1_ps(-87.3f), c);
+  __m256 fn = _mm256_fmadd_ps(c, _mm256_set1_ps(1.44269504088896341f), magic);
+  const __m256i n = _mm256_sub_epi32(_mm256_castps_si256(fn), _mm256_castps_si256(magic));
+  fn = _mm256_sub_ps(fn, magic);
+  __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(0.693359375f), c);
+  r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 q = _mm256_fmadd_ps(r, _mm256_set1_ps(1.381457201205194e-3f), _mm256_set1_ps(8.368730545043945e-3f));
+  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(4.166838899254799e-2f));
+  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(1.666652113199234e-1f));
+  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(4.999999403953552e-1f));
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), one);
+  const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+  return _mm256_fmadd_ps(y, p2, one);
+}
+
+OPB_AVX2_INLINE __m256 silu(__m256 x) {
+  const __m256 neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.f));
+  return _mm256_div_ps(x, one_plus_exp_for_logistic(neg));
+}
+
+OPB_AVX2_INLINE __m256 gelu_tanh(__m256 x) {
+  const __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(kGeluCoeff), x), x, _mm256_set1_ps(1.f));
+  const __m256 neg_z = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-2.f * kSqrt2OverPi), x), t);
+  return _mm256_div_ps(x, one_plus_exp_for_logistic(neg_z));
+}
+
+}  // namespace avx2
+#endif
+
+// Activations as types: f / df, and (where present) the AVX2 form f8 that
+// map1 / map2 pick up through Apply / ApplyAndMul.
+struct Silu {
+  static OPB_ALWAYS_INLINE float f(float x) { return silu(x); }
+  static OPB_ALWAYS_INLINE float df(float x) { return silu_grad(x); }
+#ifdef OPB_VEC_AVX2
+  static OPB_AVX2_INLINE __m256 f8(__m256 x) { return avx2::silu(x); }
+#endif
+};
+struct GeluTanh {
+  static OPB_ALWAYS_INLINE float f(float x) { return gelu_tanh(x); }
+  static OPB_ALWAYS_INLINE float df(float x) { return gelu_tanh_grad(x); }
+#ifdef OPB_VEC_AVX2
+  static OPB_AVX2_INLINE __m256 f8(__m256 x) { return avx2::gelu_tanh(x); }
+#endif
+};
+
+// map1 functor: act(x).
+template <typename Act>
+struct Apply {
+  OPB_ALWAYS_INLINE float operator()(float x) const { return Act::f(x); }
+#ifdef OPB_VEC_AVX2
+  static OPB_AVX2_INLINE __m256 avx2(__m256 x) { return Act::f8(x); }
+#endif
+};
+
+// map2 functor: act(a) * b (the gated MLP forward).
+template <typename Act>
+struct ApplyAndMul {
+  OPB_ALWAYS_INLINE float operator()(float a, float b) const { return Act::f(a) * b; }
+#ifdef OPB_VEC_AVX2
+  static OPB_AVX2_INLINE __m256 avx2(__m256 a, __m256 b) { return _mm256_mul_ps(Act::f8(a), b); }
+#endif
+};
+
 }  // namespace act
 }  // namespace opbridge
