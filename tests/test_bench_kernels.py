@@ -84,8 +84,29 @@ def test_result_structure(result: dict[str, Any]) -> None:
     add = next(c for c in cases if c["op"] == "add" and c["size"] == "4x64" and c["dtype"] == "float32")
     assert add["bytes"] == {"read": 2 * 4 * 64 * 4, "written": 4 * 64 * 4, "total": 3 * 4 * 64 * 4}
     assert set(result["summary"]) == {"large_float32_frac_stream_copy", "large_float32_frac_stream_copy_run",
-                                      "large_new_speedup_vs_eager", "speedup_vs_compile", "small_speedup_vs_eager"}
+                                      "large_new_speedup_vs_eager", "speedup_vs_compile", "small_speedup_vs_eager",
+                                      "small_ceiling_vs_eager"}
+    assert all(c["cache_copies"] == {} for c in cases)  # every case timed the STREAM copy instead
     assert "STREAM" in kernels.format_text(result)
+
+
+def test_in_cache_cases_time_copies_of_their_bytes(tmp_path: Path) -> None:
+    """Below --local-stream-mib a case times copies of its own bytes on 1 and N threads: the ceiling."""
+    argv = ["bench", "kernels", "--quick", "--ops", "add", "--sizes", "small", "--dtypes", "float32",
+            "--rounds", "2", "--target-ms", "0.2", "--stream-n", "65536", "--no-memory", "--no-plots",
+            "--threads", "2", "--out", str(tmp_path)]
+    result = kernels.run(build_parser().parse_args(argv))
+    (case,) = result["cases"]
+    assert case["stream_copy_local"] is None
+    copies = case["cache_copies"]
+    assert {c["threads"] for c in copies.values()} == {1, 2}
+    assert all(0 < c["p20_us"] <= c["p50_us"] <= c["p80_us"] and c["gbps"] > 0 for c in copies.values())
+    floor = min(c["p50_us"] for c in copies.values())
+    ceiling = result["summary"]["small_ceiling_vs_eager"]["add"]["float32"]
+    assert ceiling["new"] == pytest.approx(case["candidates"][kernels.EAGER_NEW]["p50_us"] / floor, rel=1e-3)
+    assert ceiling["out"] == pytest.approx(case["candidates"][kernels.EAGER_OUT]["p50_us"] / floor, rel=1e-3)
+    text = kernels.format_text(result)
+    assert "the most any kernel could beat torch eager by" in text and "copy 1 thr" in text
 
 
 def test_memory_section(result: dict[str, Any]) -> None:

@@ -42,7 +42,12 @@ load (this machine's L3 may hold much of a 64 MiB case). A fraction can
 exceed 1: STREAM counts no write-allocate traffic, so a copy into a
 separate array really moves 3 bytes per 2 counted, while an op that
 writes lines it has just read (in place, e.g. ``fused_add_rms_norm``)
-moves only what is counted.
+moves only what is counted. Cases below that size (in cache) time instead
+a copy of their own byte count on one thread and on the run's threads, both
+called through tvm-ffi like the kernels: the faster of the two is what
+merely moving those bytes costs, so torch eager's time over it is the
+largest speed-up over eager that the hardware leaves room for (the summary's
+``small_ceiling_vs_eager``; for float32 ``add`` at (8, 4096) it is below 2).
 Speed-ups are the competitor's median over ours in the same mode (> 1:
 opbridge is faster); an op that mutates in place has only its in-place
 form, which stands in for "new output" too.
