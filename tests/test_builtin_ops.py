@@ -410,3 +410,25 @@ def test_large_float32_outputs_match_the_reference(name: str, offset: int) -> No
     assert_close(out, torch.from_numpy(np.asarray(want)), rtol=1e-5, atol=1e-5)
     assert torch.isnan(buf[:offset]).all() and torch.isnan(buf[offset + math.prod(shape):]).all()
     np.testing.assert_array_equal(op(*args).numpy(), out.numpy())  # a new output: the same bits
+
+
+@pytest.mark.parametrize("name", ["add", "gelu", "silu_and_mul", "gelu_and_mul"])
+def test_bfloat16_maps_are_the_float32_map_rounded(name: str) -> None:
+    """An elementwise bfloat16 map computes in float32 and rounds once, bit for bit, at every tail length.
+
+    On AVX2 machines these run the in-register bfloat16 loops (16 values a step,
+    math.h map1/map2_bf16_avx2) while float32 runs the 8-lane float loops; both
+    must give the float32 result rounded to nearest-even.
+    """
+    op = getattr(opbridge.ops, name)
+    gen = torch.Generator().manual_seed(7)
+    for n in [*range(1, 40), 255, 256, 257, 4099]:
+        cols = 2 * n if name.endswith("_and_mul") else n
+        x = (torch.randn(3, cols, generator=gen) * 4).bfloat16()
+        x[0, 0] = float("nan") if n > 2 else x[0, 0]
+        args = (x, torch.randn(3, cols, generator=gen).bfloat16()) if name == "add" else (x,)
+        got = op(*args)
+        want = op(*(a.float() for a in args)).bfloat16()  # torch's rounding (its NaN is 0xffff, ours keeps bits)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan), n
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), n

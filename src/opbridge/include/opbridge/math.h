@@ -342,6 +342,19 @@ struct has_avx2 : std::false_type {};
 template <typename F>
 struct has_avx2<F, std::void_t<decltype(&F::avx2)>> : std::true_type {};
 
+// A map2 functor with an AVX2 form that also sets `static constexpr bool
+// kBf16InRegisters = true` gets its bfloat16 maps run in registers
+// (map2_bf16_avx2) rather than through float staging blocks. Only for
+// cheap f: there the conversions set the pace, and skipping the staging
+// stores and reloads pays ((8, 4096) bfloat16 add 11.2 -> 7.4 us); for gelu
+// and the gated activations, two 8-lane evaluations per 16 values measured
+// 3-6% slower than the staged loop (gelu 25.2 -> 26.7 us), so they stage.
+template <typename F, typename = void>
+struct bf16_in_registers : std::false_type {};
+template <typename F>
+struct bf16_in_registers<F, std::void_t<decltype(F::kBf16InRegisters)>>
+    : std::integral_constant<bool, has_avx2<F>::value && F::kBf16InRegisters> {};
+
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
 #define OPB_VEC_AVX2 1
 #define OPB_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
@@ -375,6 +388,52 @@ __attribute__((target("avx2,fma"))) void apply2_avx2(float* out, const float* x,
     std::memcpy(b, y + i, size_t(n - i) * sizeof(float));
     _mm256_store_ps(a, F::avx2(_mm256_load_ps(a), _mm256_load_ps(b)));
     std::memcpy(out + i, a, size_t(n - i) * sizeof(float));
+  }
+}
+
+// bfloat16 map2 for cheap functors with an AVX2 form, in registers: 16 values per
+// step widen to two float vectors (word unpacks against zero, so each lane
+// holds [0..3, 8..11] and [4..7, 12..15]), f runs on both, and the results
+// round as from_float<bfloat16> does (nearest-even; NaN keeps its sign and
+// high payload, quiet bit set) and pack back in order (packus per 128-bit
+// lane undoes the unpack order). No float staging block in between (see
+// bf16_in_registers for which functors). The last n % 16 values go through a
+// zero-padded step on the stack.
+OPB_AVX2_INLINE __m256 bf16_lo(__m256i v) { return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v)); }
+OPB_AVX2_INLINE __m256 bf16_hi(__m256i v) { return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v)); }
+
+// from_float<bfloat16> of 8 floats, in the low half of each 32-bit lane.
+OPB_AVX2_INLINE __m256i bf16_round(__m256 f) {
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  const __m256 r = _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan);
+  return _mm256_srli_epi32(_mm256_castps_si256(r), 16);
+}
+
+OPB_AVX2_INLINE __m256i bf16_pack(__m256 lo, __m256 hi) { return _mm256_packus_epi32(bf16_round(lo), bf16_round(hi)); }
+
+template <typename F>
+OPB_AVX2_INLINE void bf16_step(bfloat16* out, const bfloat16* x, const bfloat16* y) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      bf16_pack(F::avx2(bf16_lo(a), bf16_lo(b)), F::avx2(bf16_hi(a), bf16_hi(b))));
+}
+
+template <typename F>
+__attribute__((target("avx2,fma"))) void map2_bf16_avx2(bfloat16* out, const bfloat16* x, const bfloat16* y,
+                                                        int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) bf16_step<F>(out + i, x + i, y + i);
+  if (i < n) {
+    bfloat16 a[16] = {}, b[16] = {};
+    std::memcpy(a, x + i, size_t(n - i) * sizeof(bfloat16));
+    std::memcpy(b, y + i, size_t(n - i) * sizeof(bfloat16));
+    bf16_step<F>(a, a, b);
+    std::memcpy(out + i, a, size_t(n - i) * sizeof(bfloat16));
   }
 }
 #endif
@@ -427,6 +486,11 @@ OPB_ALWAYS_INLINE void map2(T* out, const T* x, const T* y, int64_t n, F&& f, bo
   if constexpr (std::is_same_v<T, float>) {
     if (stream) return detail::map_stream(out, x, y, n, f);
   }
+#ifdef OPB_VEC_AVX2
+  if constexpr (std::is_same_v<T, bfloat16> && detail::bf16_in_registers<std::decay_t<F>>::value) {
+    if (detail::use_avx2_math()) return detail::map2_bf16_avx2<std::decay_t<F>>(out, x, y, n);
+  }
+#endif
   if constexpr (sizeof(T) == 2) {
     alignas(64) float bx[kStageBlock], by[kStageBlock];
     for (int64_t s = 0; s < n; s += kStageBlock) {
