@@ -402,7 +402,9 @@ __attribute__((target("avx2,fma"))) void apply2_avx2(float* out, const float* x,
 OPB_AVX2_INLINE __m256 bf16_lo(__m256i v) { return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v)); }
 OPB_AVX2_INLINE __m256 bf16_hi(__m256i v) { return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v)); }
 
-// from_float<bfloat16> of 8 floats, in the low half of each 32-bit lane.
+// from_float<bfloat16> of 8 floats, in the low half of each 32-bit lane: the
+// rounding of bf16_round_high, shifted down for packus (bf16_round_high leaves
+// it in the high half, where float_to_bf16_avx2's shuffle picks it up).
 OPB_AVX2_INLINE __m256i bf16_round(__m256 f) {
   const __m256i u = _mm256_castps_si256(f);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
