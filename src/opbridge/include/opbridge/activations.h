@@ -95,18 +95,18 @@ namespace avx2 {
 
 // 1 + exp_for_logistic(x), the denominator of the logistic family.
 OPB_AVX2_INLINE __m256 one_plus_exp_for_logistic(__m256 x) {
-  const __m256 magic = _mm256_set1_ps(12582912.f);
-  __m256 c = _mm256_min_ps(_mm256_set1_ps(88.8f), x);
-  c = _mm256_max_ps(_mm256_set1_ps(-87.3f), c);
-  __m256 fn = _mm256_fmadd_ps(c, _mm256_set1_ps(1.44269504088896341f), magic);
+  const __m256 magic = _mm256_set1_ps(expc::kMagic);
+  __m256 c = _mm256_min_ps(_mm256_set1_ps(expc::kHi), x);
+  c = _mm256_max_ps(_mm256_set1_ps(expc::kLogisticLo), c);
+  __m256 fn = _mm256_fmadd_ps(c, _mm256_set1_ps(expc::kLog2e), magic);
   const __m256i n = _mm256_sub_epi32(_mm256_castps_si256(fn), _mm256_castps_si256(magic));
   fn = _mm256_sub_ps(fn, magic);
-  __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(0.693359375f), c);
-  r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 q = _mm256_fmadd_ps(r, _mm256_set1_ps(1.381457201205194e-3f), _mm256_set1_ps(8.368730545043945e-3f));
-  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(4.166838899254799e-2f));
-  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(1.666652113199234e-1f));
-  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(4.999999403953552e-1f));
+  __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(expc::kLn2Hi), c);
+  r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(expc::kLn2Lo), r);
+  __m256 q = _mm256_fmadd_ps(r, _mm256_set1_ps(expc::kQ4), _mm256_set1_ps(expc::kQ3));
+  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(expc::kQ2));
+  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(expc::kQ1));
+  q = _mm256_fmadd_ps(r, q, _mm256_set1_ps(expc::kQ0));
   const __m256 one = _mm256_set1_ps(1.f);
   const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), one);
   const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
