@@ -57,13 +57,44 @@ class like:  # noqa: N801 - reads as a phrase: shape=like("x")
 #: Adapters that register ops with their framework as soon as they are declared.
 _DECLARE_TIME_ADAPTERS = ("torch", "paddle")
 
-#: Default per-dtype tolerances ``(rtol, atol)``; see ``opbridge.testing.TOLERANCES``.
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float64": (1e-7, 1e-7),
-    "float32": (1e-5, 1e-5),
-    "float16": (1e-3, 1e-3),
-    "bfloat16": (1.6e-2, 1e-2),
+#: The one tolerance table: ``{dtype name: (rtol, atol, reason)}`` used when an op declares none.
+#:
+#: An element passes when ``|actual - expected| <= atol + rtol * |expected|``.
+#: The values assume a kernel that computes in the output dtype's working precision
+#: (float32 for the 16-bit types) and rounds its result once, compared with a float64
+#: reference rounded to the same dtype. An op that legitimately loses more (long
+#: reductions, cancellation) declares ``tolerances=`` in ``Library.op``.
+TOLERANCES: dict[str, tuple[float, float, str]] = {
+    "float64": (
+        1e-7, 1e-7,
+        "float64 keeps 53 mantissa bits (2^-53 ~ 1.1e-16 per rounding), but kernels may "
+        "accumulate in float32 internally, so allow what a few float32-accumulated steps lose",
+    ),
+    "float32": (
+        1e-5, 1e-5,
+        "float32 keeps 24 mantissa bits: one rounding of a value of magnitude 1 is 2^-24 ~ 6e-8; "
+        "1e-5 leaves room for float32 accumulation over reductions of ~1e4 terms and for "
+        "fast exp/tanh approximations",
+    ),
+    "float16": (
+        1e-3, 1e-3,
+        "float16 keeps 11 mantissa bits: one rounding of a value of magnitude 1 is 2^-11 ~ 4.9e-4, "
+        "so 1e-3 is about one unit in the last place of the result (the reference is rounded too)",
+    ),
+    "bfloat16": (
+        1.6e-2, 1e-2,
+        "bfloat16 keeps 8 mantissa bits: one rounding of a value of magnitude 1 is 2^-8 ~ 3.9e-3; "
+        "1.6e-2 (2^-6) allows the result and the rounded reference to sit a unit in the last place "
+        "apart plus an input-rounding effect, and atol 1e-2 covers results near zero",
+    ),
 }
+
+#: ``{dtype: (rtol, atol)}``, read from :data:`TOLERANCES` (kept for code written against it).
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {k: (v[0], v[1]) for k, v in TOLERANCES.items()}
+
+#: A test-case generator: ``hint(dtype, rng) -> [ {argument name: value or shape}, ... ]``
+#: (see :mod:`opbridge.testing.matrix`). Declared per op with ``Library.op(hints=...)``.
+CaseHint = Callable[..., Any]
 
 BackwardFn = Callable[..., Sequence[Any]]
 
@@ -89,7 +120,10 @@ class OpDef:
         ``backward(*grad_outputs, *args)`` returning one gradient (or None) per
         Tensor argument, written with opbridge ops so it runs in every framework.
     tolerances
-        ``{dtype name: (rtol, atol)}`` overriding :data:`DEFAULT_TOLERANCES`.
+        ``{dtype name: (rtol, atol)}`` overriding :data:`TOLERANCES`.
+    hints
+        Test-case generator ``hints(dtype, rng)`` for the test matrix and
+        benchmarks; ops without one get elementwise cases.
     """
 
     library: Library
@@ -99,6 +133,7 @@ class OpDef:
     reference: Callable[..., Any] | None
     backward: BackwardFn | None = None
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
+    hints: CaseHint | None = None
     doc: str = ""
     dispatch_arg: int = 0
     call: Callable[..., Any] = field(init=False, repr=False)
@@ -116,7 +151,11 @@ class OpDef:
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         """``(rtol, atol)`` for comparing this op's outputs of *dtype* with the reference."""
-        return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
+        got = self.tolerances.get(dtype)
+        if got is not None:
+            return got
+        rtol, atol, _ = TOLERANCES.get(dtype, (0.0, 0.0, ""))
+        return rtol, atol
 
     def output_specs(self, args: Sequence[Any]) -> tuple[Spec, ...]:
         """Apply the shape rule to *args* (anything with ``.shape``/``.dtype``)."""
@@ -302,6 +341,7 @@ class Library:
         shape: like | ShapeRule | None = None,
         backward: BackwardFn | None = None,
         tolerances: Mapping[str, tuple[float, float]] | None = None,
+        hints: CaseHint | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare an op by decorating its NumPy reference implementation.
 
@@ -318,6 +358,8 @@ class Library:
             Gradient function; see :class:`OpDef`.
         tolerances
             Per-dtype ``(rtol, atol)`` overrides.
+        hints
+            Test-case generator ``hints(dtype, rng)``; see :class:`OpDef`.
 
         Returns
         -------
@@ -327,7 +369,7 @@ class Library:
         parsed = parse_schema(schema)  # SchemaError is a DeclarationError
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
-            return self._add(parsed, reference, kernels, shape, backward, tolerances)
+            return self._add(parsed, reference, kernels, shape, backward, tolerances, hints)
 
         return decorate
 
@@ -339,6 +381,7 @@ class Library:
         shape: like | ShapeRule | None,
         backward: BackwardFn | None,
         tolerances: Mapping[str, tuple[float, float]] | None,
+        hints: CaseHint | None = None,
     ) -> Callable[..., Any]:
         name = schema.name
         if schema.overload:
@@ -372,6 +415,7 @@ class Library:
             reference=reference,
             backward=backward,
             tolerances=dict(tolerances or {}),
+            hints=hints,
             doc=(reference.__doc__ or "").strip() if reference is not None else "",
             dispatch_arg=tensors[0],
         )
