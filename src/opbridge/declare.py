@@ -92,6 +92,13 @@ TOLERANCES: dict[str, tuple[float, float, str]] = {
 #: ``{dtype: (rtol, atol)}``, read from :data:`TOLERANCES` (kept for code written against it).
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {k: (v[0], v[1]) for k, v in TOLERANCES.items()}
 
+#: The dtypes an op takes when neither it nor its library declares any.
+DEFAULT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+#: Every dtype name a declaration may list.
+KNOWN_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
+                          "int64", "bool"})
+
 #: A test-case generator: ``hint(dtype, rng) -> [ {argument name: value or shape}, ... ]``
 #: (see :mod:`opbridge.testing.matrix`). Declared per op with ``Library.op(hints=...)``.
 CaseHint = Callable[..., Any]
@@ -124,6 +131,10 @@ class OpDef:
     hints
         Test-case generator ``hints(dtype, rng)`` for the test matrix and
         benchmarks; ops without one get elementwise cases.
+    dtypes
+        The floating (and integer) dtypes the op's kernels take for its
+        dtype-dispatched Tensor arguments, by name; every adapter checks them
+        before the kernel, and the test matrix runs each.
     """
 
     library: Library
@@ -134,6 +145,7 @@ class OpDef:
     backward: BackwardFn | None = None
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     hints: CaseHint | None = None
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
     doc: str = ""
     dispatch_arg: int = 0
     call: Callable[..., Any] = field(init=False, repr=False)
@@ -302,6 +314,8 @@ class Library:
     prebuilt
         Importable name of an AOT-built module (e.g. ``"mypkg._C_ops"``) to
         prefer over a JIT build when present and current.
+    dtypes
+        The dtypes its ops take unless an op declares its own.
     """
 
     def __init__(
@@ -315,6 +329,7 @@ class Library:
         root: str | Path | None = None,
         prebuilt: str | None = None,
         python_module: str | None = None,
+        dtypes: Sequence[str] = DEFAULT_DTYPES,
     ) -> None:
         if not namespace.isidentifier() or keyword.iskeyword(namespace):
             raise DeclarationError(f"library namespace must be a Python identifier, got {namespace!r}")
@@ -327,6 +342,7 @@ class Library:
         self.cflags = tuple(cflags)
         self.ldflags = tuple(ldflags)
         self.prebuilt = prebuilt
+        self.dtypes = tuple(dtypes)
         self.python_module = python_module or frame.f_globals.get("__name__", "__main__")
         self.ops: dict[str, OpDef] = {}
         from opbridge import registry
@@ -342,6 +358,7 @@ class Library:
         backward: BackwardFn | None = None,
         tolerances: Mapping[str, tuple[float, float]] | None = None,
         hints: CaseHint | None = None,
+        dtypes: Sequence[str] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare an op by decorating its NumPy reference implementation.
 
@@ -360,6 +377,8 @@ class Library:
             Per-dtype ``(rtol, atol)`` overrides.
         hints
             Test-case generator ``hints(dtype, rng)``; see :class:`OpDef`.
+        dtypes
+            Dtype names the kernels take; default: the library's ``dtypes``.
 
         Returns
         -------
@@ -369,7 +388,7 @@ class Library:
         parsed = parse_schema(schema)  # SchemaError is a DeclarationError
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
-            return self._add(parsed, reference, kernels, shape, backward, tolerances, hints)
+            return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes)
 
         return decorate
 
@@ -382,8 +401,13 @@ class Library:
         backward: BackwardFn | None,
         tolerances: Mapping[str, tuple[float, float]] | None,
         hints: CaseHint | None = None,
+        dtypes: Sequence[str] | None = None,
     ) -> Callable[..., Any]:
         name = schema.name
+        dtypes = tuple(dtypes) if dtypes is not None else self.dtypes
+        unknown = [d for d in dtypes if d not in KNOWN_DTYPES]
+        if unknown or not dtypes:
+            raise DeclarationError(f"{name}: dtypes must name some of {sorted(KNOWN_DTYPES)}, got {list(dtypes)}")
         if schema.overload:
             raise DeclarationError(f"{name}: overload names are not supported ({schema.source!r})")
         if name in self.ops:
@@ -416,6 +440,7 @@ class Library:
             backward=backward,
             tolerances=dict(tolerances or {}),
             hints=hints,
+            dtypes=dtypes,
             doc=(reference.__doc__ or "").strip() if reference is not None else "",
             dispatch_arg=tensors[0],
         )
