@@ -1,0 +1,96 @@
+"""The ``opbridge`` command line (also ``python -m opbridge``).
+
+Exit status: 0 on success, 1 when the requested work fails (a build error, a
+benchmark failure, a missing toolchain for ``doctor``), 2 on a usage error.
+
+Each subcommand lives beside its handler and adds itself with ``register(sub)``:
+``list``, ``build``, ``demo`` and ``bench`` in :mod:`opbridge.cli.commands`,
+``doctor`` in :mod:`opbridge.cli.doctor`, ``build --aot`` in :mod:`opbridge.aot.cli`,
+``codegen`` in :mod:`opbridge.codegen.cli` and ``new`` in :mod:`opbridge.scaffold.cli`.
+
+This package imports no framework at import time: ``opbridge --help``,
+``opbridge list`` and ``opbridge doctor`` never import torch, JAX, Paddle or
+MindSpore (nor ``tvm_ffi``, which imports torch when it is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from opbridge import __version__
+from opbridge.cli import commands, doctor
+from opbridge.cli.commands import op_info, shape_rule
+from opbridge.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, PROG, UsageError, err
+from opbridge.cli.doctor import FRAMEWORKS, doctor_report
+from opbridge.errors import OpbridgeError
+
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "FRAMEWORKS", "PROG", "UsageError", "build_parser",
+           "doctor_report", "main", "op_info", "shape_rule"]
+
+_shape_rule = shape_rule  # the name before the split into a package
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``opbridge`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="opbridge: declare a kernel once, use it as an op in every framework. "
+                    "Exit status: 0 ok, 1 the requested work failed, 2 usage error.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    from opbridge.aot import cli as aot_cli
+    from opbridge.codegen import cli as codegen_cli
+    from opbridge.scaffold import cli as scaffold_cli
+
+    commands.register_list(sub)
+    commands.register_build(sub)
+    doctor.register(sub)
+    aot_cli.register(sub)  # adds --aot / --out to `build`
+    codegen_cli.register(sub)  # `codegen`
+    scaffold_cli.register(sub)  # `new`
+    commands.register_demo(sub)
+    commands.register_bench(sub)
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """Parse *argv*; an int is the exit status argparse chose (``--help``: 0, a usage error: 2)."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``opbridge`` command line.
+
+    Parameters
+    ----------
+    argv
+        The arguments after the program name; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        The exit status: 0 ok, 1 the requested work failed, 2 usage error, 130 interrupted.
+    """
+    parser = build_parser()
+    args = _parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        status: int = args.func(args)
+    except UsageError as e:
+        err(str(e))
+        return EXIT_USAGE
+    except OpbridgeError as e:
+        err(str(e))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return status

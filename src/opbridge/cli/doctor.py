@@ -1,0 +1,212 @@
+"""``opbridge doctor``: the toolchain, GPUs, the JIT cache and the installed frameworks.
+
+Nothing here imports a framework or ``tvm_ffi`` (which imports torch when it is
+installed): versions come from distribution metadata and tools are probed as
+subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import opbridge
+from opbridge import config
+from opbridge.cli.common import EXIT_FAILURE, EXIT_OK, print_json
+from opbridge.errors import CacheSecurityError
+
+#: framework -> distribution whose metadata gives its version (``doctor``)
+FRAMEWORKS: dict[str, str] = {
+    "torch": "torch",
+    "jax": "jax",
+    "jax_tvm_ffi": "jax-tvm-ffi",
+    "paddle": "paddlepaddle",
+    "mindspore": "mindspore",
+    "numpy": "numpy",
+}
+_PROBE_TIMEOUT_S = 15
+
+
+def _probe(cmd: Sequence[str]) -> tuple[int, str]:
+    """Run *cmd*; return its exit status (127 when missing or hung) and combined output."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return 127, str(e)
+    return proc.returncode, (proc.stdout or proc.stderr).strip()
+
+
+def _tool(exe: str | None, version_args: Sequence[str] = ("--version",),
+          pick: Callable[[list[str]], str] = lambda lines: lines[0]) -> dict[str, Any]:
+    """Describe a command-line tool: path, version line, usable."""
+    path = shutil.which(exe) if exe else None
+    if path is None:
+        return {"command": exe, "path": None, "version": "not found", "ok": False}
+    rc, out = _probe([path, *version_args])
+    lines = [line for line in out.splitlines() if line.strip()]
+    ok = rc == 0 and bool(lines)
+    return {"command": exe, "path": path, "version": pick(lines) if ok else f"not working: {out[:200]}",
+            "ok": ok}
+
+
+def _ninja_exe() -> str | None:
+    """The ninja opbridge builds with: on PATH, else the ``ninja`` Python package's binary."""
+    found = shutil.which("ninja")
+    if found:
+        return found
+    if importlib.util.find_spec("ninja") is None:
+        return None
+    import ninja as ninja_pkg
+
+    candidate = Path(ninja_pkg.BIN_DIR) / "ninja"
+    return str(candidate) if candidate.exists() else None
+
+
+def _release_line(lines: list[str]) -> str:
+    """The ``Cuda compilation tools, release X.Y, ...`` line of ``nvcc --version``."""
+    return next((line for line in lines if "release" in line), lines[-1])
+
+
+def _nvcc() -> dict[str, Any]:
+    from opbridge.build.compile import nvcc_path
+
+    path = nvcc_path()
+    if path is None:
+        return {"path": None, "version": "not found", "ok": False}
+    return {**_tool(path, pick=_release_line), "command": "nvcc"}
+
+
+def _cuda_gpu() -> dict[str, Any]:
+    smi = shutil.which("nvidia-smi")
+    gpus: list[str] = []
+    if smi:
+        rc, out = _probe([smi, "-L"])
+        gpus = [line for line in out.splitlines() if line.startswith("GPU")] if rc == 0 else []
+    dev = Path("/dev/nvidia0").exists()
+    return {"present": bool(gpus) or dev, "nvidia_smi": smi, "dev_nvidia0": dev, "gpus": gpus}
+
+
+def _tvm_ffi() -> dict[str, Any]:
+    """Find tvm-ffi's headers and runtime library without importing it (it would import torch)."""
+    from opbridge.bench.timing import dist_version
+
+    version = dist_version("apache-tvm-ffi")
+    spec = importlib.util.find_spec("tvm_ffi")
+    if version is None or spec is None or not spec.submodule_search_locations:
+        return {"version": version or "not installed", "path": None, "ok": False}
+    root = Path(next(iter(spec.submodule_search_locations)))
+    libs = sorted((root / "lib").glob("libtvm_ffi.*"))
+    header = root / "include" / "tvm" / "ffi" / "function.h"
+    return {"version": version, "path": str(root), "library": str(libs[0]) if libs else None,
+            "headers": header.is_file(), "ok": bool(libs) and header.is_file()}
+
+
+def _cache() -> dict[str, Any]:
+    from opbridge.build.cache import cache_root
+
+    info: dict[str, Any] = {"dir": str(config.cache_dir())}
+    try:
+        root = cache_root(create=False)
+    except CacheSecurityError as e:
+        return {**info, "exists": True, "private": False, "error": str(e)}
+    info["exists"] = root.exists()
+    info["private"] = True if root.exists() else None  # created 0700 on first build
+    return info
+
+
+def _ascend() -> dict[str, Any]:
+    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
+        value = os.environ.get(var)
+        if value and Path(value).is_dir():
+            return {"found": True, "path": value, "detail": f"${var}"}
+    for cand in (Path("/usr/local/Ascend/ascend-toolkit"), Path.home() / "Ascend" / "ascend-toolkit"):
+        if cand.is_dir():
+            return {"found": True, "path": str(cand), "detail": "ascend-toolkit directory"}
+    return {"found": False, "path": None, "detail": "not found"}
+
+
+def _frameworks() -> dict[str, dict[str, Any]]:
+    from opbridge.bench.timing import dist_version
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, dist in FRAMEWORKS.items():
+        version = dist_version(dist)
+        out[name] = {"distribution": dist, "installed": version is not None, "version": version}
+    return out
+
+
+def doctor_report() -> dict[str, Any]:
+    """Everything ``opbridge doctor`` checks, as one JSON-serialisable dict."""
+    cxx = _tool(config.cxx())
+    ninja = _tool(_ninja_exe())
+    tvm = _tvm_ffi()
+    return {
+        "ok": bool(cxx["ok"] and ninja["ok"] and tvm["ok"]),
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "opbridge": {"version": opbridge.__version__, "path": str(Path(opbridge.__file__).resolve().parent)},
+        "tvm_ffi": tvm,
+        "cxx": cxx,
+        "ninja": ninja,
+        "nvcc": _nvcc(),
+        "cuda_gpu": _cuda_gpu(),
+        "ascend": _ascend(),
+        "cache": _cache(),
+        "frameworks": _frameworks(),
+    }
+
+
+def _doctor_lines(r: dict[str, Any]) -> list[str]:
+    def mark(ok: bool) -> str:
+        return "ok " if ok else "-- "
+
+    cache = r["cache"]
+    private = {True: "private", False: "NOT PRIVATE", None: "not created yet"}[cache["private"]]
+    gpu = r["cuda_gpu"]
+    gpus = ", ".join(gpu["gpus"]) or ("yes" if gpu["present"] else "none")
+    lines = [
+        f"    python      {r['python']['version']} ({r['python']['executable']})",
+        f"    opbridge    {r['opbridge']['version']} ({r['opbridge']['path']})",
+        f"{mark(r['tvm_ffi']['ok'])} tvm-ffi     {r['tvm_ffi']['version']} ({r['tvm_ffi']['path']})",
+        f"{mark(r['cxx']['ok'])} c++         {r['cxx']['command']}: {r['cxx']['version']}",
+        f"{mark(r['ninja']['ok'])} ninja       {r['ninja']['path']}: {r['ninja']['version']}",
+        f"{mark(r['nvcc']['ok'])} nvcc        {r['nvcc']['path'] or ''} {r['nvcc']['version']}".rstrip(),
+        f"{mark(gpu['present'])} cuda gpu    {gpus}",
+        f"{mark(r['ascend']['found'])} ascend/cann {r['ascend']['path'] or r['ascend']['detail']}",
+        f"{mark(cache['private'] is not False)} cache       {cache['dir']} ({private})",
+    ]
+    if "error" in cache:
+        lines.append(f"      {cache['error']}")
+    for name, fw in r["frameworks"].items():
+        lines.append(f"{mark(fw['installed'])} {name:<11} {fw['version'] or 'not installed'}")
+    verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
+    lines.append(verdict)
+    return lines
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    report = doctor_report()
+    if args.json:
+        print_json(report)
+    else:
+        print("\n".join(_doctor_lines(report)))
+    return EXIT_OK if report["ok"] else EXIT_FAILURE
+
+
+def register(sub: Any) -> None:
+    """Add ``opbridge doctor`` to the subcommands *sub*."""
+    p = sub.add_parser("doctor", help="check the toolchain and installed frameworks",
+                       description="Report Python, opbridge and tvm-ffi versions, the C++ compiler, ninja, "
+                                   "nvcc, CUDA GPUs, Ascend CANN, the JIT cache and installed frameworks "
+                                   "(without importing them). Exits 1 unless the core toolchain (C++ "
+                                   "compiler, ninja, tvm-ffi) is usable.")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=_cmd_doctor)
