@@ -8,6 +8,7 @@ asserts on a timing, only on the structure of the output.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -27,6 +28,8 @@ SUBCOMMANDS = [
     ["list"],
     ["build"],
     ["doctor"],
+    ["codegen"],
+    ["new"],
     ["bench"],
     ["bench", "overhead"],
     ["bench", "build"],
@@ -100,6 +103,40 @@ def test_help_exits_0_with_a_description(argv: list[str], capsys: pytest.Capture
 def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    commands = [c for c in sub.choices if c != "demo"]  # demo hands --help on to opbridge.demo
+    assert {"list", "build", "doctor", "codegen", "new", "bench"} <= set(commands)
+    for command in commands:
+        assert main([command, "--help"]) == 0, command
+        assert capsys.readouterr().out.startswith(f"usage: opbridge {command}")
+
+
+def test_python_dash_m_opbridge_is_the_opbridge_command(cli_env: dict[str, str]) -> None:
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *argv], env=cli_env, capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    import opbridge
+
+    version = run("-m", "opbridge", "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"opbridge {opbridge.__version__}"
+    usage = run("-m", "opbridge", "frobnicate")
+    assert usage.returncode == 2
+    assert usage.stderr.startswith("usage: opbridge")
+    by_module = run("-m", "opbridge", "list", "--json")
+    by_cli = run("-m", "opbridge.cli", "list", "--json")
+    assert by_module.returncode == 0, by_module.stderr
+    assert json.loads(by_module.stdout) == json.loads(by_cli.stdout)
+    from importlib.metadata import entry_points
+
+    scripts = {ep.name: ep for ep in entry_points(group="console_scripts")}
+    if "opbridge" in scripts:  # installed (editable or not): the console script runs cli.main
+        assert scripts["opbridge"].load() is main
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
