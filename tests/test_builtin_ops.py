@@ -70,7 +70,7 @@ def test_builtin_op_numpy(name: str) -> None:
 
 
 GENERIC_HINTED = sorted(n for n, op in BUILTIN.items()
-                        if (CASE_HINTS[op.qualname].__doc__ or "").startswith(("Elementwise", "Normalisation")))
+                        if (op.hints.__doc__ if op.hints else "").startswith(("Elementwise", "Normalisation")))
 
 
 @pytest.mark.parametrize("name", GENERIC_HINTED)
@@ -348,6 +348,20 @@ def test_kit_reports_bad_case_hint(selftest: dict[str, Any]) -> None:
 def test_explicit_cases(selftest: dict[str, Any]) -> None:
     report = check_op(selftest["twice"], cases=[{"x": np.linspace(-1, 1, 9)}], **QUICK)
     assert report.cases == 1 and report.checks["forward"] == 1 and report.checks["grad"] == 1
+
+
+def test_deprecated_case_hints_still_drive_user_ops(selftest: dict[str, Any]) -> None:
+    """CASE_HINTS (deprecated for ``hints=``) warns when written and is still used for ops without hints."""
+    op = selftest["twice"].opdef
+    assert op.hints is None
+    with pytest.warns(DeprecationWarning, match="hints="):
+        CASE_HINTS[op.qualname] = lambda dtype, rng: [{"x": np.arange(5.0)}, {"x": np.ones((2, 3))}]
+    try:
+        assert [np.shape(c["x"]) for c in make_cases(op)] == [(5,), (2, 3)]
+        assert check_op(op, **QUICK).cases == 2
+    finally:
+        dict.pop(CASE_HINTS, op.qualname)
+    assert CASE_HINTS["opbridge::add"] is opbridge.ops.add.opdef.hints  # reads give the declared hints
 
 
 # ---------------------------------------------------------------------------

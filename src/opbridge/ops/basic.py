@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from opbridge.cases import elementwise_hint, last_dim_hint
 from opbridge.declare import like
 from opbridge.ops._library import LIBRARY
 
@@ -16,6 +17,7 @@ _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
     "add(Tensor x, Tensor y) -> Tensor",
     shape=like("x"),
     backward=lambda grad, x, y: (grad, grad),
+    hints=elementwise_hint("x", "y"),
 )
 def add(x: Any, y: Any) -> Any:
     """Elementwise ``x + y`` of two tensors of one shape and dtype (no broadcasting)."""
@@ -27,6 +29,7 @@ def add(x: Any, y: Any) -> Any:
     shape=like("x"),
     backward=lambda grad, x: (gelu_backward(grad, x),),  # type: ignore[has-type]  # declared below
     tolerances={"float32": (1e-5, 2e-6)},
+    hints=elementwise_hint("x"),
 )
 def gelu(x: Any) -> Any:
     """GELU, tanh approximation: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
@@ -34,7 +37,7 @@ def gelu(x: Any) -> Any:
 
 
 @LIBRARY.op("gelu_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"),
-            tolerances={"float32": (1e-5, 2e-6)})
+            tolerances={"float32": (1e-5, 2e-6)}, hints=elementwise_hint("grad", "x"))
 def gelu_backward(grad: Any, x: Any) -> Any:
     """Gradient of :func:`gelu` with respect to ``x``, times ``grad``."""
     u = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
@@ -51,6 +54,7 @@ def _rms_norm_backward(grad: Any, x: Any, weight: Any, eps: float) -> tuple[Any,
     "rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor",
     shape=like("x"),
     backward=_rms_norm_backward,
+    hints=last_dim_hint(("x",), ("weight",)),
 )
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
     """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``."""
@@ -62,6 +66,7 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
     "rms_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps=1e-6) -> (Tensor, Tensor)",
     shape=like("x", "weight"),
     tolerances={"float32": (1e-4, 1e-5), "float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)},
+    hints=last_dim_hint(("grad", "x"), ("weight",)),
 )
 def rms_norm_backward(grad: Any, x: Any, weight: Any, eps: float = 1e-6) -> tuple[Any, Any]:
     """Gradients of :func:`rms_norm` with respect to ``x`` and ``weight``."""

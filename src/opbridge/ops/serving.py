@@ -12,9 +12,9 @@ them with a TypeError naming the argument); in JAX, errors that depend on
 tensor contents (a position out of range, a bad block id) surface from inside
 XLA as ``JaxRuntimeError`` carrying the same message.
 
-``rotary_embedding_cases`` and ``advance_step_flashattn_cases`` generate valid
-test cases for :func:`opbridge.testing.check_op` (registered in
-``opbridge.testing.matrix.CASE_HINTS``).
+Each op declares its test cases (``hints=``): ``rotary_embedding_cases`` and
+``advance_step_flashattn_cases`` generate valid integer positions and block
+tables for :func:`opbridge.testing.check_op` and the benchmarks.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from opbridge.cases import LAYOUT, NONCONTIGUOUS, gated_hint, last_dim_hint
 from opbridge.declare import Spec, like
 from opbridge.ops._library import LIBRARY
 
@@ -81,7 +82,7 @@ def _gelu_and_mul_grad(grad: Any, x: Any) -> tuple[Any]:
 
 
 @LIBRARY.op("silu_and_mul(Tensor x) -> Tensor", shape=_halve_last("silu_and_mul"),
-            backward=_silu_and_mul_grad)
+            backward=_silu_and_mul_grad, hints=gated_hint(("x",)))
 def silu_and_mul(x: Any) -> Any:
     """vLLM's SiluAndMul: ``silu(a) * b`` for ``x = [a | b]`` split along the last dim; shape ``(..., d)``."""
     d = _halves("silu_and_mul", x)
@@ -89,7 +90,8 @@ def silu_and_mul(x: Any) -> Any:
     return a * _sigmoid(a) * b
 
 
-@LIBRARY.op("silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"))
+@LIBRARY.op("silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"),
+            hints=gated_hint(("x",), half=("grad",)))
 def silu_and_mul_backward(grad: Any, x: Any) -> Any:
     """Gradient of :func:`silu_and_mul` w.r.t. ``x`` (shape of x): ``[grad b silu'(a) | grad silu(a)]``."""
     d = _halves("silu_and_mul_backward", x)
@@ -99,7 +101,7 @@ def silu_and_mul_backward(grad: Any, x: Any) -> Any:
 
 
 @LIBRARY.op("gelu_and_mul(Tensor x) -> Tensor", shape=_halve_last("gelu_and_mul"),
-            backward=_gelu_and_mul_grad)
+            backward=_gelu_and_mul_grad, hints=gated_hint(("x",)))
 def gelu_and_mul(x: Any) -> Any:
     """vLLM's GeluAndMul(approximate="tanh") (gelu_tanh_and_mul): ``gelu_tanh(a) * b`` for ``x = [a | b]``."""
     d = _halves("gelu_and_mul", x)
@@ -107,7 +109,8 @@ def gelu_and_mul(x: Any) -> Any:
     return _gelu_tanh(a)[0] * b
 
 
-@LIBRARY.op("gelu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"))
+@LIBRARY.op("gelu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"),
+            hints=gated_hint(("x",), half=("grad",)))
 def gelu_and_mul_backward(grad: Any, x: Any) -> Any:
     """Gradient of :func:`gelu_and_mul` w.r.t. ``x`` (shape of x): ``[grad b gelu'(a) | grad gelu(a)]``."""
     d = _halves("gelu_and_mul_backward", x)
@@ -121,7 +124,8 @@ def gelu_and_mul_backward(grad: Any, x: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
-@LIBRARY.op("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps=1e-6) -> ()")
+@LIBRARY.op("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps=1e-6) -> ()",
+            hints=last_dim_hint(("input", "residual"), ("weight",)))
 def fused_add_rms_norm(input: Any, residual: Any, weight: Any, eps: float = 1e-6) -> None:
     """vLLM's fused_add_rms_norm, in place: ``residual += input``; ``input = rms_norm(residual) * weight``.
 
@@ -160,9 +164,54 @@ def _heads(name: str, t: Any, positions: Any, head_size: int) -> int:
     return int(heads)
 
 
+def _cos_sin_cache(max_position: int, rot_dim: int, base: float = 10000.0) -> np.ndarray:
+    inv_freq = 1.0 / base ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    freqs = np.outer(np.arange(max_position, dtype=np.float64), inv_freq)
+    return np.concatenate([np.cos(freqs), np.sin(freqs)], axis=-1)
+
+
+def rotary_embedding_cases(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Valid ``rotary_embedding`` cases: both styles, key None and present, flat and split head
+    layouts, 1-D and 2-D positions, partial rotation (rot_dim < head_size), an odd head size, zero
+    tokens, a case above the threading grain, one sliced and one non-contiguous case per tensor."""
+    # (positions shape, query trailing dims, key trailing dims or None, head_size, rot_dim, is_neox)
+    specs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...] | None, int, int, bool]] = [
+        ((1,), (4,), None, 4, 4, True),
+        ((7,), (2, 8), (1, 8), 8, 8, False),
+        ((3,), (24,), (12,), 6, 4, True),
+        ((2, 5), (48,), (48,), 16, 16, False),
+        ((2, 3), (2, 10), None, 10, 6, True),
+        ((0,), (16,), (8,), 8, 8, False),
+        ((4,), (15,), (5,), 5, 4, False),
+        ((5,), (3, 12), (3, 12), 12, 12, True),
+        ((600,), (256,), (64,), 32, 32, True),  # (8 + 2) heads * 32 * 600 tokens > 2^16: threaded
+        ((2, 300), (8, 16), (4, 16), 16, 12, False),
+    ]
+
+    def case(spec: tuple[Any, ...]) -> dict[str, Any]:
+        pshape, qdims, kdims, head_size, rot_dim, is_neox = spec
+        max_position = 64 if int(np.prod(pshape)) < 100 else 2048
+        return {
+            "positions": rng.integers(0, max_position, size=pshape, dtype=np.int64),
+            "query": rng.standard_normal((*pshape, *qdims)) * 2.0,
+            "key": None if kdims is None else rng.standard_normal((*pshape, *kdims)) * 2.0,
+            "head_size": head_size,
+            "cos_sin_cache": _cos_sin_cache(max_position, rot_dim),
+            "is_neox": is_neox,
+        }
+
+    cases = [case(s) for s in specs]
+    cases.append({**case(specs[1]), LAYOUT: "sliced"})
+    cases.append({**case(specs[2]), LAYOUT: "sliced"})
+    for name in ("positions", "query", "key", "cos_sin_cache"):
+        cases.append({**case(specs[2]), NONCONTIGUOUS: name})
+    return cases
+
+
 @LIBRARY.op(
     "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
-    "Tensor cos_sin_cache, bool is_neox) -> ()"
+    "Tensor cos_sin_cache, bool is_neox) -> ()",
+    hints=rotary_embedding_cases,
 )
 def rotary_embedding(positions: Any, query: Any, key: Any, head_size: int, cos_sin_cache: Any,
                      is_neox: bool) -> None:
@@ -236,10 +285,64 @@ def _check_int(name: str, t: Any, dtype: Any, shape: tuple[int, ...] | tuple[tup
                          f"{' or '.join(map(str, shapes))}, got {tuple(t.shape)}")
 
 
+def advance_step_flashattn_cases(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Valid ``advance_step_flashattn`` cases (integer tensors only, so identical for every dtype).
+
+    Initial values of the mutated tensors never equal what the op writes
+    (tokens in [1000, 2000), positions in [10^6, 2 10^6), slots >= 10^9), so an
+    element the kernel leaves unwritten fails the forward comparison: an
+    int-only op has no NaN to detect unwritten memory with. Padded rows hold
+    negative seq_lens and block ids, which the op must ignore. Covers no
+    queries, no sequences, block_size 1, a block id one below int64 overflow,
+    seq_lens one below int32 overflow, a run above the threading grain, a
+    sliced case and one non-contiguous case per tensor.
+    """
+    def case(num_seqs: int, num_queries: int, block_size: int, max_blocks: int, *,
+             flat: bool = False, huge: bool = False) -> dict[str, Any]:
+        # leave room for a few more steps: opcheck and compile run the op repeatedly
+        top = max(min(block_size * max_blocks, _INT32_MAX) - 8, 1)
+        seq_lens = rng.integers(0, top, size=num_seqs).astype(np.int32)
+        tables = rng.integers(0, 1000, size=(num_seqs, max_blocks)).astype(np.int32)
+        seq_lens[num_queries:] = -5  # padded rows: never read
+        tables[num_queries:] = -1
+        if huge and num_queries:
+            seq_lens[0] = _INT32_MAX - 8
+            tables[0, 0] = _INT64_MAX // block_size - 1
+        sampled = rng.integers(0, 1000, size=(num_queries,) if flat else (num_queries, 1))
+        return {
+            "num_seqs": num_seqs,
+            "num_queries": num_queries,
+            "block_size": block_size,
+            "input_tokens": rng.integers(1000, 2000, size=num_seqs),
+            "sampled_token_ids": sampled.astype(np.int64),
+            "input_positions": rng.integers(10**6, 2 * 10**6, size=num_seqs),
+            "seq_lens": seq_lens,
+            "slot_mapping": rng.integers(10**9, 2 * 10**9, size=num_seqs),
+            "block_tables": tables,
+        }
+
+    cases = [
+        case(1, 1, 16, 4),
+        case(7, 5, 4, 8),
+        case(3, 0, 8, 2),
+        case(0, 0, 16, 1),
+        case(5, 5, 1, 64, flat=True),
+        case(33, 20, 16, 16),
+        case(2, 2, 2**32, 1, huge=True),
+        case(70001, 69990, 16, 4),  # > 2^16 sequences: threaded
+        {**case(9, 6, 8, 4), LAYOUT: "sliced"},
+    ]
+    for name in ("input_tokens", "sampled_token_ids", "input_positions", "seq_lens", "slot_mapping",
+                 "block_tables"):
+        cases.append({**case(6, 4, 4, 4, flat=True), NONCONTIGUOUS: name})
+    return cases
+
+
 @LIBRARY.op(
     "advance_step_flashattn(int num_seqs, int num_queries, int block_size, Tensor(a!) input_tokens, "
     "Tensor sampled_token_ids, Tensor(b!) input_positions, Tensor(c!) seq_lens, Tensor(d!) slot_mapping, "
-    "Tensor block_tables) -> ()"
+    "Tensor block_tables) -> ()",
+    hints=advance_step_flashattn_cases,
 )
 def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int, input_tokens: Any,
                            sampled_token_ids: Any, input_positions: Any, seq_lens: Any, slot_mapping: Any,
@@ -318,109 +421,3 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int, inp
     input_tokens[q:num_seqs] = 0
     input_positions[q:num_seqs] = 0
     slot_mapping[q:num_seqs] = -1
-
-
-# ---------------------------------------------------------------------------
-# test cases (CASE_HINTS)
-# ---------------------------------------------------------------------------
-
-
-def _cos_sin_cache(max_position: int, rot_dim: int, base: float = 10000.0) -> np.ndarray:
-    inv_freq = 1.0 / base ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
-    freqs = np.outer(np.arange(max_position, dtype=np.float64), inv_freq)
-    return np.concatenate([np.cos(freqs), np.sin(freqs)], axis=-1)
-
-
-def rotary_embedding_cases(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Valid ``rotary_embedding`` cases: both styles, key None and present, flat and split head
-    layouts, 1-D and 2-D positions, partial rotation (rot_dim < head_size), an odd head size, zero
-    tokens, a case above the threading grain, one sliced and one non-contiguous case per tensor."""
-    from opbridge.testing.matrix import LAYOUT, NONCONTIGUOUS
-
-    # (positions shape, query trailing dims, key trailing dims or None, head_size, rot_dim, is_neox)
-    specs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...] | None, int, int, bool]] = [
-        ((1,), (4,), None, 4, 4, True),
-        ((7,), (2, 8), (1, 8), 8, 8, False),
-        ((3,), (24,), (12,), 6, 4, True),
-        ((2, 5), (48,), (48,), 16, 16, False),
-        ((2, 3), (2, 10), None, 10, 6, True),
-        ((0,), (16,), (8,), 8, 8, False),
-        ((4,), (15,), (5,), 5, 4, False),
-        ((5,), (3, 12), (3, 12), 12, 12, True),
-        ((600,), (256,), (64,), 32, 32, True),  # (8 + 2) heads * 32 * 600 tokens > 2^16: threaded
-        ((2, 300), (8, 16), (4, 16), 16, 12, False),
-    ]
-
-    def case(spec: tuple[Any, ...]) -> dict[str, Any]:
-        pshape, qdims, kdims, head_size, rot_dim, is_neox = spec
-        max_position = 64 if int(np.prod(pshape)) < 100 else 2048
-        return {
-            "positions": rng.integers(0, max_position, size=pshape, dtype=np.int64),
-            "query": rng.standard_normal((*pshape, *qdims)) * 2.0,
-            "key": None if kdims is None else rng.standard_normal((*pshape, *kdims)) * 2.0,
-            "head_size": head_size,
-            "cos_sin_cache": _cos_sin_cache(max_position, rot_dim),
-            "is_neox": is_neox,
-        }
-
-    cases = [case(s) for s in specs]
-    cases.append({**case(specs[1]), LAYOUT: "sliced"})
-    cases.append({**case(specs[2]), LAYOUT: "sliced"})
-    for name in ("positions", "query", "key", "cos_sin_cache"):
-        cases.append({**case(specs[2]), NONCONTIGUOUS: name})
-    return cases
-
-
-def advance_step_flashattn_cases(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Valid ``advance_step_flashattn`` cases (integer tensors only, so identical for every dtype).
-
-    Initial values of the mutated tensors never equal what the op writes
-    (tokens in [1000, 2000), positions in [10^6, 2 10^6), slots >= 10^9), so an
-    element the kernel leaves unwritten fails the forward comparison: an
-    int-only op has no NaN to detect unwritten memory with. Padded rows hold
-    negative seq_lens and block ids, which the op must ignore. Covers no
-    queries, no sequences, block_size 1, a block id one below int64 overflow,
-    seq_lens one below int32 overflow, a run above the threading grain, a
-    sliced case and one non-contiguous case per tensor.
-    """
-    from opbridge.testing.matrix import LAYOUT, NONCONTIGUOUS
-
-    def case(num_seqs: int, num_queries: int, block_size: int, max_blocks: int, *,
-             flat: bool = False, huge: bool = False) -> dict[str, Any]:
-        # leave room for a few more steps: opcheck and compile run the op repeatedly
-        top = max(min(block_size * max_blocks, _INT32_MAX) - 8, 1)
-        seq_lens = rng.integers(0, top, size=num_seqs).astype(np.int32)
-        tables = rng.integers(0, 1000, size=(num_seqs, max_blocks)).astype(np.int32)
-        seq_lens[num_queries:] = -5  # padded rows: never read
-        tables[num_queries:] = -1
-        if huge and num_queries:
-            seq_lens[0] = _INT32_MAX - 8
-            tables[0, 0] = _INT64_MAX // block_size - 1
-        sampled = rng.integers(0, 1000, size=(num_queries,) if flat else (num_queries, 1))
-        return {
-            "num_seqs": num_seqs,
-            "num_queries": num_queries,
-            "block_size": block_size,
-            "input_tokens": rng.integers(1000, 2000, size=num_seqs),
-            "sampled_token_ids": sampled.astype(np.int64),
-            "input_positions": rng.integers(10**6, 2 * 10**6, size=num_seqs),
-            "seq_lens": seq_lens,
-            "slot_mapping": rng.integers(10**9, 2 * 10**9, size=num_seqs),
-            "block_tables": tables,
-        }
-
-    cases = [
-        case(1, 1, 16, 4),
-        case(7, 5, 4, 8),
-        case(3, 0, 8, 2),
-        case(0, 0, 16, 1),
-        case(5, 5, 1, 64, flat=True),
-        case(33, 20, 16, 16),
-        case(2, 2, 2**32, 1, huge=True),
-        case(70001, 69990, 16, 4),  # > 2^16 sequences: threaded
-        {**case(9, 6, 8, 4), LAYOUT: "sliced"},
-    ]
-    for name in ("input_tokens", "sampled_token_ids", "input_positions", "seq_lens", "slot_mapping",
-                 "block_tables"):
-        cases.append({**case(6, 4, 4, 4, flat=True), NONCONTIGUOUS: name})
-    return cases

@@ -36,15 +36,28 @@ framework; torch is imported only when ``framework="torch"`` checks run.
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from opbridge.cases import (
+    ELEMENTWISE_SHAPES,
+    LAYOUT,
+    META_KEYS,
+    NONCONTIGUOUS,
+    Case,
+    CaseHint,
+    elementwise_cases,
+    elementwise_hint,
+    last_dim_hint,
+    shaped_cases,
+)
 from opbridge.declare import OpDef
 from opbridge.testing.compare import assert_close, dtype_name, to_numpy
 
@@ -64,26 +77,6 @@ __all__ = [
     "shaped_cases",
 ]
 
-#: One test case: argument name -> value, plus optional ``_``-prefixed keys.
-Case = dict[str, Any]
-#: A per-op case generator: ``hint(dtype, rng) -> list of cases``.
-CaseHint = Callable[[str, np.random.Generator], list[Case]]
-
-#: Case key: ``"contiguous"`` (default) or ``"sliced"`` -- every Tensor argument
-#: is then a contiguous slice at an odd element offset of a NaN-filled buffer.
-LAYOUT = "_layout"
-#: Case key naming one Tensor argument to pass non-contiguous; the call must
-#: raise ``ValueError`` naming the op (kernels require contiguous inputs).
-NONCONTIGUOUS = "_noncontiguous"
-_META_KEYS = (LAYOUT, NONCONTIGUOUS)
-
-#: Shapes of the generic elementwise matrix: odd sizes, a single element, an
-#: empty tensor, a size-1 middle dimension, and one case large enough
-#: (> 2^16 elements) to take the kernels' multi-threaded path.
-ELEMENTWISE_SHAPES: tuple[tuple[int, ...], ...] = (
-    (1,), (7,), (3, 769), (2, 5125), (0, 16), (4, 1, 33), (33, 2053),
-)
-
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 _GUARD = 64  # sentinel elements before and after each guarded array
 _FD_STEP = 1e-6
@@ -94,143 +87,46 @@ _FD_STEP = 1e-6
 # ---------------------------------------------------------------------------
 
 
-def shaped_cases(
-    shape_sets: Sequence[Mapping[str, tuple[int, ...] | None]],
-    rng: np.random.Generator,
-    *,
-    scale: float = 2.0,
-    sliced: bool = True,
-    noncontiguous: bool = True,
-) -> list[Case]:
-    """Cases with random normal values from ``{tensor argument: shape}`` mappings.
+class _DeprecatedCaseHints(dict[str, CaseHint]):
+    """``CASE_HINTS``: kept for one release; declare ``Library.op(..., hints=...)`` instead.
 
-    Parameters
-    ----------
-    shape_sets
-        One mapping per case; a shape of ``None`` passes ``None`` (for
-        ``Tensor?`` arguments).
-    rng
-        Source of the values (standard normal times *scale*, in float64).
-    scale
-        Standard deviation of the values.
-    sliced
-        Also add a ``"sliced"`` variant of the first shape set whose tensors
-        are all non-empty and at least 2-D (else non-empty).
-    noncontiguous
-        Also add one case per Tensor argument that makes just that argument
-        non-contiguous, using the first shape set whose tensors all have a
-        last dimension > 1.
-
-    Returns
-    -------
-    list of Case
-    """
-    def values(shapes: Mapping[str, tuple[int, ...] | None]) -> Case:
-        return {n: None if s is None else rng.standard_normal(s) * scale for n, s in shapes.items()}
-
-    cases = [values(s) for s in shape_sets]
-    present = [{n: s for n, s in ss.items() if s is not None} for ss in shape_sets]
-    if sliced:
-        nonempty = [i for i, ss in enumerate(present) if ss and all(int(np.prod(s)) > 0 for s in ss.values())]
-        wide = [i for i in nonempty if all(len(s) >= 2 for s in present[i].values())]
-        if wide or nonempty:
-            cases.append({**values(shape_sets[(wide or nonempty)[0]]), LAYOUT: "sliced"})
-    if noncontiguous:
-        nc_pick = next((i for i, ss in enumerate(present)
-                     if ss and all(len(s) >= 1 and s[-1] > 1 and int(np.prod(s)) > 0 for s in ss.values())),
-                    None)
-        if nc_pick is not None:
-            for name in present[nc_pick]:
-                cases.append({**values(shape_sets[nc_pick]), NONCONTIGUOUS: name})
-    return cases
-
-
-def elementwise_cases(op: Any, dtype: str, rng: np.random.Generator) -> list[Case]:
-    """The generic matrix: every Tensor argument has the lead argument's shape.
-
-    Runs over :data:`ELEMENTWISE_SHAPES` plus a sliced and non-contiguous
-    variants (see :func:`shaped_cases`). Optional Tensor arguments get ``None``.
-    """
-    opdef = _opdef(op)
-    tensors = [a for a in opdef.schema.arguments if a.type.is_tensor]
-    sets = [{a.name: (None if a.type.optional else s) for a in tensors} for s in ELEMENTWISE_SHAPES]
-    return shaped_cases(sets, rng)
-
-
-def elementwise_hint(*names: str) -> CaseHint:
-    """A case generator for ops whose Tensor arguments *names* all share one shape.
-
-    Parameters
-    ----------
-    *names
-        The Tensor arguments, all given each shape of :data:`ELEMENTWISE_SHAPES`.
-
-    Returns
-    -------
-    CaseHint
-        For :data:`CASE_HINTS`; adds the sliced and non-contiguous cases.
+    Reading an op's qualname gives its declared hint; writing one still works
+    (:func:`make_cases` consults it after the op's own ``hints``) but warns.
     """
 
-    def hint(dtype: str, rng: np.random.Generator) -> list[Case]:
-        return shaped_cases([dict.fromkeys(names, s) for s in ELEMENTWISE_SHAPES], rng)
+    def __setitem__(self, key: str, value: CaseHint) -> None:
+        warnings.warn(
+            "opbridge.testing.CASE_HINTS is deprecated: declare the op's test cases with "
+            f"Library.op(..., hints=...) instead of CASE_HINTS[{key!r}] = ...",
+            DeprecationWarning, stacklevel=2,
+        )
+        super().__setitem__(key, value)
 
-    hint.__doc__ = f"Elementwise cases: {', '.join(names)} share each shape of ELEMENTWISE_SHAPES."
-    return hint
+    def __missing__(self, key: str) -> CaseHint:
+        from opbridge import registry
 
+        namespace, _, name = key.partition("::")
+        for lib in registry.libraries():
+            op = lib.ops.get(name) if lib.namespace == namespace else None
+            if op is not None and op.hints is not None:
+                return op.hints
+        raise KeyError(key)
 
-def last_dim_hint(full: tuple[str, ...], row: tuple[str, ...]) -> CaseHint:
-    """A case generator for ops over the last dimension (normalisations).
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
-    Parameters
-    ----------
-    full
-        Tensor arguments of shape ``(*lead, H)``: each shape of :data:`ELEMENTWISE_SHAPES`.
-    row
-        Tensor arguments of shape ``(H,)``.
-
-    Returns
-    -------
-    CaseHint
-        For :data:`CASE_HINTS`; adds the sliced and non-contiguous cases.
-    """
-
-    def hint(dtype: str, rng: np.random.Generator) -> list[Case]:
-        sets = [{**dict.fromkeys(full, s), **dict.fromkeys(row, (s[-1],))} for s in ELEMENTWISE_SHAPES]
-        return shaped_cases(sets, rng)
-
-    hint.__doc__ = (f"Normalisation cases: {', '.join(full)} of shape (*lead, H), "
-                    f"{', '.join(row)} of shape (H,).")
-    return hint
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
 
 
-#: Per-op case generators, by qualname (``"namespace::name"``). Ops without an
-#: entry get :func:`elementwise_cases`. Register your own op's shapes here::
+#: Deprecated: per-op case generators by qualname (``"namespace::name"``), consulted
+#: after the op's declared ``hints``. Declare them with the op instead::
 #:
-#:     CASE_HINTS["myops::layer_norm"] = last_dim_hint(("x",), ("weight", "bias"))
-#:     CASE_HINTS["myops::matvec"] = lambda dtype, rng: shaped_cases(
-#:         [{"a": (5, 7), "x": (7,)}, {"a": (0, 3), "x": (3,)}], rng)
-CASE_HINTS: dict[str, CaseHint] = {
-    "opbridge::add": elementwise_hint("x", "y"),
-    "opbridge::gelu": elementwise_hint("x"),
-    "opbridge::gelu_backward": elementwise_hint("grad", "x"),
-    "opbridge::rms_norm": last_dim_hint(("x",), ("weight",)),
-    "opbridge::rms_norm_backward": last_dim_hint(("grad", "x"), ("weight",)),
-    # serving ops (opbridge/ops/serving.py): x = [a | b] has twice the last dim of grad / the output
-    "opbridge::silu_and_mul": lambda dtype, rng: shaped_cases(
-        [{"x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
-    "opbridge::gelu_and_mul": lambda dtype, rng: shaped_cases(
-        [{"x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
-    "opbridge::silu_and_mul_backward": lambda dtype, rng: shaped_cases(
-        [{"grad": s, "x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
-    "opbridge::gelu_and_mul_backward": lambda dtype, rng: shaped_cases(
-        [{"grad": s, "x": (*s[:-1], 2 * s[-1])} for s in ELEMENTWISE_SHAPES], rng),
-    "opbridge::fused_add_rms_norm": last_dim_hint(("input", "residual"), ("weight",)),
-    # integer positions / block tables with valid values: generated next to the ops (imported lazily)
-    "opbridge::rotary_embedding": lambda dtype, rng: __import__(
-        "opbridge.ops.serving", fromlist=["_"]).rotary_embedding_cases(dtype, rng),
-    "opbridge::advance_step_flashattn": lambda dtype, rng: __import__(
-        "opbridge.ops.serving", fromlist=["_"]).advance_step_flashattn_cases(dtype, rng),
-}
+#:     @lib.op("layer_norm(...) -> Tensor", ..., hints=last_dim_hint(("x",), ("weight", "bias")))
+CASE_HINTS: dict[str, CaseHint] = _DeprecatedCaseHints()
 
 _GENERIC_SCALARS: dict[str, Any] = {"float": 0.5, "int": 1, "bool": True}
 
@@ -238,7 +134,7 @@ _GENERIC_SCALARS: dict[str, Any] = {"float": 0.5, "int": 1, "bool": True}
 def _complete(op: OpDef, case: Mapping[str, Any]) -> Case:
     """Validate *case* against the schema and fill in the arguments it leaves out."""
     names = [a.name for a in op.schema.arguments]
-    unknown = [k for k in case if k not in names and k not in _META_KEYS]
+    unknown = [k for k in case if k not in names and k not in META_KEYS]
     if unknown:
         raise ValueError(f"{op.qualname}: case names unknown argument(s) {unknown}; the schema has {names}")
     out: Case = {}
@@ -258,9 +154,9 @@ def _complete(op: OpDef, case: Mapping[str, Any]) -> Case:
         else:
             raise ValueError(
                 f"{op.qualname}: no value for argument '{a.name}' ({a.type}) and no generic one; "
-                f"register a case generator in opbridge.testing.matrix.CASE_HINTS[{op.qualname!r}]"
+                "declare a case generator with Library.op(..., hints=...)"
             )
-    for k in _META_KEYS:
+    for k in META_KEYS:
         if k in case:
             out[k] = case[k]
     layout = out.get(LAYOUT, "contiguous")
@@ -275,7 +171,8 @@ def _complete(op: OpDef, case: Mapping[str, Any]) -> Case:
 def make_cases(op: Any, dtype: str = "float32", seed: int = 0) -> list[Case]:
     """The test cases of *op* for *dtype*.
 
-    Uses ``CASE_HINTS[op.qualname]`` when registered, else
+    Uses the op's declared ``hints`` (``Library.op(..., hints=...)``), else a
+    generator registered in the deprecated :data:`CASE_HINTS`, else
     :func:`elementwise_cases`; arguments a case leaves out get their schema
     default (or a generic value for ``float``/``int``/``bool``).
 
@@ -296,7 +193,7 @@ def make_cases(op: Any, dtype: str = "float32", seed: int = 0) -> list[Case]:
     """
     opdef = _opdef(op)
     rng = _rng(seed, opdef.qualname, dtype)
-    hint = CASE_HINTS.get(opdef.qualname)
+    hint = opdef.hints or dict.get(CASE_HINTS, opdef.qualname)
     raw = hint(dtype, rng) if hint is not None else elementwise_cases(opdef, dtype, rng)
     return [_complete(opdef, c) for c in raw]
 
