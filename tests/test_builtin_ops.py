@@ -107,6 +107,7 @@ def test_import_is_framework_free() -> None:
 
 
 def test_tolerance_table_matches_declared_defaults() -> None:
+    assert TOLERANCES is opbridge.declare.TOLERANCES  # one table, not a copy
     assert set(TOLERANCES) == {"float64", "float32", "float16", "bfloat16"}
     for dtype, (rtol, atol, reason) in TOLERANCES.items():
         assert (rtol, atol) == DEFAULT_TOLERANCES[dtype]

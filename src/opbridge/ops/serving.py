@@ -14,7 +14,7 @@ XLA as ``JaxRuntimeError`` carrying the same message.
 
 Each op declares its test cases (``hints=``): ``rotary_embedding_cases`` and
 ``advance_step_flashattn_cases`` generate valid integer positions and block
-tables for :func:`opbridge.testing.check_op` and the benchmarks.
+tables for the test matrix (``check_op``) and the benchmarks.
 """
 
 from __future__ import annotations

@@ -12,43 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from opbridge.declare import DEFAULT_TOLERANCES
+from opbridge.declare import TOLERANCES as _DECLARED_TOLERANCES
 
 __all__ = ["TOLERANCES", "assert_close", "dtype_name", "to_numpy"]
 
-#: Default comparison tolerances per dtype: ``{dtype name: (rtol, atol, reason)}``.
-#:
-#: An element passes when ``|actual - expected| <= atol + rtol * |expected|``.
-#: The values are those of :data:`opbridge.declare.DEFAULT_TOLERANCES` (what
-#: :meth:`opbridge.OpDef.tolerance` falls back to); the reason says why each is
-#: what it is. They assume a kernel that computes in float32 and rounds its
-#: result to the output dtype once, compared with a float64 reference that is
-#: rounded to the same dtype. An op that legitimately loses more (long
-#: reductions, cancellation) declares ``tolerances=`` in ``Library.op``.
-TOLERANCES: dict[str, tuple[float, float, str]] = {
-    "float64": (
-        *DEFAULT_TOLERANCES["float64"],
-        "float64 keeps 53 mantissa bits (2^-53 ~ 1.1e-16 per rounding), but kernels may "
-        "accumulate in float32 internally, so allow what a few float32-accumulated steps lose",
-    ),
-    "float32": (
-        *DEFAULT_TOLERANCES["float32"],
-        "float32 keeps 24 mantissa bits: one rounding of a value of magnitude 1 is 2^-24 ~ 6e-8; "
-        "1e-5 leaves room for float32 accumulation over reductions of ~1e4 terms and for "
-        "fast exp/tanh approximations",
-    ),
-    "float16": (
-        *DEFAULT_TOLERANCES["float16"],
-        "float16 keeps 11 mantissa bits: one rounding of a value of magnitude 1 is 2^-11 ~ 4.9e-4, "
-        "so 1e-3 is about one unit in the last place of the result (the reference is rounded too)",
-    ),
-    "bfloat16": (
-        *DEFAULT_TOLERANCES["bfloat16"],
-        "bfloat16 keeps 8 mantissa bits: one rounding of a value of magnitude 1 is 2^-8 ~ 3.9e-3; "
-        "1.6e-2 (2^-6) allows the result and the rounded reference to sit a unit in the last place "
-        "apart plus an input-rounding effect, and atol 1e-2 covers results near zero",
-    ),
-}
+#: Default comparison tolerances per dtype, ``{dtype name: (rtol, atol, reason)}``: the one
+#: table, :data:`opbridge.declare.TOLERANCES` (the same object), which
+#: :meth:`opbridge.OpDef.tolerance` falls back to and whose reasons say why each value is
+#: what it is. An element passes when ``|actual - expected| <= atol + rtol * |expected|``.
+TOLERANCES = _DECLARED_TOLERANCES
 
 _MAX_SHOWN = 5
 
