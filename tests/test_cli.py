@@ -192,6 +192,7 @@ def test_list_json_has_exactly_the_registered_ops(cli_env: dict[str, str]) -> No
         assert row["devices"] == sorted(op.kernels)
         assert row["backward"] is (op.backward is not None)
         assert row["shape"] == cli._shape_rule(op)
+        assert row["dtypes"] == list(op.dtypes) and row["dtypes"], "declared dtypes are listed"
 
 
 def test_list_text(cli_env: dict[str, str]) -> None:
@@ -199,6 +200,34 @@ def test_list_text(cli_env: dict[str, str]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "opbridge::rms_norm" in proc.stdout
     assert "rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor" in proc.stdout
+    lines = proc.stdout.splitlines()
+    details = lines[lines.index(next(li for li in lines if li.startswith("opbridge::rms_norm "))) + 1]
+    assert f"dtypes: {', '.join(LIBRARY.ops['rms_norm'].dtypes)};" in details
+
+
+def test_list_shows_an_ops_own_dtypes(cli_env: dict[str, str], tmp_path: Path) -> None:
+    module = tmp_path / "dtypelib_decl.py"
+    (tmp_path / "k.cc").write_text("// not compiled by list\n")
+    module.write_text(textwrap.dedent("""
+        from opbridge import Library, like
+
+        lib = Library("dtypelib", sources=["k.cc"], dtypes=("float64", "float32"))
+
+        @lib.op("wide(Tensor x) -> Tensor", shape=like("x"))
+        def wide(x):
+            return x
+
+        @lib.op("count(Tensor x) -> Tensor", shape=like("x"), dtypes=("int32", "int64"))
+        def count(x):
+            return x
+    """))
+    proc = run_cli(cli_env, "list", "--json", "--import", str(module))
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["qualname"]: r for r in json.loads(proc.stdout)}
+    assert rows["dtypelib::wide"]["dtypes"] == ["float64", "float32"]  # the library's
+    assert rows["dtypelib::count"]["dtypes"] == ["int32", "int64"]  # the op's own
+    text = run_cli(cli_env, "list", "--import", str(module))
+    assert "dtypes: int32, int64;" in text.stdout and "dtypes: float64, float32;" in text.stdout
 
 
 def test_list_import_adds_user_libraries(cli_env: dict[str, str], tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def pick(x: Any, w: Any, dims: Sequence[int], *, keep: bool = False, name: str =
     return x, x
 
 
-@LIB.op("bump_(Tensor(a!) x, float by) -> Tensor(a!)")
+@LIB.op("bump_(Tensor(a!) x, float by) -> Tensor(a!)", dtypes=("float64", "float32"))
 def bump_(x: Any, by: float) -> Any:
     """Add ``by`` to ``x`` in place and return it."""
     x += by
@@ -146,6 +146,23 @@ def test_docstrings_combine_the_schema_and_the_reference(declared: tuple[ModuleT
     pick = inspect.getdoc(wrappers.pick) or ""
     assert "Kernels: ``pick_cpu`` (cpu); backward: none." in pick
     assert "name : str, default 'a\\\\b'" in pick  # the backslash default survives quoting
+
+
+def test_wrappers_and_stubs_show_the_declared_dtypes(declared: tuple[ModuleType, Path],
+                                                     tmp_path: Path) -> None:
+    decl, _ = declared
+    codegen.generate(decl.LIB, tmp_path)
+    wrappers = _load_generated(tmp_path / "_custom_ops.py", f"{decl.LIB.namespace}_dtypes")
+    stub = ast.parse((tmp_path / "_custom_ops.pyi").read_text())
+    stub_docs = {n.name: ast.get_docstring(n) or "" for n in stub.body if isinstance(n, ast.FunctionDef)}
+    for name, op in decl.LIB.ops.items():
+        line = f"Dtypes: {', '.join(op.dtypes)}."
+        assert line in (inspect.getdoc(getattr(wrappers, name)) or "").splitlines(), name
+        assert line in stub_docs[name].splitlines(), name
+    assert decl.LIB.ops["bump_"].dtypes == ("float64", "float32")  # the op's own, not the default
+    assert "Dtypes: float64, float32." in stub_docs["bump_"]
+    assert stub_docs["axpy"].startswith("``alpha * x + y``, elementwise.")  # the summary, shortened
+    assert "Parameters" not in stub_docs["axpy"]
 
 
 def test_importing_the_wrappers_is_free_and_the_first_call_declares(declared: tuple[ModuleType, Path],

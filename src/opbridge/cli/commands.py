@@ -49,6 +49,7 @@ def op_info(op: OpDef) -> dict[str, Any]:
         "schema": str(op.schema),
         "devices": sorted(op.kernels),
         "kernels": dict(op.kernels),
+        "dtypes": list(op.dtypes),
         "backward": op.backward is not None,
         "shape": shape_rule(op),
         "module": op.library.python_module,
@@ -67,8 +68,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     width = max(len(r["qualname"]) for r in rows)
     for r in rows:
         print(f"{r['qualname']:<{width}}  {r['schema']}")
-        print(f"{'':<{width}}    devices: {', '.join(r['devices'])}; backward: "
-              f"{'yes' if r['backward'] else 'no'}; shape: {r['shape']}")
+        print(f"{'':<{width}}    devices: {', '.join(r['devices'])}; dtypes: {', '.join(r['dtypes'])}; "
+              f"backward: {'yes' if r['backward'] else 'no'}; shape: {r['shape']}")
     return EXIT_OK
 
 
@@ -76,7 +77,8 @@ def register_list(sub: Any) -> None:
     """Add ``opbridge list`` to the subcommands *sub*."""
     p = sub.add_parser("list", help="list the declared ops",
                        description="List every declared op: namespace, name, canonical schema, devices "
-                                   "with kernels, whether it has a backward, and its shape rule.")
+                                   "with kernels, the dtypes it takes, whether it has a backward, and "
+                                   "its shape rule.")
     p.add_argument("--json", action="store_true", help="print one JSON document (a list of objects)")
     add_import_option(p)
     p.set_defaults(func=_cmd_list)

@@ -68,6 +68,17 @@ def _reference_doc(op: OpDef) -> str:
     return inspect.cleandoc(raw) if raw else op.doc
 
 
+def dtypes_line(op: OpDef) -> str:
+    """``Dtypes: float32, float16, bfloat16.``: the dtypes *op* is declared to take."""
+    return f"Dtypes: {', '.join(op.dtypes)}."
+
+
+def render_stub(op: OpDef) -> str:
+    """The stub's short docstring: the summary's first paragraph and the declared dtypes."""
+    first = parse(_reference_doc(op)).summary.split("\n\n")[0].strip()
+    return f"{first or f'The ``{op.qualname}`` op.'}\n\n{dtypes_line(op)}"
+
+
 def render(op: OpDef) -> str:
     """The wrapper's docstring: summary, Parameters, Returns, the reference's other sections, Notes."""
     ref = parse(_reference_doc(op))
@@ -110,6 +121,7 @@ def render(op: OpDef) -> str:
         lines.append(f"Mutates {mutated} in place.")
     backward = "declared" if op.backward is not None else "none"
     lines.append(f"Kernels: {kernels or 'none'}; backward: {backward}.")
+    lines.append(dtypes_line(op))
     if ref.sections.get("Notes"):
         lines += ["", *ref.sections["Notes"]]
     return "\n".join(lines)

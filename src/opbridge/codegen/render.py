@@ -134,7 +134,7 @@ def render_module(lib: Library, declarations: str, out_name: str) -> str:
 
 
 def render_stub(lib: Library, declarations: str, out_name: str) -> str:
-    """Source of the ``.pyi`` stub: the wrappers' signatures only."""
+    """Source of the ``.pyi`` stub: the wrappers' signatures, each with its summary and dtypes."""
     ops = sorted(lib.ops.values(), key=lambda o: o.name)
     parts = [
         header(lib, declarations, out_name),
@@ -142,5 +142,7 @@ def render_stub(lib: Library, declarations: str, out_name: str) -> str:
         _all(ops),
         _TENSOR_DOC + f'_{TENSOR} = TypeVar("_{TENSOR}")\n',
     ]
-    parts += [f"{signature(op, tensor='_' + TENSOR)} ..." for op in ops]
-    return "\n".join(parts) + "\n"
+    for op in ops:
+        doc = docstrings.quote(docstrings.render_stub(op), "    ")
+        parts.append(f"{signature(op, tensor='_' + TENSOR)}\n{doc}\n")
+    return "\n".join(parts)
