@@ -101,9 +101,11 @@ def _selected_libraries(names: Sequence[str] | None) -> list[Library]:
 
 def _build_one(lib: Library, device: str, force: bool) -> bool:
     """Build *lib* and report it; return False (after printing why) if the build failed."""
+    from opbridge import loader  # the build toolchain, imported only by `build`
+
     start = time.monotonic()
     try:
-        path = lib.build(device, force=force)
+        path = loader.build(lib, device, force=force)
     except (OpbridgeError, OSError) as e:  # BuildError, BackendUnavailableError, CacheSecurityError
         err(f"library {lib.namespace!r} ({device}):\n{e}")
         return False
