@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from opbridge.adapters.base import alias_check_source, check_no_alias, make_alias_check
+from opbridge.call.core import alias_check_source, check_no_alias, make_alias_check
 from opbridge.schema import parse_schema
 
 SCHEMA = "f(Tensor(a!) a, Tensor b, Tensor(b!)? c, int n, Tensor? d, Tensor(c!) e) -> ()"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import opbridge
+import opbridge._version
 from opbridge import loader
 from opbridge.build import cache, jit
 from opbridge.build import compile as bcompile
@@ -68,7 +69,7 @@ def test_cache_key_covers_headers_toolchain_and_versions(tmp_path: Path, monkeyp
     monkeypatch.setattr(bcompile, "toolchain_fingerprint", lambda device: "another compiler 99")
     assert bcompile.fingerprint(spec) != key
     monkeypatch.undo()
-    monkeypatch.setattr(opbridge, "__version__", "9.9.9")
+    monkeypatch.setattr(opbridge._version, "__version__", "9.9.9")
     assert bcompile.fingerprint(spec) != key
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opbridge import memory
+from opbridge.call import memory
 
 torch = pytest.importorskip("torch")
 

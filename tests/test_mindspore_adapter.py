@@ -30,7 +30,7 @@ from mindspore import Tensor, nn  # noqa: E402
 import opbridge  # noqa: E402
 from opbridge import ops  # noqa: E402
 from opbridge.adapters import mindspore as adapter  # noqa: E402
-from opbridge.adapters import mindspore_aot as aot  # noqa: E402
+from opbridge.adapters.mindspore import aot  # noqa: E402
 from opbridge.build import jit as opb_jit  # noqa: E402
 from opbridge.ops import gelu as gelu_alias  # noqa: E402
 from opbridge.testing import assert_close, make_cases  # noqa: E402

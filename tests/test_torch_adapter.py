@@ -313,7 +313,7 @@ def test_out_only_callers_get_the_fast_out_path() -> None:
 
     code = (
         "import torch\n"
-        "import opbridge.dispatch as d\n"
+        "import opbridge.call.dispatch as d\n"
         "from opbridge import ops\n"
         "x, o = torch.ones(8, 16), torch.empty(8, 16)\n"
         "ops.add(x, x, out=o)\n"

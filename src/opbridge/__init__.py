@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opbridge.declare import Library, OpDef, Spec, like
+from opbridge._version import __version__
+from opbridge.declare import OpDef, Spec, like
 from opbridge.errors import (
     BackendUnavailableError,
     BuildError,
@@ -18,8 +19,7 @@ from opbridge.errors import (
     OpbridgeError,
     UnsupportedFrameworkError,
 )
-
-__version__ = "0.1.0"
+from opbridge.library import Library
 
 if TYPE_CHECKING:
     from opbridge import ops as ops

@@ -18,7 +18,7 @@ variable                   meaning                                        defaul
                            in the offending call, not the next one
 ``OPBRIDGE_HUGEPAGES``     ``0``: no transparent-huge-page advice on      ``1``
                            fresh CPU outputs of 4 MiB and more
-                           (:mod:`opbridge.memory`); read once per process
+                           (:mod:`opbridge.call.memory`); read once per process
 ``OPBRIDGE_THREADING``     which threads run a parallel CPU kernel:       ``omp``
                            ``omp`` (the process's OpenMP team; torch's
                            own in a torch process) or ``pool`` (a private

@@ -1,4 +1,4 @@
-"""Declare stage: a library of kernels and the ops it provides.
+"""Declare stage: a library of kernels and the ops it provides, as pure data.
 
 An op is declared once, by decorating its reference implementation::
 
@@ -11,12 +11,14 @@ An op is declared once, by decorating its reference implementation::
 The decorator returns the op's public callable. Everything else -- framework
 registrations, fake kernels, JAX output specs, the AOT build list, the test
 matrix, benchmarks and generated wrappers -- is derived from the
-:class:`OpDef` it records.
+:class:`OpDef` it records. This module imports nothing of the later stages
+(build, load, call, adapters): :class:`opbridge.Library` (in
+:mod:`opbridge.library`) adds the public callables and the build/load
+conveniences on top of the :class:`Library` defined here.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import keyword
 import sys
@@ -25,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from opbridge import registry
 from opbridge.errors import DeclarationError
-from opbridge.schema import NO_DEFAULT, Schema, parse_schema
+from opbridge.schema import Schema, parse_schema
 
 
 class Spec(NamedTuple):
@@ -54,8 +57,8 @@ class like:  # noqa: N801 - reads as a phrase: shape=like("x")
         return f"like({', '.join(map(repr, self.names))})"
 
 
-#: Adapters that register ops with their framework as soon as they are declared.
-_DECLARE_TIME_ADAPTERS = ("torch", "paddle")
+#: Which kernel sources a library compiles into its module for each device, by file suffix.
+SOURCE_SUFFIXES: dict[str, tuple[str, ...]] = {"cpu": (".cc", ".cpp", ".cxx"), "cuda": (".cu",)}
 
 #: The one tolerance table: ``{dtype name: (rtol, atol, reason)}`` used when an op declares none.
 #:
@@ -199,30 +202,6 @@ class OpDef:
         return tuple(i for i, a in enumerate(self.schema.arguments)
                      if a.type.is_tensor and not a.is_mutated)
 
-    def install_prelude(self, key: str, prelude: str, names: Mapping[str, Any], out_prelude: str = "") -> None:
-        """Splice an adapter's inline fast path into the public callable.
-
-        *prelude* is indented function-body source, guarded by the type of
-        the dispatching argument, that either returns or falls through to
-        the generic dispatch; *names* are the globals it uses (prefix them
-        with the adapter's name: all adapters share one namespace). Each
-        adapter (*key*) has at most one prelude; they run in installation
-        order. *out_prelude* (8-space indented) runs first when ``out=`` is
-        given, and either returns or falls through to the generic ``out=`` path;
-        order. The callable object keeps its identity, so references users
-        already hold get faster too.
-        """
-        fn = self.call
-        fn.__globals__.update(names)
-        self.preludes[key] = prelude
-        if out_prelude:
-            self.out_preludes[key] = out_prelude
-        source = _callable_source(self, "".join(self.preludes.values()), "".join(self.out_preludes.values()))
-        code = compile(source, f"<opbridge op {self.qualname}>", "exec")
-        scratch: dict[str, Any] = dict(fn.__globals__)
-        exec(code, scratch)  # noqa: S102 - generated from a parsed schema
-        fn.__code__ = scratch[self.name].__code__
-
     def __repr__(self) -> str:
         return f"<opbridge op {self.qualname}: {self.schema}>"
 
@@ -236,65 +215,6 @@ def _validate_reference(schema: Schema, fn: Callable[..., Any]) -> None:
             f"{schema.name}: the reference's parameters {names} differ from the schema's "
             f"arguments {expected}; declare them in the same order with the same names"
         )
-
-
-def signature_source(op: OpDef) -> tuple[list[str], bool]:
-    """The schema as Python parameters (with defaults and ``*``), and whether ``*`` was emitted."""
-    params = []
-    kw_started = False
-    for a in op.schema.arguments:
-        if a.kwarg_only and not kw_started:
-            params.append("*")
-            kw_started = True
-        params.append(a.name if a.default is NO_DEFAULT else f"{a.name}={a.default!r}")
-    return params, kw_started
-
-
-def _callable_source(op: OpDef, prelude: str = "", out_prelude: str = "") -> str:
-    """Source of the op's public callable: adapters' inline fast paths, then type dispatch."""
-    params, kw_started = signature_source(op)
-    names = [a.name for a in op.schema.arguments]
-    lead = names[op.dispatch_arg]
-    out_check = ""
-    if op.accepts_out:
-        params.append("out=None" if kw_started else "*, out=None")
-        out_check = (f"    if out is not None:\n{out_prelude}"
-                     f"        return _with_out(({', '.join(names)},), out)\n")
-    return (
-        f"def {op.name}({', '.join(params)}):\n"
-        f"{out_check}"
-        f"{prelude}"
-        f"    _opb_f = _table.get(type({lead}))\n"
-        f"    if _opb_f is None:\n"
-        f"        _opb_f = _resolve({lead})\n"
-        f"    return _opb_f({', '.join(names)})\n"
-    )
-
-
-def _make_callable(op: OpDef) -> Callable[..., Any]:
-    """Generate the op's public callable with the schema's exact Python signature.
-
-    The body is one dict lookup on the type of the dispatching argument; the
-    framework adapter supplies the rest, specialised per op. An adapter may
-    later install an inline fast path with :meth:`OpDef.install_prelude`.
-    """
-    from opbridge import dispatch
-
-    table: dict[type, Callable[..., Any]] = {}
-    ns: dict[str, Any] = {
-        "_table": table,
-        "_resolve": lambda x: dispatch.resolve(op, table, x),
-        "_with_out": lambda args, out: dispatch.call_with_out(op, table, args, out),
-    }
-    exec(compile(_callable_source(op), f"<opbridge op {op.qualname}>", "exec"), ns)  # noqa: S102
-    fn: Callable[..., Any] = ns[op.name]
-    fn.__doc__ = op.doc or f"{op.qualname}: {op.schema}"
-    fn.__qualname__ = op.name
-    fn.__module__ = op.library.python_module
-    fn.opdef = op  # type: ignore[attr-defined]
-    fn.reference = op.reference  # type: ignore[attr-defined]
-    fn.schema = op.schema  # type: ignore[attr-defined]
-    return fn
 
 
 class Library:
@@ -345,8 +265,6 @@ class Library:
         self.dtypes = tuple(dtypes)
         self.python_module = python_module or frame.f_globals.get("__name__", "__main__")
         self.ops: dict[str, OpDef] = {}
-        from opbridge import registry
-
         registry.add_library(self)
 
     def op(
@@ -444,19 +362,17 @@ class Library:
             doc=(reference.__doc__ or "").strip() if reference is not None else "",
             dispatch_arg=tensors[0],
         )
-        op.call = _make_callable(op)
         self.ops[name] = op
-        for framework in _DECLARE_TIME_ADAPTERS:
-            if sys.modules.get(framework) is None:
-                continue
-            # The framework is in use: register now, so its graph tracers (Dynamo,
-            # Paddle's SOT) know the op even if its first call is inside a trace.
-            adapter = sys.modules.get(f"opbridge.adapters.{framework}")
-            if adapter is None:
-                importlib.import_module(f"opbridge.adapters.{framework}")  # registers every declared op
-            elif hasattr(adapter, "register"):
-                adapter.register(self)
-        return op.call
+        return self._publish(op)
+
+    def _publish(self, op: OpDef) -> Any:
+        """What ``Library.op`` returns for a declared op.
+
+        Here, the :class:`OpDef` itself (pure data). :class:`opbridge.Library`
+        (:mod:`opbridge.library`) returns the op's public callable instead and
+        registers it with the frameworks in use.
+        """
+        return op
 
     def _default_kernels(self, name: str) -> dict[str, str]:
         """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources."""
@@ -465,26 +381,10 @@ class Library:
             kernels["cuda"] = f"{name}_cuda"
         return kernels
 
-    # -- build / load -------------------------------------------------------
-
     def sources_for(self, device: str) -> tuple[Path, ...]:
         """The sources compiled into the module for *device*."""
-        from opbridge.build.compile import CPU_SUFFIXES, CUDA_SUFFIXES
-
-        suffixes = CUDA_SUFFIXES if device == "cuda" else CPU_SUFFIXES
+        suffixes = SOURCE_SUFFIXES.get(device, ())
         return tuple(s for s in self.sources if s.suffix in suffixes)
-
-    def module(self, device: str = "cpu") -> Any:
-        """Return the loaded tvm-ffi module for *device*, building it if needed."""
-        from opbridge import loader
-
-        return loader.load(self, device)
-
-    def build(self, device: str = "cpu", force: bool = False) -> Path:
-        """Compile (or fetch from the cache) the module for *device*; return its path."""
-        from opbridge import loader
-
-        return loader.build(self, device, force=force)
 
     def __repr__(self) -> str:
         return f"<opbridge Library {self.namespace!r}: {len(self.ops)} ops>"

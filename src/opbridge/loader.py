@@ -8,37 +8,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opbridge import config
-from opbridge.build.compile import BuildSpec
+from opbridge.build import jit
+from opbridge.build.library import KNOWN_DEVICES, build_spec, exports, is_current
 from opbridge.errors import BackendUnavailableError, DeclarationError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
 
-KNOWN_DEVICES = ("cpu", "cuda")
+__all__ = ["KNOWN_DEVICES", "build", "build_spec", "exports", "kernel", "load", "loaded_path", "threading_policy"]
+
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[str, str], Any] = {}
 _PATHS: dict[tuple[str, str], Path] = {}
-
-
-
-def build_spec(lib: Library, device: str) -> BuildSpec:
-    """The build description of *lib*'s module for *device*."""
-    if device not in KNOWN_DEVICES:
-        raise BackendUnavailableError(
-            f"opbridge: no toolchain for device {device!r} on this machine (supported: "
-            f"{', '.join(KNOWN_DEVICES)}); Ascend NPUs need CANN's compiler, which is not installed"
-        )
-    sources = lib.sources_for(device)
-    if not sources:
-        raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources")
-    return BuildSpec(
-        name=f"{lib.namespace}_{device}",
-        sources=sources,
-        device=device,
-        include_dirs=lib.include_dirs,
-        cflags=lib.cflags,
-        ldflags=lib.ldflags,
-    )
 
 
 def _prebuilt_path(lib: Library, device: str) -> Path | None:
@@ -54,8 +35,6 @@ def _prebuilt_path(lib: Library, device: str) -> Path | None:
     path = Path(spec.origin)
     if lib.sources and all(s.exists() for s in lib.sources):
         # A source tree (editable install): a module built from older sources is stale.
-        from opbridge.aot.build import is_current
-
         if not is_current(lib, path, device):
             return None
     return path
@@ -63,8 +42,6 @@ def _prebuilt_path(lib: Library, device: str) -> Path | None:
 
 def build(lib: Library, device: str = "cpu", force: bool = False) -> Path:
     """Build (or reuse) *lib*'s module for *device* and return its path."""
-    from opbridge.build import jit
-
     return jit.build(build_spec(lib, device), force=force)
 
 
@@ -94,16 +71,6 @@ def threading_policy(lib: Library) -> str:
     fn = ctypes.CDLL(str(loaded_path(lib, "cpu")))["__opbridge_threading"]
     fn.restype = ctypes.c_int
     return "omp" if fn() == 1 else "pool"
-
-
-def exports(path: str | Path) -> list[str]:
-    """The kernel names exported (with ``OPBRIDGE_EXPORT``) by the opbridge-built module at *path*."""
-    import ctypes
-
-    fn = ctypes.CDLL(str(path))["__opbridge_exports"]
-    fn.restype = ctypes.c_char_p
-    raw: bytes = fn()
-    return [n for n in raw.decode().split(",") if n]
 
 
 def loaded_path(lib: Library, device: str = "cpu") -> Path:

@@ -41,8 +41,9 @@ from typing import Any
 
 import yaml
 
-from opbridge.declare import Library, like
+from opbridge.declare import like
 from opbridge.errors import DeclarationError
+from opbridge.library import Library
 from opbridge.schema import Schema, parse_schema
 
 __all__ = ["Derivative", "load"]

@@ -22,15 +22,16 @@ def add_library(lib: Library) -> None:
 
 
 def libraries() -> list[Library]:
-    """All declared libraries, in declaration order (importing the built-ins first)."""
-    import opbridge.ops  # noqa: F401 - declares the built-in library
+    """All libraries declared so far, in declaration order.
 
+    The built-in library is declared by importing :mod:`opbridge.ops`; callers
+    that list everything (the CLI, AOT builds, benchmarks) import it first.
+    """
     return list(_LIBRARIES.values())
 
 
 def library(namespace: str) -> Library:
     """Return the library declared under *namespace*."""
-    libraries()
     try:
         return _LIBRARIES[namespace]
     except KeyError:

@@ -1,1 +1,4 @@
-"""Register stage: one adapter per framework, all implementing :class:`~opbridge.adapters.base.Adapter`."""
+"""Register stage: one adapter per framework, each implementing :class:`~opbridge.call.dispatch.Adapter`.
+
+Adapters import the call stage below them, never each other.
+"""

@@ -68,6 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from opbridge import loader
+from opbridge._codegen import compile_source
 from opbridge._tvm import tvm_ffi as _import_tvm_ffi
 from opbridge.schema import check_value
 
@@ -422,7 +423,7 @@ class _JaxOp:
                f"            return f({', '.join(tensors)})\n"
                f"    return _general({', '.join(names)})\n")
         ns: dict[str, Any] = {"_A": concrete, "_fast": self.fast, "_general": self.general}
-        exec(compile(src, f"<opbridge jax call {self.op.qualname}>", "exec"), ns)  # noqa: S102
+        compile_source(src, f"<opbridge jax call {self.op.qualname}>", ns)
         call: Callable[..., Any] = ns["call"]
         call.__name__ = self.op.name
         return call

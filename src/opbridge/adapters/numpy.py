@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opbridge import loader
-from opbridge.adapters.base import make_alias_check, pack_results, validate_args
+from opbridge.call.callable import install_prelude
+from opbridge.call.core import make_alias_check, pack_results, validate_args
 from opbridge.declare import like
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class NumpyAdapter:
 
         prelude = _fast_prelude(op)
         if prelude is not None:
-            op.install_prelude("numpy", prelude, {
+            install_prelude(op, "numpy", prelude, {
                 "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern, "_np_slow": call,
             })
         return call

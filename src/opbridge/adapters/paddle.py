@@ -46,8 +46,10 @@ with warnings.catch_warnings():
 from paddle import _C_ops
 from paddle.autograd import PyLayer
 
-from opbridge import loader
-from opbridge.adapters.base import (
+from opbridge import loader, registry
+from opbridge._codegen import compile_source
+from opbridge.call import dispatch
+from opbridge.call.core import (
     alias_check_source,
     check_no_alias,
     make_alias_check,
@@ -252,7 +254,7 @@ def _make_eager(op: OpDef) -> Callable[..., Any]:
         "_prod": math.prod,
         "_pack": lambda a, o: pack_results(op, a, o),
     }
-    exec(compile(_fast_source(op), f"<opbridge paddle {op.qualname}>", "exec"), ns)  # noqa: S102
+    compile_source(_fast_source(op), f"<opbridge paddle {op.qualname}>", ns)
     fn: Callable[..., Any] = ns["call"]
     fn.__name__ = fn.__qualname__ = op.name
     return fn
@@ -396,6 +398,10 @@ class PaddleAdapter:
 
     name = "paddle"
 
+    def register(self, lib: Library) -> None:
+        """Register every op of *lib* with the framework (idempotent)."""
+        register(lib)
+
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         """The call of *op* for arguments of *array_type*.
 
@@ -488,9 +494,7 @@ def _sot_skip_opbridge_frames() -> None:
         from paddle.jit.sot.opcode_translator import skip_files
     except ImportError:  # pragma: no cover - Paddle without SOT
         return
-    import opbridge
-
-    prefixes = {str(Path(opbridge.__file__).parent) + os.sep, "<opbridge "}
+    prefixes = {str(Path(__file__).resolve().parent.parent) + os.sep, "<opbridge "}
     if not prefixes <= skip_files.skip_file_names:
         skip_files.skip_file_names |= prefixes
         skip_files.setup_skip_files()  # type: ignore[no-untyped-call]
@@ -503,8 +507,6 @@ def register(lib: Library) -> None:
 
 
 def _register_declared() -> None:
-    from opbridge import dispatch, registry
-
     _sot_skip_opbridge_frames()
     # An op's first call under SOT resolves its adapter (and may build its
     # kernels): make SOT break the graph there and run it natively.

@@ -24,15 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opbridge import _tvm, loader, memory
-from opbridge.adapters.base import (
+from opbridge import _tvm, loader, registry
+from opbridge.call import memory
+from opbridge._codegen import compile_source
+from opbridge.call.callable import install_prelude, signature_source
+from opbridge.call.core import (
     alias_check_source,
     check_no_alias,
     make_alias_check,
     pack_results,
     validate_args,
 )
-from opbridge.declare import Spec, like, signature_source
+from opbridge.declare import Spec, like
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
@@ -66,7 +69,7 @@ def _alloc(op: OpDef, args: Sequence[Any], device: torch.device | str) -> list[t
 
 
 def _fresh(t: torch.Tensor) -> None:
-    """Huge-page advice for a new CPU output before the kernel first writes it (:mod:`opbridge.memory`)."""
+    """Huge-page advice for a new CPU output before the kernel first writes it (:mod:`opbridge.call.memory`)."""
     memory.advise_fresh(t.data_ptr(), t.nbytes)
 
 
@@ -117,7 +120,7 @@ def _cpu_alloc(op: OpDef) -> Callable[[Sequence[Any]], list[torch.Tensor]]:
            "    if got is None:\n"
            "        return _miss(k, a)\n"
            "    return [_empty(shape, dtype=dt) for shape, dt in got]\n")
-    exec(compile(src, f"<opbridge {op.qualname} cpu alloc>", "exec"), ns)  # noqa: S102 - from a parsed schema
+    compile_source(src, f"<opbridge {op.qualname} cpu alloc>", ns)
     alloc: Callable[[Sequence[Any]], list[torch.Tensor]] = ns["alloc"]
     return alloc
 
@@ -188,7 +191,7 @@ def _make_impl(op: OpDef, device: str) -> Callable[..., Any]:
         return ns["_k"](*args)
 
     ns["_k"] = first_call
-    exec(compile("\n".join(lines) + "\n", f"<opbridge {op.qualname} {device} kernel>", "exec"), ns)  # noqa: S102
+    compile_source("\n".join(lines) + "\n", f"<opbridge {op.qualname} {device} kernel>", ns)
     impl: Callable[..., Any] = ns["impl"]
     impl.__name__ = f"{op.name}_{device}_impl"
     return impl
@@ -464,12 +467,16 @@ class TorchAdapter:
 
     name = "torch"
 
+    def register(self, lib: Library) -> None:
+        """Register every op of *lib* with the framework (idempotent)."""
+        register(lib)
+
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         register(op.library)
         slow = _checked(op, getattr(getattr(torch.ops, op.library.namespace), op.name).default)
         prelude = _fast_prelude(op) if array_type is torch.Tensor else None
         if prelude is not None and op.qualname not in _FAST:
-            op.install_prelude("torch", prelude, {
+            install_prelude(op, "torch", prelude, {
                 "_T": torch.Tensor,
                 "_k": loader.kernel(op, "cpu"),
                 "_slow": slow,
@@ -537,8 +544,6 @@ ADAPTER = TorchAdapter()
 
 def _register_declared() -> None:
     """Register every op declared so far (torch is in use from here on)."""
-    from opbridge import registry
-
     for lib in registry.libraries():
         register(lib)
 

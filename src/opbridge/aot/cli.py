@@ -66,6 +66,7 @@ def select_libraries(namespaces: Sequence[str] | None) -> list[Library]:
     DeclarationError
         If a namespace is not declared.
     """
+    import opbridge.ops  # noqa: F401 - declares the built-in library
     from opbridge import registry
 
     if not namespaces:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opbridge.declare import Library
+from opbridge.library import Library
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 

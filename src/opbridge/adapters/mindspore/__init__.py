@@ -46,9 +46,10 @@ from mindspore import Tensor
 from mindspore.graph.api import _pynative_executor
 
 from opbridge import loader
+from opbridge._codegen import compile_source
 from opbridge._tvm import tvm_ffi as _import_tvm_ffi
-from opbridge.adapters import mindspore_aot as aot
-from opbridge.adapters.base import check_no_alias, make_alias_check, pack_results, validate_args
+from opbridge.adapters.mindspore import aot
+from opbridge.call.core import check_no_alias, make_alias_check, pack_results, validate_args
 from opbridge.declare import like
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ def _make_eager(op: OpDef) -> Callable[..., Any]:
         "_dtype": aot.ms_dtype,
         "_pack": lambda a, o: pack_results(op, a, o),
     }
-    exec(compile(_eager_source(op), f"<opbridge mindspore {op.qualname}>", "exec"), ns)  # noqa: S102
+    compile_source(_eager_source(op), f"<opbridge mindspore {op.qualname}>", ns)
     fn: Callable[..., Any] = ns[op.name]
     return fn
 

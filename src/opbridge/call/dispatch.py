@@ -1,16 +1,37 @@
-"""Route an op call to the adapter of the framework whose arrays it was given."""
+"""Route an op call to the adapter of the framework whose arrays it was given.
+
+Adapters are found by framework name (``opbridge.adapters.<name>``, imported on
+first use), so this stage never imports one: a new framework plugs in by adding
+its module and a line to :data:`FRAMEWORK_OF_MODULE`.
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opbridge.errors import UnsupportedFrameworkError
 
 if TYPE_CHECKING:
-    from opbridge.adapters.base import Adapter
-    from opbridge.declare import OpDef
+    from opbridge.declare import Library, OpDef
+
+
+class Adapter(Protocol):
+    """A framework adapter (the module ``opbridge.adapters.<name>`` exposes one as ``ADAPTER``).
+
+    ``make_call(op, array_type)`` returns a function taking the op's arguments
+    positionally, in schema order, and returning the op's results as that
+    framework's arrays. It is called once per (op, array type) and cached, so
+    it should front-load all lookups. Optional: ``call_with_out(op, args,
+    outs)`` for ``out=``, and ``register(library)`` for frameworks whose graph
+    tracers must know an op before its first call.
+    """
+
+    name: str
+
+    def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]: ...
 
 #: top-level module of an array type -> adapter name
 FRAMEWORK_OF_MODULE = {
@@ -22,6 +43,8 @@ FRAMEWORK_OF_MODULE = {
     "mindspore": "mindspore",
 }
 ADAPTERS = ("torch", "numpy", "jax", "paddle", "mindspore")
+#: Frameworks whose adapters register an op as soon as it is declared, once the framework is imported.
+DECLARE_TIME_ADAPTERS = ("torch", "paddle")
 _LOADED: dict[str, Adapter] = {}
 
 
@@ -77,3 +100,21 @@ def call_with_out(op: OpDef, table: dict[type, Callable[..., Any]], args: tuple[
     if type(x) not in table:
         resolve(op, table, x)
     return ad.call_with_out(op, args, outs)
+
+
+def on_declared(lib: Library) -> None:
+    """Register *lib*'s ops with every declare-time framework already in use.
+
+    Their graph tracers (Dynamo, Paddle's SOT) must know an op even if its
+    first call is inside a trace. Importing an adapter registers every op
+    declared so far; an adapter already imported registers *lib* again
+    (idempotent).
+    """
+    for framework in DECLARE_TIME_ADAPTERS:
+        if sys.modules.get(framework) is None:
+            continue
+        already = f"opbridge.adapters.{framework}" in sys.modules
+        ad = adapter(framework)
+        register = getattr(ad, "register", None)
+        if already and register is not None:
+            register(lib)

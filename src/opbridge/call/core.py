@@ -1,26 +1,24 @@
-"""The interface every framework adapter implements, and helpers they share."""
+"""The op-call core: what every framework adapter does the same way.
+
+An adapter supplies the few things that differ per framework (how to tell
+an array, allocate one, find its memory span and name its dtype); everything
+else an op call needs is here, once: argument checks against the schema and
+the declared dtypes, output allocation from the shape rule (one rule: new
+outputs are contiguous), the alias check of mutating ops, packing outputs
+onto the schema's returns, and running the declared backward.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from opbridge._codegen import compile_source
+from opbridge.declare import like
+from opbridge.schema import check_value
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
-
-
-class Adapter(Protocol):
-    """A framework adapter.
-
-    ``make_call(op, array_type)`` returns a function taking the op's arguments
-    positionally, in schema order, and returning the op's results as that
-    framework's arrays. It is called once per (op, array type) and cached, so
-    it should front-load all lookups.
-    """
-
-    name: str
-
-    def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]: ...
 
 
 def check_no_alias(op: OpDef, args: Sequence[Any], span: Callable[[Any], tuple[int, int]]) -> None:
@@ -106,8 +104,7 @@ def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]]) -> A
     n = len(op.schema.arguments)
     body = alias_check_source(op, [f"args[{i}]" for i in range(n)], "{s}, {e} = _span({t})", "    ")
     ns: dict[str, Any] = {"_span": span, "_alias": lambda a: check_no_alias(op, a, span)}
-    exec(compile(f"def check(args):\n{body}    return None\n",  # noqa: S102 - from a parsed schema
-                 f"<opbridge alias check {op.qualname}>", "exec"), ns)
+    compile_source(f"def check(args):\n{body}    return None\n", f"<opbridge alias check {op.qualname}>", ns)
     check: AliasCheck = ns["check"]
     return check
 
@@ -130,8 +127,6 @@ def pack_results(op: OpDef, args: Sequence[Any], outs: Sequence[Any]) -> Any:
 
 def validate_args(op: OpDef, args: Sequence[Any], is_array: Callable[[Any], bool], kind: str) -> None:
     """Check each argument's Python type against the schema, naming the op and argument."""
-    from opbridge.schema import check_value
-
     for a, v in zip(op.schema.arguments, args):
         if a.type.is_tensor:
             if v is None and a.type.optional:
@@ -140,3 +135,64 @@ def validate_args(op: OpDef, args: Sequence[Any], is_array: Callable[[Any], bool
                 raise TypeError(f"{op.name}: argument '{a.name}' must be {kind}, got {type(v).__name__}")
         else:
             check_value(op.name, a, v)
+
+
+def tensor_indices(op: OpDef) -> list[int]:
+    """Schema indices of the op's Tensor arguments (optional ones included)."""
+    return [i for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
+
+
+def like_indices(op: OpDef) -> list[int] | None:
+    """For a ``like(...)`` shape rule, the index of the argument each output copies; else None."""
+    if not isinstance(op.shape, like):
+        return None
+    names = [a.name for a in op.schema.arguments]
+    return [names.index(n) for n in op.shape.names]
+
+
+Empty = Callable[[tuple[int, ...], Any, Any], Any]
+
+
+def alloc_outputs(op: OpDef, args: Sequence[Any], empty: Empty) -> list[Any]:
+    """New outputs for a call of *op*, from its shape rule: always contiguous.
+
+    *empty* ``(shape, dtype, lead)`` allocates one array of the framework on
+    the device of *lead* (the dispatching argument); *dtype* is what the shape
+    rule gave (an input's dtype object or a dtype name).
+    """
+    lead = args[op.dispatch_arg]
+    idx = like_indices(op)
+    if idx is not None:
+        return [empty(tuple(args[i].shape), args[i].dtype, lead) for i in idx]
+    return [empty(tuple(s.shape), s.dtype, lead) for s in op.output_specs(args)]
+
+
+def no_backward_error(op: OpDef) -> NotImplementedError:
+    """The error for differentiating an op that cannot be differentiated."""
+    if op.schema.is_mutating:
+        return NotImplementedError(f"{op.name}: cannot be differentiated: it mutates its arguments")
+    return NotImplementedError(f"{op.name}: no backward is declared, so it cannot be differentiated "
+                               f"(declare backward= in its Library.op)")
+
+
+def run_backward(op: OpDef, grads: Sequence[Any], full: Sequence[Any]) -> list[Any]:
+    """Run the declared backward: one gradient (or None) per Tensor argument, in schema order.
+
+    *grads* are the output gradients (already materialised: no None where the
+    backward needs a value), *full* the forward's arguments in schema order.
+    """
+    if op.backward is None or op.schema.is_mutating:
+        raise no_backward_error(op)
+    res = op.backward(*grads, *full)
+    res = list(res) if isinstance(res, (tuple, list)) else [res]
+    n = len(tensor_indices(op))
+    if len(res) != n:
+        raise RuntimeError(f"{op.name}: backward returned {len(res)} gradient(s), expected one "
+                           f"per Tensor argument ({n})")
+    return res
+
+
+def dtype_error(op: OpDef, arg: str, got: str) -> TypeError:
+    """The error every adapter raises for a dtype the op does not declare."""
+    return TypeError(f"{op.name}: argument '{arg}' has dtype {got}, but {op.name} takes "
+                     f"{', '.join(op.dtypes)} (declared dtypes)")

@@ -1,0 +1,119 @@
+"""A declared library's builds: its build spec per device, and the stamp an AOT module carries.
+
+One :class:`~opbridge.build.compile.BuildSpec` describes a library's module for
+a device; the JIT path (:mod:`opbridge.build.jit`) and the AOT path
+(:mod:`opbridge.aot`) both compile it, the AOT one with a generated
+translation unit (:func:`aot_spec`) recording what the module was built from,
+so that the loader can tell a current prebuilt module from a stale one
+(:func:`is_current`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING, Any
+
+from opbridge._version import __version__
+from opbridge.build.compile import TEMPLATES, BuildSpec, fingerprint
+from opbridge.errors import BackendUnavailableError, DeclarationError
+
+if TYPE_CHECKING:
+    from opbridge.declare import Library
+
+#: Devices opbridge has a toolchain for.
+KNOWN_DEVICES = ("cpu", "cuda")
+#: The C symbol of an AOT module that returns its build stamp (JSON).
+INFO_SYMBOL = "__opbridge_build_info"
+_INFO_TU = "_opbridge_build_info.cc"
+
+
+def build_spec(lib: Library, device: str) -> BuildSpec:
+    """The build description of *lib*'s module for *device*."""
+    if device not in KNOWN_DEVICES:
+        raise BackendUnavailableError(
+            f"opbridge: no toolchain for device {device!r} on this machine (supported: "
+            f"{', '.join(KNOWN_DEVICES)}); Ascend NPUs need CANN's compiler, which is not installed"
+        )
+    sources = lib.sources_for(device)
+    if not sources:
+        raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources")
+    return BuildSpec(
+        name=f"{lib.namespace}_{device}",
+        sources=sources,
+        device=device,
+        include_dirs=lib.include_dirs,
+        cflags=lib.cflags,
+        ldflags=lib.ldflags,
+    )
+
+
+def declared_kernels(lib: Library, device: str = "cpu") -> list[str]:
+    """Sorted names of the kernels *lib*'s ops declare for *device* (what the module must export)."""
+    return sorted({op.kernels[device] for op in lib.ops.values() if device in op.kernels})
+
+
+@functools.cache
+def _info_template() -> Template:
+    return Template((TEMPLATES / "build_info.cc.tmpl").read_text())
+
+
+def aot_spec(lib: Library, device: str = "cpu") -> BuildSpec:
+    """The build spec of *lib* plus the generated build-stamp translation unit."""
+    base = build_spec(lib, device)
+    info = {
+        "namespace": lib.namespace,
+        "device": device,
+        "fingerprint": fingerprint(base),
+        "kernels": declared_kernels(lib, device),
+        "opbridge": __version__,
+    }
+    tu = _info_template().substitute(symbol=INFO_SYMBOL, info=json.dumps(info, sort_keys=True))
+    return dataclasses.replace(base, name=f"{lib.namespace}_{device}_aot",
+                               generated=(*base.generated, (_INFO_TU, tu)))
+
+
+def build_info(path: str | Path) -> dict[str, Any]:
+    """What the AOT module at *path* was built from (namespace, fingerprint, kernels, versions).
+
+    Raises
+    ------
+    OSError
+        If *path* cannot be loaded or was not built by :func:`opbridge.aot.build_aot`.
+    """
+    from opbridge._tvm import tvm_ffi
+
+    tvm_ffi()  # the module links libtvm_ffi; have it loaded first
+    try:
+        fn = ctypes.CDLL(str(path))[INFO_SYMBOL]
+    except AttributeError:
+        raise OSError(f"{path} is not an opbridge AOT module (no {INFO_SYMBOL})") from None
+    fn.restype = ctypes.c_char_p
+    info: dict[str, Any] = json.loads(fn().decode())
+    return info
+
+
+def is_current(lib: Library, path: str | Path, device: str = "cpu") -> bool:
+    """Whether the AOT module at *path* was built from *lib*'s present sources, headers and flags.
+
+    Meant for source trees (an editable install whose kernels were edited after
+    the build); an installed wheel has no sources to compare with. Never raises.
+    """
+    try:
+        info = build_info(path)
+        return bool(info["fingerprint"] == fingerprint(build_spec(lib, device))
+                    and info["kernels"] == declared_kernels(lib, device))
+    except (OSError, KeyError, ValueError, DeclarationError, BackendUnavailableError):
+        return False
+
+
+def exports(path: str | Path) -> list[str]:
+    """The kernel names exported (with ``OPBRIDGE_EXPORT``) by the opbridge-built module at *path*."""
+    fn = ctypes.CDLL(str(path))["__opbridge_exports"]
+    fn.restype = ctypes.c_char_p
+    raw: bytes = fn()
+    return [n for n in raw.decode().split(",") if n]

@@ -1,0 +1,15 @@
+"""Call stage: the one op-call core every framework adapter runs on.
+
+- :mod:`opbridge.call.callable` generates each op's public callable from its
+  schema (a dict lookup on the dispatching argument's type) and splices the
+  adapters' inline fast paths into it.
+- :mod:`opbridge.call.dispatch` finds the adapter for an array type (adapters
+  are looked up by framework name, so none is imported before it is used).
+- :mod:`opbridge.call.core` holds what every adapter does the same way:
+  argument and dtype checks, output allocation from the shape rule, the alias
+  check of mutating ops, packing results onto the schema's returns, and
+  running the declared backward.
+
+Adapters (:mod:`opbridge.adapters`) only convert arrays, register with their
+framework and pick a stream; they import this stage, never each other.
+"""
