@@ -1,8 +1,8 @@
 """The built-in ops through the testing kit, and the kit catching deliberately broken ops.
 
 Every op of ``opbridge.ops.LIBRARY`` (taken from the registry, not listed here)
-runs through :func:`opbridge.testing.check_op` for each dtype in torch and in
-float32 NumPy. The second half declares a throwaway library whose kernels are
+runs through :func:`opbridge.testing.check_op` for each dtype it declares, in
+torch and in NumPy. The second half declares a throwaway library whose kernels are
 broken on purpose and checks that ``check_op`` fails on each, with a message
 that says what is wrong.
 """
@@ -29,7 +29,6 @@ from opbridge.testing.matrix import LAYOUT, NONCONTIGUOUS
 torch = pytest.importorskip("torch")
 
 BUILTIN = opbridge.ops.LIBRARY.ops
-DTYPES = ("float32", "float16", "bfloat16")
 REQUIRED_LEAD_SHAPES = [(1,), (7,), (3, 769), (2, 5125), (0, 16), (4, 1, 33)]
 
 
@@ -38,8 +37,11 @@ REQUIRED_LEAD_SHAPES = [(1,), (7,), (3, 769), (2, 5125), (0, 16), (4, 1, 33)]
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", sorted(BUILTIN))
+#: (op name, dtype) for every dtype each built-in op declares
+DECLARED = [pytest.param(n, d, id=f"{n}-{d}") for n in sorted(BUILTIN) for d in BUILTIN[n].dtypes]
+
+
+@pytest.mark.parametrize(("name", "dtype"), DECLARED)
 def test_builtin_op_torch(name: str, dtype: str) -> None:
     op = BUILTIN[name]
     report = check_op(op, dtypes=(dtype,))
@@ -51,22 +53,26 @@ def test_builtin_op_torch(name: str, dtype: str) -> None:
     assert report.checks["noncontiguous"] == n_tensors
     assert report.checks["opcheck"] == 1
     assert report.checks["compile"] == 1
-    if dtype == "float32" and op.backward is not None:
+    differentiable = op.backward is not None and not op.schema.is_mutating
+    if dtype == "float32" and differentiable:
         assert report.checks["grad"] >= 6  # every non-empty case
         assert report.checks["compile_grad"] == 1
     else:
         assert report.checks["grad"] == 0
+    assert report.checks["gradcheck"] == (dtype == "float64" and differentiable)
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
 def test_builtin_op_numpy(name: str) -> None:
-    report = check_op(BUILTIN[name], framework="numpy", dtypes=("float32", "bfloat16"))
-    assert report.dtypes == ("float32",)
-    assert any("bfloat16" in s for s in report.skipped)
-    assert report.checks["forward"] >= 7
+    op = BUILTIN[name]
+    report = check_op(op, framework="numpy")  # every declared dtype NumPy has
+    assert report.dtypes == tuple(d for d in op.dtypes if d != "bfloat16")
+    assert ("bfloat16" in op.dtypes) == any("dtype bfloat16: not supported by numpy" in s for s in report.skipped)
+    assert report.checks["forward"] >= 7 * len(report.dtypes)
     assert report.checks["sentinel"] == report.checks["forward"]
-    assert report.checks["noncontiguous"] == len(BUILTIN[name].schema.tensor_args)
+    assert report.checks["noncontiguous"] == len(op.schema.tensor_args) * len(report.dtypes)
     assert report.checks["grad"] == report.checks["opcheck"] == report.checks["compile"] == 0
+    assert report.checks["gradcheck"] == 0
 
 
 GENERIC_HINTED = sorted(n for n, op in BUILTIN.items()
@@ -237,6 +243,24 @@ void twice_cpu(TensorView out, TensorView x) {
   for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2.f * a[i];
 }
 OPBRIDGE_EXPORT(twice_cpu);
+
+// 2 x in float32 and float64 (declared with a correct and with a wrong backward).
+void twice64_cpu(TensorView out, TensorView x) {
+  OPB_CHECK_DTYPE("twice64", x, opbridge::kFloat32, opbridge::kFloat64);
+  OPB_CHECK_SAME_DTYPE("twice64", out, x);
+  OPB_CHECK_SAME_SHAPE("twice64", out, x);
+  OPB_CHECK_CONTIGUOUS("twice64", x);
+  if (x.dtype() == opbridge::kFloat64) {
+    double* o = static_cast<double*>(out.data_ptr());
+    const double* a = static_cast<const double*>(x.data_ptr());
+    for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2.0 * a[i];
+    return;
+  }
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* a = static_cast<const float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2.f * a[i];
+}
+OPBRIDGE_EXPORT(twice64_cpu);
 """
 
 
@@ -262,6 +286,12 @@ def selftest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ops["twice_bad_grad"] = lib.op("twice_bad_grad(Tensor x) -> Tensor", shape=opbridge.like("x"),
                                    kernels={"cpu": "twice_cpu"},
                                    backward=lambda grad, x: (grad,))(twice)  # wrong: d(2x)/dx is 2
+
+    f64: dict[str, Any] = {"kernels": {"cpu": "twice64_cpu"}, "dtypes": ("float32", "float64")}
+    ops["twice64"] = lib.op("twice64(Tensor x) -> Tensor", shape=opbridge.like("x"), **f64,
+                            backward=lambda grad, x: (ops["twice64"](grad),))(twice)
+    ops["twice64_bad_grad"] = lib.op("twice64_bad_grad(Tensor x) -> Tensor", shape=opbridge.like("x"), **f64,
+                                     backward=lambda grad, x: (grad,))(twice)  # wrong: d(2x)/dx is 2
 
     def add_one_(x: Any) -> None:
         x += 1
@@ -337,6 +367,30 @@ def test_kit_catches_wrong_gradient(selftest: dict[str, Any]) -> None:
     msg = str(info.value)
     assert "twice_bad_grad): grad check failed" in msg
     assert "gradient of 'x' disagrees with finite differences" in msg
+
+
+def test_kit_runs_gradcheck_in_float64(selftest: dict[str, Any]) -> None:
+    report = check_op(selftest["twice64"])  # its declared dtypes: float32 and float64
+    assert report.dtypes == ("float32", "float64")
+    assert report.checks["gradcheck"] == 1 and report.checks["grad"] > 0
+    assert report.checks["opcheck"] == report.checks["compile"] == 2
+    assert not any("gradcheck" in s for s in report.skipped)
+
+
+def test_kit_skips_gradcheck_without_float64(selftest: dict[str, Any]) -> None:
+    report = check_op(selftest["twice"], **QUICK)
+    assert report.checks["gradcheck"] == 0
+    assert any("gradcheck: needs float64 kernels, and the op declares no float64" in s for s in report.skipped)
+
+
+def test_kit_gradcheck_catches_wrong_gradient(selftest: dict[str, Any]) -> None:
+    with pytest.raises(AssertionError) as info:
+        check_op(selftest["twice64_bad_grad"], cases=[{"x": np.linspace(-1, 1, 9)}], dtypes=("float64",),
+                 check_compile=False, check_opcheck=False)
+    msg = str(info.value)
+    assert "twice64_bad_grad): gradcheck check failed" in msg
+    assert "framework: torch, dtype: float64" in msg and "torch.autograd.gradcheck" in msg
+    assert "Jacobian mismatch" in msg
 
 
 def test_kit_reports_bad_case_hint(selftest: dict[str, Any]) -> None:

@@ -27,7 +27,8 @@ class Harness(Protocol):
     """What the conformance matrix needs from a framework."""
 
     name: str
-    #: dtypes this framework's arrays support here, e.g. ("float32", "float16", "bfloat16")
+    #: dtypes this framework's arrays support here, e.g. ("float64", "float32", "float16", "bfloat16");
+    #: the conformance matrix runs each op over those of its declared dtypes listed here
     dtypes: tuple[str, ...]
     #: whether ops mutate arguments in place (False for JAX: mutated args come back as results)
     mutates_in_place: bool

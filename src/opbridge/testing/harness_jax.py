@@ -16,7 +16,15 @@ class JaxHarness:
     """The conformance-matrix interface for JAX (CPU)."""
 
     name = "jax"
-    dtypes = ("float32", "float16", "bfloat16")
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """float32, float16, bfloat16 and int32; float64 and int64 only with ``jax_enable_x64``."""
+        import jax
+
+        wide = ("float64", "int64") if jax.config.read("jax_enable_x64") else ()
+        return ("float32", "float16", "bfloat16", "int32", *wide)
+
     mutates_in_place = False
 
     def skip_reason(self) -> str | None:

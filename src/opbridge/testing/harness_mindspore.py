@@ -18,7 +18,7 @@ class MindSporeHarness:
     """Drives the conformance matrix on ``mindspore.Tensor`` (CPU, PyNative and graph mode)."""
 
     name = "mindspore"
-    dtypes = ("float32", "float16", "bfloat16")
+    dtypes = ("float64", "float32", "float16", "bfloat16", "int32", "int64")
     mutates_in_place = True
 
     def skip_reason(self) -> str | None:

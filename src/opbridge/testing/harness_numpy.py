@@ -10,7 +10,7 @@ import numpy as np
 
 class NumpyHarness:
     name = "numpy"
-    dtypes = ("float32",)
+    dtypes = ("float64", "float32", "float16", "int32", "int64")
     mutates_in_place = True
 
     def skip_reason(self) -> str | None:

@@ -17,7 +17,7 @@ class PaddleHarness:
     """Drives the conformance matrix on ``paddle.Tensor`` (CPU)."""
 
     name = "paddle"
-    dtypes = ("float32", "float16", "bfloat16")
+    dtypes = ("float64", "float32", "float16", "bfloat16", "int32", "int64")
     mutates_in_place = True
 
     def skip_reason(self) -> str | None:

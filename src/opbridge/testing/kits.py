@@ -14,6 +14,9 @@ from opbridge.testing.compare import to_numpy
 
 __all__ = ["NumpyKit", "TorchKit", "dtype_str", "is_float_np"]
 
+#: Integer dtypes an op may declare (float case values are truncated to them).
+_INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+
 
 def is_float_np(v: np.ndarray) -> bool:
     return v.dtype.kind in "fc"
@@ -21,7 +24,7 @@ def is_float_np(v: np.ndarray) -> bool:
 
 class NumpyKit:
     name = "numpy"
-    dtypes: tuple[str, ...] = ("float64", "float32", "float16")
+    dtypes: tuple[str, ...] = ("float64", "float32", "float16", *_INTEGER_DTYPES)
 
     def dtype(self, d: Any) -> Any:
         return np.dtype(d if isinstance(d, np.dtype) else str(d))
@@ -69,7 +72,7 @@ class NumpyKit:
 
 class TorchKit(NumpyKit):
     name = "torch"
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = ("float64", "float32", "float16", "bfloat16", *_INTEGER_DTYPES)
 
     def __init__(self) -> None:
         import torch

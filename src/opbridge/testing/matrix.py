@@ -1,6 +1,6 @@
 """Run a declared op over a generated test matrix: :func:`check_op`.
 
-For every dtype, :func:`make_cases` builds a list of *cases*; a case is a dict
+For every dtype the op declares (or those asked for), :func:`make_cases` builds a list of *cases*; a case is a dict
 mapping argument names to values (NumPy arrays for Tensor arguments, Python
 values for the rest) plus optional ``_``-prefixed layout keys. Each case is
 then run through the op and compared against the op's NumPy reference:
@@ -28,6 +28,11 @@ then run through the op and compared against the op's NumPy reference:
     (torch, one small case per dtype) ``torch.library.opcheck`` on the
     registered overload, and ``torch.compile(fullgraph=True)`` of a function
     calling the public callable, against eager.
+``gradcheck``
+    (torch, float64, ops with a ``backward``, one small case)
+    ``torch.autograd.gradcheck`` of the registered backward against finite
+    differences of the op's own float64 kernel; skipped, with the reason in
+    the report, while the op declares no float64.
 
 Any failure raises :class:`AssertionError` naming the op, the check, the
 framework, the dtype and the case. Importing this module imports no
@@ -51,10 +56,11 @@ from opbridge.cases import (
     last_dim_hint,
     shaped_cases,
 )
+from opbridge.declare import DEFAULT_DTYPES, OpDef  # noqa: F401 - DEFAULT_DTYPES: importable here, as before
 from opbridge.testing.generate import CASE_HINTS, as_opdef, case_rng, complete_case, make_cases
 from opbridge.testing.kits import NumpyKit, TorchKit, dtype_str
 from opbridge.testing.runner import CheckReport, Runner
-from opbridge.testing.torch_checks import run_compile, run_opcheck, small_case
+from opbridge.testing.torch_checks import run_compile, run_gradcheck, run_opcheck, small_case
 
 __all__ = [
     "CASE_HINTS",
@@ -73,18 +79,16 @@ __all__ = [
     "shaped_cases",
 ]
 
-DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
-
-
 def check_op(
     op: Any,
     cases: Sequence[Mapping[str, Any]] | CaseHint | None = None,
     *,
-    dtypes: Sequence[str] = DEFAULT_DTYPES,
+    dtypes: Sequence[str] | None = None,
     framework: str = "torch",
     check_grad: bool = True,
     check_opcheck: bool = True,
     check_compile: bool = True,
+    check_gradcheck: bool = True,
     sentinel: bool = True,
     compile_backend: str = "aot_eager",
     opcheck_test_utils: Sequence[str] | None = None,
@@ -103,8 +107,10 @@ def check_op(
         schema defaults and used for every dtype); or a case generator
         ``(dtype, rng) -> list of cases``.
     dtypes
-        Dtype names to run. ``framework="numpy"`` skips the ones NumPy lacks
-        (bfloat16), noting them in the report's ``skipped``.
+        Dtype names to run; default: the dtypes the op declares
+        (``Library.op(..., dtypes=...)``, else its library's). Dtypes the
+        framework lacks (NumPy: bfloat16) are skipped and noted in the
+        report's ``skipped``.
     framework
         ``"torch"`` (all checks) or ``"numpy"`` (forward, inputs_unchanged,
         sentinel and noncontiguous checks; imports no torch).
@@ -117,6 +123,11 @@ def check_op(
     check_compile
         Compare ``torch.compile(fullgraph=True)`` with eager on one small case
         per dtype (and its gradients, for float32 with a backward).
+    check_gradcheck
+        Run ``torch.autograd.gradcheck`` (fast mode) on one small float64 case
+        when float64 is among the dtypes run, for ops with a ``backward``
+        (not mutating); skipped, with the reason in ``skipped``, while the op
+        declares no float64.
     sentinel
         Run the guarded destination-passing kernel call of every case.
     compile_backend
@@ -153,7 +164,7 @@ def check_op(
         kit = NumpyKit()
     else:
         raise ValueError(f"check_op: framework must be 'torch' or 'numpy', got {framework!r}")
-    names = [dtype_str(d) for d in dtypes]
+    names = [dtype_str(d) for d in (opdef.dtypes if dtypes is None else dtypes)]
     run = [d for d in names if d in kit.dtypes]
     report = CheckReport(op=opdef.qualname, framework=framework, dtypes=tuple(run))
     for d in names:
@@ -185,6 +196,16 @@ def check_op(
             run_opcheck(runner, small, opcheck_test_utils)
         if check_compile:
             run_compile(runner, small, compile_backend)
-    if framework != "torch" and (check_grad or check_opcheck or check_compile):
-        report.skipped.append("grad/opcheck/compile: torch only")
+        if check_gradcheck and dtype == "float64" and _has_gradient(opdef):
+            run_gradcheck(runner, small)
+    if framework == "torch" and check_gradcheck and _has_gradient(opdef) and "float64" not in run:
+        why = (f"the op declares no float64 (dtypes: {', '.join(opdef.dtypes)})" if "float64" not in opdef.dtypes
+               else "float64 is not among the dtypes run")
+        report.skipped.append(f"gradcheck: needs float64 kernels, and {why}")
+    if framework != "torch" and (check_grad or check_opcheck or check_compile or check_gradcheck):
+        report.skipped.append("grad/gradcheck/opcheck/compile: torch only")
     return report
+
+
+def _has_gradient(op: OpDef) -> bool:
+    return op.backward is not None and not op.schema.is_mutating

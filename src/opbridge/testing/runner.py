@@ -45,7 +45,7 @@ class CheckReport:
         Number of (dtype, case) pairs run.
     checks
         Count per check kind: ``forward``, ``inputs_unchanged``, ``sentinel``,
-        ``grad``, ``noncontiguous``, ``opcheck``, ``compile``, ``compile_grad``.
+        ``grad``, ``noncontiguous``, ``opcheck``, ``compile``, ``compile_grad``, ``gradcheck``.
     skipped
         Why a requested dtype or check did not run.
     """

@@ -1,4 +1,4 @@
-"""The torch-only checks of the test matrix: ``opcheck`` and ``torch.compile`` against eager."""
+"""The torch-only checks of the test matrix: ``opcheck``, ``gradcheck`` and ``torch.compile`` against eager."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from opbridge.testing.compare import assert_close, dtype_name, to_numpy
 from opbridge.testing.generate import case_rng
 from opbridge.testing.runner import Runner, as_tuple, describe
 
-__all__ = ["run_compile", "run_opcheck", "small_case"]
+__all__ = ["run_compile", "run_gradcheck", "run_opcheck", "small_case"]
 
 
 def small_case(op: OpDef, cases: Sequence[Case]) -> Case | None:
@@ -105,3 +105,36 @@ def run_compile(r: Runner, case: Case, backend: str) -> None:
                 same(results[0], results[1], "gradient")
     finally:
         torch._dynamo.reset()
+
+
+def run_gradcheck(r: Runner, case: Case) -> None:
+    """``torch.autograd.gradcheck`` of the op's registered backward on *case*, in float64.
+
+    Checks the kernel's backward numerically (finite differences of the op's
+    own float64 forward kernel, not the reference), on top of the
+    reference-based ``grad`` check. Uses gradcheck's fast mode (one random
+    projection of the Jacobian), so its cost does not grow with the case's
+    size; tolerances are gradcheck's defaults or the op's float64 ones,
+    whichever is looser.
+    """
+    import torch
+
+    op = r.op
+    r.where = describe(op, case) + " (torch.autograd.gradcheck, float64, fast_mode)"
+    with r.checking("setup"):
+        full, _ = r.materialize(case)
+    diff = [i for i in op.differentiable if full[i] is not None and full[i].is_floating_point()]
+    n_returns = len(op.schema.returns)
+
+    def fn(*leaves: Any) -> tuple[Any, ...]:
+        args = list(full)
+        for i, leaf in zip(diff, leaves, strict=True):
+            args[i] = leaf
+        pos, kw = r.split(args)
+        return tuple(o for o in as_tuple(op.call(*pos, **kw), n_returns, op.name) if o.is_floating_point())
+
+    rtol, atol = op.tolerance("float64")
+    leaves = tuple(full[i].detach().clone().requires_grad_() for i in diff)
+    with r.checking("gradcheck"):
+        torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=max(atol, 1e-5), rtol=max(rtol, 1e-3),
+                                 fast_mode=True)
