@@ -88,6 +88,7 @@ def advance_step_flashattn(
 
     Mutates ``input_tokens``, ``input_positions``, ``seq_lens``, ``slot_mapping`` in place.
     Kernels: ``advance_step_flashattn_cpu`` (cpu); backward: none.
+    Dtypes: int64.
     """
     (_OPS or _load())["advance_step_flashattn"](
         num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions,
@@ -118,6 +119,7 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
 
     Mutates ``x``, ``residual`` in place.
     Kernels: ``fused_add_rms_norm_cpu`` (cpu); backward: none.
+    Dtypes: float32, float16, bfloat16.
     """
     (_OPS or _load())["fused_add_rms_norm"](x, residual, weight, eps)
 
@@ -140,6 +142,7 @@ def scale_(x: Tensor, alpha: float) -> None:
 
     Mutates ``x`` in place.
     Kernels: ``scale__cpu`` (cpu); backward: none.
+    Dtypes: float32, float16, bfloat16.
     """
     (_OPS or _load())["scale_"](x, alpha)
 
@@ -166,6 +169,7 @@ def silu_and_mul(x: Tensor, *, out: Tensor | None = None) -> Tensor:
         vllm_plugin::silu_and_mul(Tensor x) -> Tensor
 
     Kernels: ``silu_and_mul_cpu`` (cpu); backward: declared.
+    Dtypes: float32, float16, bfloat16.
     """
     return (_OPS or _load())["silu_and_mul"](x, out=out)  # type: ignore[no-any-return]
 
@@ -194,6 +198,7 @@ def silu_and_mul_backward(grad: Tensor, x: Tensor, *, out: Tensor | None = None)
         vllm_plugin::silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor
 
     Kernels: ``silu_and_mul_backward_cpu`` (cpu); backward: none.
+    Dtypes: float32, float16, bfloat16.
     """
     return (_OPS or _load())["silu_and_mul_backward"](
         grad, x, out=out

@@ -27,8 +27,32 @@ def advance_step_flashattn(
     seq_lens: _Tensor,
     slot_mapping: _Tensor,
     block_tables: _Tensor,
-) -> None: ...
-def fused_add_rms_norm(x: _Tensor, residual: _Tensor, weight: _Tensor, eps: float = 1e-06) -> None: ...
-def scale_(x: _Tensor, alpha: float) -> None: ...
-def silu_and_mul(x: _Tensor, *, out: _Tensor | None = None) -> _Tensor: ...
-def silu_and_mul_backward(grad: _Tensor, x: _Tensor, *, out: _Tensor | None = None) -> _Tensor: ...
+) -> None:
+    """Advance a multi-step decode runner by one step, in place.
+
+    Dtypes: int64.
+    """
+
+def fused_add_rms_norm(x: _Tensor, residual: _Tensor, weight: _Tensor, eps: float = 1e-06) -> None:
+    """Add ``x`` into ``residual``, then RMS-normalise the sum into ``x``, both in place.
+
+    Dtypes: float32, float16, bfloat16.
+    """
+
+def scale_(x: _Tensor, alpha: float) -> None:
+    """Multiply ``x`` by ``alpha`` in place.
+
+    Dtypes: float32, float16, bfloat16.
+    """
+
+def silu_and_mul(x: _Tensor, *, out: _Tensor | None = None) -> _Tensor:
+    """SwiGLU's gate: ``silu(a) * b`` for ``x = [a, b]`` split in halves along the last dim.
+
+    Dtypes: float32, float16, bfloat16.
+    """
+
+def silu_and_mul_backward(grad: _Tensor, x: _Tensor, *, out: _Tensor | None = None) -> _Tensor:
+    """Gradient of :func:`silu_and_mul` with respect to ``x``, given the output's gradient ``grad``.
+
+    Dtypes: float32, float16, bfloat16.
+    """

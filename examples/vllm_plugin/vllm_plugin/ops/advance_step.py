@@ -12,7 +12,8 @@ from vllm_plugin.ops._library import LIBRARY
 @LIBRARY.op(
     "advance_step_flashattn(int num_seqs, int num_queries, int block_size, Tensor(a!) input_tokens, "
     "Tensor sampled_token_ids, Tensor(b!) input_positions, Tensor(c!) seq_lens, Tensor(d!) slot_mapping, "
-    "Tensor block_tables) -> ()"
+    "Tensor block_tables) -> ()",
+    dtypes=("int64",),  # the token and position tensors; the kernel checks the int32 ones itself
 )
 def advance_step_flashattn(
     num_seqs: int, num_queries: int, block_size: int, input_tokens: Any, sampled_token_ids: Any,
