@@ -135,9 +135,16 @@ class OpDef:
         Test-case generator ``hints(dtype, rng)`` for the test matrix and
         benchmarks; ops without one get elementwise cases.
     dtypes
-        The floating (and integer) dtypes the op's kernels take for its
-        dtype-dispatched Tensor arguments, by name; every adapter checks them
+        The dtypes the op's kernels take for the Tensor argument they
+        dispatch on (``dtype_arg``), by name; every adapter checks them
         before the kernel, and the test matrix runs each.
+    dispatch_arg
+        Index of the first non-optional Tensor argument: its array type picks
+        the framework adapter.
+    dtype_arg
+        Index of the Tensor argument whose dtype the kernel dispatches on
+        (default: ``dispatch_arg``; e.g. ``rotary_embedding`` dispatches on
+        ``query``, not on its integer ``positions``).
     """
 
     library: Library
@@ -151,6 +158,7 @@ class OpDef:
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     doc: str = ""
     dispatch_arg: int = 0
+    dtype_arg: int = 0
     call: Callable[..., Any] = field(init=False, repr=False)
     preludes: dict[str, str] = field(default_factory=dict, repr=False)
     out_preludes: dict[str, str] = field(default_factory=dict, repr=False)
@@ -277,6 +285,7 @@ class Library:
         tolerances: Mapping[str, tuple[float, float]] | None = None,
         hints: CaseHint | None = None,
         dtypes: Sequence[str] | None = None,
+        dtype_arg: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare an op by decorating its NumPy reference implementation.
 
@@ -297,6 +306,9 @@ class Library:
             Test-case generator ``hints(dtype, rng)``; see :class:`OpDef`.
         dtypes
             Dtype names the kernels take; default: the library's ``dtypes``.
+        dtype_arg
+            The Tensor argument whose dtype ``dtypes`` constrains; default: the
+            first non-optional Tensor argument.
 
         Returns
         -------
@@ -306,7 +318,7 @@ class Library:
         parsed = parse_schema(schema)  # SchemaError is a DeclarationError
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
-            return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes)
+            return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes, dtype_arg)
 
         return decorate
 
@@ -320,6 +332,7 @@ class Library:
         tolerances: Mapping[str, tuple[float, float]] | None,
         hints: CaseHint | None = None,
         dtypes: Sequence[str] | None = None,
+        dtype_arg: str | None = None,
     ) -> Callable[..., Any]:
         name = schema.name
         dtypes = tuple(dtypes) if dtypes is not None else self.dtypes
@@ -361,6 +374,7 @@ class Library:
             dtypes=dtypes,
             doc=(reference.__doc__ or "").strip() if reference is not None else "",
             dispatch_arg=tensors[0],
+            dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),
         )
         self.ops[name] = op
         return self._publish(op)
@@ -373,6 +387,17 @@ class Library:
         registers it with the frameworks in use.
         """
         return op
+
+    @staticmethod
+    def _dtype_arg(schema: Schema, name: str | None, default: int) -> int:
+        if name is None:
+            return default
+        for i, a in enumerate(schema.arguments):
+            if a.name == name:
+                if not a.type.is_tensor or a.type.optional:
+                    raise DeclarationError(f"{schema.name}: dtype_arg {name!r} must be a non-optional Tensor")
+                return i
+        raise DeclarationError(f"{schema.name}: dtype_arg {name!r} names no argument")
 
     def _default_kernels(self, name: str) -> dict[str, str]:
         """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources."""

@@ -1,4 +1,9 @@
-"""NumPy adapter: calls the CPU kernel on ``numpy.ndarray`` arguments (no autograd)."""
+"""NumPy adapter: calls the CPU kernel on ``numpy.ndarray`` arguments (no autograd).
+
+Non-contiguous arrays are accepted: they reach the kernel as one contiguous
+copy each, and a mutated one is written back in place after the kernel
+(:func:`opbridge.call.core.dense_args`). New outputs are contiguous.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opbridge import loader
+from opbridge.call import core
 from opbridge.call.callable import install_prelude
-from opbridge.call.core import make_alias_check, pack_results, validate_args
-from opbridge.declare import like
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -25,27 +29,41 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, np.ndarray)
 
 
+def _is_dense(a: np.ndarray) -> bool:
+    return bool(a.flags.c_contiguous)
+
+
+def _dtype_name(a: np.ndarray) -> str:
+    return "bfloat16" if a.dtype.name == "bfloat16" else str(a.dtype)
+
+
+def _empty(shape: tuple[int, ...], dtype: Any, lead: Any) -> np.ndarray:
+    return np.empty(shape, np.dtype(dtype))
+
+
 def _fast_prelude(op: OpDef) -> str | None:
     """Inline fast path for plain ndarrays: allocate like the input, call the kernel.
 
-    Only for functional ops whose outputs are shaped ``like`` inputs. A
-    TypeError from the kernel's argument conversion falls back to the checked
-    path, which names the offending argument.
+    Only for functional ops whose outputs are shaped ``like`` inputs. The
+    dispatching array's dtype must be declared (one frozenset lookup). A
+    TypeError or ValueError from the kernel (a bad argument, or a
+    non-contiguous input) falls back to the checked path, which densifies
+    strided inputs and names the offending argument.
     """
     args = op.schema.arguments
-    if op.schema.is_mutating or not isinstance(op.shape, like) or any(
+    if op.schema.is_mutating or core.like_indices(op) is None or any(
             (a.type.is_tensor and a.type.optional) or a.type.is_tensor_list for a in args):
         return None
     names = [a.name for a in args]
     outs = [f"_o{i}" for i in range(op.n_outputs)]
-    conds = " and ".join(f"type({a.name}) is _np_nd" for a in args if a.type.is_tensor)
+    conds = [f"type({a.name}) is _np_nd" for a in args if a.type.is_tensor]
+    conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
     slow = f"_np_slow({', '.join(names)})"
-    lines = [f"    if {conds}:", "        try:"]
-    lines += [f"            {o} = _np_empty_like({n})" for o, n in zip(outs, op.shape.names)]
-    lines += [f"            _np_k({', '.join([*outs, *names])})", "        except TypeError:",
+    lines = [f"    if {' and '.join(conds)}:", "        try:"]
+    lines += [f"            {s}" for s in core.alloc_source(op, names, outs, "_np_empty_like({x})", "")]
+    lines += [f"            _np_k({', '.join([*outs, *names])})", "        except (TypeError, ValueError):",
               f"            return {slow}"]
-    ret = outs[0] if len(op.schema.returns) == 1 else f"({', '.join(outs)},)"
-    lines.append(f"        return {ret}")
+    lines += core.returns_source(op, names, outs, "        ")
     return "\n".join(lines) + "\n"
 
 
@@ -56,37 +74,47 @@ class NumpyAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         kern = loader.kernel(op, "cpu")
-        mutating = op.schema.is_mutating
-        check_alias = make_alias_check(op, _span)
-        like_idx = None
-        if isinstance(op.shape, like):
-            names = [a.name for a in op.schema.arguments]
-            like_idx = [names.index(n) for n in op.shape.names]
+        check_alias = core.make_alias_check(op, _span)
 
         def call(*args: Any) -> Any:
-            validate_args(op, args, _is_array, "a numpy.ndarray")
-            if like_idx is not None:
-                outs = [np.empty(args[i].shape, args[i].dtype) for i in like_idx]
-            else:
-                outs = [np.empty(s.shape, np.dtype(s.dtype)) for s in op.output_specs(args)]
-            if mutating:
-                check_alias(args)
-            kern(*outs, *args)
-            return pack_results(op, args, outs)
+            core.validate_args(op, args, _is_array, "a numpy.ndarray")
+            core.check_lead_dtype(op, args, _dtype_name)
+            full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
+            outs = core.alloc_outputs(op, full, _empty)
+            check_alias(args)
+            kern(*outs, *full)
+            for orig, copy in back:
+                orig[...] = copy
+            return core.pack_results(op, args, outs)
 
         prelude = _fast_prelude(op)
         if prelude is not None:
             install_prelude(op, "numpy", prelude, {
                 "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern, "_np_slow": call,
+                "_np_dts": core.framework_dtypes(op, _np_dtype),
             })
         return call
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
-        """Run *op* into the caller's arrays *outs* (validated by the kernel)."""
-        validate_args(op, args, _is_array, "a numpy.ndarray")
-        make_alias_check(op, _span)(args)
-        loader.kernel(op, "cpu")(*outs, *args)
-        return pack_results(op, args, outs)
+        """Run *op* into the caller's arrays *outs* (shapes and dtypes validated by the kernel)."""
+        core.validate_args(op, args, _is_array, "a numpy.ndarray")
+        core.check_lead_dtype(op, args, _dtype_name)
+        core.make_alias_check(op, _span)(args)
+        full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
+        loader.kernel(op, "cpu")(*outs, *full)
+        for orig, copy in back:
+            orig[...] = copy
+        return core.pack_results(op, args, outs)
+
+
+def _np_dtype(name: str) -> np.dtype[Any]:
+    if name == "bfloat16":  # NumPy has no bfloat16 of its own; ml_dtypes (JAX's) adds one
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("no bfloat16 without ml_dtypes") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 ADAPTER = NumpyAdapter()

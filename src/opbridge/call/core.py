@@ -196,3 +196,83 @@ def dtype_error(op: OpDef, arg: str, got: str) -> TypeError:
     """The error every adapter raises for a dtype the op does not declare."""
     return TypeError(f"{op.name}: argument '{arg}' has dtype {got}, but {op.name} takes "
                      f"{', '.join(op.dtypes)} (declared dtypes)")
+
+
+def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any], str]) -> None:
+    """Raise :func:`dtype_error` unless ``op.dtype_arg``'s dtype is one *op* declares.
+
+    The kernel dispatches on that argument's dtype and checks the others
+    against it.
+    """
+    got = dtype_name(args[op.dtype_arg])
+    if got not in op.dtypes:
+        raise dtype_error(op, op.schema.arguments[op.dtype_arg].name, got)
+
+
+def framework_dtypes(op: OpDef, convert: Callable[[str], Any]) -> frozenset[Any]:
+    """The op's declared dtypes as one framework's dtype objects (names it lacks are left out)."""
+    out = set()
+    for name in op.dtypes:
+        try:
+            out.add(convert(name))
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return frozenset(out)
+
+
+# -- generated source shared by the adapters' specialised calls -----------------------------
+
+
+def alloc_source(op: OpDef, names: Sequence[str], outs: Sequence[str], new_like: str,
+                 from_rule: str) -> list[str]:
+    """Statements allocating *outs* for a call of *op*, under the one layout rule (contiguous).
+
+    *new_like* is the adapter's expression for a new contiguous array shaped
+    and typed like ``{x}``; *from_rule* an expression (over ``{args}``, the
+    argument tuple) returning every output from the shape rule.
+    """
+    idx = like_indices(op)
+    if idx is not None:
+        return [f"{o} = {new_like.format(x=names[i])}" for o, i in zip(outs, idx)]
+    if outs:
+        return [f"{', '.join(outs)}, = {from_rule.format(args='(' + ''.join(n + ', ' for n in names) + ')')}"]
+    return []
+
+
+def returns_source(op: OpDef, names: Sequence[str], outs: Sequence[str], indent: str) -> list[str]:
+    """The ``return`` statement mapping *outs* (and aliased inputs) onto the schema's returns.
+
+    ``_pack`` must be bound to ``lambda args, outs: pack_results(op, args, outs)``
+    where more than one value is returned.
+    """
+    returns = op.schema.returns
+    if not returns:
+        return [f"{indent}return None"]
+    if len(returns) == 1 and len(outs) == 1:
+        return [f"{indent}return {outs[0]}"]
+    return [f"{indent}return _pack(({''.join(n + ', ' for n in names)}), ({''.join(o + ', ' for o in outs)}))"]
+
+
+# -- strided inputs ------------------------------------------------------------------------
+
+
+def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
+               densify: Callable[[Any], Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Arguments for a kernel that takes dense (contiguous) tensors only.
+
+    Each Tensor argument that is not dense is replaced by a dense copy
+    (``densify``). A mutated argument is copied in and must be copied back
+    after the kernel: the pairs ``(original, copy)`` to copy back are
+    returned beside the arguments. Dense arguments pass through untouched,
+    so the common case costs one ``is_dense`` test per tensor.
+    """
+    full = list(args)
+    back: list[tuple[Any, Any]] = []
+    for i, a in enumerate(op.schema.arguments):
+        v = full[i]
+        if not a.type.is_tensor or v is None or is_dense(v):
+            continue
+        full[i] = densify(v)
+        if a.is_mutated:
+            back.append((v, full[i]))
+    return full, back
