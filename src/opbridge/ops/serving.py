@@ -212,6 +212,7 @@ def rotary_embedding_cases(dtype: str, rng: np.random.Generator) -> list[dict[st
     "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
     "Tensor cos_sin_cache, bool is_neox) -> ()",
     hints=rotary_embedding_cases,
+    dtype_arg="query",
 )
 def rotary_embedding(positions: Any, query: Any, key: Any, head_size: int, cos_sin_cache: Any,
                      is_neox: bool) -> None:
@@ -343,6 +344,7 @@ def advance_step_flashattn_cases(dtype: str, rng: np.random.Generator) -> list[d
     "Tensor sampled_token_ids, Tensor(b!) input_positions, Tensor(c!) seq_lens, Tensor(d!) slot_mapping, "
     "Tensor block_tables) -> ()",
     hints=advance_step_flashattn_cases,
+    dtypes=("int64",),  # input_tokens; the kernel checks the int32 and int64 tensors beside it
 )
 def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int, input_tokens: Any,
                            sampled_token_ids: Any, input_positions: Any, seq_lens: Any, slot_mapping: Any,
