@@ -92,6 +92,7 @@ class NumpyAdapter:
             install_prelude(op, "numpy", prelude, {
                 "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern, "_np_slow": call,
                 "_np_dts": core.framework_dtypes(op, _np_dtype),
+                "_pack": lambda a, o: core.pack_results(op, a, o),
             })
         return call
 

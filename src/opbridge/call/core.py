@@ -194,8 +194,9 @@ def run_backward(op: OpDef, grads: Sequence[Any], full: Sequence[Any]) -> list[A
 
 def dtype_error(op: OpDef, arg: str, got: str) -> TypeError:
     """The error every adapter raises for a dtype the op does not declare."""
-    return TypeError(f"{op.name}: argument '{arg}' has dtype {got}, but {op.name} takes "
-                     f"{', '.join(op.dtypes)} (declared dtypes)")
+    names = list(op.dtypes)
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (the dtypes {op.name} declares)")
 
 
 def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any], str]) -> None:
