@@ -23,7 +23,9 @@ then run through the op and compared against the op's NumPy reference:
     central finite differences of the float64 reference, as directional
     derivatives ``<g, J u>`` per differentiable input.
 ``noncontiguous``
-    A non-contiguous input must raise ``ValueError`` naming the op.
+    A non-contiguous input is either refused with a ``ValueError`` naming
+    the op, or accepted and computed right (outputs and in-place updates
+    match the reference, other inputs unchanged).
 ``opcheck`` / ``compile``
     (torch, one small case per dtype) ``torch.library.opcheck`` on the
     registered overload, and ``torch.compile(fullgraph=True)`` of a function

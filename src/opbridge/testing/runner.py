@@ -309,12 +309,22 @@ class Runner:
                 )
 
     def check_noncontiguous(self, case: Mapping[str, Any]) -> None:
+        """A non-contiguous argument is either refused clearly or computed right.
+
+        Refused: a ``ValueError`` naming the op. Accepted (issue 11: ops take
+        any strides): outputs, and mutated arguments updated in place, match
+        the reference, and the other inputs are unchanged.
+        """
         name = case[NONCONTIGUOUS]
         with self.checking("setup"):
             full, _ = self.materialize(case)
+        with self.checking("reference"):
+            expected, expected_mut = self.reference(self.ref_inputs(full))
         with self.checking("noncontiguous"):
+            before = [self.kit.clone(v) if a.type.is_tensor and v is not None and not a.is_mutated else None
+                      for a, v in zip(self.args, full, strict=True)]
             try:
-                self.call(full)
+                outs = self.call(full)
             except ValueError as exc:
                 if self.op.name not in str(exc):
                     raise AssertionError(
@@ -322,10 +332,15 @@ class Runner:
                         f"the op {self.op.name!r}: {exc}"
                     ) from None
                 return
-            raise AssertionError(
-                f"non-contiguous '{name}' was accepted; kernels index raw memory, so they must "
-                f"reject it with ValueError naming the op (OPB_CHECK_CONTIGUOUS(op, {name}))"
-            )
+            try:
+                self.compare_results(full, outs, expected, expected_mut)
+                self.check_unchanged(full, before, ())
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"non-contiguous '{name}' was accepted, but the results are wrong; a kernel that "
+                    f"indexes raw memory must read the strides or reject the input with ValueError "
+                    f"naming the op (OPB_CHECK_CONTIGUOUS(op, {name})):\n{_indent(str(exc))}"
+                ) from None
 
     def check_gradients(self, index: int, full: Sequence[Any], ref_in: Sequence[Any]) -> None:
         from opbridge.testing.gradients import check_directional
