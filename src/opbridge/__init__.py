@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from opbridge import _imports
 from opbridge._version import __version__
 from opbridge.declare import OpDef, Spec, like
 from opbridge.errors import (
@@ -38,6 +39,23 @@ __all__ = [
     "like",
     "ops",
 ]
+
+
+def _register_builtins_with_torch() -> None:
+    """Declare the built-in ops, so that ``torch.ops.opbridge.<op>`` resolves; nothing is compiled.
+
+    Declaring an op while torch is imported registers its schema, kernels
+    (which build on their first call), fake kernel and autograd formula.
+    """
+    import importlib
+
+    importlib.import_module("opbridge.ops")
+    from opbridge.call import dispatch
+
+    dispatch.adapter("torch")  # registers every op declared before torch was imported too
+
+
+_imports.after_import("torch", _register_builtins_with_torch)
 
 
 def __getattr__(name: str) -> Any:
