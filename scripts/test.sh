@@ -12,6 +12,8 @@ export MS_OM_PATH=${MS_OM_PATH:-$PWD/.cache/mindspore-om}
 status=0
 run() { echo "== $*"; "$@" || status=1; }
 
+# The pipeline's arrows point down and adapters never import each other (pyproject's [tool.importlinter]).
+run .venv/bin/lint-imports --no-cache
 # Core, build, CLI, torch and numpy (everything that is not another framework's).
 run .venv/bin/python -m pytest -q -p no:cacheprovider tests \
   --ignore=tests/test_jax_adapter.py --ignore=tests/test_paddle_adapter.py \

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The one-command GPU check (issue 12): on a machine with a CUDA GPU, run the CUDA tests, the
+# torch- and JAX-on-GPU tests, `opbridge bench gpu --quick` and the CUDA launch-cost benchmark,
+# and write one JSON summary (results/gpu-check/summary.json, or $GPU_CHECK_OUT/summary.json).
+# Without a GPU it says so and exits 0. Not one of the README's two commands: CI has no GPU.
+#
+#   scripts/gpu-check.sh            # uses $PYTHON, else .venv/bin/python, else python3
+#   GPU_CHECK_QUICK=0 scripts/gpu-check.sh   # the full bench gpu run instead of --quick
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+OUT=${GPU_CHECK_OUT:-results/gpu-check}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export OPBRIDGE_CACHE_DIR=${OPBRIDGE_CACHE_DIR:-$PWD/.cache/opbridge} OPBRIDGE_NO_PROGRESS=${OPBRIDGE_NO_PROGRESS:-1}
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu-check: no CUDA GPU visible to $PY (torch.cuda.is_available() is False); nothing to check"
+  exit 0
+fi
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+echo "gpu-check: $(cat "$OUT/gpu.txt"); writing $OUT"
+
+step() {  # step NAME COMMAND...: run, keep the log and the exit status
+  local name=$1; shift
+  echo "== $name: $*"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name $rc $((SECONDS - t0))" >> "$OUT/steps.txt"
+  tail -3 "$OUT/$name.log"
+}
+: > "$OUT/steps.txt"
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestUnraisableExceptionWarning)
+step cuda_tests "${PYTEST[@]}" tests/test_cuda.py --junitxml="$OUT/cuda_tests.xml"
+step torch_gpu_tests "${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu" --junitxml="$OUT/torch_gpu_tests.xml"
+step jax_gpu_tests env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda" \
+  --junitxml="$OUT/jax_gpu_tests.xml"
+QUICK=$([ "${GPU_CHECK_QUICK:-1}" = "1" ] && echo --quick)
+step bench_gpu "$PY" -m opbridge bench gpu $QUICK --out "$OUT/bench-gpu"
+step bench_overhead_cuda "$PY" -m opbridge bench overhead --device cuda --json $QUICK
+"$PY" scripts/gpu_check_summary.py "$OUT"

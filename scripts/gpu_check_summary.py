@@ -1,0 +1,52 @@
+"""Fold the outputs of scripts/gpu-check.sh into one JSON summary (``<out>/summary.json``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def _junit(path: Path) -> dict[str, object]:
+    if not path.exists():
+        return {"missing": True}
+    root = ET.parse(path).getroot()  # noqa: S314 - our own pytest's output
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    assert suite is not None
+    failed = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")} | {"failed": failed}
+
+
+def _last_json(text: str) -> object:
+    start = text.find("{")
+    while start != -1:
+        try:
+            return json.loads(text[start:])
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+    return None
+
+
+def main(out: Path) -> int:
+    steps = {}
+    for line in (out / "steps.txt").read_text().splitlines():
+        name, rc, secs = line.split()
+        steps[name] = {"exit_status": int(rc), "seconds": int(secs)}
+    summary: dict[str, object] = {"gpu": (out / "gpu.txt").read_text().strip(), "steps": steps}
+    for name in ("cuda_tests", "torch_gpu_tests", "jax_gpu_tests"):
+        summary[name] = _junit(out / f"{name}.xml")
+    bench = out / "bench-gpu" / "results.json"
+    summary["bench_gpu"] = json.loads(bench.read_text()) if bench.exists() else None
+    log = out / "bench_overhead_cuda.log"
+    summary["bench_overhead_cuda"] = _last_json(log.read_text()) if log.exists() else None
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    failed = [n for n, s in steps.items() if s["exit_status"]]
+    verdict = "FAILED: " + ", ".join(failed) if failed else "all steps passed"
+    print(f"gpu-check: {verdict}; summary in {out / 'summary.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
