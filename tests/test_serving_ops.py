@@ -349,12 +349,15 @@ ROTARY_REJECTIONS: list[tuple[str, dict[str, Any], type, str]] = [
     ("odd rot_dim", {"cos_sin_cache": torch.randn(10, 7)}, ValueError, r"cos_sin_cache's last dim \(rot_dim"),
     ("rot_dim > head_size", {"cos_sin_cache": torch.randn(10, 10)}, ValueError, r"cos_sin_cache's last dim"),
     ("1-D cache", {"cos_sin_cache": torch.randn(80)}, ValueError, "cos_sin_cache must be 2-D"),
-    ("query non-contiguous", {"query": torch.randn(4, 32)[:, ::2]}, ValueError, "query must be contiguous"),
-    ("key non-contiguous", {"key": torch.randn(4, 16)[:, ::2]}, ValueError, "key must be contiguous"),
-    ("positions non-contiguous", {"positions": torch.arange(8)[::2]}, ValueError,
+]
+
+#: Non-contiguous arguments: computed right, or (where an adapter still refuses them) a clear error.
+ROTARY_STRIDED: list[tuple[str, dict[str, Any], str]] = [
+    ("query non-contiguous", {"query": torch.randn(4, 32)[:, ::2]}, "query must be contiguous"),
+    ("key non-contiguous", {"key": torch.randn(4, 16)[:, ::2]}, "key must be contiguous"),
+    ("positions non-contiguous", {"positions": torch.tensor([0, 1, 3, 1, 9, 0, 2, 5])[::2]},
      "positions must be contiguous"),
-    ("cache non-contiguous", {"cos_sin_cache": torch.randn(10, 16)[:, ::2]}, ValueError,
-     "cos_sin_cache must be contiguous"),
+    ("cache non-contiguous", {"cos_sin_cache": torch.randn(10, 16)[:, ::2]}, "cos_sin_cache must be contiguous"),
 ]
 
 
@@ -373,6 +376,12 @@ def test_rotary_rejects(what: str, over: dict[str, Any], exc: type, msg: str, fr
         ops.rotary_embedding(**args)
     for n, v in before.items():  # nothing was written
         np.testing.assert_array_equal(np.asarray(args[n]), np.asarray(v), err_msg=f"{what}: {n} changed")
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize(("what", "over", "refusal"), ROTARY_STRIDED, ids=[r[0] for r in ROTARY_STRIDED])
+def test_rotary_strided(what: str, over: dict[str, Any], refusal: str, framework: str) -> None:
+    _strided_like_dense(ops.rotary_embedding, _rotary_args(**over), refusal, framework)
 
 
 def test_rotary_reference_rejects_like_the_kernel() -> None:
@@ -542,24 +551,56 @@ ADVANCE_REJECTIONS: list[tuple[str, Callable[[dict[str, Any]], None], type, str]
     ("block id overflow", lambda a: (a.update(block_size=2**40), a["seq_lens"].zero_(),
                                      a["block_tables"].__setitem__((4, 0), 2**23)),
      ValueError, r"block_tables\[4\]\[0\] = 8388608 is not a valid block id \(must be in \[0, 8388606\]"),
-    ("input_tokens non-contiguous", lambda a: a.update(input_tokens=torch.zeros(16, dtype=torch.int64)[::2]),
-     ValueError, "input_tokens must be contiguous"),
-    ("sampled non-contiguous",
-     lambda a: a.update(sampled_token_ids=torch.zeros(5, 2, dtype=torch.int64)[:, :1]),
-     ValueError, "sampled_token_ids must be contiguous"),
-    ("input_positions non-contiguous",
-     lambda a: a.update(input_positions=torch.zeros(16, dtype=torch.int64)[::2]),
-     ValueError, "input_positions must be contiguous"),
-    ("seq_lens non-contiguous", lambda a: a.update(seq_lens=torch.zeros(16, dtype=torch.int32)[::2]),
-     ValueError, "seq_lens must be contiguous"),
-    ("slot_mapping non-contiguous", lambda a: a.update(slot_mapping=torch.zeros(16, dtype=torch.int64)[::2]),
-     ValueError, "slot_mapping must be contiguous"),
-    ("block_tables non-contiguous",
-     lambda a: a.update(block_tables=torch.zeros(8, 16, dtype=torch.int32)[:, ::2]),
-     ValueError, "block_tables must be contiguous"),
     ("aliased outputs", lambda a: a.update(input_positions=a["slot_mapping"]), ValueError,
      "mutated argument 'input_positions' overlaps argument 'slot_mapping'"),
 ]
+
+
+#: Non-contiguous arguments: computed right, or (where an adapter still refuses them) a clear error.
+ADVANCE_STRIDED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("input_tokens non-contiguous", lambda a: a.update(input_tokens=torch.zeros(16, dtype=torch.int64)[::2]),
+     "input_tokens must be contiguous"),
+    ("sampled non-contiguous",
+     lambda a: a.update(sampled_token_ids=torch.arange(10, dtype=torch.int64).view(5, 2)[:, :1]),
+     "sampled_token_ids must be contiguous"),
+    ("input_positions non-contiguous",
+     lambda a: a.update(input_positions=torch.zeros(16, dtype=torch.int64)[::2]),
+     "input_positions must be contiguous"),
+    ("seq_lens non-contiguous", lambda a: a.update(seq_lens=torch.arange(16, dtype=torch.int32)[::2]),
+     "seq_lens must be contiguous"),
+    ("slot_mapping non-contiguous", lambda a: a.update(slot_mapping=torch.zeros(16, dtype=torch.int64)[::2]),
+     "slot_mapping must be contiguous"),
+    ("block_tables non-contiguous",
+     lambda a: a.update(block_tables=torch.arange(128, dtype=torch.int32).view(8, 16)[:, ::2]),
+     "block_tables must be contiguous"),
+]
+
+
+def _strided_like_dense(op: Callable[..., Any], args: dict[str, Any], refusal: str, framework: str) -> None:
+    """*op* on *args* (one non-contiguous) equals *op* on contiguous copies, or refuses with *refusal*.
+
+    Issue 11: every op takes any strides (mutated arguments are updated in
+    place all the same); until an adapter does, it must refuse with a
+    ValueError naming the op and the argument, writing nothing.
+    """
+    if framework == "numpy":
+        args = {n: v.numpy() if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+    dense = {n: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v.contiguous().clone())
+             if hasattr(v, "shape") else v for n, v in args.items()}
+    before = {n: np.array(v) for n, v in args.items() if hasattr(v, "shape")}
+    name = op.__name__
+    try:
+        op(**args)
+    except ValueError as e:
+        assert re.search(f"{name}: {refusal}", str(e)), str(e)
+        for n, v in before.items():
+            np.testing.assert_array_equal(np.asarray(args[n]), v, err_msg=f"{n} changed by a refused call")
+        return
+    op(**dense)
+    for n, v in dense.items():
+        if hasattr(v, "shape"):
+            np.testing.assert_allclose(np.asarray(args[n]), np.asarray(v), rtol=1e-6, atol=1e-6,
+                                       err_msg=f"{name}: {n} differs from the call on contiguous copies")
 
 
 @pytest.mark.parametrize("framework", ["torch", "numpy"])
@@ -576,6 +617,15 @@ def test_advance_step_rejects(what: str, edit: Callable[[dict[str, Any]], None],
         ops.advance_step_flashattn(**args)
     for n, v in before.items():  # nothing was written, not even the queries before the bad one
         np.testing.assert_array_equal(np.asarray(args[n]), v, err_msg=f"{what}: {n} changed")
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize(("what", "edit", "refusal"), ADVANCE_STRIDED, ids=[r[0] for r in ADVANCE_STRIDED])
+def test_advance_step_strided(what: str, edit: Callable[[dict[str, Any]], None], refusal: str,
+                              framework: str) -> None:
+    args = step_args(8, 5, 16, 8)
+    edit(args)
+    _strided_like_dense(ops.advance_step_flashattn, args, refusal, framework)
 
 
 @pytest.mark.parametrize("framework", ["torch", "numpy"])

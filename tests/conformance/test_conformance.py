@@ -149,10 +149,10 @@ def test_graph_mode_gradients(op: opbridge.OpDef) -> None:
 def test_wrong_dtype_names_op_and_argument(op: opbridge.OpDef) -> None:
     dtype = op.dtypes[0]
     case = _cases(op, dtype)[0]
-    lead = op.schema.arguments[op.dispatch_arg].name
+    lead = op.schema.arguments[op.dtype_arg].name  # the tensor whose dtype the kernel dispatches on
     args = _args(op, case, dtype)
     undeclared = next(d for d in ("int32", "int16", "int8") if d not in op.dtypes)
-    args[op.dispatch_arg] = H.from_numpy(np.ones(case[lead].shape, undeclared), None)
+    args[op.dtype_arg] = H.from_numpy(np.ones(case[lead].shape, undeclared), None)
     with pytest.raises(TypeError, match=rf"{op.name}: {lead} must have (the same )?dtype"):
         op.call(*args)
 
