@@ -64,10 +64,7 @@ OPB_TARGET_CLONES void act_and_mul_backward_chunk(T* grad_x, const T* grad, cons
 
 template <typename Act>
 void act_and_mul(const char* op, TensorView out, TensorView x) {
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  const int64_t d = opbridge::activation_and_mul::check_x(op, x);
-  OPB_CHECK_DEVICE(op, out, kDLCPU);
-  opbridge::activation_and_mul::check_out(op, out, x);
+  const int64_t d = opbridge::activation_and_mul::check_forward(op, kDLCPU, out, x);
 
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -81,11 +78,7 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
 
 template <typename Act>
 void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, TensorView x) {
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  const int64_t d = opbridge::activation_and_mul::check_x(op, x);
-  OPB_CHECK_DEVICE(op, grad, kDLCPU);
-  OPB_CHECK_DEVICE(op, grad_x, kDLCPU);
-  opbridge::activation_and_mul::check_grads(op, grad_x, grad, x);
+  const int64_t d = opbridge::activation_and_mul::check_backward(op, kDLCPU, grad_x, grad, x);
 
   const int64_t n = grad.numel();
   if (n == 0) return;
@@ -102,18 +95,4 @@ void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, Te
 
 }  // namespace
 
-void silu_and_mul_cpu(TensorView out, TensorView x) { act_and_mul<Silu>("silu_and_mul", out, x); }
-OPBRIDGE_EXPORT(silu_and_mul_cpu);
-
-void gelu_and_mul_cpu(TensorView out, TensorView x) { act_and_mul<GeluTanh>("gelu_and_mul", out, x); }
-OPBRIDGE_EXPORT(gelu_and_mul_cpu);
-
-void silu_and_mul_backward_cpu(TensorView grad_x, TensorView grad, TensorView x) {
-  act_and_mul_backward<Silu>("silu_and_mul_backward", grad_x, grad, x);
-}
-OPBRIDGE_EXPORT(silu_and_mul_backward_cpu);
-
-void gelu_and_mul_backward_cpu(TensorView grad_x, TensorView grad, TensorView x) {
-  act_and_mul_backward<GeluTanh>("gelu_and_mul_backward", grad_x, grad, x);
-}
-OPBRIDGE_EXPORT(gelu_and_mul_backward_cpu);
+OPB_EXPORT_ACTIVATION_AND_MUL(cpu);

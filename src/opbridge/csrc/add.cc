@@ -27,10 +27,7 @@ OPB_TARGET_CLONES void add_chunk(T* out, const T* x, const T* y, int64_t n, bool
 
 void add_cpu(TensorView out, TensorView x, TensorView y) {
   const char* op = "add";
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  OPB_CHECK_DEVICE(op, y, kDLCPU);
-  OPB_CHECK_DEVICE(op, out, kDLCPU);
-  opbridge::add::check_tensors(op, out, x, y);
+  opbridge::add::check_tensors(op, kDLCPU, out, x, y);
 
   const int64_t n = x.numel();
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {

@@ -14,10 +14,7 @@ struct Add {
 
 void add_cuda(TensorView out, TensorView x, TensorView y) {
   const char* op = "add";
-  OPB_CHECK_DEVICE(op, x, kDLCUDA);
-  OPB_CHECK_SAME_DEVICE(op, y, x);
-  OPB_CHECK_SAME_DEVICE(op, out, x);
-  opbridge::add::check_tensors(op, out, x, y);
+  opbridge::add::check_tensors(op, kDLCUDA, out, x, y);
 
   const int64_t n = x.numel();
   if (n == 0) return;

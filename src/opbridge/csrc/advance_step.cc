@@ -32,6 +32,7 @@
 namespace {
 
 using opbridge::TensorView;
+using opbridge::advance_step::kOp;
 
 // Sequences [lo, hi): the validated update (see the file comment).
 void advance_rows(int64_t lo, int64_t hi, int64_t num_queries, int64_t block_size, int64_t max_blocks,
@@ -55,21 +56,9 @@ void advance_rows(int64_t lo, int64_t hi, int64_t num_queries, int64_t block_siz
 
 }  // namespace
 
-void advance_step_flashattn_cpu(int64_t num_seqs, int64_t num_queries, int64_t block_size,
-                                TensorView input_tokens, TensorView sampled_token_ids,
-                                TensorView input_positions, TensorView seq_lens, TensorView slot_mapping,
-                                TensorView block_tables) {
-  const char* op = "advance_step_flashattn";
-  opbridge::advance_step::check_scalars(op, num_seqs, num_queries, block_size);
-
-  OPB_CHECK_DEVICE(op, input_tokens, kDLCPU);
-  OPB_CHECK_DEVICE(op, sampled_token_ids, kDLCPU);
-  OPB_CHECK_DEVICE(op, input_positions, kDLCPU);
-  OPB_CHECK_DEVICE(op, seq_lens, kDLCPU);
-  OPB_CHECK_DEVICE(op, slot_mapping, kDLCPU);
-  OPB_CHECK_DEVICE(op, block_tables, kDLCPU);
-  const int64_t max_blocks = opbridge::advance_step::check_tensors(
-      op, num_seqs, num_queries, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cpu) {
+  const int64_t max_blocks = opbridge::advance_step::check_args(
+      kDLCPU, num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
       block_tables);
 
   int64_t* tokens = opbridge::data_ptr<int64_t>(input_tokens);
@@ -83,20 +72,20 @@ void advance_step_flashattn_cpu(int64_t num_seqs, int64_t num_queries, int64_t b
   const int64_t max_block_id = std::numeric_limits<int64_t>::max() / block_size - 1;
   for (int64_t i = 0; i < num_queries; ++i) {
     OPB_CHECK(sampled[i] >= 0, ValueError)
-        << op << ": sampled_token_ids must be >= 0 (token ids), got sampled_token_ids[" << i << "] = "
+        << kOp << ": sampled_token_ids must be >= 0 (token ids), got sampled_token_ids[" << i << "] = "
         << sampled[i];
     const int64_t len = lens[i];
-    OPB_CHECK(len >= 0, ValueError) << op << ": seq_lens must be >= 0, got seq_lens[" << i << "] = " << len;
+    OPB_CHECK(len >= 0, ValueError) << kOp << ": seq_lens must be >= 0, got seq_lens[" << i << "] = " << len;
     OPB_CHECK(len < std::numeric_limits<int32_t>::max(), ValueError)
-        << op << ": seq_lens[" << i << "] = " << len << " cannot be incremented without overflowing int32";
+        << kOp << ": seq_lens[" << i << "] = " << len << " cannot be incremented without overflowing int32";
     const int64_t b = len / block_size;
     OPB_CHECK(b < max_blocks, ValueError)
-        << op << ": block index beyond the table's width: sequence " << i << " at position " << len
+        << kOp << ": block index beyond the table's width: sequence " << i << " at position " << len
         << " needs block_tables[" << i << "][" << b << "] (block_size " << block_size
         << "), but block_tables has " << max_blocks << " column(s)";
     const int64_t id = tables[i * max_blocks + b];
     OPB_CHECK(id >= 0 && id <= max_block_id, ValueError)
-        << op << ": block_tables[" << i << "][" << b << "] = " << id << " is not a valid block id (must be in [0, "
+        << kOp << ": block_tables[" << i << "][" << b << "] = " << id << " is not a valid block id (must be in [0, "
         << max_block_id << "] so that its slots id * block_size + [0, block_size) fit in int64)";
   }
 

@@ -35,6 +35,7 @@
 namespace {
 
 using opbridge::TensorView;
+using opbridge::advance_step::kOp;
 namespace cu = opbridge::cuda;
 
 enum : int {
@@ -102,21 +103,9 @@ cu::ErrorFlag& error_flag() {
 
 }  // namespace
 
-void advance_step_flashattn_cuda(int64_t num_seqs, int64_t num_queries, int64_t block_size,
-                                 TensorView input_tokens, TensorView sampled_token_ids,
-                                 TensorView input_positions, TensorView seq_lens, TensorView slot_mapping,
-                                 TensorView block_tables) {
-  const char* op = "advance_step_flashattn";
-  opbridge::advance_step::check_scalars(op, num_seqs, num_queries, block_size);
-
-  OPB_CHECK_DEVICE(op, input_tokens, kDLCUDA);
-  OPB_CHECK_SAME_DEVICE(op, sampled_token_ids, input_tokens);
-  OPB_CHECK_SAME_DEVICE(op, input_positions, input_tokens);
-  OPB_CHECK_SAME_DEVICE(op, seq_lens, input_tokens);
-  OPB_CHECK_SAME_DEVICE(op, slot_mapping, input_tokens);
-  OPB_CHECK_SAME_DEVICE(op, block_tables, input_tokens);
-  const int64_t max_blocks = opbridge::advance_step::check_tensors(
-      op, num_seqs, num_queries, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
+  const int64_t max_blocks = opbridge::advance_step::check_args(
+      kDLCUDA, num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
       block_tables);
 
   const int64_t max_block_id = std::numeric_limits<int64_t>::max() / block_size - 1;
@@ -148,13 +137,13 @@ void advance_step_flashattn_cuda(int64_t num_seqs, int64_t num_queries, int64_t 
     os << "; that query was left unchanged and its slot_mapping entry set to -1 (padding)";
     return os.str();
   };
-  cu::raise_recorded(op, error_flag(), /*earlier=*/true, describe);
+  cu::raise_recorded(kOp, error_flag(), /*earlier=*/true, describe);
   if (num_seqs == 0) return;
 
-  cu::Context ctx(op, input_tokens);
-  const cu::ErrorSink sink = error_flag().sink(op, ctx.device(), &g_claim);
+  cu::Context ctx(kOp, input_tokens);
+  const cu::ErrorSink sink = error_flag().sink(kOp, ctx.device(), &g_claim);
   const int64_t blocks = (num_seqs + kThreads - 1) / kThreads;
-  OPB_CHECK(blocks <= INT32_MAX, ValueError) << op << ": num_seqs = " << num_seqs << " is too large";
+  OPB_CHECK(blocks <= INT32_MAX, ValueError) << kOp << ": num_seqs = " << num_seqs << " is too large";
   advance_step_flashattn_kernel<<<unsigned(blocks), kThreads, 0, ctx.stream>>>(
       num_seqs, num_queries, block_size, max_block_id, opbridge::data_ptr<int64_t>(input_tokens),
       opbridge::data_ptr<const int64_t>(sampled_token_ids), opbridge::data_ptr<int64_t>(input_positions),
@@ -162,8 +151,8 @@ void advance_step_flashattn_cuda(int64_t num_seqs, int64_t num_queries, int64_t 
       opbridge::data_ptr<const int32_t>(block_tables), max_blocks, sink);
   ctx.check_launch();
   if (cu::sync_checks()) {
-    OPB_CUDA_CHECK(op, cudaStreamSynchronize(ctx.stream));
-    cu::raise_recorded(op, error_flag(), /*earlier=*/false, describe);
+    OPB_CUDA_CHECK(kOp, cudaStreamSynchronize(ctx.stream));
+    cu::raise_recorded(kOp, error_flag(), /*earlier=*/false, describe);
   }
 }
 OPBRIDGE_EXPORT(advance_step_flashattn_cuda);

@@ -45,10 +45,7 @@ OPB_TARGET_CLONES void fused_add_rms_norm_rows(T* input, T* residual, const T* w
 
 void fused_add_rms_norm_cpu(TensorView input, TensorView residual, TensorView weight, double eps) {
   const char* op = "fused_add_rms_norm";
-  OPB_CHECK_DEVICE(op, input, kDLCPU);
-  OPB_CHECK_DEVICE(op, residual, kDLCPU);
-  OPB_CHECK_DEVICE(op, weight, kDLCPU);
-  const int64_t H = opbridge::fused_add_rms_norm::check_args(op, input, residual, weight, eps);
+  const int64_t H = opbridge::fused_add_rms_norm::check_args(op, kDLCPU, input, residual, weight, eps);
 
   const int64_t rows = H == 0 ? 0 : input.numel() / H;
   OPB_DISPATCH_FLOATING(op, input.dtype(), T, [&] {

@@ -54,10 +54,7 @@ __global__ void __launch_bounds__(1024)
 
 void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView weight, double eps) {
   const char* op = "fused_add_rms_norm";
-  OPB_CHECK_DEVICE(op, input, kDLCUDA);
-  OPB_CHECK_SAME_DEVICE(op, residual, input);
-  OPB_CHECK_SAME_DEVICE(op, weight, input);
-  const int64_t H = opbridge::fused_add_rms_norm::check_args(op, input, residual, weight, eps);
+  const int64_t H = opbridge::fused_add_rms_norm::check_args(op, kDLCUDA, input, residual, weight, eps);
 
   const int64_t rows = H == 0 ? 0 : input.numel() / H;
   if (rows == 0) return;

@@ -46,9 +46,7 @@ OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x,
 
 void gelu_cpu(TensorView out, TensorView x) {
   const char* op = "gelu";
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  OPB_CHECK_DEVICE(op, out, kDLCPU);
-  opbridge::gelu::check_forward(op, out, x);
+  opbridge::gelu::check_forward(op, kDLCPU, out, x);
 
   const int64_t n = x.numel();
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
@@ -61,10 +59,7 @@ OPBRIDGE_EXPORT(gelu_cpu);
 
 void gelu_backward_cpu(TensorView grad_x, TensorView grad, TensorView x) {
   const char* op = "gelu_backward";
-  OPB_CHECK_DEVICE(op, grad, kDLCPU);
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  OPB_CHECK_DEVICE(op, grad_x, kDLCPU);
-  opbridge::gelu::check_backward(op, grad_x, grad, x);
+  opbridge::gelu::check_backward(op, kDLCPU, grad_x, grad, x);
 
   const int64_t n = x.numel();
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {

@@ -75,11 +75,7 @@ void sum_partials(T* out, float* partial, int nt, int64_t H) {
 
 void rms_norm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm";
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  OPB_CHECK_DEVICE(op, weight, kDLCPU);
-  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
-  OPB_CHECK_DEVICE(op, out, kDLCPU);
-  opbridge::rms_norm::check_out(op, out, x);
+  const int64_t H = opbridge::rms_norm::check_forward(op, kDLCPU, out, x, weight, eps);
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
@@ -97,13 +93,7 @@ OPBRIDGE_EXPORT(rms_norm_cpu);
 void rms_norm_backward_cpu(TensorView grad_x, TensorView grad_weight, TensorView grad, TensorView x,
                            TensorView weight, double eps) {
   const char* op = "rms_norm_backward";
-  OPB_CHECK_DEVICE(op, x, kDLCPU);
-  OPB_CHECK_DEVICE(op, weight, kDLCPU);
-  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
-  OPB_CHECK_DEVICE(op, grad, kDLCPU);
-  OPB_CHECK_DEVICE(op, grad_x, kDLCPU);
-  OPB_CHECK_DEVICE(op, grad_weight, kDLCPU);
-  opbridge::rms_norm::check_grads(op, grad_x, grad_weight, grad, x, weight);
+  const int64_t H = opbridge::rms_norm::check_backward(op, kDLCPU, grad_x, grad_weight, grad, x, weight, eps);
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {

@@ -122,11 +122,7 @@ __global__ void __launch_bounds__(kColumns* kColumnGroups)
 
 void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm";
-  OPB_CHECK_DEVICE(op, x, kDLCUDA);
-  OPB_CHECK_SAME_DEVICE(op, weight, x);
-  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
-  OPB_CHECK_SAME_DEVICE(op, out, x);
-  opbridge::rms_norm::check_out(op, out, x);
+  const int64_t H = opbridge::rms_norm::check_forward(op, kDLCUDA, out, x, weight, eps);
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   if (rows == 0) return;
@@ -151,13 +147,7 @@ OPBRIDGE_EXPORT(rms_norm_cuda);
 void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorView grad,
                             TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm_backward";
-  OPB_CHECK_DEVICE(op, x, kDLCUDA);
-  OPB_CHECK_SAME_DEVICE(op, weight, x);
-  const int64_t H = opbridge::rms_norm::check_x_weight_eps(op, x, weight, eps);
-  OPB_CHECK_SAME_DEVICE(op, grad, x);
-  OPB_CHECK_SAME_DEVICE(op, grad_x, x);
-  OPB_CHECK_SAME_DEVICE(op, grad_weight, x);
-  opbridge::rms_norm::check_grads(op, grad_x, grad_weight, grad, x, weight);
+  const int64_t H = opbridge::rms_norm::check_backward(op, kDLCUDA, grad_x, grad_weight, grad, x, weight, eps);
 
   if (H == 0) return;
   const int64_t rows = x.numel() / H;

@@ -26,6 +26,7 @@ namespace {
 
 using opbridge::Optional;
 using opbridge::TensorView;
+using opbridge::rotary_embedding::kOp;
 
 template <bool kNeox, typename T>
 OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
@@ -72,37 +73,30 @@ OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* ca
 
 void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<TensorView> key, int64_t head_size,
                           TensorView cos_sin_cache, bool is_neox) {
-  const char* op = "rotary_embedding";
-  OPB_CHECK_DEVICE(op, positions, kDLCPU);
-  OPB_CHECK_DEVICE(op, query, kDLCPU);
-  OPB_CHECK_DEVICE(op, cos_sin_cache, kDLCPU);
-  const int64_t num_heads = opbridge::rotary_embedding::check_query_and_cache(
-      op, positions, query, head_size, cos_sin_cache, /*int32_rows=*/false);
-  if (key.has_value()) ::opbridge::check_device(op, "key", key.value(), kDLCPU);
-  const int64_t num_kv_heads = opbridge::rotary_embedding::check_key_and_overlaps(
-      op, positions, query, key, head_size, cos_sin_cache, num_heads, /*int32_rows=*/false);
-  const int64_t max_position = cos_sin_cache.size(0);
-  const int64_t rot_dim = cos_sin_cache.size(1);
+  const opbridge::rotary_embedding::Dims dims =
+      opbridge::rotary_embedding::check_args(kDLCPU, positions, query, key, head_size, cos_sin_cache, false);
+  const int64_t num_heads = dims.num_heads, num_kv_heads = dims.num_kv_heads, rot_dim = dims.rot_dim;
 
   // Positions index the cache: check them all before writing anything.
   const int64_t num_tokens = positions.numel();
   const int64_t* pos = opbridge::data_ptr<const int64_t>(positions);
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t p = pos[t];
-    if (TVM_FFI_PREDICT_FALSE(p < 0 || p >= max_position)) {
+    if (TVM_FFI_PREDICT_FALSE(p < 0 || p >= dims.max_position)) {
       std::ostringstream where;
       if (positions.ndim() == 2) {
         where << t / positions.size(1) << ", " << t % positions.size(1);
       } else {
         where << t;
       }
-      OPB_THROW(ValueError) << op << ": positions must be in [0, max_position) with max_position = " << max_position
-                            << " (cos_sin_cache's first dim), got positions[" << where.str() << "] = " << p;
+      OPB_THROW(ValueError) << kOp << ": positions must be in [0, max_position) with max_position = "
+                            << dims.max_position << " (cos_sin_cache's first dim), got positions[" << where.str()
+                            << "] = " << p;
     }
   }
   if (num_tokens == 0) return;
 
-  OPB_DISPATCH_FLOATING(op, query.dtype(), T, [&] {
+  OPB_DISPATCH_FLOATING(kOp, query.dtype(), T, [&] {
     T* q = opbridge::data_ptr<T>(query);
     T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
     const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);

@@ -23,6 +23,7 @@ namespace {
 
 using opbridge::Optional;
 using opbridge::TensorView;
+using opbridge::rotary_embedding::kOp;
 namespace cu = opbridge::cuda;
 
 constexpr int kPositionOutOfRange = 1;
@@ -84,28 +85,20 @@ std::string describe(const cu::ErrorRecord& r) {
 
 void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<TensorView> key,
                            int64_t head_size, TensorView cos_sin_cache, bool is_neox) {
-  const char* op = "rotary_embedding";
-  OPB_CHECK_DEVICE(op, positions, kDLCUDA);
-  OPB_CHECK_SAME_DEVICE(op, query, positions);
-  OPB_CHECK_SAME_DEVICE(op, cos_sin_cache, positions);
-  const int64_t num_heads = opbridge::rotary_embedding::check_query_and_cache(
-      op, positions, query, head_size, cos_sin_cache, /*int32_rows=*/true);
-  if (key.has_value()) ::opbridge::check_same_device(op, "key", key.value(), "positions", positions);
-  const int64_t num_kv_heads = opbridge::rotary_embedding::check_key_and_overlaps(
-      op, positions, query, key, head_size, cos_sin_cache, num_heads, /*int32_rows=*/true);
-  const int64_t max_position = cos_sin_cache.size(0);
-  const int64_t rot_dim = cos_sin_cache.size(1);
+  const opbridge::rotary_embedding::Dims dims =
+      opbridge::rotary_embedding::check_args(kDLCUDA, positions, query, key, head_size, cos_sin_cache, true);
+  const int64_t num_heads = dims.num_heads, num_kv_heads = dims.num_kv_heads, rot_dim = dims.rot_dim;
 
-  cu::raise_recorded(op, error_flag(), /*earlier=*/true, describe);
+  cu::raise_recorded(kOp, error_flag(), /*earlier=*/true, describe);
   const int64_t num_tokens = positions.numel();
   if (num_tokens == 0) return;
 
-  cu::Context ctx(op, positions);
-  const cu::ErrorSink sink = error_flag().sink(op, ctx.device(), &g_claim);
+  cu::Context ctx(kOp, positions);
+  const cu::ErrorSink sink = error_flag().sink(kOp, ctx.device(), &g_claim);
   const int half = static_cast<int>(rot_dim / 2);
   const int threads = cu::row_threads(std::max(num_heads, num_kv_heads) * half, kMaxThreads);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_tokens, INT32_MAX));
-  OPB_DISPATCH_FLOATING(op, query.dtype(), S, [&] {
+  OPB_DISPATCH_FLOATING(kOp, query.dtype(), S, [&] {
     using T = cu::device_t<S>;
     const int64_t* pos = opbridge::data_ptr<const int64_t>(positions);
     T* q = opbridge::data_ptr<T>(query);
@@ -113,17 +106,17 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
     const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
     const int nh = int(num_heads), nkh = int(num_kv_heads), hs = int(head_size);
     if (is_neox) {
-      rotary_embedding_kernel<true><<<grid, threads, 0, ctx.stream>>>(pos, q, k, cache, num_tokens, max_position,
-                                                                     nh, nkh, hs, half, sink);
+      rotary_embedding_kernel<true><<<grid, threads, 0, ctx.stream>>>(pos, q, k, cache, num_tokens,
+                                                                     dims.max_position, nh, nkh, hs, half, sink);
     } else {
       rotary_embedding_kernel<false><<<grid, threads, 0, ctx.stream>>>(pos, q, k, cache, num_tokens,
-                                                                      max_position, nh, nkh, hs, half, sink);
+                                                                      dims.max_position, nh, nkh, hs, half, sink);
     }
     ctx.check_launch();
   });
   if (cu::sync_checks()) {
-    OPB_CUDA_CHECK(op, cudaStreamSynchronize(ctx.stream));
-    cu::raise_recorded(op, error_flag(), /*earlier=*/false, describe);
+    OPB_CUDA_CHECK(kOp, cudaStreamSynchronize(ctx.stream));
+    cu::raise_recorded(kOp, error_flag(), /*earlier=*/false, describe);
   }
 }
 OPBRIDGE_EXPORT(rotary_embedding_cuda);

@@ -250,6 +250,17 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// The math policy of opbridge/activation_math.h on CUDA: CUDA's own exp, and
+// max(v, lo) that keeps NaN (fmaxf would replace it by lo).
+struct Math {
+  __host__ __device__ static float exp(float x) { return expf(x); }
+  __host__ __device__ static double exp(double x) { return ::exp(x); }
+  template <typename C>
+  __host__ __device__ static C clamp_below(C v, C lo) {
+    return v < lo ? lo : v;
+  }
+};
+
 // ---------------------------------------------------------------------------
 // vector access: N elements in one aligned load/store (128 bits when N = kVec<T>)
 // ---------------------------------------------------------------------------

@@ -221,6 +221,20 @@ inline void check_same_device(const char* op, const char* arg, const TensorView&
   }
 }
 
+// Device checks in one form for a kernel's CPU and GPU twins (the headers
+// under ops/ run them, so both kernels check in the same order): `anchor` is
+// checked with check_device against the kernel's device type first; every
+// other tensor must then be on the CPU too (CPU kernels) or on the anchor's
+// very device, type and id (GPU kernels).
+inline void check_device_like(const char* op, int device_type, const char* arg, const TensorView& t,
+                              const char* anchor_arg, const TensorView& anchor) {
+  if (device_type == kDLCPU) {
+    check_device(op, arg, t, kDLCPU);
+  } else {
+    check_same_device(op, arg, t, anchor_arg, anchor);
+  }
+}
+
 inline void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
   if (t.ndim() != ndim) {
     OPB_THROW(ValueError) << op << ": " << arg << " must be " << ndim << "-D, got shape "
@@ -287,6 +301,8 @@ inline void check_disjoint(const char* op, const char* arg, const TensorView& t,
 #define OPB_CHECK_SAME_DTYPE(op, t, ref) ::opbridge::check_same_dtype(op, #t, t, #ref, ref)
 #define OPB_CHECK_DEVICE(op, t, device_type) ::opbridge::check_device(op, #t, t, device_type)
 #define OPB_CHECK_SAME_DEVICE(op, t, ref) ::opbridge::check_same_device(op, #t, t, #ref, ref)
+#define OPB_CHECK_DEVICE_LIKE(op, device_type, t, anchor) \
+  ::opbridge::check_device_like(op, device_type, #t, t, #anchor, anchor)
 #define OPB_CHECK_NDIM(op, t, n) ::opbridge::check_ndim(op, #t, t, n)
 #define OPB_CHECK_MIN_NDIM(op, t, n) ::opbridge::check_min_ndim(op, #t, t, n)
 #define OPB_CHECK_SIZE(op, t, dim, expected, why) \

@@ -1,6 +1,6 @@
 // Argument checks of silu_and_mul / gelu_and_mul and their backward ops shared by
-// their CPU and CUDA kernels (device checks stay with each kernel). Errors name
-// the op and the argument.
+// their CPU and CUDA kernels, device checks included (device: kDLCPU or kDLCUDA;
+// see check_device_like). Errors name the op and the argument.
 #pragma once
 
 #include <opbridge/opbridge.h>
@@ -49,5 +49,50 @@ inline void check_grads(const char* op, const TensorView& grad_x, const TensorVi
   OPB_CHECK_CONTIGUOUS(op, grad_x);
 }
 
+// The forward, (out, x); returns d.
+inline int64_t check_forward(const char* op, int device, const TensorView& out, const TensorView& x) {
+  OPB_CHECK_DEVICE(op, x, device);
+  const int64_t d = check_x(op, x);
+  OPB_CHECK_DEVICE_LIKE(op, device, out, x);
+  check_out(op, out, x);
+  return d;
+}
+
+// The backward, (grad_x, grad, x); returns d.
+inline int64_t check_backward(const char* op, int device, const TensorView& grad_x, const TensorView& grad,
+                              const TensorView& x) {
+  OPB_CHECK_DEVICE(op, x, device);
+  const int64_t d = check_x(op, x);
+  OPB_CHECK_DEVICE_LIKE(op, device, grad, x);
+  OPB_CHECK_DEVICE_LIKE(op, device, grad_x, x);
+  check_grads(op, grad_x, grad, x);
+  return d;
+}
+
 }  // namespace activation_and_mul
 }  // namespace opbridge
+
+// Defines and exports the four kernels of one device form, <op>_<suffix>: the
+// including file provides act_and_mul<Act>(op, out, x) and
+// act_and_mul_backward<Act>(op, grad_x, grad, x) and the activation types Silu
+// and GeluTanh. One list for the CPU and CUDA forms, so their names and
+// signatures cannot drift apart.
+#define OPB_EXPORT_ACTIVATION_AND_MUL(suffix)                                              \
+  void silu_and_mul_##suffix(::opbridge::TensorView out, ::opbridge::TensorView x) {       \
+    act_and_mul<Silu>("silu_and_mul", out, x);                                             \
+  }                                                                                        \
+  OPBRIDGE_EXPORT(silu_and_mul_##suffix);                                                  \
+  void gelu_and_mul_##suffix(::opbridge::TensorView out, ::opbridge::TensorView x) {       \
+    act_and_mul<GeluTanh>("gelu_and_mul", out, x);                                         \
+  }                                                                                        \
+  OPBRIDGE_EXPORT(gelu_and_mul_##suffix);                                                  \
+  void silu_and_mul_backward_##suffix(::opbridge::TensorView grad_x, ::opbridge::TensorView grad, \
+                                      ::opbridge::TensorView x) {                          \
+    act_and_mul_backward<Silu>("silu_and_mul_backward", grad_x, grad, x);                  \
+  }                                                                                        \
+  OPBRIDGE_EXPORT(silu_and_mul_backward_##suffix);                                         \
+  void gelu_and_mul_backward_##suffix(::opbridge::TensorView grad_x, ::opbridge::TensorView grad, \
+                                      ::opbridge::TensorView x) {                          \
+    act_and_mul_backward<GeluTanh>("gelu_and_mul_backward", grad_x, grad, x);              \
+  }                                                                                        \
+  OPBRIDGE_EXPORT(gelu_and_mul_backward_##suffix)

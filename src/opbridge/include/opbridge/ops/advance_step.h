@@ -1,5 +1,7 @@
-// Argument checks of advance_step_flashattn shared by its CPU and CUDA kernels
-// (device checks stay with each kernel). Errors name the op and the argument.
+// Argument checks of advance_step_flashattn shared by its CPU and CUDA kernels,
+// device checks included (device: kDLCPU or kDLCUDA; see check_device_like).
+// Errors name the op and the argument. The per-query values are checked by each
+// kernel (on the host before writing on the CPU, on the device on CUDA).
 #pragma once
 
 #include <opbridge/opbridge.h>
@@ -8,6 +10,8 @@
 
 namespace opbridge {
 namespace advance_step {
+
+constexpr char kOp[] = "advance_step_flashattn";
 
 inline void check_scalars(const char* op, int64_t num_seqs, int64_t num_queries, int64_t block_size) {
   OPB_CHECK(num_seqs >= 0, ValueError) << op << ": num_seqs must be >= 0, got " << num_seqs;
@@ -69,5 +73,31 @@ inline int64_t check_tensors(const char* op, int64_t num_seqs, int64_t num_queri
   return max_blocks;
 }
 
+// Scalars, devices, then check_tensors, for the op kOp; returns block_tables' width (max_blocks).
+inline int64_t check_args(int device, int64_t num_seqs, int64_t num_queries, int64_t block_size,
+                          const TensorView& input_tokens, const TensorView& sampled_token_ids,
+                          const TensorView& input_positions, const TensorView& seq_lens,
+                          const TensorView& slot_mapping, const TensorView& block_tables) {
+  const char* op = kOp;
+  check_scalars(op, num_seqs, num_queries, block_size);
+  OPB_CHECK_DEVICE(op, input_tokens, device);
+  OPB_CHECK_DEVICE_LIKE(op, device, sampled_token_ids, input_tokens);
+  OPB_CHECK_DEVICE_LIKE(op, device, input_positions, input_tokens);
+  OPB_CHECK_DEVICE_LIKE(op, device, seq_lens, input_tokens);
+  OPB_CHECK_DEVICE_LIKE(op, device, slot_mapping, input_tokens);
+  OPB_CHECK_DEVICE_LIKE(op, device, block_tables, input_tokens);
+  return check_tensors(op, num_seqs, num_queries, input_tokens, sampled_token_ids, input_positions, seq_lens,
+                       slot_mapping, block_tables);
+}
+
 }  // namespace advance_step
 }  // namespace opbridge
+
+// The kernel's signature, written once for its CPU and CUDA forms (the schema's
+// arguments in schema order; every tensor is mutated or read in place):
+//   OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cpu) { ... }
+#define OPB_ADVANCE_STEP_KERNEL(name)                                                                     \
+  void name(int64_t num_seqs, int64_t num_queries, int64_t block_size, ::opbridge::TensorView input_tokens, \
+            ::opbridge::TensorView sampled_token_ids, ::opbridge::TensorView input_positions,              \
+            ::opbridge::TensorView seq_lens, ::opbridge::TensorView slot_mapping,                           \
+            ::opbridge::TensorView block_tables)

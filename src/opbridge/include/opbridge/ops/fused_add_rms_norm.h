@@ -1,5 +1,6 @@
-// Argument checks of fused_add_rms_norm shared by its CPU and CUDA kernels
-// (device checks stay with each kernel). Errors name the op and the argument.
+// Argument checks of fused_add_rms_norm shared by its CPU and CUDA kernels, device
+// checks included (device: kDLCPU or kDLCUDA; see check_device_like). Errors name
+// the op and the argument.
 #pragma once
 
 #include <opbridge/opbridge.h>
@@ -10,8 +11,11 @@ namespace opbridge {
 namespace fused_add_rms_norm {
 
 // input and residual (..., H), weight (H,), eps; returns H.
-inline int64_t check_args(const char* op, const TensorView& input, const TensorView& residual,
+inline int64_t check_args(const char* op, int device, const TensorView& input, const TensorView& residual,
                           const TensorView& weight, double eps) {
+  OPB_CHECK_DEVICE(op, input, device);
+  OPB_CHECK_DEVICE_LIKE(op, device, residual, input);
+  OPB_CHECK_DEVICE_LIKE(op, device, weight, input);
   OPB_CHECK_FLOATING(op, input);
   OPB_CHECK_SAME_DTYPE(op, residual, input);
   OPB_CHECK_SAME_DTYPE(op, weight, input);

@@ -1,5 +1,6 @@
-// Argument checks of rms_norm and rms_norm_backward shared by their CPU and CUDA kernels
-// (device checks stay with each kernel). Errors name the op and the argument.
+// Argument checks of rms_norm and rms_norm_backward shared by their CPU and CUDA kernels,
+// device checks included (device: kDLCPU or kDLCUDA; see check_device_like). Errors name
+// the op and the argument.
 #pragma once
 
 #include <opbridge/opbridge.h>
@@ -42,6 +43,30 @@ inline void check_grads(const char* op, const TensorView& grad_x, const TensorVi
   OPB_CHECK_CONTIGUOUS(op, grad);
   OPB_CHECK_CONTIGUOUS(op, grad_x);
   OPB_CHECK_CONTIGUOUS(op, grad_weight);
+}
+
+// rms_norm(out, x, weight, eps); returns H.
+inline int64_t check_forward(const char* op, int device, const TensorView& out, const TensorView& x,
+                             const TensorView& weight, double eps) {
+  OPB_CHECK_DEVICE(op, x, device);
+  OPB_CHECK_DEVICE_LIKE(op, device, weight, x);
+  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE_LIKE(op, device, out, x);
+  check_out(op, out, x);
+  return H;
+}
+
+// rms_norm_backward(grad_x, grad_weight, grad, x, weight, eps); returns H.
+inline int64_t check_backward(const char* op, int device, const TensorView& grad_x, const TensorView& grad_weight,
+                              const TensorView& grad, const TensorView& x, const TensorView& weight, double eps) {
+  OPB_CHECK_DEVICE(op, x, device);
+  OPB_CHECK_DEVICE_LIKE(op, device, weight, x);
+  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  OPB_CHECK_DEVICE_LIKE(op, device, grad, x);
+  OPB_CHECK_DEVICE_LIKE(op, device, grad_x, x);
+  OPB_CHECK_DEVICE_LIKE(op, device, grad_weight, x);
+  check_grads(op, grad_x, grad_weight, grad, x, weight);
+  return H;
 }
 
 }  // namespace rms_norm

@@ -1,5 +1,6 @@
-// Argument checks of rotary_embedding shared by its CPU and CUDA kernels (device
-// checks stay with each kernel). Errors name the op and the argument.
+// Argument checks of rotary_embedding shared by its CPU and CUDA kernels, device
+// checks included (device: kDLCPU or kDLCUDA; see check_device_like). Errors name
+// the op and the argument. The positions' values are checked by each kernel.
 //
 // int32_rows: the kernel indexes within a token's row of query or key (heads *
 // head_size elements) in int, as the CUDA kernel does; such a row must then hold
@@ -12,6 +13,8 @@
 
 namespace opbridge {
 namespace rotary_embedding {
+
+constexpr char kOp[] = "rotary_embedding";
 
 // query / key layout against positions: (*P, heads * head_size) or (*P, heads, head_size).
 // Returns the number of heads.
@@ -90,6 +93,28 @@ inline int64_t check_key_and_overlaps(const char* op, const TensorView& position
   opbridge::check_disjoint(op, "query", query, "positions", positions);
   opbridge::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
   return num_kv_heads;
+}
+
+struct Dims {
+  int64_t num_heads;     // query's
+  int64_t num_kv_heads;  // key's; 0 without key
+  int64_t max_position;  // cos_sin_cache's rows
+  int64_t rot_dim;       // cos_sin_cache's width
+};
+
+// Every argument check of rotary_embedding (kOp), devices first (positions is the anchor).
+inline Dims check_args(int device, const TensorView& positions, const TensorView& query,
+                        const Optional<TensorView>& key, int64_t head_size, const TensorView& cos_sin_cache,
+                        bool int32_rows) {
+  const char* op = kOp;
+  OPB_CHECK_DEVICE(op, positions, device);
+  OPB_CHECK_DEVICE_LIKE(op, device, query, positions);
+  OPB_CHECK_DEVICE_LIKE(op, device, cos_sin_cache, positions);
+  const int64_t num_heads = check_query_and_cache(op, positions, query, head_size, cos_sin_cache, int32_rows);
+  if (key.has_value()) ::opbridge::check_device_like(op, device, "key", key.value(), "positions", positions);
+  const int64_t num_kv_heads =
+      check_key_and_overlaps(op, positions, query, key, head_size, cos_sin_cache, num_heads, int32_rows);
+  return Dims{num_heads, num_kv_heads, cos_sin_cache.size(0), cos_sin_cache.size(1)};
 }
 
 }  // namespace rotary_embedding
