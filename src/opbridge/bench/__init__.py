@@ -13,6 +13,15 @@ Each benchmark is a module that provides:
 ``format_text(result) -> str``
     Renders a result as a readable report.
 
+A result with ``"ok": false`` (a candidate computed a wrong result, and the
+benchmark went on to report the rest) makes the command exit non-zero after
+printing it: :func:`exit_status`.
+
+The shared core: :mod:`.timing` (interleaved rounds, percentiles, GB/s),
+:mod:`.candidates` (opbridge's calls and their peers), :mod:`.verify`
+(checks against opbridge's result or a float64 reference), :mod:`.report`
+(progress, JSON, CSV, plots) and :mod:`.subproc` (fresh-process measurements).
+
 To add a benchmark, write such a module and list it in :data:`BENCHES`.
 Benchmark modules import frameworks (torch, ...) only inside ``run``, so
 listing them for ``--help`` stays cheap.
@@ -68,4 +77,9 @@ def load(name: str) -> Bench:
     return cast(Bench, importlib.import_module(module))
 
 
-__all__ = ["BENCHES", "Bench", "BenchError", "load"]
+def exit_status(result: dict[str, Any]) -> int:
+    """The exit status of a benchmark command after printing *result*: 1 if it says ``"ok": false``, else 0."""
+    return 1 if result.get("ok") is False else 0
+
+
+__all__ = ["BENCHES", "Bench", "BenchError", "exit_status", "load"]

@@ -34,14 +34,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from opbridge.bench import BenchError
+from opbridge.bench.report import say
+from opbridge.bench.subproc import CLOCK, OPBRIDGE_COLD, TVM_FFI_WITHOUT_TORCH, peer_source, script_or_raise
 from opbridge.bench.timing import machine_info
 
 DESCRIPTION = (
@@ -62,44 +62,13 @@ _FLAGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
 
 # -- the scripts run in subprocesses; each prints one JSON document last ----
 
-# Wall time, and CPU time of this process plus every finished descendant (the
-# compilers): the latter is far less disturbed by other load on the machine.
-_CLOCK = """
-import resource as _r, time as _t
-def _clock():
-    s, c = _r.getrusage(_r.RUSAGE_SELF), _r.getrusage(_r.RUSAGE_CHILDREN)
-    return _t.perf_counter(), s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-"""
-
-# The cold builds need no torch: hide it while importing tvm_ffi (which imports
-# torch when it can) to keep the untimed set-up of these processes short. After
-# `from opbridge import ops`, so that opbridge does not see torch as in use.
-_TVM_FFI_WITHOUT_TORCH = """
-sys.modules["torch"] = None
-try:
-    import tvm_ffi, tvm_ffi.cpp
-finally:
-    del sys.modules["torch"]
-"""
-
-_OPBRIDGE_COLD = _CLOCK + """
-import json, sys, time
-from opbridge import ops
-""" + _TVM_FFI_WITHOUT_TORCH + """
-start, cpu_start = _clock()
-path = ops.LIBRARY.build("cpu")
-wall, cpu = _clock()
-seconds, cpu_seconds = wall - start, cpu - cpu_start
-print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "path": str(path)}))
-"""
-
-_TVM_FFI_COLD = _CLOCK + """
+_TVM_FFI_COLD = CLOCK + """
 import json, sys, time
 from pathlib import Path
 from opbridge.build.compile import INCLUDE_DIR, write_ninja
 from opbridge.loader import build_spec
 from opbridge.ops import LIBRARY
-""" + _TVM_FFI_WITHOUT_TORCH + """
+""" + TVM_FFI_WITHOUT_TORCH + """
 build_dir, flags = json.loads(sys.argv[1])
 # The same inputs as opbridge's build, including the files it generates (written, untimed).
 spec = build_spec(LIBRARY, "cpu")
@@ -119,26 +88,7 @@ names = [Path(s).name for s in sources]
 print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "sources": names}))
 """
 
-_TORCH_ADD_SRC = r"""
-#include <torch/extension.h>
-
-torch::Tensor add(torch::Tensor x, torch::Tensor y) {
-  TORCH_CHECK(x.device().is_cpu() && y.device().is_cpu(), "add: CPU tensors expected");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && y.scalar_type() == torch::kFloat, "add: float32 expected");
-  TORCH_CHECK(x.sizes() == y.sizes(), "add: shapes differ");
-  auto xc = x.contiguous(), yc = y.contiguous();
-  auto out = torch::empty_like(xc);
-  const float* a = xc.data_ptr<float>();
-  const float* b = yc.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  const int64_t n = xc.numel();
-#pragma omp parallel for if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
-  return out;
-}
-"""
-
-_TORCH_LOAD_INLINE = _CLOCK + """
+_TORCH_LOAD_INLINE = CLOCK + """
 import json, sys, time
 import torch
 import torch.utils.cpp_extension as ext
@@ -212,7 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _progress(msg: str) -> None:
-    print(f"bench build: {msg}", file=sys.stderr, flush=True)
+    say("build", msg)
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -230,32 +180,8 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _run_script(label: str, script: str, env: dict[str, str], *argv: str) -> dict[str, Any]:
-    """Run *script* in a fresh interpreter and parse the JSON object it prints last.
-
-    Raises
-    ------
-    BenchError
-        If the subprocess fails or prints no JSON.
-    """
-    try:
-        proc = subprocess.run([sys.executable, "-c", script, *argv], env=env, capture_output=True,
-                              text=True, timeout=_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise BenchError(f"{label}: timed out after {_TIMEOUT_S}s") from e
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise BenchError(f"{label}: subprocess failed (exit {proc.returncode}):\n{tail}")
-    try:
-        result: dict[str, Any] = json.loads(lines[-1])
-    except json.JSONDecodeError as e:
-        raise BenchError(f"{label}: unexpected output {lines[-1]!r}") from e
-    return result
-
-
 def _opbridge_cold(run_dir: Path) -> dict[str, Any]:
-    res = _run_script("opbridge cold build", _OPBRIDGE_COLD, _env(run_dir))
+    res = script_or_raise("opbridge cold build", OPBRIDGE_COLD, _env(run_dir), timeout=_TIMEOUT_S)
     return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "path": res["path"]}
 
 
@@ -263,7 +189,7 @@ def _tvm_ffi_cold(run_dir: Path) -> dict[str, Any]:
     build_dir = run_dir / "tvm-ffi-build"
     build_dir.mkdir()
     payload = json.dumps([str(build_dir), _FLAGS])
-    res = _run_script("tvm_ffi cold build", _TVM_FFI_COLD, _env(run_dir), payload)
+    res = script_or_raise("tvm_ffi cold build", _TVM_FFI_COLD, _env(run_dir), payload, timeout=_TIMEOUT_S)
     return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "sources": res["sources"],
             "flags": _FLAGS}
 
@@ -302,15 +228,16 @@ def _torch_cold(tmp: Path) -> dict[str, Any]:
     _progress("cold build: torch.utils.cpp_extension.load_inline of one add op (fresh build dir; ~40 s)")
     build_dir = tmp / "torch-build"
     build_dir.mkdir()
-    payload = json.dumps([_TORCH_ADD_SRC, str(build_dir), ["-O3", "-fopenmp"]])
-    res = _run_script("torch load_inline cold build", _TORCH_LOAD_INLINE, _env(tmp), payload)
+    payload = json.dumps([peer_source("torch_add"), str(build_dir), ["-O3", "-fopenmp"]])
+    res = script_or_raise("torch load_inline cold build", _TORCH_LOAD_INLINE, _env(tmp), payload,
+                          timeout=_TIMEOUT_S)
     return {"seconds": round(res["seconds"], 3), "cpu_seconds": round(res["cpu_seconds"], 3),
             "op": "add (float32, torch/extension.h + pybind)"}
 
 
 def _medians(label: str, script: str, env: dict[str, str], repeat: int) -> dict[str, Any]:
     """Run *script* *repeat* times; median of each numeric field (ms), last value of each flag."""
-    runs = [_run_script(label, script, env) for _ in range(repeat)]
+    runs = [script_or_raise(label, script, env, timeout=_TIMEOUT_S) for _ in range(repeat)]
     out: dict[str, Any] = {}
     for key, value in runs[-1].items():
         if isinstance(value, bool):

@@ -44,19 +44,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-from collections import deque
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError
+from opbridge.bench import BenchError, fw_builds, subproc
+from opbridge.bench.report import say
 from opbridge.bench.timing import dist_version, machine_info
 
 DESCRIPTION = (
@@ -81,143 +77,6 @@ _THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_
 _MS_FALLBACK = Path("/tmp/msenv/bin/python")  # noqa: S108 - a known path, only read
 _SRC_ROOT = Path(__file__).resolve().parents[2]  # .../src (or site-packages) holding opbridge
 _REPO_ROOT = _SRC_ROOT.parent
-
-# -- measurement scripts run in fresh interpreters; each prints one JSON line last --
-
-_CLOCK = """
-import resource as _r, time as _t
-def _clock():
-    s, c = _r.getrusage(_r.RUSAGE_SELF), _r.getrusage(_r.RUSAGE_CHILDREN)
-    return _t.perf_counter(), s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-"""
-
-# Torch is hidden while tvm_ffi is imported (it would import torch, ~1 s, unused here).
-_OPBRIDGE_COLD = _CLOCK + """
-import json, sys
-from opbridge import ops
-sys.modules["torch"] = None
-try:
-    import tvm_ffi
-finally:
-    del sys.modules["torch"]
-start, cpu0 = _clock()
-path = ops.LIBRARY.build("cpu")
-end, cpu1 = _clock()
-print(json.dumps({"seconds": end - start, "cpu_seconds": cpu1 - cpu0, "path": str(path),
-                  "ops": sorted(ops.LIBRARY.ops),
-                  "sources": [p.name for p in ops.LIBRARY.sources_for("cpu")]}))
-"""
-
-# The same, for a library of the add kernel alone: like for like with the one-op builds below.
-_OPBRIDGE_ADD_ONLY = _CLOCK + """
-import json, sys
-import opbridge
-from opbridge.ops._library import CSRC
-lib = opbridge.Library("opb_bench_add_only", sources=[CSRC / "add.cc"])
-sys.modules["torch"] = None
-try:
-    import tvm_ffi
-finally:
-    del sys.modules["torch"]
-start, cpu0 = _clock()
-path = lib.build("cpu")
-end, cpu1 = _clock()
-assert "add_cpu" in opbridge.loader.exports(path), "add_cpu not exported"
-print(json.dumps({"seconds": end - start, "cpu_seconds": cpu1 - cpu0}))
-"""
-
-PADDLE_ADD_SRC = r"""// opbridge bench frameworks: x + y on float32 CPU tensors, as a Paddle custom op.
-#include <vector>
-
-#include "paddle/extension.h"
-
-std::vector<paddle::Tensor> AddForward(const paddle::Tensor& x, const paddle::Tensor& y) {
-  PD_CHECK(x.is_cpu() && y.is_cpu(), "add: CPU tensors expected");
-  PD_CHECK(x.dtype() == paddle::DataType::FLOAT32 && y.dtype() == paddle::DataType::FLOAT32,
-           "add: float32 expected");
-  PD_CHECK(x.shape() == y.shape(), "add: shapes differ");
-  auto out = paddle::empty(x.shape(), x.dtype(), x.place());
-  const float* a = x.data<float>();
-  const float* b = y.data<float>();
-  float* o = out.data<float>();
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
-  return {out};
-}
-
-PD_BUILD_OP(opb_bench_add)
-    .Inputs({"X", "Y"})
-    .Outputs({"Out"})
-    .SetKernelFn(PD_KERNEL(AddForward));
-"""
-
-MINDSPORE_ADD_SRC = r"""// opbridge bench frameworks: float32 x + y on CPU as a MindSpore CustomOpBuilder op.
-#include "ms_extension/api.h"
-
-class AddRunner : public ms::pynative::PyboostRunner {
- public:
-  using PyboostRunner::PyboostRunner;
-  void LaunchKernel() override {
-    const float *a = inputs()[0].data_ptr<float>();
-    const float *b = inputs()[1].data_ptr<float>();
-    float *o = outputs()[0].data_ptr<float>();
-    const size_t n = outputs()[0].numel();
-    for (size_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
-  }
-};
-
-ms::Tensor add_impl(const ms::Tensor &x, const ms::Tensor &y) {
-  if (x.data_type() != mindspore::kNumberTypeFloat32 || y.data_type() != mindspore::kNumberTypeFloat32) {
-    MS_LOG(EXCEPTION) << "add: float32 expected";
-  }
-  if (x.shape() != y.shape()) {
-    MS_LOG(EXCEPTION) << "add: shapes differ";
-  }
-  ms::Tensor out(x.data_type(), x.shape());
-  auto runner = std::make_shared<AddRunner>("OpbBenchAdd");
-  runner->Run({x, y}, {out});
-  return out;
-}
-
-py::object add(const ms::Tensor &x, const ms::Tensor &y) {
-  return ms::pynative::PyboostRunner::Call<1>(add_impl, x, y);
-}
-
-PYBIND11_MODULE(MS_EXTENSION_NAME, m) {
-  m.def("add", &add, "x + y (float32, CPU)", pybind11::arg("x"), pybind11::arg("y"));
-}
-"""
-
-_PADDLE_BUILD = _CLOCK + """
-import json, sys
-import numpy as np
-import paddle
-from paddle.utils.cpp_extension import load
-src, build_dir = json.loads(sys.argv[1])
-start, cpu0 = _clock()
-mod = load(name="opb_bench_pd_add", sources=[src], build_directory=build_dir, verbose=False)
-end, cpu1 = _clock()
-x = paddle.to_tensor(np.random.rand(8).astype("float32"))
-y = paddle.to_tensor(np.random.rand(8).astype("float32"))
-assert np.array_equal(mod.opb_bench_add(x, y).numpy(), paddle.add(x, y).numpy()), "paddle custom add is wrong"
-print(json.dumps({"seconds": end - start, "cpu_seconds": cpu1 - cpu0}))
-"""
-
-_MINDSPORE_BUILD = _CLOCK + """
-import json, sys
-import numpy as np
-import mindspore as ms
-from mindspore import ops
-src, build_dir = json.loads(sys.argv[1])
-start, cpu0 = _clock()
-mod = ops.CustomOpBuilder("opb_bench_ms_add", [src], backend="CPU", build_dir=build_dir).load()
-end, cpu1 = _clock()
-x = ms.Tensor(np.random.rand(8).astype(np.float32))
-y = ms.Tensor(np.random.rand(8).astype(np.float32))
-assert np.array_equal(mod.add(x, y).asnumpy(), ops.add(x, y).asnumpy()), "mindspore custom add is wrong"
-print(json.dumps({"seconds": end - start, "cpu_seconds": cpu1 - cpu0}))
-"""
-
 
 # -- options ------------------------------------------------------------------------
 
@@ -251,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _progress(msg: str) -> None:
-    print(f"bench frameworks: {msg}", file=sys.stderr, flush=True)
+    say("frameworks", msg)
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -291,61 +150,6 @@ def ms_python(explicit: str | None = None, env: dict[str, str] | None = None,
 # -- subprocesses ---------------------------------------------------------------------
 
 
-def _env(cache_dir: str | None, tmp: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(_SRC_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("OPBRIDGE_VERBOSE", None)
-    if cache_dir is not None:
-        env["OPBRIDGE_CACHE_DIR"] = cache_dir
-    if tmp is not None:
-        env.update({"OPBRIDGE_NO_PROGRESS": "1", "TVM_FFI_CACHE_DIR": str(tmp / "tvm-ffi-cache"),
-                    "MS_COMPILER_CACHE_PATH": str(tmp / "ms-cache"),
-                    "PADDLE_EXTENSION_DIR": str(tmp / "pd-ext"),
-                    "MAX_JOBS": str(os.cpu_count() or 1)})
-    return env
-
-
-def _run(label: str, cmd: list[str], env: dict[str, str], timeout: float,
-         forward: tuple[str, ...] = ()) -> tuple[int, str, str]:
-    """Run *cmd*; forward stderr lines starting with *forward* live; return (exit, stdout, stderr tail)."""
-    with tempfile.TemporaryFile("w+") as out, \
-            subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True) as proc:
-        timed_out = threading.Event()
-
-        def kill() -> None:
-            timed_out.set()
-            proc.kill()
-
-        timer = threading.Timer(timeout, kill)
-        timer.start()
-        tail: deque[str] = deque(maxlen=_TAIL_LINES)
-        try:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                tail.append(line.rstrip("\n"))
-                if forward and line.startswith(forward):
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
-            code = proc.wait()
-        finally:
-            timer.cancel()
-        if timed_out.is_set():
-            tail.append(f"{label}: killed after {timeout:.0f} s")
-        out.seek(0)
-        return code, out.read(), "\n".join(tail)
-
-
-def _last_json(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                doc: dict[str, Any] = json.loads(line)
-                return doc
-            except json.JSONDecodeError:
-                return None
-    return None
-
-
 def run_worker(framework: str, python: str, *, rounds: int, number: int, target_ms: float,
                module: str | None, cache_dir: str | None) -> dict[str, Any]:
     """Run one framework's worker under *python*; return its document (``failed`` on a crash)."""
@@ -353,116 +157,14 @@ def run_worker(framework: str, python: str, *, rounds: int, number: int, target_
            "--number", str(number), "--target-ms", str(target_ms)]
     if module:
         cmd += ["--module", module]
-    code, stdout, tail = _run(f"{framework} worker", cmd, _env(cache_dir), _WORKER_TIMEOUT_S,
+    code, stdout, tail = subproc.run(f"{framework} worker", cmd, fw_builds.worker_env(cache_dir), _WORKER_TIMEOUT_S,
                               forward=("bench frameworks", "opbridge: building"))
-    doc = _last_json(stdout)
+    doc = subproc.last_json(stdout)
     if code != 0 or doc is None:
         failed = (doc or {}).get("failed") or f"exit {code}"
         return {"framework": framework, "executable": python, "failed": failed, "stderr_tail": tail}
     return doc
 
-
-def _script(label: str, python: str, script: str, env: dict[str, str], *argv: str) -> dict[str, Any]:
-    """Run a measurement *script*; its JSON, or ``{"error": ...}`` with the exact error."""
-    code, stdout, tail = _run(label, [python, "-c", script, *argv], env, _BUILD_TIMEOUT_S)
-    doc = _last_json(stdout)
-    if code != 0 or doc is None:
-        lines = [ln for ln in tail.splitlines() if ln.strip()]
-        # The most specific line: the last exception line, else the last line.
-        errs = [ln for ln in lines if "Error" in ln or "error:" in ln or "Exception" in ln]
-        return {"error": (errs or lines or [f"exit {code}, no output"])[-1].strip(), "exit": code,
-                "stderr_tail": tail}
-    return doc
-
-
-# -- builds -------------------------------------------------------------------------------
-
-
-def _cold_builds(tmp: Path, repeat: int) -> dict[str, Any]:
-    samples = []
-    for i in range(repeat):
-        _progress(f"cold build {i + 1}/{repeat} of the built-in op library (fresh process, fresh cache)")
-        run_dir = tmp / f"opbridge-cold-{i}"
-        run_dir.mkdir()
-        res = _script("opbridge cold build", sys.executable, _OPBRIDGE_COLD,
-                      _env(str(run_dir / "opbridge-cache"), run_dir))
-        if "error" in res:
-            raise BenchError(f"the cold build of opbridge's op library failed: {res['error']}\n"
-                             f"{res['stderr_tail']}")
-        samples.append(res)
-    wall = [s["seconds"] for s in samples]
-    cpu = [s["cpu_seconds"] for s in samples]
-    first = samples[0]
-    return {"seconds": round(statistics.median(wall), 3), "samples": [round(x, 3) for x in wall],
-            "cpu_seconds": round(statistics.median(cpu), 3), "cpu_samples": [round(x, 3) for x in cpu],
-            "path": first["path"], "cache_dir": str(tmp / "opbridge-cold-0" / "opbridge-cache"),
-            "ops": first["ops"], "sources": first["sources"], "python": sys.executable,
-            "what": "opbridge.ops.LIBRARY.build('cpu') into an empty OPBRIDGE_CACHE_DIR, fresh process, "
-                    "timer after `import tvm_ffi`; the workers load this module (the temporary cache is "
-                    "removed after the run)"}
-
-
-def _foreign_build(label: str, python: str | None, unavailable: str | None, script: str, source: str,
-                   filename: str, tmp: Path) -> dict[str, Any]:
-    if python is None:
-        return {"skipped": unavailable}
-    _progress(f"cold build: {label} (fresh process, fresh build directory; slow)")
-    work = tmp / filename.split(".")[0]
-    build_dir = work / "build"
-    build_dir.mkdir(parents=True)
-    src = work / filename
-    src.write_text(source)
-    res = _script(label, python, script, _env(None, work), json.dumps([str(src), str(build_dir)]))
-    if "error" in res:
-        return {"error": res["error"], "exit": res["exit"], "stderr_tail": res["stderr_tail"],
-                "python": python}
-    return {"seconds": round(res["seconds"], 3), "cpu_seconds": round(res["cpu_seconds"], 3),
-            "python": python}
-
-
-def _builds(tmp: Path, frameworks: list[str], ms_py: str | None, ms_reason: str,
-            opbridge_cold: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    _progress("cold build: opbridge library of the add kernel alone (fresh process, fresh cache)")
-    work = tmp / "opbridge-add-only"
-    work.mkdir()
-    row = _script("opbridge add-only cold build", sys.executable, _OPBRIDGE_ADD_ONLY,
-                  _env(str(work / "opbridge-cache"), work))
-    if "seconds" in row:
-        row = {"seconds": round(row["seconds"], 3), "cpu_seconds": round(row["cpu_seconds"], 3)}
-    row["what"] = ("opbridge.Library('opb_bench_add_only', sources=[csrc/add.cc]).build('cpu') into an empty "
-                   "OPBRIDGE_CACHE_DIR, fresh process, timer after `import tvm_ffi`")
-    out["opbridge_cold_add_only"] = row
-    if "paddle" not in frameworks:
-        out["paddle_cpp_extension_load"] = {"skipped": "paddle not among --frameworks"}
-    else:
-        have = importlib.util.find_spec("paddle") is not None
-        out["paddle_cpp_extension_load"] = _foreign_build(
-            "paddle.utils.cpp_extension.load of a PD_BUILD_OP add", sys.executable if have else None,
-            f"paddle is not installed for {sys.executable}", _PADDLE_BUILD, PADDLE_ADD_SRC, "pd_add.cc", tmp)
-        out["paddle_cpp_extension_load"]["what"] = ("paddle.utils.cpp_extension.load of one float32 add op "
-                                                    "(PD_BUILD_OP), fresh build directory, timer after "
-                                                    "`import paddle`")
-    if "mindspore" not in frameworks:
-        out["mindspore_custom_op_builder"] = {"skipped": "mindspore not among --frameworks"}
-    else:
-        out["mindspore_custom_op_builder"] = _foreign_build(
-            "mindspore.ops.CustomOpBuilder(..., backend='CPU').load() of a PyboostRunner add",
-            ms_py, ms_reason,
-            _MINDSPORE_BUILD, MINDSPORE_ADD_SRC, "ms_add.cpp", tmp)
-        out["mindspore_custom_op_builder"]["what"] = (
-            "mindspore.ops.CustomOpBuilder(name, sources, backend='CPU', build_dir=<fresh>).load() of one "
-            "float32 add op (ms::pynative::PyboostRunner), timer after `import mindspore`")
-    ratios: dict[str, float | None] = {}
-    refs = {"opbridge_cold": opbridge_cold, "opbridge_cold_add_only": out["opbridge_cold_add_only"]}
-    for name in ("paddle_cpp_extension_load", "mindspore_custom_op_builder"):
-        row = out[name]
-        for ref_name, ref in refs.items():
-            for key, suffix in (("seconds", ""), ("cpu_seconds", " (cpu)")):
-                ok = key in row and ref.get(key)
-                ratios[f"{name}/{ref_name}{suffix}"] = round(row[key] / ref[key], 3) if ok else None
-    out["ratios"] = ratios
-    return out
 
 
 # -- run ------------------------------------------------------------------------------------
@@ -515,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cache_dir = None
             result["cold_build"] = {"skipped": "--no-cold-build", "path": module}
         else:
-            cold = _cold_builds(tmp, settings["cold_repeat"])
+            cold = fw_builds.cold_builds(tmp, settings["cold_repeat"])
             module, cache_dir = cold["path"], cold["cache_dir"]
             result["cold_build"] = cold
         workers: dict[str, Any] = {}
@@ -548,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             ref = result["cold_build"] if "seconds" in result["cold_build"] else {}
             result["builds"] = {"opbridge_cold": {k: ref.get(k) for k in ("seconds", "cpu_seconds", "ops")},
-                                **_builds(tmp, frameworks, ms_py, ms_reason, ref)}
+                                **fw_builds.builds(tmp, frameworks, ms_py, ms_reason, ref)}
             if not ref:
                 result["builds"]["note"] = "no opbridge cold build to compare with (--no-cold-build)"
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import gc
 import itertools
+import math
 import os
 import platform
 import sys
@@ -136,6 +137,55 @@ def summary(samples: Mapping[str, Sequence[float]]) -> dict[str, dict[str, float
         row["rounds"] = len(values)
         out[name] = row
     return out
+
+
+def gbps(nbytes: float, us: float) -> float:
+    """Bandwidth in GB/s (10^9 bytes per second) of moving *nbytes* in *us* microseconds.
+
+    Every benchmark's GB/s comes from here: :func:`summary` reports
+    microseconds, and dividing bytes by microseconds as if they were seconds
+    gives a number 10^6 too small.
+    """
+    return float(nbytes) / (us * 1e-6) / 1e9
+
+
+def calls_per_sample(target_s: float, slowest_s: float, cap: int = 10_000) -> int:
+    """Calls per sample so the slowest candidate's sample takes about *target_s* (1 to *cap*)."""
+    return max(1, min(cap, round(target_s / max(slowest_s, 1e-9))))
+
+
+def calibrated(fns: Mapping[str, Callable[[], object]], *, target_s: float, rounds: int, min_rounds: int,
+               budget_s: float, max_calls: int = 0,
+               before: Callable[[], object] | None = None) -> tuple[dict[str, dict[str, float]], int, int]:
+    """Time *fns* interleaved, with calls per sample and rounds fitted to a time budget.
+
+    Each candidate is called once to warm up and twice more, timed, to size
+    the samples by the faster (a first call may load or compile, and a call
+    on a busy machine may stall, either of which would shrink them):
+    ``number`` calls make a sample of about *target_s* for the slowest (at
+    most *max_calls*, 0: no limit), and the rounds, between *min_rounds*
+    and *rounds*, fit *budget_s*. *before* (untimed) precedes each call
+    sequence, as in :func:`interleaved`.
+
+    Returns
+    -------
+    tuple
+        ``(summary, rounds, number)``.
+    """
+    probes: dict[str, float] = {}
+    for n, f in fns.items():
+        for i in range(3):  # a warm-up, then the faster of two: one call can stall on a busy machine
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            f()
+            if i:
+                probes[n] = min(probes.get(n, math.inf), time.perf_counter() - start)
+    number = calls_per_sample(target_s, max(probes.values()), min(max_calls or 10_000, 10_000))
+    per_round = number * sum(probes.values())
+    n_rounds = max(min_rounds, min(rounds, int(budget_s / max(per_round, 1e-9))))
+    samples = interleaved(fns, rounds=n_rounds, number=number, warmup=0, before=before)
+    return summary(samples), n_rounds, number
 
 
 def ratio(stats: Mapping[str, Mapping[str, float]], name: str, base: str, key: str = "p50") -> float:

@@ -1,0 +1,143 @@
+"""``opbridge bench gpu`` host-side logic on the CPU: case lists, tolerances, GB/s, mismatch reports.
+
+The GPU-only parts (CUDA events, CUDA graphs, Liger-Kernel) run only where a
+CUDA device is present (the last test); everything else runs here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import pytest
+
+from opbridge import bench
+from opbridge.bench import gpu, verify
+from opbridge.bench.gpu import cases
+
+torch = pytest.importorskip("torch")
+
+from opbridge.ops import LIBRARY  # noqa: E402
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    gpu.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_serving_and_large_sizes() -> None:
+    full = gpu.plan_sizes(_args(), "rms_norm")
+    assert [s.rows_cols for s in full] == [(1, 4096), (8, 4096), (256, 4096), (4096, 4096), (8192, 8192)]
+    gated = gpu.plan_sizes(_args(), "silu_and_mul")
+    assert [s.rows_cols for s in gated][:4] == [(r, 2 * 14336) for r in (1, 8, 256, 4096)]
+    assert gated[-1].label == "large"
+    quick = gpu.plan_sizes(_args("--quick"), "add")
+    assert [s.rows_cols for s in quick] == [(8, 4096), (4096, 4096)]  # no large size with --quick
+    assert [s.rows_cols for s in gpu.plan_sizes(_args("--rows", "--size", "64", "128"), "add")] == [(64, 128)]
+    assert cases.is_gated("gelu_and_mul_backward") and not cases.is_gated("gelu")
+
+
+def test_tolerance_grows_with_reduction_length() -> None:
+    assert verify.reduction_length(4096, 4096) == 1
+    assert verify.reduction_length(4096, 4096 * 4096) == 4096
+    assert verify.reduction_tolerance(1e-5, 1e-6, 1) == (1e-5, 1e-6)
+    rtol, atol = verify.reduction_tolerance(1e-5, 1e-6, 4096)
+    assert rtol == pytest.approx(64e-5) and atol == pytest.approx(64e-6)
+    op = LIBRARY.ops["rms_norm_backward"]
+    rows, hidden = 512, 64
+    args = [torch.randn(rows, hidden), torch.randn(rows, hidden), torch.randn(hidden), 1e-6]
+    expected = verify.reference64(op, args)
+    assert all(e.dtype == "float64" for e in expected)
+    (dx_tol, dw_tol) = verify.reference_tolerances(op, "float32", expected, args)
+    base = op.tolerance("float32")
+    assert dx_tol == base  # dx: one row's reduction, the op's own tolerance
+    assert dw_tol == pytest.approx((base[0] * math.sqrt(rows), base[1] * math.sqrt(rows)))
+
+
+def test_reference64_never_compares_float32_with_float32() -> None:
+    op = LIBRARY.ops["add"]
+    x, y = torch.randn(3, 5, dtype=torch.bfloat16), torch.randn(3, 5, dtype=torch.bfloat16)
+    (ref,) = verify.reference64(op, [x, y])
+    assert ref.dtype == "float64"
+    assert (ref == x.double().numpy() + y.double().numpy()).all()
+
+
+def test_a_mismatch_is_reported_and_the_run_goes_on() -> None:
+    """On CPU tensors: a wrong candidate becomes a mismatch record, the right ones are kept."""
+    from opbridge.bench.candidates import Candidate, make_args, opbridge_candidates
+    from opbridge.bench.gpu.device import verify as verify_case
+    from opbridge.bench.workloads import workloads
+
+    op = LIBRARY.ops["add"]
+    args = make_args(op, workloads()["add"], (4, 64), "float32")
+
+    def wrong(a: list[Any]) -> Any:
+        return (lambda: torch.sub(a[0], a[1])), (lambda r: (r,))
+
+    cands = [*opbridge_candidates(op), Candidate("wrong", "new", "x - y", wrong)]
+    notes: list[str] = []
+    kept, bad = verify_case(op, cands, args, "float32", notes)
+    assert [c.name for c in kept] == ["opbridge_out", "opbridge_new"]
+    assert [m["candidate"] for m in bad] == ["wrong"] and "result 0" in bad[0]["message"]
+
+
+def _fake_result(mismatch: bool) -> dict[str, Any]:
+    stats = {"opbridge_new": {"eager": {"p20": 9.0, "p50": 10.0, "p80": 11.0, "rounds": 3}, "number": 100,
+                              "graph": {"p20": 3.0, "p50": 4.0, "p80": 5.0, "rounds": 3}, "graph_number": 50},
+             "eager_new": {"eager": {"p20": 19.0, "p50": 20.0, "p80": 21.0, "rounds": 3}, "number": 100,
+                           "graph": None, "graph_skipped": "CUDA graph capture failed: x"}}
+    whats = {"opbridge_new": ("new", "ops.add(...)"), "eager_new": ("new", "torch.add")}
+    rec = cases.record("add", "float32", cases.Size("rows=8", (8, 4096)), 3 * 8 * 4096 * 4, stats, whats,
+                       gpu.SAME_MODE)
+    rec["mismatches"] = [{"candidate": "liger", "message": "result 0 differs"}] if mismatch else []
+    rec["notes"] = []
+    for c in rec["candidates"].values():
+        c["copy_fraction"] = 0.5
+    results = [rec]
+    return {"benchmark": "gpu", "ok": not mismatch, "problems": cases.problems(results), "liger": "installed",
+            "gpu": {"name": "G", "capability": "9.0", "memory_gib": 80, "torch_cuda": "12"},
+            "copy": {"before": {"gbps": 3000.0}, "after": {"gbps": 3100.0}, "reference_gbps": 3100.0},
+            "results": results, "skipped_ops": {}}
+
+
+def test_record_gbps_and_speedups() -> None:
+    rec = _fake_result(False)["results"][0]
+    ours, eager = rec["candidates"]["opbridge_new"], rec["candidates"]["eager_new"]
+    assert ours["gbps"] == pytest.approx(3 * 8 * 4096 * 4 / 4e-6 / 1e9, rel=1e-3)  # graph p50: 4 µs
+    assert ours["gbps_eager"] == pytest.approx(3 * 8 * 4096 * 4 / 10e-6 / 1e9, rel=1e-3)
+    assert eager["gbps"] == eager["gbps_eager"] and eager["graph_skipped"].startswith("CUDA graph")
+    assert eager["speedup_vs_opbridge"] == pytest.approx(5.0)  # 20 µs eager vs 4 µs in a graph
+    assert eager["speedup_vs_opbridge_eager"] == pytest.approx(2.0)
+
+
+def test_text_and_exit_status_report_a_mismatch() -> None:
+    good, bad = _fake_result(False), _fake_result(True)
+    assert bench.exit_status(good) == 0 and bench.exit_status(bad) == 1
+    assert "MISMATCH" not in gpu.format_text(good)
+    text = gpu.format_text(bad)
+    assert "MISMATCH liger" in text and "FAILED: 1 candidate(s)" in text
+    assert bad["problems"] == ["add rows=8 float32: liger disagrees with the float64 reference"]
+    from opbridge.bench.gpu.text import csv_rows
+
+    assert {r["candidate"] for r in csv_rows(bad)} == {"opbridge_new", "eager_new"}
+
+
+def test_liger_is_optional() -> None:
+    from opbridge.bench.gpu import peers
+
+    if peers.liger_missing() is None:
+        assert set(peers.liger_impls()) == {"rms_norm", "silu_and_mul"}
+    else:
+        assert peers.liger_impls() == {} and "pip install liger-kernel" in peers.liger_missing()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quick_gpu_run() -> None:
+    result = gpu.run(_args("--quick", "--ops", "add", "rms_norm", "--rows", "8", "--rounds", "2"))
+    assert result["ok"], result["problems"]
+    for rec in result["results"]:
+        for c in rec["candidates"].values():
+            assert c["gbps"] > 1.0 and c["eager_us"]["p50"] > 0
