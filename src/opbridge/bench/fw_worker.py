@@ -370,7 +370,7 @@ def _mindspore_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]
              "native": "ms.jit(def f(x, y): return mindspore.ops.add(x, y))"},
             to_numpy=to_np, sync=sync, sync_note=note))
         try:
-            from opbridge.adapters import mindspore_aot
+            from opbridge.adapters.mindspore import aot as mindspore_aot
 
             extra["graph_wrapper_path"] = str(mindspore_aot.aot_module(ops.LIBRARY).path)
             extra["graph_wrapper_note"] = ("ms.jit runs the ops.Custom(func_type='aot') wrapper, which calls "

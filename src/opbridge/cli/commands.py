@@ -177,7 +177,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print(mod.format_text(result))
-    return EXIT_OK
+    return bench.exit_status(result)  # a benchmark that found a mismatch reports it, then fails
 
 
 def register_bench(sub: Any) -> None:
