@@ -1,6 +1,7 @@
 """``opbridge bench overhead``: per-call cost of one tiny op, through every route.
 
-All candidates compute ``x + y`` on 8-element float32 CPU tensors, so the
+All candidates compute ``x + y`` on 8-element float32 tensors (CPU, or with
+``--device cuda`` one GPU, where what is timed is the host's launch cost), so the
 kernel's own work is negligible and what is measured is the per-call
 overhead of each route into it:
 
@@ -15,7 +16,9 @@ overhead of each route into it:
 ``opbridge_numpy``         ``opbridge.ops.add`` on ``numpy.ndarray``
 =========================  ===================================================
 
-then ``torch.compile(fullgraph=True)`` of ``ops.add(x, y) * 2`` against
+On CUDA the NumPy candidates and the CPU-only ``torch.library.impl`` are left
+out, and the raw kernel runs on torch's current stream. Then
+``torch.compile(fullgraph=True)`` of ``ops.add(x, y) * 2`` against
 ``torch.add(x, y) * 2``. Every candidate's result is checked against
 ``torch.add`` before anything is timed, and all candidates of a section are
 timed interleaved (see :mod:`opbridge.bench.timing`).
@@ -78,6 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-backend", metavar="NAME", default=None,
                         help="torch.compile backend (default inductor; aot_eager with --quick)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile section")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the tensors live (default cpu; cuda times the launch cost on GPU 0)")
 
 
 def _progress(msg: str) -> None:
@@ -127,17 +132,32 @@ def _eager_candidates(x: Any, y: Any) -> tuple[dict[str, Callable[[], object]], 
 
     custom_op, lib_add = _baselines()
     out = torch.empty_like(x)
-    nx, ny = x.numpy(), y.numpy()
+    kern = loader.kernel(ops.add.opdef, x.device.type)  # type: ignore[attr-defined]
     fns: dict[str, Callable[[], object]] = {
         "torch.add": functools.partial(torch.add, x, y),
         "opbridge": functools.partial(ops.add, x, y),
         "torch.ops.opbridge.add": functools.partial(torch.ops.opbridge.add, x, y),
         "custom_op": functools.partial(custom_op, x, y),
+    }
+    if x.is_cuda:
+        from opbridge._tvm import tvm_ffi
+
+        tvm = tvm_ffi()
+        dev, handle = tvm.device(f"cuda:{x.device.index or 0}"), torch.cuda.current_stream(x.device).cuda_stream
+
+        def raw() -> None:
+            with tvm.use_raw_stream(dev, handle):
+                kern(out, x, y)
+
+        fns["tvm_ffi_raw"] = raw
+        return fns, out
+    nx, ny = x.numpy(), y.numpy()
+    fns.update({
         "torch.library.impl": functools.partial(lib_add, x, y),
-        "tvm_ffi_raw": functools.partial(loader.kernel(ops.add.opdef, "cpu"), out, x, y),  # type: ignore[attr-defined]
+        "tvm_ffi_raw": functools.partial(kern, out, x, y),
         "np.add": functools.partial(np.add, nx, ny),
         "opbridge_numpy": functools.partial(ops.add, nx, ny),
-    }
+    })
     return fns, out
 
 
@@ -153,22 +173,32 @@ def _verify(fns: dict[str, Callable[[], object]], expected: Any, out: Any) -> No
             got = out
         if isinstance(got, np.ndarray):
             got = torch.from_numpy(got)
+        if isinstance(got, torch.Tensor) and got.is_cuda:
+            torch.cuda.synchronize(got.device)
         if not isinstance(got, torch.Tensor) or not torch.equal(got, expected):
             raise BenchError(f"candidate {name!r} computed {got!r}, expected torch.add's {expected!r}")
 
 
-def _eager_section(rounds: int, number: int) -> dict[str, Any]:
+def _tensors(seed: int, device: str) -> tuple[Any, Any]:
     import torch
 
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(_NUMEL, generator=gen)
-    y = torch.randn(_NUMEL, generator=gen)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(_NUMEL, generator=gen).to(device), torch.randn(_NUMEL, generator=gen).to(device)
+
+
+def _eager_section(rounds: int, number: int, device: str) -> dict[str, Any]:
+    import torch
+
+    x, y = _tensors(0, device)
     fns, out = _eager_candidates(x, y)
     _verify(fns, torch.add(x, y), out)
     _progress(f"timing {len(fns)} eager candidates, {rounds} rounds x {number} calls, interleaved")
     stats = summary(interleaved(fns, rounds=rounds, number=number))
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
     ratios = {f"{name}/{ANCHOR}": ratio(stats, name, ANCHOR) for name in stats if name != ANCHOR}
-    ratios[f"opbridge_numpy/{NUMPY_ANCHOR}"] = ratio(stats, "opbridge_numpy", NUMPY_ANCHOR)
+    if NUMPY_ANCHOR in stats:
+        ratios[f"opbridge_numpy/{NUMPY_ANCHOR}"] = ratio(stats, "opbridge_numpy", NUMPY_ANCHOR)
     return {"candidates": {n: CANDIDATES[n] for n in fns}, "stats_us": stats, "ratios": ratios}
 
 
@@ -182,7 +212,7 @@ def _compile_one(fn: Callable[..., Any], backend: str, x: Any, y: Any) -> tuple[
     return compiled, round(time.perf_counter() - start, 3)
 
 
-def _compile_section(backend: str, rounds: int, number: int) -> dict[str, Any]:
+def _compile_section(backend: str, rounds: int, number: int, device: str) -> dict[str, Any]:
     import torch
 
     from opbridge import ops
@@ -193,9 +223,7 @@ def _compile_section(backend: str, rounds: int, number: int) -> dict[str, Any]:
     def g(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.add(x, y) * 2
 
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(_NUMEL, generator=gen)
-    y = torch.randn(_NUMEL, generator=gen)
+    x, y = _tensors(1, device)
     slow = " (the first inductor compile can take a while)" if backend == "inductor" else ""
     _progress(f"torch.compile(fullgraph=True, backend={backend!r}) of ops.add(x, y) * 2{slow}")
     cf, f_seconds = _compile_one(f, backend, x, y)
@@ -233,17 +261,24 @@ def _compile_section(backend: str, rounds: int, number: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; see the module docstring."""
     rounds, number, backend = _settings(args)
+    device = getattr(args, "device", "cpu")
     _progress("importing torch and opbridge, loading the kernels")
     import torch
 
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: torch sees no CUDA GPU here")
     info = machine_info()
     info["torch_threads"] = torch.get_num_threads()
-    eager = _eager_section(rounds, number)
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+    eager = _eager_section(rounds, number, device)
     result: dict[str, Any] = {
         "benchmark": "overhead",
         "quick": bool(args.quick),
         "machine": info,
-        "workload": f"x + y, {_NUMEL} x float32, CPU, eager",
+        "device": device,
+        "workload": f"x + y, {_NUMEL} x float32, {device.upper()}, eager"
+                    + (" (host launch cost; kernels run asynchronously)" if device == "cuda" else ""),
         "rounds": rounds,
         "number": number,
         **eager,
@@ -252,7 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["compile"] = {"skipped": "--no-compile"}
     else:
         # Compiled calls cost ~100x an eager add: fewer calls per round keep the section short.
-        result["compile"] = _compile_section(backend, rounds, max(1, number // _COMPILE_DIVISOR))
+        result["compile"] = _compile_section(backend, rounds, max(1, number // _COMPILE_DIVISOR), device)
     return result
 
 
@@ -278,9 +313,11 @@ def format_text(result: dict[str, Any]) -> str:
         "",
     ]
     anchors = {n: ANCHOR for n in result["stats_us"] if n != ANCHOR}
-    anchors["opbridge_numpy"] = NUMPY_ANCHOR
+    if "opbridge_numpy" in result["stats_us"]:
+        anchors["opbridge_numpy"] = NUMPY_ANCHOR
     lines += _table(result["stats_us"], result["ratios"], anchors)
-    lines.append(f"  opbridge_numpy vs torch.add: {result['ratios']['opbridge_numpy/torch.add']:.2f}x")
+    if "opbridge_numpy/torch.add" in result["ratios"]:
+        lines.append(f"  opbridge_numpy vs torch.add: {result['ratios']['opbridge_numpy/torch.add']:.2f}x")
     comp = result["compile"]
     lines.append("")
     if "skipped" in comp:
