@@ -1,0 +1,108 @@
+"""PyTorch adapter: ``torch.library`` registration plus an eager fast path.
+
+Every op is defined with its declared schema under ``torch.ops.<ns>.<op>``
+(:mod:`.dispatcher`), with CPU/CUDA kernels, a fake kernel derived from the
+shape rule and an autograd formula derived from the declared backward, so it
+works under autograd, ``opcheck``, ``torch.compile(fullgraph=True)`` and
+``torch.export``. The public callable skips the dispatcher when that is
+provably equivalent (:mod:`.fast`), on CPU and CUDA tensors alike.
+
+Every path checks the dtype argument against the op's declared dtypes
+(:func:`opbridge.call.core.dtype_error`), accepts non-contiguous inputs (one
+dense copy each; mutated ones are copied back) and returns contiguous new
+outputs (:mod:`.calls`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opbridge import registry
+from opbridge.adapters.torch import calls, dispatcher, dynamo, fast
+from opbridge.call import core
+
+if TYPE_CHECKING:
+    from opbridge.declare import Library, OpDef
+
+
+def register(lib: Library) -> None:
+    """Define and implement every op of *lib* in ``torch.ops.<namespace>`` (idempotent)."""
+    dispatcher.register(lib, dynamo.substitute)
+
+
+def _no_modes() -> bool:
+    return (not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._functorch.peek_interpreter_stack() is None)
+
+
+class TorchAdapter:
+    """Adapter for ``torch.Tensor`` (and subclasses, through the dispatcher)."""
+
+    name = "torch"
+
+    def register(self, lib: Library) -> None:
+        """Register every op of *lib* with the framework (idempotent)."""
+        register(lib)
+
+    def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        """The dispatcher call of *op*; for plain tensors, also install the fast path in its callable."""
+        register(op.library)
+        slow = dispatcher.checked(op)
+        if array_type is torch.Tensor:
+            fast.install(op, slow)
+        return slow
+
+    def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+        """Run *op* into the caller's tensors *outs* (``out=``); no autograd, like torch's own ``out=``.
+
+        Every tensor must be on the dispatching tensor's device (else a
+        ValueError naming them, before anything is written); non-contiguous
+        inputs and outputs go through dense copies.
+        """
+        if op.qualname not in dispatcher.REGISTERED:
+            register(op.library)
+        tensors = [a for a in (*args, *outs) if isinstance(a, torch.Tensor)]
+        if len(tensors) != len(outs) + sum(1 for a in args if isinstance(a, torch.Tensor)) or not all(
+                isinstance(args[i], torch.Tensor) for i in op.differentiable):
+            core.validate_args(op, args, calls.is_tensor, "a torch.Tensor")  # names the offending argument
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise RuntimeError(f"{op.name}: out= does not support autograd (an argument requires grad); "
+                               f"call it under torch.no_grad() or without out=")
+        if not (all(type(t) is torch.Tensor for t in tensors) and _no_modes()):
+            core.validate_args(op, args, calls.is_tensor, "a torch.Tensor")
+            results = dispatcher.packet(op)(*args)
+            for o, r in zip(outs, results if isinstance(results, tuple) else (results,)):
+                o.copy_(r)
+            return core.pack_results(op, args, outs)
+        core.check_lead_dtype(op, args, calls.dtype_name)
+        calls.check_devices(op, args, outs)
+        core.make_alias_check(op, calls.span)(args)
+        full, back = core.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
+        dense = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
+        try:
+            calls.run_kernel(op, dense, full)
+        except TypeError:
+            core.validate_args(op, args, calls.is_tensor, "a torch.Tensor")  # a named error for a bad scalar
+            raise
+        for orig, copy in back:
+            orig.copy_(copy)
+        for o, d in zip(outs, dense):
+            if o is not d:
+                o.copy_(d)
+            torch.autograd.graph.increment_version(o)
+        return outs[0] if len(outs) == 1 and len(op.schema.returns) == 1 else core.pack_results(op, args, outs)
+
+
+ADAPTER = TorchAdapter()
+
+
+def _register_declared() -> None:
+    """Register every op declared so far (torch is in use from here on)."""
+    for lib in registry.libraries():
+        register(lib)
+
+
+_register_declared()

@@ -1,0 +1,302 @@
+"""What every torch call of an op shares: dtypes, devices, allocation and the kernel call.
+
+The dispatcher's kernels (:mod:`.dispatcher`) and the dispatcher-free fast
+path (:mod:`.fast`) are generated per op from the same lines
+(:func:`kernel_lines`): the alias check of mutating ops, the outputs
+(:func:`opbridge.call.core.alloc_source`), huge-page advice for new CPU
+outputs, and the kernel call, which on CUDA publishes torch's current stream
+of the tensor's device to tvm-ffi around the call. Both assume dense inputs
+and let the kernel's ``ValueError`` ("x must be contiguous") send strided
+calls to :func:`strided_call`, which runs the kernel on dense copies and
+copies mutated arguments back, so dense calls pay nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opbridge import _tvm, loader
+from opbridge._codegen import compile_source
+from opbridge.call import core, memory
+from opbridge.declare import Spec
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+#: DLPack's device type for CUDA (``kDLCUDA``), as tvm-ffi's stream environment takes it.
+KDL_CUDA = 2
+#: Devices with a torch fast path and a dispatcher kernel.
+DEVICES = ("cpu", "cuda")
+
+
+def to_dtype(d: Any) -> torch.dtype:
+    """A torch dtype from a torch dtype or a dtype name."""
+    return d if isinstance(d, torch.dtype) else getattr(torch, str(d))
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    """The dtype name opbridge declares (``"float32"`` for ``torch.float32``)."""
+    return str(t.dtype).removeprefix("torch.")
+
+
+def torch_dtypes(op: OpDef) -> frozenset[torch.dtype]:
+    """*op*'s declared dtypes as torch dtypes: the fast paths' one-lookup guard."""
+    return core.framework_dtypes(op, lambda name: to_dtype(name))
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def span(t: torch.Tensor) -> tuple[int, int]:
+    """Byte addresses ``(start, end)`` of everything *t* can reach, strided views included."""
+    if t.numel() == 0:
+        p = t.data_ptr()
+        return p, p
+    start = t.data_ptr()
+    reach = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return start, start + (reach + 1) * t.element_size()
+
+
+#: :func:`span` inline for dense tensors (the generated calls run on dense ones only).
+SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes"
+
+
+def ordered(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """Schema-ordered arguments; the dispatcher drops trailing defaults and passes kwarg-only ones by name."""
+    rest = op.schema.arguments[len(args):]
+    return [*args, *(kwargs[a.name] if a.name in kwargs else a.default for a in rest)]
+
+
+def new_empty(shape: tuple[int, ...], dtype: Any, lead: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor on *lead*'s device (the ``empty`` of :func:`opbridge.call.core.alloc_outputs`)."""
+    return torch.empty(shape, dtype=to_dtype(dtype), device=lead.device)
+
+
+def fresh(t: torch.Tensor) -> None:
+    """Huge-page advice for a new CPU output before the kernel first writes it (:mod:`opbridge.call.memory`)."""
+    memory.advise_fresh(t.data_ptr(), t.nbytes)
+
+
+def check_devices(op: OpDef, args: Sequence[Any], outs: Sequence[Any] = ()) -> None:
+    """Raise ValueError unless every tensor argument (and ``out=`` tensor) is on the dispatching one's device."""
+    lead = args[op.dispatch_arg]
+    lead_name = op.schema.arguments[op.dispatch_arg].name
+    named = [(op.schema.arguments[i].name, args[i]) for i in core.tensor_indices(op) if args[i] is not None]
+    named += [("out" if len(outs) == 1 else f"out[{i}]", o) for i, o in enumerate(outs)]
+    for name, t in named:
+        if t.device != lead.device:
+            raise ValueError(f"{op.name}: {name} is on {t.device}, but {lead_name} is on {lead.device}; "
+                             f"all tensors of one call (out= included) must be on one device")
+
+
+def dtype_checker(op: OpDef) -> Callable[[torch.Tensor], None]:
+    """A function raising :func:`opbridge.call.core.dtype_error` for the dtype argument *t*."""
+    name = op.schema.arguments[op.dtype_arg].name
+
+    def fail(t: torch.Tensor) -> None:
+        raise core.dtype_error(op, name, dtype_name(t))
+
+    return fail
+
+
+def dense_test(op: OpDef, names: Sequence[str]) -> str:
+    """An expression: every Tensor argument among *names* is contiguous."""
+    tests = []
+    for i in core.tensor_indices(op):
+        t = f"{names[i]}.is_contiguous()"
+        tests.append(f"({names[i]} is None or {t})" if op.schema.arguments[i].type.optional else t)
+    return " and ".join(tests) or "True"
+
+
+# -- the kernel call, as generated lines -----------------------------------------------------
+
+
+#: Distinct argument signatures remembered per op by :func:`rule_alloc` (then it starts over).
+ALLOC_CACHE_SIZE = 256
+
+
+def rule_alloc(op: OpDef, on_device: bool) -> Callable[..., list[torch.Tensor]]:
+    """New outputs from *op*'s shape rule, remembering the rule's answers per argument signature.
+
+    A shape rule is a function of the arguments' shapes, dtypes and scalar
+    values only (``torch.compile`` runs it on fake tensors as the fake
+    kernel), so its result is kept per such signature: a repeated call costs
+    one dict lookup instead of the rule (1.2 µs for ``silu_and_mul``), and
+    allocating costs ``torch.empty``. A signature with an unhashable scalar
+    (a list) runs the rule each time. The function takes the argument tuple,
+    and with *on_device* also the device to allocate on (CPU otherwise).
+    """
+    rule = op.shape
+    key = ", ".join(f"a[{i}].shape, a[{i}].dtype" if a.type.is_tensor and not a.type.optional
+                    else f"_sig(a[{i}])" if a.type.is_tensor else f"a[{i}]"
+                    for i, a in enumerate(op.schema.arguments))
+    cache: dict[Any, list[tuple[Any, torch.dtype]]] = {}
+
+    def miss(k: Any, a: Sequence[Any], **device: Any) -> list[torch.Tensor]:
+        specs = op.output_specs(a) if rule is None else rule(*a)
+        got = [(tuple(s.shape), to_dtype(s.dtype)) for s in ((specs,) if isinstance(specs, Spec) else specs)]
+        try:
+            if len(cache) >= ALLOC_CACHE_SIZE:
+                cache.clear()
+            cache[k] = got
+        except TypeError:  # an unhashable scalar
+            pass
+        return [torch.empty(shape, dtype=dt, **device) for shape, dt in got]
+
+    ns: dict[str, Any] = {"_cache": cache, "_miss": miss, "_empty": torch.empty,
+                          "_sig": lambda t: None if t is None else (t.shape, t.dtype)}
+    params, dev = ("a, device", ", device=device") if on_device else ("a", "")
+    src = (f"def alloc({params}):\n"
+           f"    k = ({key},)\n"
+           "    try:\n"
+           "        got = _cache.get(k)\n"
+           "    except TypeError:\n"
+           "        got = None\n"
+           "    if got is None:\n"
+           f"        return _miss(k, a{dev})\n"
+           f"    return [_empty(shape, dtype=dt{dev}) for shape, dt in got]\n")
+    compile_source(src, f"<opbridge {op.qualname} torch alloc>", ns)
+    alloc: Callable[..., list[torch.Tensor]] = ns["alloc"]
+    return alloc
+
+
+def kernel_lines(op: OpDef, device: str, names: Sequence[str], outs: Sequence[str], indent: str,
+                 allocate: bool = True) -> list[str]:
+    """Lines running *op*'s *device* kernel on dense arguments held in *names*, into *outs*.
+
+    The alias check (mutating ops); with *allocate*, the new outputs
+    (``like`` ones as ``empty_like`` of the dense input they copy, so
+    contiguous; others from the shape rule) and huge-page advice for them on
+    CPU; then the call of ``_t_k_<device>``. On CUDA the call runs with
+    torch's current stream of the dispatching tensor's device published to
+    tvm-ffi, read from torch's raw handle: no Python stream object, no host
+    synchronisation, so it is safe under CUDA graph capture.
+    """
+    lead = names[op.dispatch_arg]
+    alias = core.alias_check_source(op, names, SPAN_SOURCE, "")
+    # Our own name for the core's alias-check hook: adapters share the callable's globals.
+    lines = alias.replace("_alias((", "_t_alias((").splitlines()
+    if allocate:
+        rule = "_t_alloc({args})" if device == "cpu" else f"_t_alloc_dev({{args}}, {lead}.device)"
+        lines += core.alloc_source(op, names, outs, "_t_empty_like({x})", rule)
+        if device == "cpu":
+            lines += [f"if {o}.nbytes >= _t_hmin: _t_fresh({o})" for o in outs]
+    call = f"_t_k_{device}({', '.join([*outs, *names])})"
+    if device == "cpu":
+        lines.append(call)
+    else:
+        lines += [f"_t_dev = {lead}.get_device()",
+                  f"_t_prev = _t_set_stream({KDL_CUDA}, _t_dev, _t_raw_stream(_t_dev))",
+                  "try:", f"    {call}", "finally:", f"    _t_set_stream({KDL_CUDA}, _t_dev, _t_prev)"]
+    return [indent + line for line in lines]
+
+
+def _no_cuda(index: int) -> int:
+    raise RuntimeError("this torch build has no CUDA")
+
+
+def _set_stream(device_type: int, device_id: int, stream: int) -> int:
+    """Set tvm-ffi's environment stream of a device (what kernels launch on); return the previous one."""
+    prev: int = _tvm.tvm_ffi().core._env_set_current_stream(device_type, device_id, stream)
+    return prev
+
+
+def lazy_kernel(op: OpDef, device: str, ns: dict[str, Any]) -> Callable[..., Any]:
+    """A stand-in for ``ns["_t_k_<device>"]`` that resolves the kernel on its first call and replaces itself.
+
+    Registering an op or installing its fast path never builds a kernel that
+    no call has needed (a CUDA kernel on a machine without a GPU). The first
+    CUDA call also binds tvm-ffi's stream setter itself in place of
+    :func:`_set_stream`, which looks it up on each call.
+    """
+    name = f"_t_k_{device}"
+
+    def first_call(*args: Any) -> Any:
+        ns[name] = kernel(op, device)
+        if device == "cuda":
+            ns["_t_set_stream"] = _tvm.tvm_ffi().core._env_set_current_stream
+        return ns[name](*args)
+
+    return first_call
+
+
+_KERNELS: dict[tuple[str, str], Any] = {}
+
+
+def kernel(op: OpDef, device: str) -> Any:
+    """*op*'s compiled kernel for *device* (loaded, or built, on first request)."""
+    k = _KERNELS.get((op.qualname, device))
+    if k is None:
+        k = _KERNELS[(op.qualname, device)] = loader.kernel(op, device)
+    return k
+
+
+def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
+    """The globals :func:`kernel_lines` uses, for *op*, bound into *ns* (which holds the generated code)."""
+    ns.update(_NAMES)
+    ns.update({
+        "_t_alloc": rule_alloc(op, False),
+        "_t_alloc_dev": rule_alloc(op, True),
+        "_t_alias": lambda a: core.check_no_alias(op, a, span),
+        "_pack": lambda a, o: core.pack_results(op, a, o),
+        "_t_dts": torch_dtypes(op),
+        "_t_dtype_error": dtype_checker(op),
+        "_t_check_devices": lambda a, o=(): check_devices(op, a, o),
+    })
+    for device in DEVICES:
+        if device in op.kernels:
+            ns[f"_t_k_{device}"] = lazy_kernel(op, device, ns)
+    return ns
+
+
+_NAMES: dict[str, Any] = {
+    "_T": torch.Tensor,
+    "_t_empty_like": torch.empty_like,
+    "_t_hmin": memory.MIN_BYTES,
+    "_t_fresh": fresh,
+    "_t_set_stream": _set_stream,
+    "_t_raw_stream": getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda),
+}
+
+
+def run_kernel(op: OpDef, outs: Sequence[Any], args: Sequence[Any]) -> None:
+    """Call *op*'s kernel for the dispatching tensor's device (the slow paths' one kernel call)."""
+    lead = args[op.dispatch_arg]
+    device = lead.device.type
+    if device not in op.kernels or device not in DEVICES:
+        raise ValueError(f"{op.name}: no kernel for {device} tensors (kernels: {', '.join(op.kernels)})")
+    k = kernel(op, device)
+    if device == "cpu":
+        k(*outs, *args)
+        return
+    index = lead.get_device()
+    prev = _set_stream(KDL_CUDA, index, _NAMES["_t_raw_stream"](index))
+    try:
+        k(*outs, *args)
+    finally:
+        _set_stream(KDL_CUDA, index, prev)
+
+
+def strided_call(op: OpDef) -> Callable[[Sequence[Any]], Any]:
+    """*op* on arguments some of which are not dense: dense copies in, mutated ones copied back.
+
+    New outputs are contiguous; the alias check uses each view's full reach.
+    Returns the op's results like the dispatcher's kernel.
+    """
+    check_alias = core.make_alias_check(op, span)
+
+    def call(args: Sequence[Any]) -> Any:
+        check_devices(op, args)
+        check_alias(args)
+        full, back = core.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
+        outs = core.alloc_outputs(op, full, new_empty)
+        run_kernel(op, outs, full)
+        for orig, copy in back:
+            orig.copy_(copy)
+        return core.pack_results(op, args, outs)
+
+    return call

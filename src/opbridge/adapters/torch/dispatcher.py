@@ -1,0 +1,178 @@
+"""Registration with torch's dispatcher: schema, device kernels, fake kernel, autograd.
+
+Each op is defined under ``torch.ops.<ns>.<op>`` with its declared schema, a
+CPU and/or CUDA kernel (:func:`make_impl`), a fake kernel from the shape rule
+and an autograd formula from the declared backward, so it works under
+autograd, ``opcheck``, ``torch.compile(fullgraph=True)`` and ``torch.export``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opbridge._codegen import compile_source
+from opbridge.adapters.torch import calls
+from opbridge.call import core
+from opbridge.call.callable import signature_source
+
+if TYPE_CHECKING:
+    from opbridge.declare import Library, OpDef
+
+_TORCH_LIBS: dict[str, torch.library.Library] = {}
+REGISTERED: set[str] = set()
+_DISPATCH_KEY = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def packet(op: OpDef) -> Any:
+    """``torch.ops.<ns>.<op>.default``."""
+    return getattr(getattr(torch.ops, op.library.namespace), op.name).default
+
+
+def make_impl(op: OpDef, device: str) -> Callable[..., Any]:
+    """The dispatcher's kernel for *device*: check the dtype, allocate outputs, call the compiled kernel.
+
+    Generated per op (like the fast path, from the same lines) because
+    Inductor calls it on every run of a compiled graph. Inputs that are not
+    dense make the kernel raise ``ValueError`` before it writes anything;
+    they then run on dense copies (:func:`.calls.strided_call`), so dense
+    calls pay nothing for it. The compiled kernel is resolved on the first
+    call, so registering an op never builds its library.
+    """
+    params, _ = signature_source(op)
+    names = [a.name for a in op.schema.arguments]
+    outs = [f"_o{i}" for i in range(op.n_outputs)]
+    dt = names[op.dtype_arg]
+    lines = [f"def impl({', '.join(params)}):",
+             f"    if {dt}.dtype not in _t_dts: _t_dtype_error({dt})",
+             "    try:",
+             *calls.kernel_lines(op, device, names, outs, "        "),
+             "    except ValueError:",
+             f"        if {calls.dense_test(op, names)}: raise",
+             f"        return _t_strided(({''.join(n + ', ' for n in names)}))",
+             *core.returns_source(op, names, outs, "    ")]
+    ns = calls.namespace(op, {"_t_strided": calls.strided_call(op)})
+    compile_source("\n".join(lines) + "\n", f"<opbridge {op.qualname} {device} kernel>", ns)
+    impl: Callable[..., Any] = ns["impl"]
+    impl.__name__ = f"{op.name}_{device}_impl"
+    return impl
+
+
+def make_fake(op: OpDef) -> Callable[..., Any]:
+    """The fake (meta) kernel: outputs from the shape rule after the dtype and device checks."""
+    check_dtype = calls.dtype_checker(op)
+    dts = calls.torch_dtypes(op)
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        full = calls.ordered(op, args, kwargs)
+        if full[op.dtype_arg].dtype not in dts:
+            check_dtype(full[op.dtype_arg])
+        calls.check_devices(op, full)
+        if not (op.n_outputs or op.schema.returns):
+            return None
+        return core.pack_results(op, full, core.alloc_outputs(op, full, calls.new_empty))
+
+    return fake
+
+
+def make_autograd(op: OpDef, tl: torch.library.Library) -> None:
+    """Register the declared backward (:func:`opbridge.call.core.run_backward`) as *op*'s autograd formula."""
+    tensor_idx = core.tensor_indices(op)
+    n_args = len(op.schema.arguments)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.opb_scalars = {i: v for i, v in enumerate(inputs) if i not in tensor_idx}
+        ctx.save_for_backward(*(inputs[i] for i in tensor_idx))
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.opb_out_meta = [(o.shape, o.dtype, o.device) for o in outs]
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        full: list[Any] = [None] * n_args
+        for i, v in ctx.opb_scalars.items():
+            full[i] = v
+        for i, t in zip(tensor_idx, ctx.saved_tensors):
+            full[i] = t
+        # Autograd hands out expanded or strided grads (e.g. from sum()); kernels want dense ones.
+        dense = [g.contiguous() if g is not None else torch.zeros(s, dtype=d, device=dev)
+                 for g, (s, d, dev) in zip(grads, ctx.opb_out_meta)]
+        out: list[Any] = [None] * n_args
+        for i, g in zip(tensor_idx, core.run_backward(op, dense, full)):
+            out[i] = g
+        return tuple(out)
+
+    torch.library.register_autograd(op.qualname, backward, setup_context=setup_context, lib=tl)
+
+
+def make_mutating_autograd(op: OpDef) -> Callable[..., Any]:
+    """Autograd kernel of a mutating op: no formula, so refuse to be differentiated."""
+    overload = packet(op)
+    tensor_names = [(i, op.schema.arguments[i].name) for i in core.tensor_indices(op)]
+    mutated = [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
+
+    def autograd_impl(*args: Any, **kwargs: Any) -> Any:
+        full = calls.ordered(op, args, kwargs)
+        if torch.is_grad_enabled():
+            for i, name in tensor_names:
+                if full[i] is not None and full[i].requires_grad:
+                    raise RuntimeError(
+                        f"{op.name}: argument '{name}' requires grad, but this op mutates its inputs "
+                        f"in place and declares no backward; call it under torch.no_grad()"
+                    )
+        with torch._C._AutoDispatchBelowAutograd():
+            result = overload(*args, **kwargs)
+        # What ADInplaceOrView does for native in-place ops: later backward
+        # passes must notice that saved tensors changed.
+        for i in mutated:
+            if full[i] is not None:
+                torch.autograd.graph.increment_version(full[i])
+        return result
+
+    return autograd_impl
+
+
+def register(lib: Library, on_registered: Callable[[OpDef], None]) -> None:
+    """Define and implement every op of *lib* in ``torch.ops.<namespace>`` (idempotent).
+
+    *on_registered* runs once per newly registered op.
+    """
+    tl = _TORCH_LIBS.get(lib.namespace)
+    if tl is None:
+        tl = torch.library.Library(lib.namespace, "FRAGMENT")
+        _TORCH_LIBS[lib.namespace] = tl
+    for op in lib.ops.values():
+        if op.qualname in REGISTERED:
+            continue
+        tl.define(str(op.schema))
+        for device in op.kernels:
+            if device in _DISPATCH_KEY:
+                tl.impl(op.name, make_impl(op, device), _DISPATCH_KEY[device])
+        torch.library.register_fake(op.qualname, make_fake(op), lib=tl)
+        if op.schema.is_mutating:
+            tl.impl(op.name, make_mutating_autograd(op), "Autograd")
+        else:
+            make_autograd(op, tl)
+        on_registered(op)
+        REGISTERED.add(op.qualname)
+
+
+def checked(op: OpDef) -> Callable[..., Any]:
+    """The dispatcher call, with torch's argument-parser errors turned into named TypeErrors."""
+    overload = packet(op)
+    kw_only = [a.name for a in op.schema.arguments if a.kwarg_only]
+    n_pos = len(op.schema.arguments) - len(kw_only)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kw_only and len(args) > n_pos:  # opbridge passes everything positionally; torch.ops wants names
+            kwargs.update(zip(kw_only, args[n_pos:]))
+            args = args[:n_pos]
+        try:
+            return overload(*args, **kwargs)
+        except RuntimeError as e:
+            if "Expected a value of type" in str(e):
+                core.validate_args(op, calls.ordered(op, args, kwargs), calls.is_tensor, "a torch.Tensor")
+            raise
+
+    call.__name__ = op.name
+    return call

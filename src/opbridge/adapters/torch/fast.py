@@ -1,0 +1,140 @@
+"""The dispatcher-free fast path, spliced into each op's public callable.
+
+It is taken only when skipping the dispatcher is provably equivalent: every
+tensor argument is a plain ``torch.Tensor`` that does not require grad, the
+dtype argument's dtype is declared (one frozenset lookup), and no
+dispatch/function mode, functorch transform, JIT tracer or Dynamo trace is
+active. CPU and CUDA tensors both take it, each calling its device's kernel
+(CUDA on torch's current stream of the tensor's device, read from its raw
+handle: no Python stream object and no host synchronisation, so calls are
+safe under CUDA graph capture). In every other case the call goes through
+``torch.ops.<ns>.<op>``, and so does a call whose kernel rejects an argument
+type (the dispatcher's parser names it) or a non-contiguous input (the
+dispatcher's kernel runs on dense copies). The fast path bumps the version
+counter of every tensor it mutates, as the dispatcher's ADInplaceOrView
+kernel would.
+
+Each guard was measured: every attribute read costs per call, so the path
+reads what it must and lets the kernel check the rest (shapes, the other
+arguments' dtypes and devices, contiguity), raising before it writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opbridge.adapters.torch import calls
+from opbridge.call import core
+from opbridge.call.callable import install_prelude
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+#: Ops whose fast path is installed.
+INSTALLED: set[str] = set()
+
+#: The guards' helpers (the mode and tracer probes torch keeps in C).
+_PROBES = {
+    "_t_dstack": torch._C._len_torch_dispatch_stack,
+    "_t_tfmode": torch._C._is_torch_function_mode_enabled,
+    "_t_fstack": torch._C._functorch.peek_interpreter_stack,
+    "_t_trace": torch._C._get_tracing_state,
+    "_t_dyn": torch.compiler.is_dynamo_compiling,
+    "_t_bump": torch.autograd.graph.increment_version,
+}
+_NO_MODES = ["not _t_dstack()", "not _t_tfmode()", "_t_fstack() is None", "_t_trace() is None"]
+
+
+def _devices(op: OpDef) -> list[str]:
+    return [d for d in calls.DEVICES if d in op.kernels]
+
+
+def _guards(op: OpDef, extra: list[str]) -> str:
+    """The fast path's condition: plain tensors, no grad, a declared dtype, no mode or tracer."""
+    args = op.schema.arguments
+    lead = args[op.dispatch_arg].name
+    conds = [f"type({lead}) is _T", "not _t_dyn()", f"not {lead}.requires_grad", *extra]
+    for i, a in enumerate(args):
+        if a.type.is_tensor and i != op.dispatch_arg:
+            c = f"(type({a.name}) is _T and not {a.name}.requires_grad)"
+            conds.append(f"({a.name} is None or {c})" if a.type.optional else c)
+    conds.append(f"{args[op.dtype_arg].name}.dtype in _t_dts")
+    return " and ".join(conds + _NO_MODES)
+
+
+def _device_branches(op: OpDef, body: Callable[[str, str], list[str]], slow: str, dense: str, devices: str,
+                     indent: str) -> list[str]:
+    """``if lead.is_cpu: ... elif lead.is_cuda: ... else: <slow>``, each device's *body* in a try.
+
+    A TypeError from the kernel, or a ValueError while some input is not
+    dense, goes to *slow*; any other error is the kernel's own and is raised,
+    a RuntimeError (a tensor tvm-ffi cannot pass, e.g. on ``meta``) after the
+    *devices* check has had its say.
+    """
+    lead = op.schema.arguments[op.dispatch_arg].name
+    lines = []
+    for n, device in enumerate(_devices(op)):
+        lines += [f"{indent}{'if' if n == 0 else 'elif'} {lead}.is_{device}:", f"{indent}    try:"]
+        lines += body(device, indent + " " * 8)
+        lines += [f"{indent}    except TypeError:", f"{indent}        return {slow}",
+                  f"{indent}    except ValueError:", f"{indent}        if {dense}: raise",
+                  f"{indent}        return {slow}",
+                  f"{indent}    except RuntimeError:", f"{indent}        {devices}", f"{indent}        raise"]
+    return [*lines, f"{indent}else:", f"{indent}    return {slow}"]
+
+
+def prelude(op: OpDef) -> str | None:
+    """Body lines of the fast path, or None if the op has none (no CPU/CUDA kernel, or a Tensor[] argument)."""
+    args = op.schema.arguments
+    if not _devices(op) or any(a.type.is_tensor_list for a in args):
+        return None
+    names = [a.name for a in args]
+    outs = [f"_o{i}" for i in range(op.n_outputs)]
+    slow = f"_t_slow({', '.join(a.name if not a.kwarg_only else f'{a.name}={a.name}' for a in args)})"
+    lines = [f"    if {_guards(op, [])}:"]
+    devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}))"
+    lines += _device_branches(op, lambda d, ind: calls.kernel_lines(op, d, names, outs, ind), slow,
+                              calls.dense_test(op, names), devices, "        ")
+    # One increment_version call for the tensors that are always there (it takes an iterable).
+    required = [a.name for a in op.schema.mutated_args if not a.type.optional]
+    if required:
+        lines.append(f"        _t_bump(({''.join(n + ', ' for n in required)}))")
+    lines += [f"        if {a.name} is not None: _t_bump({a.name})" for a in op.schema.mutated_args if a.type.optional]
+    lines += core.returns_source(op, names, outs, "        ")
+    return "\n".join(lines) + "\n"
+
+
+def out_prelude(op: OpDef) -> str:
+    """Body lines of the fast ``out=`` path (one output), or ``""``."""
+    args = op.schema.arguments
+    if (not op.accepts_out or op.n_outputs != 1 or len(op.schema.returns) != 1 or not _devices(op)
+            or any(a.type.is_tensor_list for a in args)):
+        return ""
+    names = [a.name for a in args]
+    slow = f"_with_out(({''.join(n + ', ' for n in names)}), out)"
+    dense = f"{calls.dense_test(op, names)} and out.is_contiguous()"
+
+    def body(device: str, indent: str) -> list[str]:
+        return calls.kernel_lines(op, device, names, ["out"], indent, allocate=False)
+
+    lines = [f"        if {_guards(op, ['type(out) is _T', 'not out.requires_grad'])}:"]
+    devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
+    lines += _device_branches(op, body, slow, dense, devices, " " * 12)
+    lines += ["            _t_bump(out)", "            return out"]
+    return "\n".join(lines) + "\n"
+
+
+def install(op: OpDef, slow: Callable[..., Any]) -> None:
+    """Splice *op*'s fast paths into its public callable (once per op); *slow* is the dispatcher call."""
+    if op.qualname in INSTALLED:
+        return
+    body = prelude(op)
+    if body is None:
+        return
+    # Bound straight into the callable's globals, where the lazy kernels replace themselves.
+    calls.namespace(op, op.call.__globals__)
+    install_prelude(op, "torch", body, {**_PROBES, "_t_slow": slow}, out_prelude=out_prelude(op))
+    INSTALLED.add(op.qualname)
