@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import functools
 import itertools
+import resource
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-pytest.importorskip("jax_tvm_ffi")
+jax_tvm_ffi = pytest.importorskip("jax_tvm_ffi")
 
 import jax.numpy as jnp  # noqa: E402
 
 import opbridge  # noqa: E402
-from opbridge import ops  # noqa: E402
+from opbridge import loader, ops  # noqa: E402
 from opbridge.adapters import jax as jax_adapter  # noqa: E402
+from opbridge.call import core  # noqa: E402
 from opbridge.testing.harness_jax import HARNESS  # noqa: E402
 from opbridge.testing.matrix import LAYOUT, NONCONTIGUOUS, make_cases  # noqa: E402
 
@@ -91,7 +95,23 @@ void scale_by_int_cpu(TensorView out, TensorView x, TensorView k) {
 }
 OPBRIDGE_EXPORT(scale_by_int_cpu);
 
-// No backward declared.
+// float32 and float64 (declared): out = -x.
+void negate_cpu(TensorView out, TensorView x) {
+  OPB_CHECK_SAME_SHAPE("negate", out, x);
+  if (x.dtype().bits == 64) {
+    const double* a = static_cast<const double*>(x.data_ptr());
+    double* o = static_cast<double*>(out.data_ptr());
+    for (int64_t i = 0; i < x.numel(); ++i) o[i] = -a[i];
+    return;
+  }
+  OPB_CHECK_DTYPE("negate", x, opbridge::kFloat32);
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = -a[i];
+}
+OPBRIDGE_EXPORT(negate_cpu);
+
+// No backward declared; no dtype check (the declared dtypes guard it).
 void twice_cpu(TensorView out, TensorView x) {
   const float* a = static_cast<const float*>(x.data_ptr());
   float* o = static_cast<float*>(out.data_ptr());
@@ -129,9 +149,14 @@ def extra(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
     def scale_by_int(x: Any, k: Any) -> Any:
         return x * k
 
-    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"))
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float32",))
     def twice(x: Any) -> Any:
         return 2 * x
+
+    @lib.op("negate(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float32", "float64"),
+            backward=lambda g, x: (negate(g),))
+    def negate(x: Any) -> Any:
+        return -x
 
     return lib
 
@@ -147,14 +172,15 @@ def _cases(name: str, dtype: str) -> list[dict[str, Any]]:
 
 
 def _args(name: str, case: dict[str, Any], dtype: str) -> tuple[list[Any], list[Any]]:
-    """(jax arguments, NumPy float64 reference arguments of the dtype-rounded values)."""
+    """(jax arguments, NumPy float64 reference arguments of the dtype-rounded values; integers kept)."""
     jx, ref = [], []
     for a in ops.LIBRARY.ops[name].schema.arguments:
         v = case[a.name]
         if a.type.is_tensor and v is not None:
-            x = HARNESS.from_numpy(np.asarray(v), dtype)
+            integer = np.asarray(v).dtype.kind in "iu"  # indices (positions, block tables) keep their dtype
+            x = HARNESS.from_numpy(np.asarray(v), None if integer else dtype)
             jx.append(x)
-            ref.append(HARNESS.to_numpy(x).astype(np.float64))
+            ref.append(np.asarray(x) if integer else HARNESS.to_numpy(x).astype(np.float64))
         else:
             jx.append(v)
             ref.append(v)
@@ -310,7 +336,7 @@ def test_grad_of_grad_and_forward_mode() -> None:
     x = jnp.arange(3.0)
     hess_diag = jax.grad(lambda a: jax.grad(lambda b: (ops.add(b, b) ** 2).sum())(a).sum())(x)
     np.testing.assert_array_equal(np.asarray(hess_diag), np.full(3, 8.0))
-    with pytest.raises(NotImplementedError, match="gelu_backward: cannot be differentiated"):
+    with pytest.raises(NotImplementedError, match="gelu_backward: no backward is declared, so it cannot be differentiated"):
         jax.grad(lambda a: jax.grad(lambda b: ops.gelu(b).sum())(a).sum())(x)
     with pytest.raises(TypeError, match="forward-mode"):
         jax.jvp(ops.gelu, (x,), (x,))
@@ -355,7 +381,7 @@ def test_op_without_backward_raises_when_differentiated(extra: opbridge.Library)
     twice = extra.ops["twice"].call
     x = _rand(3)
     np.testing.assert_allclose(np.asarray(twice(x)), 2 * np.asarray(x))
-    with pytest.raises(NotImplementedError, match="twice: cannot be differentiated: no backward is declared"):
+    with pytest.raises(NotImplementedError, match="twice: no backward is declared, so it cannot be differentiated"):
         jax.grad(lambda x: twice(x).sum())(x)
     with pytest.raises(NotImplementedError, match="twice"):
         jax.jit(jax.grad(lambda x: twice(x).sum()))(x)
@@ -530,3 +556,322 @@ def test_harness_round_trip_vjp_compile() -> None:
     np.testing.assert_array_equal(HARNESS.to_numpy(compiled(x, w, 1e-3)),
                                   HARNESS.to_numpy(ops.rms_norm(x, w, 1e-3)))
     assert HARNESS.data_ptr(x) == x.unsafe_buffer_pointer() != 0
+
+
+# ---------------------------------------------------------------------------
+# declared dtypes (issue 19)
+# ---------------------------------------------------------------------------
+
+
+def test_undeclared_dtype_is_rejected_with_the_shared_message(extra: opbridge.Library) -> None:
+    op = extra.ops["twice"]  # its kernel checks no dtype: only the declaration guards it
+    x = _rand(4, dtype=jnp.bfloat16)
+    want = str(core.dtype_error(op, "x", "bfloat16"))
+    assert want == "twice: x must have dtype float32, got bfloat16 (the dtypes twice declares)"
+    with pytest.raises(TypeError) as eager:
+        op.call(x)
+    assert str(eager.value) == want
+    with pytest.raises(TypeError) as jitted:
+        jax.jit(op.call)(x)
+    assert str(jitted.value) == want
+    with pytest.raises(TypeError, match="rms_norm: x must have dtype float32, float16 or bfloat16, got int32"):
+        jax.jit(ops.rms_norm)(jnp.ones((2, 4), jnp.int32), jnp.ones(4, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(op.call(_rand(4))), 2 * np.asarray(_rand(4)))
+
+
+def test_float64_flows_through_under_x64(extra: opbridge.Library) -> None:
+    negate = extra.ops["negate"].call
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5)) * 1e-200)  # below float32's range
+        assert x.dtype == jnp.float64
+        for out in (negate(x), jax.jit(negate)(x)):
+            assert out.dtype == jnp.float64
+            np.testing.assert_array_equal(np.asarray(out), -np.asarray(x))
+        g = jax.grad(lambda x: negate(x).sum())(x)
+        assert g.dtype == jnp.float64
+        np.testing.assert_array_equal(np.asarray(g), -np.ones((3, 5)))
+        for name in BUILTIN:  # built-in ops that declare float64 take it too
+            op = ops.LIBRARY.ops[name]
+            if "float64" not in op.dtypes:
+                continue
+            jx, ref = _args(name, _cases(name, "float64")[0], "float64")
+            for o, e in zip(_as_tuple(op.call(*jx)), _as_tuple(op.reference(*ref)), strict=True):
+                assert o.dtype == jnp.float64
+                np.testing.assert_allclose(np.asarray(o), e, rtol=1e-12, atol=1e-12, err_msg=name)
+    # without x64 JAX narrows the input to float32 before opbridge sees it
+    assert negate(jnp.asarray(np.ones(3))).dtype == jnp.float32
+
+
+# ---------------------------------------------------------------------------
+# strided inputs (issue 11): JAX arrays are dense, views are materialised by XLA
+# ---------------------------------------------------------------------------
+
+STRIDED_OPS = ["add", "rms_norm", "silu_and_mul", "fused_add_rms_norm", "rotary_embedding"]
+
+
+def _strided_views(x: Any) -> dict[str, tuple[Any, Callable[[Any], Any]]]:
+    """Ways to reach *x* through a non-contiguous view: (base array, view of base equal to x)."""
+    if x.ndim == 0:
+        return {}
+    views: dict[str, tuple[Any, Callable[[Any], Any]]] = {
+        "every other": (jnp.repeat(x, 2, axis=-1), lambda b: b[..., ::2]),
+        "reversed": (x[..., ::-1], lambda b: b[..., ::-1]),
+    }
+    if x.ndim == 2:
+        views["transposed"] = (x.T, lambda b: b.T)
+    return views
+
+
+@pytest.mark.parametrize("name", STRIDED_OPS)
+def test_strided_inputs_match_contiguous(name: str) -> None:
+    op = ops.LIBRARY.ops[name]
+    with jax.enable_x64(True):  # rotary_embedding's positions are int64
+        case = next(c for c in _cases(name, "float32")
+                    if all(not a.type.is_tensor or c[a.name] is None or np.size(c[a.name]) > 1
+                           for a in op.schema.arguments))
+        jx, _ = _args(name, case, "float32")
+        tidx = [i for i, a in enumerate(op.schema.arguments) if a.type.is_tensor and jx[i] is not None]
+        scalars = {i for i in range(len(jx)) if i not in tidx}
+        want = _as_tuple(op.call(*jx))
+        for i in tidx:
+            for how, (base, view) in _strided_views(jx[i]).items():
+                def f(b: Any, *, _i: int = i, _view: Callable[[Any], Any] = view) -> Any:
+                    full = list(jx)
+                    full[_i] = _view(b)
+                    return op.call(*full)
+
+                for mode, fn in (("eager", f), ("jit", jax.jit(f))):
+                    got = _as_tuple(fn(base))
+                    for g, w in zip(got, want, strict=True):
+                        np.testing.assert_array_equal(np.asarray(g), np.asarray(w),
+                                                      err_msg=f"{name} {op.schema.arguments[i].name} {how} {mode}")
+                if op.backward is None or op.schema.is_mutating or not jnp.issubdtype(jx[i].dtype, jnp.inexact):
+                    continue
+
+                def loss(*ts: Any) -> Any:
+                    return sum(o.sum() for o in _as_tuple(_with_tensors(op.call, jx, scalars, *ts)))
+
+                g_ref = jax.grad(loss, argnums=tidx.index(i))(*(jx[k] for k in tidx))
+
+                def strided_loss(b: Any, _i: int = i, _view: Callable[[Any], Any] = view) -> Any:
+                    ts = [_view(b) if k == _i else jx[k] for k in tidx]
+                    return loss(*ts)
+
+                g = jax.jit(jax.grad(strided_loss))(base)
+                np.testing.assert_allclose(np.asarray(view(g)), np.asarray(g_ref), rtol=1e-6, atol=1e-6,
+                                           err_msg=f"grad {name} {op.schema.arguments[i].name} {how}")
+
+
+# ---------------------------------------------------------------------------
+# large outputs on huge pages (issue 21)
+# ---------------------------------------------------------------------------
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _thp_skip_reason() -> str | None:
+    if not sys.platform.startswith("linux") or not _THP.exists():
+        return "not Linux: no transparent huge pages"
+    if "[madvise]" not in _THP.read_text():
+        return f"transparent huge pages are '{_THP.read_text().strip()}', not [madvise]: advice changes nothing"
+    if not jax_adapter.targets.advice_min_bytes():
+        return "huge-page advice is off in this process (OPBRIDGE_HUGEPAGES=0)"
+    return None
+
+
+def _faults_per_call(fn: Callable[..., Any], *args: Any, calls: int = 3) -> float:
+    fn(*args).block_until_ready()
+    best = float("inf")
+    for _ in range(calls):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        fn(*args).block_until_ready()  # the output is freed at once: the next call maps it anew
+        best = min(best, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return best
+
+
+@pytest.mark.parametrize("name", ["add", "rms_norm"])
+def test_fresh_xla_output_faults_in_huge_pages(name: str) -> None:
+    reason = _thp_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4096, 4096), np.float32))
+    fn = jax.jit(ops.add if name == "add" else lambda x, w: ops.rms_norm(x, w))
+    args = (x, x) if name == "add" else (x, x[0])
+    # 64 MiB in 4 KiB pages would be 16,384 faults; on 2 MiB pages 32, plus the unaligned ends
+    assert _faults_per_call(fn, *args) < 4000
+    np.testing.assert_allclose(np.asarray(fn(*args))[-1], np.asarray(ops.LIBRARY.ops[name].reference(
+        *(np.asarray(a)[-1:] if a.ndim == 2 else np.asarray(a) for a in args)))[0], rtol=1e-5, atol=1e-5)
+
+
+def test_handler_gives_advice_only_to_large_cpu_outputs(extra: opbridge.Library) -> None:
+    """The shim sits in front of every kernel where advice is due, and never where it is not."""
+    add = ops.LIBRARY.ops["add"]
+    name = jax_adapter.target_name(add)
+    jax.jit(ops.add)(jnp.ones(3), jnp.ones(3))
+    handler = jax_adapter._REGISTERED[name][1]
+    assert set(handler) == {"cpu"} | ({"gpu"} if jax_adapter.targets.cuda_available() else set())
+    assert jax_adapter.targets.advice_min_bytes() in (0, 4 << 20)
+
+
+# ---------------------------------------------------------------------------
+# GPU handlers (issue 12): requested wherever jaxlib has a CUDA backend
+# ---------------------------------------------------------------------------
+
+
+def _jax_args(op: Any) -> list[Any]:
+    """Arguments for *op*'s first case: jax arrays in tensor slots (values do not matter here)."""
+    case = make_cases(op, op.dtypes[0])[0]
+    return [jnp.asarray(np.asarray(case[a.name])) if a.type.is_tensor and case[a.name] is not None
+            else case[a.name] for a in op.schema.arguments]
+
+
+class _Recorder:
+    """Stands in for ``jax_tvm_ffi.register_ffi_target``: records (name, platform, cuda graphs)."""
+
+    def __init__(self, real: Callable[..., Any] | None = None) -> None:
+        self.calls: list[tuple[str, str, bool]] = []
+        self.real = real
+
+    def __call__(self, name: str, fn: Any, arg_spec: Any = None, platform: str = "cpu", **kw: Any) -> Any:
+        self.calls.append((name, platform, bool(kw.get("allow_cuda_graph", False))))
+        if platform == "cpu" and self.real is not None:
+            return self.real(name, fn, arg_spec, platform=platform, **kw)
+        return object()
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["cuda-plugin", "cpu-only"])
+def test_gpu_handler_requested_for_every_op_with_a_cuda_kernel(plugin: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    targets = jax_adapter.targets
+    rec = _Recorder()
+    monkeypatch.setattr(jax_tvm_ffi, "register_ffi_target", rec)
+    monkeypatch.setattr(targets, "REGISTERED", {})
+    monkeypatch.setattr(targets, "cuda_available", lambda: plugin)
+    asked: list[str] = []
+    monkeypatch.setattr(targets, "_gpu_kernel", lambda op: asked.append(op.name) or loader.kernel(op, "cpu"))
+    with jax.enable_x64(True):
+        names = {}
+        for name, op in ops.LIBRARY.ops.items():
+            names[name] = jax_adapter._JaxOp(op).variant(_jax_args(op)).target
+    with_cuda = sorted(n for n, op in ops.LIBRARY.ops.items() if "cuda" in op.kernels)
+    assert with_cuda == sorted(ops.LIBRARY.ops)  # every built-in op has a CUDA kernel
+    for name, target in names.items():
+        platforms = [(p, graphs) for t, p, graphs in rec.calls if t == target]
+        want = [("cpu", False), ("gpu", True)] if plugin and name in with_cuda else [("cpu", False)]
+        assert platforms == want, name
+    assert sorted(asked) == (with_cuda if plugin else [])
+
+
+def test_gpu_registration_leaves_the_cpu_path_unchanged(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "k.cc").write_text(EXTRA_CC)
+    lib = opbridge.Library(f"opb_jax_gpu_{next(_NS)}", sources=["k.cc"], root=tmp_path)
+
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"),
+            kernels={"cpu": "twice_cpu", "cuda": "twice_cuda"})
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    targets = jax_adapter.targets
+    rec = _Recorder(real=jax_tvm_ffi.register_ffi_target)
+    monkeypatch.setattr(jax_tvm_ffi, "register_ffi_target", rec)
+    monkeypatch.setattr(targets, "cuda_available", lambda: True)
+    monkeypatch.setattr(targets, "_gpu_kernel", lambda op: loader.kernel(op, "cpu"))
+    x = _rand(4, 6)
+    np.testing.assert_array_equal(np.asarray(jax.jit(twice)(x)), 2 * np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(twice(x)), 2 * np.asarray(x))
+    target = jax_adapter.target_name(lib.ops["twice"])
+    assert rec.calls == [(target, "cpu", False), (target, "gpu", True)]
+    assert jax.devices()[0].platform == "cpu" or targets.cuda_available()
+
+
+def test_gpu_kernel_that_cannot_load_warns_and_keeps_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "k.cc").write_text(EXTRA_CC)
+    lib = opbridge.Library(f"opb_jax_nocuda_{next(_NS)}", sources=["k.cc"], root=tmp_path)
+
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"),
+            kernels={"cpu": "twice_cpu", "cuda": "twice_cuda"})
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    targets = jax_adapter.targets
+    rec = _Recorder(real=jax_tvm_ffi.register_ffi_target)
+    monkeypatch.setattr(jax_tvm_ffi, "register_ffi_target", rec)
+    monkeypatch.setattr(targets, "cuda_available", lambda: True)
+    with pytest.warns(RuntimeWarning, match="no GPU handler for JAX"):  # no .cu sources: nothing to load
+        out = jax.jit(twice)(_rand(3))
+    np.testing.assert_array_equal(np.asarray(out), 2 * np.asarray(_rand(3)))
+    assert [p for _, p, _ in rec.calls] == ["cpu"]
+
+
+_NO_GPU = "no CUDA device for JAX here (jaxlib without a CUDA plugin, or no GPU); runs on a GPU machine"
+
+
+def _gpu() -> Any:
+    if not jax_adapter.targets.cuda_available():
+        pytest.skip(_NO_GPU)
+    return jax.devices("gpu")[0]
+
+
+@pytest.mark.parametrize("name", sorted(ops.LIBRARY.ops))
+def test_cuda_arrays_under_jit_match_cpu(name: str) -> None:
+    gpu, cpu = _gpu(), jax.devices("cpu")[0]
+    op = ops.LIBRARY.ops[name]
+    with jax.enable_x64(True):
+        dtype = op.dtypes[0]
+        jx, _ = _args(name, _cases(name, dtype)[-1], dtype)
+        scalars = {i for i, a in enumerate(op.schema.arguments) if not a.type.is_tensor or jx[i] is None}
+        ts = [v for i, v in enumerate(jx) if i not in scalars]
+        f = jax.jit(functools.partial(_with_tensors, op.call, jx, scalars))
+        on_cpu = _as_tuple(f(*jax.device_put(ts, cpu)))
+        on_gpu = _as_tuple(f(*jax.device_put(ts, gpu)))
+        rtol, atol = op.tolerance(dtype)
+        for c, g in zip(on_cpu, on_gpu, strict=True):
+            if c is None:
+                continue
+            assert g.devices() == {gpu}
+            np.testing.assert_allclose(HARNESS.to_numpy(g), HARNESS.to_numpy(c), rtol=rtol, atol=atol, err_msg=name)
+
+
+def test_cuda_grad_vmap_and_donated_mutation() -> None:
+    gpu = _gpu()
+    x, w = jax.device_put((_rand(6, 64), _rand(64, seed=1)), gpu)
+
+    def loss(x: Any, w: Any) -> Any:
+        return (ops.gelu(ops.rms_norm(x, w)) ** 2).sum()
+
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    g_cpu = jax.jit(jax.grad(loss, argnums=(0, 1)))(*jax.device_put((x, w), jax.devices("cpu")[0]))
+    for a, b in zip(g, g_cpu, strict=True):
+        assert a.devices() == {gpu}
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    xs = jax.device_put(_rand(3, 4, 64), gpu)
+    got = jax.jit(jax.vmap(ops.rms_norm, in_axes=(0, None)))(xs, w)
+    np.testing.assert_allclose(np.asarray(got), np.stack([np.asarray(ops.rms_norm(xs[i], w)) for i in range(3)]),
+                               rtol=1e-6, atol=1e-6)
+    r = jax.device_put(_rand(6, 64, seed=2), gpu)
+    ex, er = (np.asarray(v) for v in ops.fused_add_rms_norm(*jax.device_put((x, r, w), jax.devices("cpu")[0])))
+    px = x.unsafe_buffer_pointer()
+    nx, nr = jax.jit(lambda x, r, w: ops.fused_add_rms_norm(x, r, w), donate_argnums=(0, 1))(x, r, w)
+    assert nx.unsafe_buffer_pointer() == px and x.is_deleted()
+    np.testing.assert_allclose(np.asarray(nx), ex, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(nr), er, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("sync", ["0", "1"], ids=["async", "sync-checks"])
+def test_cuda_content_error_surfaces_as_on_cpu(sync: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = _gpu()
+    monkeypatch.setenv("OPBRIDGE_CUDA_SYNC_CHECKS", sync)
+    with jax.enable_x64(True):
+        q, cache = _rand(2, 8), _rand(4, 8, seed=1)
+        bad = jnp.asarray([0, 9], jnp.int64)  # position 9 is beyond the 4-row cache
+
+        def rope(p: Any, q: Any, c: Any) -> Any:
+            return ops.rotary_embedding(p, q, None, 8, c, True)[0]
+
+        f = jax.jit(rope)
+        with pytest.raises(jax.errors.JaxRuntimeError, match="rotary_embedding"):
+            f(bad, q, cache).block_until_ready()  # on the CPU
+        args = jax.device_put((bad, q, cache), gpu)
+        with pytest.raises(jax.errors.JaxRuntimeError, match="rotary_embedding"):
+            f(*args).block_until_ready()
+            f(*args).block_until_ready()  # without sync checks: raised by the next call

@@ -1,0 +1,257 @@
+"""JAX adapter: every op is an XLA FFI custom call, differentiable and batchable.
+
+Each op becomes the custom-call target ``opbridge.<namespace>.<op>`` (registered
+once per process, lazily, with ``jax_tvm_ffi.register_ffi_target``) and is
+called with ``jax.ffi.ffi_call``, so it runs inside ``jax.jit`` with no host
+callback. XLA allocates the outputs and the tvm-ffi handler passes them to the
+kernel first, then the schema arguments in schema order.
+
+Devices
+    The target has a CPU handler, and a GPU handler with the op's CUDA kernel
+    where the op has one and jaxlib has a CUDA backend
+    (:mod:`opbridge.adapters.jax.targets`): on a CUDA ``jax.Array`` the op
+    runs its CUDA kernel on XLA's stream, under ``jax.jit``, ``grad`` and
+    ``vmap`` as on the CPU, and inside CUDA graphs.
+
+Argument mapping
+    Tensor arguments are the custom call's operands; every other argument is a
+    static attribute (``float`` -> ``np.float64``, ``int`` -> ``np.int64``,
+    ``bool`` -> ``np.bool_``, ``str``, lists -> 1-d arrays), which the handler
+    decodes into the kernel's ``double`` / ``int64_t`` / ``bool`` parameters.
+    When the kernel order is ``outputs, tensors..., scalars...`` the kernel is
+    registered as it is, with arg_spec ``["rets", "args", "attrs.<name>"...]``.
+    Otherwise (scalars before or between tensors, an optional argument passed
+    as None, a mutating op) a small compiled tvm-ffi shim (``handler.cc``)
+    reorders the handler's ``rets, args, attrs`` into kernel order, inserting
+    None where needed. Changing a static argument re-traces and re-compiles the
+    caller; it never re-registers. A traced value in a static slot is a
+    TypeError: mark it static (``jax.jit(..., static_argnums=...)``).
+
+Layout
+    JAX arrays are always dense: a transposed or sliced array (``x.T``,
+    ``x[:, ::2]``) is a new row-major array, and ``ffi_call`` gives the custom
+    call row-major operand and result layouts, so XLA materialises a strided
+    view before the kernel under ``jax.jit`` too. The kernels' contiguity
+    checks therefore always pass, and no copy is made here.
+
+Large outputs
+    Outputs of 4 MiB and more that XLA allocates on the CPU get transparent
+    huge-page advice before the kernel writes them, under the rules of
+    :mod:`opbridge.call.memory` (the shim gives it, from C++): a fresh
+    (4096, 4096) float32 output then takes about 550 page faults instead of
+    16,385.
+
+Mutating ops
+    JAX arrays are immutable, so an op with ``Tensor(a!)`` arguments returns
+    the *new values* of its mutated arguments, as a tuple in schema order
+    (None for an optional one passed as None), followed by the op's declared
+    returns; the arrays passed in are unchanged. The custom call aliases each
+    mutated operand to its result (``input_output_aliases``), so under
+    ``jax.jit`` with donated inputs XLA updates the buffer in place.
+
+Differentiation
+    ``jax.grad`` / ``jax.vjp`` go through a ``jax.custom_vjp`` built from the
+    declared backward, which calls opbridge ops and so runs as custom calls
+    too (grad of grad works when the backward's ops have backwards). Non-tensor
+    arguments are static; integer tensors get symbolic zero (float0)
+    cotangents. Differentiating an op without a backward, or a mutating op,
+    raises NotImplementedError naming the op. Forward mode (``jax.jvp``,
+    ``jax.hessian``) is not supported (a ``custom_vjp`` limitation).
+
+Batching
+    ``jax.vmap`` runs the kernel once per batch element
+    (``vmap_method="sequential"``): correct for every op, not vectorised.
+
+Checks
+    Argument types are checked in Python. When JAX traces a call (once per
+    shape, dtype and static arguments; never on a call that reuses a compiled
+    executable) the dtype of ``op.dtype_arg`` is checked against the op's
+    declared dtypes, and the kernel is run once on zero-filled buffers of the
+    real shapes and dtypes, so its own TypeError / ValueError
+    (``"<op>: <arg> must ..."``) is raised before XLA runs, instead of
+    surfacing later as a JaxRuntimeError. The dry run is cached per signature
+    and skipped above :data:`DRY_RUN_MAX_BYTES`; it assumes a kernel's
+    argument checks look at shapes, dtypes and static arguments, not at tensor
+    contents. An error that depends on contents (a position beyond a cache)
+    is raised by the kernel when XLA runs it, as a ``JaxRuntimeError`` with
+    the kernel's message, on the CPU and the GPU alike. float64 and int64 need
+    ``jax_enable_x64`` (JAX narrows them to 32 bits otherwise).
+
+Eager calls on concrete arrays dispatch one ``jax.jit``-compiled executable,
+cached per op and static arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from opbridge._codegen import compile_source
+from opbridge.adapters.jax import targets
+from opbridge.adapters.jax.targets import LOCK as _LOCK
+from opbridge.adapters.jax.targets import REGISTERED as _REGISTERED  # noqa: F401  (targets by name)
+from opbridge.adapters.jax.targets import target_name
+from opbridge.adapters.jax.variant import DRY_RUN_MAX_BYTES, Variant
+from opbridge.call import core
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+__all__ = ["ADAPTER", "DRY_RUN_MAX_BYTES", "JaxAdapter", "target_name", "targets"]
+
+
+def _coerce(base: str, is_list: bool, v: Any) -> Any:
+    """A static argument as the attribute type the kernel decodes."""
+    if v is None:
+        return None
+    if is_list:
+        kind = {"float": np.float64, "int": np.int64, "bool": np.bool_}[base]
+        return np.asarray(list(v), dtype=kind)
+    if base == "float":
+        return np.float64(v)
+    if base == "int":
+        return np.int64(v)
+    if base == "bool":
+        return np.bool_(v)
+    return v
+
+
+def _key_part(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    if isinstance(v, list):
+        return tuple(v)
+    return v
+
+
+def _is_array(v: Any) -> bool:
+    return isinstance(v, jax.Array)
+
+
+class _JaxOp:
+    """Per-op call machinery: argument checks, variant cache, result packing."""
+
+    def __init__(self, op: OpDef) -> None:
+        self.op = op
+        args = op.schema.arguments
+        lists = [a.name for a in args if a.type.is_tensor_list]
+        if lists:
+            raise NotImplementedError(f"{op.name}: Tensor[] arguments ({', '.join(lists)}) are not "
+                                      f"supported by the JAX adapter")
+        self.tensor_idx = core.tensor_indices(op)
+        self.scalar_idx = [i for i, a in enumerate(args) if not a.type.is_tensor]
+        self.mutated_idx = [i for i, a in enumerate(args) if a.is_mutated]
+        self.optional_idx = [i for i, a in enumerate(args) if a.type.optional]
+        self.variants: dict[Any, Variant] = {}
+        #: (scalar, type(scalar), ...) -> jitted call, for concrete arrays with every tensor present
+        self.fast: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    @staticmethod
+    def raw_scalar(v: Any) -> Any:
+        """The Python value of a coerced static (for the backward and the dry run)."""
+        if isinstance(v, np.ndarray):
+            return v.tolist()
+        if isinstance(v, np.generic):
+            return v.item()
+        return v
+
+    def check(self, args: Sequence[Any]) -> None:
+        """Raise TypeError naming the op and argument for a wrongly typed argument."""
+        op = self.op
+        for i in self.scalar_idx:
+            if isinstance(args[i], jax.core.Tracer):
+                a = op.schema.arguments[i]
+                raise TypeError(f"{op.name}: argument '{a.name}' must be {a.type}, got a traced value; it is "
+                                f"static (an XLA attribute): pass a Python value, e.g. mark it with "
+                                f"jax.jit(..., static_argnums=...)")
+        core.validate_args(op, args, _is_array, "a jax.Array")
+
+    def variant(self, args: Sequence[Any]) -> Variant:
+        """The variant for these arguments' static values and None pattern (checked when new)."""
+        key = (tuple((_key_part(args[i]), type(args[i])) for i in self.scalar_idx),
+               tuple(args[i] is None for i in self.optional_idx))
+        try:
+            var = self.variants.get(key)
+        except TypeError:  # unhashable: a traced value in a static slot, a nested list
+            self.check(args)
+            raise
+        if var is None:
+            self.check(args)
+            spec = self.op.schema.arguments
+            statics: dict[int, Any] = {i: (True if args[i] is not None else None) for i in self.tensor_idx}
+            for i in self.scalar_idx:
+                statics[i] = _coerce(spec[i].type.base, spec[i].type.is_list, args[i])
+            with _LOCK:
+                var = self.variants.get(key)
+                if var is None:
+                    var = self.variants[key] = Variant(self, statics)
+        return var
+
+    def general(self, *args: Any) -> Any:
+        """Any call: checks, then the custom_vjp function (tracers) or its jitted executable."""
+        for i in self.tensor_idx:
+            if not isinstance(args[i], jax.Array):
+                self.check(args)  # raises unless an optional None
+        var = self.variant(args)
+        ts = [args[i] for i in self.tensor_idx]
+        if any(isinstance(t, jax.core.Tracer) for t in ts):
+            return var.fn(*ts)
+        if all(t is not None for t in ts) and all(type(args[i]) is not list for i in self.scalar_idx):
+            self.fast[tuple(x for i in self.scalar_idx for x in (args[i], type(args[i])))] = var.jitted
+        return var.jitted(*ts)
+
+    def pack(self, full: list[Any], new: list[Any], muts: dict[int, Any]) -> Any:
+        """Results as documented: declared returns, preceded by mutated values for mutating ops.
+
+        A return aliased to a mutated argument is that argument's new value.
+        """
+        rets = core.pack_results(self.op, [muts.get(i, v) for i, v in enumerate(full)], new)
+        if not self.mutated_idx:
+            return rets
+        n = len(self.op.schema.returns)
+        rets = () if n == 0 else rets if n > 1 else (rets,)
+        return (*(muts.get(i) for i in self.mutated_idx), *rets)
+
+    def make_call(self, concrete: type) -> Callable[..., Any]:
+        """A call specialised to the schema: concrete arrays and seen statics take one dict lookup."""
+        names = [a.name for a in self.op.schema.arguments]
+        tensors = [names[i] for i in self.tensor_idx]
+        key = "".join(f"{names[i]}, type({names[i]}), " for i in self.scalar_idx)
+        src = (f"def call({', '.join(names)}):\n"
+               f"    if {' and '.join(f'type({t}) is _A' for t in tensors)}:\n"
+               f"        try:\n"
+               f"            f = _fast.get(({key}))\n"
+               f"        except TypeError:  # an unhashable static: a list, a traced value\n"
+               f"            f = None\n"
+               f"        if f is not None:\n"
+               f"            return f({', '.join(tensors)})\n"
+               f"    return _general({', '.join(names)})\n")
+        ns: dict[str, Any] = {"_A": concrete, "_fast": self.fast, "_general": self.general}
+        compile_source(src, f"<opbridge jax call {self.op.qualname}>", ns)
+        call: Callable[..., Any] = ns["call"]
+        call.__name__ = self.op.name
+        return call
+
+
+class JaxAdapter:
+    """Adapter for ``jax.Array`` and JAX tracers."""
+
+    name = "jax"
+
+    def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
+        """The call for *op* on arrays of *array_type* (a concrete array or a tracer type)."""
+        with _LOCK:
+            jop = _OPS.get(op.qualname)
+            if jop is None or jop.op is not op:
+                jop = _OPS[op.qualname] = _JaxOp(op)
+        concrete = array_type if not issubclass(array_type, jax.core.Tracer) else type(jnp.zeros(()))
+        return jop.make_call(concrete)
+
+
+_OPS: dict[str, _JaxOp] = {}
+ADAPTER = JaxAdapter()

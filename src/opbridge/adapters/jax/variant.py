@@ -1,0 +1,173 @@
+"""One variant of a JAX op: its custom call, its trace-time checks and its VJP.
+
+A variant is one (op, static arguments, None pattern) combination. It owns
+the XLA target it calls (:mod:`opbridge.adapters.jax.targets`), the
+``jax.custom_vjp`` function built from the declared backward, and the
+``jax.jit`` executable that eager calls dispatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from opbridge import loader
+from opbridge.adapters.jax import targets
+from opbridge.call import core
+
+if TYPE_CHECKING:
+    from opbridge.adapters.jax import _JaxOp
+
+#: Largest total size (inputs + outputs) of a trace-time dry run of the kernel.
+DRY_RUN_MAX_BYTES = 256 << 20
+
+
+def _dry_run_limit() -> int:
+    """:data:`DRY_RUN_MAX_BYTES` as the package shows it now (users and tests may change it there)."""
+    import opbridge.adapters.jax as package
+
+    return int(package.DRY_RUN_MAX_BYTES)
+
+
+def dtype_name(x: Any) -> str:
+    """The dtype of an array or tracer by name (``"bfloat16"``, ``"float32"``, ...)."""
+    return jnp.dtype(x.dtype).name
+
+
+def _zeros(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A concrete zero-filled buffer the kernel can take through DLPack."""
+    a = np.zeros(shape, dtype)
+    if a.dtype.kind in "biufc":
+        return a
+    with jax.ensure_compile_time_eval():  # bfloat16 and friends: NumPy's DLPack refuses them
+        return jax.device_put(a, jax.devices("cpu")[0])
+
+
+def _sds(shape: tuple[int, ...], dtype: Any) -> Any:
+    return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
+
+
+def _jnp_dtype(op: Any, d: Any) -> Any:
+    """The JAX dtype of an output spec's dtype (an input's dtype or a name such as "int64")."""
+    dt = jnp.dtype(d)
+    if jax.dtypes.canonicalize_dtype(dt) != dt:
+        raise TypeError(f"{op.name}: an output of dtype {dt} needs jax_enable_x64 "
+                        f"(JAX would silently narrow it)")
+    return dt
+
+
+class Variant:
+    """One (op, static arguments, None pattern) combination: target, custom_vjp function, jitted call."""
+
+    def __init__(self, jop: _JaxOp, statics: dict[int, Any]) -> None:
+        op = self.op = jop.op
+        args = op.schema.arguments
+        self.jop = jop
+        self.statics = statics  # schema index -> coerced value (tensors: True if present, None if absent)
+        present = [i for i in jop.tensor_idx if statics[i] is not None]
+        self.present = present
+        self.mutated = [i for i in jop.mutated_idx if statics[i] is not None]
+        attr_idx = [i for i in jop.scalar_idx if statics[i] is not None]
+        self.attrs = {args[i].name: statics[i] for i in attr_idx}
+        n_out, n_mut = op.n_outputs, len(self.mutated)
+        n_rets = n_out + n_mut
+        # incoming order on the handler side: rets (outputs, then mutated aliases), args, attrs
+        where: dict[int, int] = {}
+        for j, i in enumerate(self.mutated):
+            where[i] = n_out + j
+        for j, i in enumerate(present):
+            where.setdefault(i, n_rets + j)
+        for j, i in enumerate(attr_idx):
+            where[i] = n_rets + len(present) + j
+        plan = list(range(n_out)) + [where.get(i, -1) for i in range(len(args))]
+        direct = plan == list(range(n_rets + len(present) + len(attr_idx)))
+        mask = "".join("1" if statics[i] is not None else "0" for i in jop.optional_idx)
+        self.kernel = loader.kernel(op, "cpu")
+        arg_spec = ["rets", "args", *(f"attrs.{args[i].name}" for i in attr_idx)]
+        # "p" for permuted, then which optional arguments are present
+        name = targets.target_name(op, "" if direct else f"p{mask}")
+        self.target = targets.register(op, name, plan, direct, arg_spec)
+        self.aliases = {present.index(i): n_out + j for j, i in enumerate(self.mutated)}
+        self.checked: set[tuple[Any, ...]] = set()
+        self.fn = self._custom_vjp()
+        self.jitted = jax.jit(self.fn)
+
+    # -- forward -----------------------------------------------------------
+
+    def full(self, ts: Sequence[Any]) -> list[Any]:
+        """Schema-ordered arguments from the tensor slots *ts* and the static scalars."""
+        full: list[Any] = [None] * len(self.op.schema.arguments)
+        for i in self.jop.scalar_idx:
+            full[i] = self.jop.raw_scalar(self.statics[i])
+        for i, t in zip(self.jop.tensor_idx, ts, strict=True):
+            full[i] = t
+        return full
+
+    def _dry_run(self, full: list[Any], specs: Sequence[Any]) -> None:
+        """Run the kernel once on zeros of these shapes so its own argument errors are raised now."""
+        sig = tuple((tuple(full[i].shape), str(full[i].dtype)) for i in self.present)
+        if sig in self.checked:
+            return
+        total = sum(math.prod(s) * jnp.dtype(d).itemsize for s, d in specs)
+        total += sum(math.prod(full[i].shape) * full[i].dtype.itemsize for i in self.present)
+        if total <= _dry_run_limit():
+            present = set(self.present)
+            call = [_zeros(tuple(v.shape), v.dtype) if i in present else v for i, v in enumerate(full)]
+            self.kernel(*(_zeros(s, d) for s, d in specs), *call)
+        if len(self.checked) < 256:
+            self.checked.add(sig)
+
+    def _forward(self, *ts: Any) -> Any:
+        """The custom call on tensor slots *ts* (arrays or tracers; None for absent optionals).
+
+        Runs when JAX traces the call, so the declared-dtype check and the dry
+        run cost nothing on calls that reuse a compiled executable.
+        """
+        op = self.op
+        full = self.full(ts)
+        core.check_lead_dtype(op, full, dtype_name)
+        specs = core.alloc_outputs(op, full, lambda shape, dt, lead: (tuple(int(d) for d in shape),
+                                                                       _jnp_dtype(op, dt)))
+        self._dry_run(full, specs)
+        shapes = [*specs, *((tuple(full[i].shape), full[i].dtype) for i in self.mutated)]
+        outs: list[Any] = []
+        if shapes:  # else the call could have no observable effect
+            call = jax.ffi.ffi_call(
+                self.target, [_sds(s, d) for s, d in shapes], vmap_method="sequential",
+                input_output_aliases=self.aliases or None,
+            )
+            outs = list(call(*(full[i] for i in self.present), **self.attrs))
+        n = op.n_outputs
+        return self.jop.pack(full, outs[:n], dict(zip(self.mutated, outs[n:], strict=True)))
+
+    # -- autodiff ----------------------------------------------------------
+
+    def _custom_vjp(self) -> Callable[..., Any]:
+        """``_forward`` with the declared backward as its VJP (static scalars closed over)."""
+        op = self.op
+        fn = jax.custom_vjp(self._forward)
+
+        def fwd(*ts: Any) -> tuple[Any, Any]:
+            # fn, not _forward: under an outer differentiation (grad of grad) the call
+            # must stay differentiable by its own rule.
+            return fn(*ts), ts
+
+        def bwd(ts: tuple[Any, ...], g: Any) -> tuple[Any, ...]:
+            # Cotangents may arrive as NumPy arrays (what a user passed to the pullback).
+            grads = [None if c is None else jnp.asarray(c) for c in (g if isinstance(g, tuple) else (g,))]
+            res = core.run_backward(op, grads, self.full(ts))
+            out: list[Any] = []
+            for t, r in zip(ts, res, strict=True):
+                if t is None or r is None or not jnp.issubdtype(t.dtype, jnp.inexact):
+                    out.append(None)  # integer tensors: a symbolic zero (float0) cotangent
+                else:
+                    out.append(r if r.dtype == t.dtype else r.astype(t.dtype))
+            return tuple(out)
+
+        fn.defvjp(fwd, bwd)
+        return fn
