@@ -103,7 +103,7 @@ KNOWN_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "int8", "
                           "int64", "bool"})
 
 #: A test-case generator: ``hint(dtype, rng) -> [ {argument name: value or shape}, ... ]``
-#: (see :mod:`opbridge.testing.matrix`). Declared per op with ``Library.op(hints=...)``.
+#: (helpers in :mod:`opbridge.cases`). Declared per op with ``Library.op(hints=...)``.
 CaseHint = Callable[..., Any]
 
 BackwardFn = Callable[..., Sequence[Any]]
