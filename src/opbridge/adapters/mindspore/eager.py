@@ -1,0 +1,231 @@
+"""PyNative calls: the op's kernel on MindSpore's own memory, specialised per op.
+
+Each op's eager call is generated from its schema (:func:`eager_source`): no
+loops or lookups, one wait for MindSpore's queued work, each tensor as a
+NumPy view of its memory (:mod:`.views`), a one-set-lookup check of the
+declared dtypes, new outputs from the shape rule (contiguous, the core's one
+rule), the kernel, the results. Anything unusual (a strided input, a
+non-tensor, a tensor on another device, an undeclared dtype, a kernel error)
+falls back to :func:`checked_call`, which runs the same call through the
+op-call core with every check and either raises the named error or
+completes it: strided inputs get one dense copy, and mutated strided
+arguments are copied in, computed and copied back.
+
+While MindSpore records gradients, a call goes through the op's
+``ops.Custom`` primitive instead (:func:`on_tape_call`), so the declared
+backward is recorded; a call MindSpore cannot see would get zero gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mindspore import Tensor
+from mindspore.graph.api import _pynative_executor
+
+from opbridge import loader
+from opbridge._codegen import compile_source
+from opbridge.adapters.mindspore import graph, primitive
+from opbridge.adapters.mindspore.support import dtype_name, ms_dtype, unsupported_reason
+from opbridge.adapters.mindspore.views import NotOnHostError, alloc, host_view, kernel_arg, relabel, span, sync
+from opbridge.call.core import (
+    alias_check_source,
+    alloc_outputs,
+    alloc_source,
+    check_lead_dtype,
+    check_no_alias,
+    dense_args,
+    framework_dtypes,
+    pack_results,
+    returns_source,
+    validate_args,
+)
+from opbridge.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+requires_grad: Callable[[], bool] = _pynative_executor._executor.requires_grad
+
+
+def is_tensor(x: Any) -> bool:
+    """Whether *x* is a MindSpore tensor (``Parameter`` included)."""
+    return isinstance(x, Tensor)
+
+
+def not_on_host_error(op: OpDef, args: Sequence[Any]) -> BackendUnavailableError | None:
+    """The error for a tensor argument that is not on the CPU, naming op, framework and device; else None."""
+    for a, v in zip(op.schema.arguments, args):
+        if a.type.is_tensor and isinstance(v, Tensor) and str(v.device) != "CPU":
+            return BackendUnavailableError(
+                f"{op.name}: argument '{a.name}' is a MindSpore tensor on {v.device}, and opbridge has no "
+                f"{v.device} kernel for MindSpore tensors (they run on the CPU kernel, which cannot read "
+                f"device memory); move it with .move_to(\"CPU\")")
+    return None
+
+
+def host_views(op: OpDef, args: Sequence[Any]) -> list[Any]:
+    """*args* with each tensor replaced by a NumPy view of its memory; a device tensor raises, named."""
+    out = []
+    for a, v in zip(op.schema.arguments, args):
+        if not a.type.is_tensor or v is None:
+            out.append(v)
+            continue
+        try:
+            out.append(host_view(v))
+        except NotOnHostError:
+            raise not_on_host_error(op, args) or RuntimeError(f"{op.name}: '{a.name}' left the CPU") from None
+        except KeyError:
+            raise TypeError(f"{op.name}: argument '{a.name}' has dtype {v.dtype}, which opbridge cannot "
+                            f"pass to a kernel") from None
+    return out
+
+
+def _is_dense(view: np.ndarray) -> bool:
+    return bool(view.flags.c_contiguous)
+
+
+def _new_output(shape: tuple[int, ...], dtype: Any, lead: Any) -> tuple[Tensor, Any]:
+    return alloc(shape, ms_dtype(dtype))
+
+
+def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
+                outs: Sequence[Any] | None = None) -> Any:
+    """Run *op* on MindSpore tensors with every check; strided tensors through dense copies.
+
+    *outs* are the caller's output tensors (``out=``), else new outputs are
+    allocated. Mutated arguments and outputs that are not dense are computed
+    in a dense copy and copied back into the caller's memory.
+    """
+    validate_args(op, args, is_tensor, "a mindspore.Tensor")
+    check_lead_dtype(op, args, lambda t: dtype_name(t.dtype))
+    sync()
+    views = host_views(op, args)
+    dense, back = dense_args(op, views, _is_dense, np.ascontiguousarray)
+    if op.schema.is_mutating:
+        check_no_alias(op, args, span)
+    if outs is None:
+        new = alloc_outputs(op, args, _new_output)
+        results, out_args = [t for t, _ in new], [a for _, a in new]
+    else:
+        results = list(outs)
+        out_views = host_views_of(op, outs)
+        out_dense = [v if _is_dense(v) else np.empty(v.shape, v.dtype) for v in out_views]
+        back += [(v, d) for v, d in zip(out_views, out_dense) if d is not v]
+        out_args = [relabel(d, o.dtype) for d, o in zip(out_dense, outs)]
+    kargs = [relabel(d, v.dtype) if a.type.is_tensor and v is not None else d
+             for a, v, d in zip(op.schema.arguments, args, dense)]
+    kernel(*out_args, *kargs)
+    for original, copy in back:
+        np.copyto(original, copy)
+    return pack_results(op, args, results)
+
+
+def host_views_of(op: OpDef, outs: Sequence[Tensor]) -> list[np.ndarray]:
+    """NumPy views of the caller's output tensors (``out=``); a device tensor raises, named."""
+    try:
+        return [host_view(o) for o in outs]
+    except NotOnHostError as e:
+        raise BackendUnavailableError(
+            f"{op.name}: out= holds a MindSpore tensor on {e.device}, and opbridge has no {e.device} kernel "
+            f"for MindSpore tensors; pass CPU tensors") from None
+
+
+def eager_source(op: OpDef) -> str:
+    """Source of the op's eager call, specialised to its schema (no loops, no lookups)."""
+    args = op.schema.arguments
+    names = [a.name for a in args]
+    sig = ", ".join(names)
+    tup = f"({sig},)"
+    lines = [f"def {op.name}({sig}):", "    if _requires_grad():", f"        return _on_tape({sig})",
+             "    _sync()", "    try:"]
+    kernel_args = []
+    for i, a in enumerate(args):
+        if a.type.is_tensor:
+            conv = f"_arg({a.name})"
+            lines.append(f"        _a{i} = {'None if ' + a.name + ' is None else ' if a.type.optional else ''}{conv}")
+            kernel_args.append(f"_a{i}")
+        else:
+            kernel_args.append(a.name)
+    lead = names[op.dtype_arg]  # the argument whose dtype the declared dtypes constrain
+    # Not a tensor, not on the CPU, a dtype NumPy cannot view, strided: the checked call says or does it.
+    lines += ["    except Exception:", f"        return _checked({tup})",
+              f"    if {lead}.dtype not in _dtypes:", f"        return _checked({tup})"]
+    lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ").splitlines()
+    n_out = op.n_outputs
+    pairs = [f"_p{j}" for j in range(n_out)]
+    lines += ["    " + s for s in alloc_source(op, names, pairs, "_alloc({x}.shape, {x}.dtype)", "_from_rule({args})")]
+    for j in range(n_out):
+        lines.append(f"    _o{j}, _b{j} = _p{j}")
+    outs = [f"_o{j}" for j in range(n_out)]
+    lines += ["    try:", f"        _k({', '.join([*(f'_b{j}' for j in range(n_out)), *kernel_args])})",
+              "    except (TypeError, ValueError):",
+              f"        return _checked({tup})  # a strided input (dense copies), or the kernel's named error"]
+    lines += returns_source(op, names, outs, "    ")
+    return "\n".join(lines) + "\n"
+
+
+def on_tape_call(op: OpDef) -> Callable[..., Any]:
+    """What a call does while MindSpore records gradients: the recorded primitive, or a clear error."""
+    reason = unsupported_reason(op)
+    if reason is None:
+        kw_names = [a.name for a in op.schema.arguments if a.kwarg_only]
+        n_pos = len(op.schema.arguments) - len(kw_names)
+
+        def recorded(*args: Any) -> Any:
+            fn = graph.graph_function(op)
+            # The primitive's own shape inference sees scalars only as tensors of unknown
+            # value; run the kernel's checks here, on the real arguments, instead.
+            validate_args(op, args, is_tensor, "a mindspore.Tensor")
+            err = not_on_host_error(op, args)
+            if err is not None:
+                raise err
+            primitive.check_call(op, args, module=fn.primitive.aot)  # type: ignore[attr-defined]
+            # The aot entry point takes dense buffers: strided inputs get one (recorded) copy.
+            args = tuple(a.contiguous() if isinstance(a, Tensor) and not a.is_contiguous() else a for a in args)
+            with primitive.checked():
+                return fn(*args[:n_pos], **dict(zip(kw_names, args[n_pos:], strict=True)))
+
+        return recorded
+    if op.schema.is_mutating:
+        names = [a.name for a in op.schema.mutated_args]
+        message = (f"{op.name}: mutates {', '.join(repr(n) for n in names)} in place and declares no "
+                   f"backward, so it cannot run while MindSpore records gradients (inside "
+                   f"mindspore.grad / value_and_grad); call it outside the differentiated function")
+    else:
+        message = f"{op.name}: cannot be differentiated by MindSpore: {reason}"
+
+    def refuse(*args: Any) -> Any:
+        raise RuntimeError(message)
+
+    return refuse
+
+
+def make_eager(op: OpDef) -> Callable[..., Any]:
+    """The op's generated eager call on MindSpore tensors (see the module docstring)."""
+    kern = loader.kernel(op, "cpu")
+
+    def checked(args: tuple[Any, ...]) -> Any:
+        return run_checked(op, kern, args)
+
+    def from_rule(args: tuple[Any, ...]) -> list[tuple[Tensor, Any]]:
+        return [alloc(tuple(s.shape), ms_dtype(s.dtype)) for s in op.output_specs(args)]
+
+    ns: dict[str, Any] = {
+        "_requires_grad": requires_grad,
+        "_on_tape": on_tape_call(op),
+        "_sync": sync,
+        "_arg": kernel_arg,
+        "_dtypes": framework_dtypes(op, ms_dtype),
+        "_checked": checked,
+        "_alias": lambda a: check_no_alias(op, a, span),
+        "_alloc": alloc,
+        "_from_rule": from_rule,
+        "_k": kern,
+        "_pack": lambda a, o: pack_results(op, a, o),
+    }
+    compile_source(eager_source(op), f"<opbridge mindspore {op.qualname}>", ns)
+    fn: Callable[..., Any] = ns[op.name]
+    return fn
