@@ -36,7 +36,7 @@ def _dry_run_limit() -> int:
 
 def dtype_name(x: Any) -> str:
     """The dtype of an array or tracer by name (``"bfloat16"``, ``"float32"``, ...)."""
-    return jnp.dtype(x.dtype).name
+    return str(jnp.dtype(x.dtype).name)
 
 
 def _zeros(shape: tuple[int, ...], dtype: Any) -> Any:
