@@ -1,0 +1,231 @@
+"""Eager Paddle calls: a fast path generated per op, the checked call, autograd through ``PyLayer``, ``out=``.
+
+tvm-ffi takes ``paddle.Tensor`` directly (DLPack C exchange), so a call is
+one allocation per new output and the kernel call: no copies, no
+synchronisation. The fast path serves the common case (CPU tensors, dense,
+of a declared dtype, no gradient needed) with a few attribute reads; every
+other call takes the checked path, which accepts strided inputs (one dense
+copy each; a mutated one is written back through the caller's view), runs
+GPU tensors on the CUDA kernel and raises the named errors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import paddle
+from paddle import _C_ops
+from paddle.autograd import PyLayer
+
+from opbridge import loader
+from opbridge._codegen import compile_source
+from opbridge.adapters.paddle._base import (
+    KIND,
+    SPAN_SOURCE,
+    VALUE,
+    PaddleStaticError,
+    T,
+    alloc,
+    densify,
+    dtype_name,
+    fresh,
+    is_dense,
+    is_tensor,
+    materialise,
+    op_dtypes,
+    span,
+    target,
+    write_back,
+)
+from opbridge.call import core, memory
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+Run = Callable[..., tuple[Any, ...]]
+
+
+def _mutated(op: OpDef) -> list[int]:
+    return [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
+
+
+def make_checked(op: OpDef) -> Run:
+    """The checked kernel call, no autograd: returns the new outputs (a tuple).
+
+    Checks the arguments against the schema and the declared dtypes, picks
+    the kernel of the tensors' device (:func:`~opbridge.adapters.paddle._base.target`),
+    densifies strided inputs and writes mutated ones back.
+    """
+    check_alias = core.make_alias_check(op, span)
+    mutated = _mutated(op)
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        core.validate_args(op, args, is_tensor, KIND)
+        core.check_lead_dtype(op, args, dtype_name)
+        kern, launch, place = target(op, args)
+        check_alias(args)
+        full, back = core.dense_args(op, args, is_dense, densify)
+        outs = alloc(op, full, place)
+        with launch():
+            kern(*outs, *full)
+        for orig, copy in back:
+            write_back(orig, copy)
+        for i in mutated:
+            if args[i] is not None:
+                args[i]._bump_inplace_version()
+        return tuple(outs)
+
+    return run
+
+
+def make_layer(op: OpDef, run: Run) -> type[PyLayer]:
+    """A PyLayer running *run* forward and the declared backward."""
+    tensor_idx = core.tensor_indices(op)
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        present = [i for i in tensor_idx if args[i] is not None]
+        ctx.opb_full = [None if i in tensor_idx else v for i, v in enumerate(args)]
+        ctx.opb_present = present
+        ctx.opb_needs = [not args[i].stop_gradient for i in present]
+        ctx.save_for_backward(*(args[i] for i in present))
+        outs = run(*args)
+        ctx.opb_meta = [(o.shape, o.dtype) for o in outs]
+        return outs[0] if len(outs) == 1 else outs
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        full = list(ctx.opb_full)
+        for i, t in zip(ctx.opb_present, ctx.saved_tensor(), strict=True):
+            full[i] = t
+        # A backward written with other Paddle code may want dense output gradients.
+        grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
+        res = core.run_backward(op, materialise(grads, ctx.opb_meta), full)
+        # PyLayer wants one gradient per Tensor passed to forward (None ones were not),
+        # and None for those with stop_gradient=True.
+        got = [g for i, g in zip(tensor_idx, res, strict=True) if i in ctx.opb_present]
+        out = tuple(g if need else None for g, need in zip(got, ctx.opb_needs, strict=True))
+        return out[0] if len(out) == 1 else out
+
+    return type(f"{op.name}_PyLayer", (PyLayer,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward),
+        "__module__": __name__, "__qualname__": f"{op.name}_PyLayer",
+    })
+
+
+def fast_source(op: OpDef, check_places: bool) -> str:
+    """Source of the eager call: the CPU fast path, else autograd or the checked call.
+
+    The fast path's guard reads the dispatching tensor's place (which the
+    allocation needs anyway) and dtype and tests contiguity; it checks the
+    declared dtype by identity (Paddle's dtype objects are singletons, and
+    their ``==``/``hash`` cost 1-2 µs each, a frozenset lookup 2 µs). Where
+    this Paddle can hold only host tensors, places are not tested
+    (*check_places* False); elsewhere every tensor must be on the CPU.
+    Anything else goes to ``_slow`` (the checked call), which is also where
+    a wrong argument type gets its named error.
+    """
+    args = op.schema.arguments
+    names = [f"a{i}" for i in range(len(args))]
+    params = ", ".join(names)
+    tensors = [(i, a) for i, a in enumerate(args) if a.type.is_tensor]
+    lines = [f"def call({params}):"]
+    for i, a in tensors:
+        if i != op.dispatch_arg:
+            cond = f"isinstance(a{i}, _T)" + (f" or a{i} is None" if a.type.optional else "")
+            lines.append(f"    if not ({cond}): return _slow({params})")
+    no_grad = [f"(a{i} is None or a{i}.stop_gradient)" if a.type.optional else f"a{i}.stop_gradient"
+               for i, a in tensors]
+    lines += [f"    if _grad() and not ({' and '.join(no_grad)}):", f"        return _ag({params})"]
+    like = core.like_indices(op) or []
+    typed = [op.dtype_arg, *sorted(set(like) - {op.dtype_arg})]
+    lines.append(f"    _p = {names[op.dispatch_arg]}.place")
+    lines += [f"    _dt_a{i} = a{i}.dtype" for i in typed]
+    guard = [f"_id(_dt_a{op.dtype_arg}) in _dtids"]
+    for i, a in tensors:
+        place = "_p" if i == op.dispatch_arg else f"a{i}.place"
+        ok = f"a{i}.is_contiguous()" + (f" and {place}.is_cpu_place()" if check_places else "")
+        guard.append(f"(a{i} is None or {ok})" if a.type.optional else ok)
+    lines.append(f"    if not ({' and '.join(guard)}): return _slow({params})")
+    outs = [f"_o{i}" for i in range(op.n_outputs)]
+    alloc_lines = core.alloc_source(op, names, outs, "_empty_like({x}, _dt_{x}, _p)", "_alloc({args}, _p)")
+    lines += [f"    {line}" for line in alloc_lines]
+    if like:  # _alloc gives rule-made outputs their advice itself
+        lines += [f"    if _prod({o}.shape) * {o}.element_size() >= _hmin: _fresh({o})" for o in outs]
+    alias = core.alias_check_source(op, names, SPAN_SOURCE, "    ")
+    if alias:
+        lines.append(alias.rstrip("\n"))
+    lines += ["    try:", f"        _k({', '.join([*outs, *names])})",
+              "    except TypeError:", f"        _bad(({params},))", "        raise"]
+    for i in _mutated(op):
+        guard_none = f"if a{i} is not None: " if args[i].type.optional else ""
+        lines.append(f"    {guard_none}a{i}._bump_inplace_version()")
+    lines += core.returns_source(op, names, outs, "    ")
+    return "\n".join(lines) + "\n"
+
+
+def _refuse_grad(op: OpDef) -> Callable[..., Any]:
+    tensor_args = [(i, a.name) for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
+
+    def refuse(*args: Any) -> Any:
+        name = next(n for i, n in tensor_args if args[i] is not None and not args[i].stop_gradient)
+        raise RuntimeError(f"{op.name}: argument '{name}' requires grad (stop_gradient=False), but this op "
+                           f"mutates its inputs in place and declares no backward; call it under "
+                           f"paddle.no_grad() or on tensors with stop_gradient=True")
+
+    return refuse
+
+
+def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
+    """The eager call of *op* on paddle tensors (:func:`fast_source`)."""
+    run = make_checked(op)
+    ns: dict[str, Any] = {
+        "_T": T,
+        "_k": loader.kernel(op, "cpu") if "cpu" in op.kernels else None,
+        "_grad": paddle.is_grad_enabled,
+        "_ag": _refuse_grad(op) if op.schema.is_mutating else make_layer(op, run).apply,
+        "_slow": lambda *a: core.pack_results(op, a, run(*a)),
+        "_bad": lambda a: core.validate_args(op, a, is_tensor, KIND),
+        "_empty_like": _C_ops.empty_like,
+        "_alloc": lambda a, p: alloc(op, a, p),
+        "_alias": lambda a: core.check_no_alias(op, a, span),
+        "_prod": math.prod,
+        "_pack": lambda a, o: core.pack_results(op, a, o),
+        "_id": id,
+        "_dtids": frozenset(id(d) for d in op_dtypes(op)) if "cpu" in op.kernels else frozenset(),
+        "_hmin": memory.MIN_BYTES,
+        "_fresh": fresh,
+    }
+    compile_source(fast_source(op, check_places), f"<opbridge paddle {op.qualname}>", ns)
+    fn: Callable[..., Any] = ns["call"]
+    fn.__name__ = fn.__qualname__ = op.name
+    return fn
+
+
+def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+    """Run *op* into the caller's tensors *outs* (``out=``); no autograd, eager only."""
+    if any(isinstance(v, VALUE) for v in (*args, *outs)):
+        raise PaddleStaticError(f"{op.name}: out= cannot be used under paddle.jit.to_static (it writes "
+                                f"into existing tensors); use the returned tensor instead")
+    core.validate_args(op, args, is_tensor, KIND)
+    for i, o in enumerate(outs):
+        if not isinstance(o, T):
+            raise TypeError(f"{op.name}: out[{i}] must be a paddle.Tensor, got {type(o).__name__}")
+    if paddle.is_grad_enabled() and any(isinstance(t, T) and not t.stop_gradient for t in (*args, *outs)):
+        raise RuntimeError(f"{op.name}: out= does not support autograd (a tensor has "
+                           f"stop_gradient=False); call it under paddle.no_grad() or without out=")
+    core.check_lead_dtype(op, args, dtype_name)
+    kern, launch, _ = target(op, args, outs)
+    core.make_alias_check(op, span)(args)
+    full, back = core.dense_args(op, args, is_dense, densify)
+    with launch():
+        kern(*outs, *full)
+    for orig, copy in back:
+        write_back(orig, copy)
+    for o in outs:
+        o._bump_inplace_version()
+    for i in _mutated(op):
+        if args[i] is not None:
+            args[i]._bump_inplace_version()
+    return core.pack_results(op, args, outs)
+

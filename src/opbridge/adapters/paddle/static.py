@@ -1,0 +1,141 @@
+"""Paddle static graphs: ``paddle.jit.to_static`` (PIR) through Python ops and ``static_pylayer``.
+
+Under PIR tracing the arguments are ``paddle.pir.Value``. The kernel call
+becomes a Python op (``_C_ops._run_python_op``, the primitive behind
+``paddle.static.register_op``) that runs the checked eager call on the
+program's tensors at run time; its output metadata comes from the shape
+rule. With gradients it is wrapped in ``paddle.static.nn.static_pylayer``
+whose backward block is traced from the declared ``backward``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import paddle
+from paddle import _C_ops
+
+from opbridge.adapters.paddle._base import VALUE, PaddleStaticError, dtype, materialise
+from opbridge.adapters.paddle.eager import Run, make_checked
+from opbridge.call import core
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+_NAMES = itertools.count()
+_STATIC = threading.local()  # .in_backward: tracing a static backward block
+
+
+def _python_op(op: OpDef, run: Run, cache: dict[str, Any], args: Sequence[Any]) -> list[Any]:
+    """Insert one Python op running *run* on the program's tensors; return its output Values."""
+    slots = [i for i, v in enumerate(args) if isinstance(v, VALUE)]
+    template = [None if isinstance(v, VALUE) else v for v in args]
+    specs = op.output_specs(args)  # shape-rule errors surface here, at trace time
+    key = repr(template)
+    entry = cache.get(key)
+    if entry is None:
+        # Paddle keys a Python op's runtime function on its name: one name per constant set.
+        name = f"opbridge__{op.library.namespace}__{op.name}__{next(_NAMES)}"
+
+        def fill(values: Sequence[Any]) -> list[Any]:
+            full = list(template)
+            for i, v in zip(slots, values, strict=True):
+                full[i] = v
+            return full
+
+        def runtime(*tensors: Any) -> tuple[Any, ...]:
+            return run(*fill(tensors))
+
+        def infer_meta(*metas: Any) -> tuple[Any, ...]:
+            # An exception escaping here aborts the process, so never let one out.
+            try:
+                got = op.output_specs(fill(metas))
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+                got = specs
+            meta_tensor: Any = paddle.static.MetaTensor  # type: ignore[attr-defined]
+            return tuple(meta_tensor(dtype=dtype(s.dtype), shape=list(s.shape)) for s in got)
+
+        entry = cache[key] = (name, runtime, infer_meta)
+    name, runtime, infer_meta = entry
+    outs = _C_ops._run_python_op(  # type: ignore[attr-defined]
+        *(args[i] for i in slots), name=name,
+        input_names=[op.schema.arguments[i].name for i in slots],
+        output_names=[f"out{j}" for j in range(len(specs))],
+        attrs={"infer_meta_fn_ptr": infer_meta, "fn_ptr": runtime}, inplace_map={},
+    )
+    return list(outs)
+
+
+def make_static(op: OpDef) -> Callable[..., Any]:
+    """The call of *op* while a PIR program is traced."""
+    if op.schema.is_mutating:
+        def refuse(*args: Any) -> Any:
+            raise PaddleStaticError(
+                f"{op.name}: mutates its arguments in place, which opbridge cannot express in a "
+                f"paddle.jit.to_static program (PIR values are immutable and Paddle's Python ops "
+                f"cannot alias a graph input); call it eagerly, outside to_static")
+        return refuse
+    if not hasattr(_C_ops, "_run_python_op"):
+        def unsupported(*args: Any) -> Any:
+            raise PaddleStaticError(
+                f"{op.name}: this Paddle ({paddle.version.full_version}) has no Python ops "
+                f"(paddle.static.register_op, Paddle >= 3.2), so opbridge ops cannot run inside "
+                f"paddle.jit.to_static programs; call them eagerly or use Paddle >= 3.2")
+        return unsupported
+    run = make_checked(op)
+    cache: dict[str, Any] = {}
+    tensor_idx = core.tensor_indices(op)
+
+    def call(*args: Any) -> Any:
+        core.validate_args(op, args, lambda v: isinstance(v, VALUE), "a paddle.pir.Value under to_static")
+        needs_grad = not getattr(_STATIC, "in_backward", False) and any(
+            args[i] is not None and not args[i].stop_gradient for i in tensor_idx)
+        if not needs_grad:
+            return core.pack_results(op, args, _python_op(op, run, cache, args))
+        # static_pylayer: forward and backward blocks traced from Python; tensors
+        # reach the backward block through the context's save_for_backward pipe.
+        from paddle.jit.dy2static.py_layer import StaticPyLayerContext
+        from paddle.static.nn import static_pylayer
+
+        ctx: Any = StaticPyLayerContext()  # type: ignore[no-untyped-call]
+        present = [i for i in tensor_idx if args[i] is not None]
+        meta: list[Any] = []
+
+        def forward(*a: Any) -> Any:
+            ctx.save_for_backward(*(a[i] for i in present))
+            outs = _python_op(op, run, cache, a)
+            meta.extend((o.shape, o.dtype) for o in outs)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        def backward(*grads: Any) -> Any:
+            full = list(args)
+            for i, v in zip(present, ctx.saved_tensor(), strict=True):
+                full[i] = v
+            _STATIC.in_backward = True
+            try:
+                res = core.run_backward(op, materialise(grads, meta), full)
+            finally:
+                _STATIC.in_backward = False
+            out = [g for i, g in zip(tensor_idx, res, strict=True) if i in present]
+            return out[0] if len(out) == 1 else tuple(out)
+
+        result = static_pylayer(forward, list(args), backward)  # type: ignore[no-untyped-call]
+        outs = list(result) if isinstance(result, (list, tuple)) else [result]
+        return core.pack_results(op, args, outs)
+
+    return call
+
+
+def legacy_static(op: OpDef) -> Callable[..., Any]:
+    """The call of *op* in a legacy ``Program``: a clear refusal."""
+    def refuse(*args: Any) -> Any:
+        raise PaddleStaticError(
+            f"{op.name}: legacy static graphs (paddle.static.Program with FLAGS_enable_pir_api=0) "
+            f"are not supported; use the default PIR mode of paddle.jit.to_static or eager mode")
+    return refuse
