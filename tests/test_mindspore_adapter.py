@@ -702,3 +702,159 @@ def test_harness_roundtrip_and_vjp() -> None:
     compiled = HARNESS.compile(lambda x: ops.gelu(x) * 2)
     assert compiled is not None
     assert_close(_np(compiled(_t(a))), 2 * ops.gelu.reference(a), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# strided inputs, declared dtypes, tensors on a device, graph mode on first use
+# ---------------------------------------------------------------------------
+
+STRIDED_OPS = [ops.add.opdef, ops.rms_norm.opdef, ops.silu_and_mul.opdef, ops.fused_add_rms_norm.opdef,
+               ops.rotary_embedding.opdef]
+STRIDED = [(op, a.name) for op in STRIDED_OPS for a in op.schema.arguments if a.type.is_tensor]
+SENTINEL = -7.0
+
+
+def _strided(a: np.ndarray, dtype: str) -> tuple[Tensor, Tensor]:
+    """A non-contiguous MindSpore view holding *a* (every other element of its last axis), and its base."""
+    wide = np.full((*a.shape[:-1], 2 * a.shape[-1]), SENTINEL, a.dtype)
+    wide[..., ::2] = a
+    base = HARNESS.from_numpy(wide, dtype if a.dtype.kind == "f" else None)
+    view = base[..., ::2]
+    assert not view.is_contiguous()
+    return view, base
+
+
+def _strided_case(op: opbridge.OpDef, name: str) -> dict[str, Any]:
+    return next(c for c in _cases(op, "float32")
+                if c[name] is not None and c[name].ndim >= 1 and c[name].shape[-1] > 1
+                and all(v.size > 0 for v in c.values() if isinstance(v, np.ndarray)))
+
+
+@pytest.mark.parametrize(("op", "name"), STRIDED, ids=[f"{op.name}-{n}" for op, n in STRIDED])
+def test_strided_input_matches_contiguous(op: opbridge.OpDef, name: str) -> None:
+    """A non-contiguous view as argument *name*: same results; a mutated view is written in place."""
+    case = _strided_case(op, name)
+    dense_args = _args(op, case, "float32")
+    want = _observed(op, dense_args, op.call(*dense_args))
+    args = _args(op, case, "float32")
+    i = [a.name for a in op.schema.arguments].index(name)
+    args[i], base = _strided(case[name], "float32")
+    got = _observed(op, args, op.call(*args))
+    for g, w in zip(got, want, strict=True):
+        if g is None and w is None:  # an optional argument left out
+            continue
+        assert g.is_contiguous() or g is args[i], "new outputs are contiguous"
+        np.testing.assert_array_equal(_np(g), _np(w))
+    # the elements between the view's are untouched (a mutated view is copied back exactly there)
+    assert (_np(base)[..., 1::2] == SENTINEL).all()
+    if op.schema.arguments[i].is_mutated:
+        np.testing.assert_array_equal(_np(base)[..., ::2], _np(want[[a.name for a in op.schema.mutated_args]
+                                                                     .index(name)]))
+
+
+@pytest.mark.parametrize(("op", "name"), [(op, n) for op, n in STRIDED if op.backward is not None],
+                         ids=[f"{op.name}-{n}" for op, n in STRIDED if op.backward is not None])
+def test_strided_input_gradients_match_contiguous(op: opbridge.OpDef, name: str) -> None:
+    case = _strided_case(op, name)
+    args = _args(op, case, "float32")
+    diff = list(op.differentiable)
+    cot = np.random.default_rng(2).standard_normal(_np(op.call(*args)).shape)
+    want = HARNESS.vjp(op.call, args, diff, cot)
+    i = [a.name for a in op.schema.arguments].index(name)
+    args[i], _ = _strided(case[name], "float32")
+    got = HARNESS.vjp(op.call, args, diff, cot)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def _undeclared(op: opbridge.OpDef) -> str:
+    return next(d for d in ("int32", "int64", "float64", "float16") if d not in op.dtypes)
+
+
+def test_undeclared_dtype_raises_the_cores_message() -> None:
+    """The same TypeError as every framework (opbridge.call.core.dtype_error), eagerly, taped and in graphs."""
+    from opbridge.call.core import dtype_error
+
+    op = ops.gelu.opdef
+    dtype = _undeclared(op)
+    x = HARNESS.from_numpy(np.ones((2, 3)), dtype)
+    want = str(dtype_error(op, "x", dtype))
+    with pytest.raises(TypeError) as eager:
+        ops.gelu(x)
+    assert str(eager.value) == want
+    with pytest.raises(TypeError, match=want.split(" (")[0]):
+        ms.grad(lambda a: ops.gelu(a).sum())(x)
+    with pytest.raises(TypeError, match=want.split(" (")[0]):
+        ms.jit(adapter.parseable(lambda a: ops.gelu(a)))(x)
+
+
+def test_float64_flows_through_a_op_declaring_it(toy: opbridge.Library) -> None:
+    affine = toy.ops["affine"].call
+    x = _t(np.linspace(-1, 1, 5), np.float64)
+    out = affine(x, 1 + 2**-40, k=2)
+    assert out.dtype == ms.float64
+    np.testing.assert_array_equal(_np(out), np.linspace(-1, 1, 5) * (2 + 2**-39))
+
+
+def test_tensors_on_a_device_are_refused_by_name(toy: opbridge.Library, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MindSpore tensors claiming a GPU: a clear error naming op, framework, device; nothing is written."""
+    scale_ = toy.ops["scale_"].call
+    x, y, buf = _t(np.ones(4)), _t(np.ones(4)), _t(np.zeros(4))
+    with monkeypatch.context() as m:
+        m.setattr(Tensor, "device", property(lambda self: "GPU:0"))
+        pattern = r"add: argument 'x' is a MindSpore tensor on GPU:0, and opbridge has no GPU:0 kernel"
+        with pytest.raises(opbridge.BackendUnavailableError, match=pattern):
+            ops.add(x, y)
+        with pytest.raises(opbridge.BackendUnavailableError, match=pattern):
+            ops.add(x, y, out=buf)
+        with pytest.raises(opbridge.BackendUnavailableError, match=r"scale_: argument 'x' is a MindSpore tensor"):
+            scale_(x, y, 3.0)
+        with pytest.raises(opbridge.BackendUnavailableError, match=r"gelu: argument 'x' is a MindSpore tensor"):
+            ms.grad(lambda a: ops.gelu(a).sum())(x)
+    np.testing.assert_array_equal(_np(x), np.ones(4))  # the CPU kernel never ran on them
+    np.testing.assert_array_equal(_np(buf), np.zeros(4))
+    np.testing.assert_array_equal(_np(ops.add(x, y)), np.full(4, 2.0))  # and CPU tensors still work
+
+
+FIRST_USE = {
+    "jit-function": """
+        import numpy as np
+        import mindspore as ms
+        import opbridge.ops
+
+        @ms.jit
+        def f(x, w):
+            return opbridge.ops.rms_norm(x, w) * 2
+
+        print(float(f(ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.ones(4, np.float32))).asnumpy()[0, 0]))
+    """,
+    "graph-cell-opbridge-first": """
+        import numpy as np
+        import opbridge.ops
+        import mindspore as ms
+        from mindspore import nn
+
+        class Net(nn.Cell):
+            def construct(self, x, w):
+                return opbridge.ops.rms_norm(x, w) * 2
+
+        ms.set_context(mode=ms.GRAPH_MODE)
+        print(float(Net()(ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.ones(4, np.float32))).asnumpy()[0, 0]))
+    """,
+}
+
+
+@pytest.mark.parametrize("script", list(FIRST_USE), ids=list(FIRST_USE))
+def test_graph_mode_on_first_use(script: str, tmp_path: Path) -> None:
+    """A fresh process whose first call of an op is inside a graph (issue 11 item 2)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / f"{script}.py"
+    path.write_text(textwrap.dedent(FIRST_USE[script]))
+    env = dict(os.environ, MS_OM_PATH=str(tmp_path / "om"), GLOG_v="3")
+    run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=tmp_path, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert abs(float(run.stdout.split()[-1]) - 2 / np.sqrt(1 + 1e-6)) < 1e-5
