@@ -793,7 +793,7 @@ def test_gpu_registration_leaves_the_cpu_path_unchanged(monkeypatch: pytest.Monk
     monkeypatch.setattr(jax_tvm_ffi, "register_ffi_target", rec)
     monkeypatch.setattr(targets, "cuda_available", lambda: True)
     monkeypatch.setattr(targets, "_gpu_kernel", lambda op: loader.kernel(op, "cpu"))
-    x = _rand(4, 6)
+    x = jax.device_put(_rand(4, 6), jax.devices("cpu")[0])  # CPU arrays also where a GPU is the default
     np.testing.assert_array_equal(np.asarray(jax.jit(twice)(x)), 2 * np.asarray(x))
     np.testing.assert_array_equal(np.asarray(twice(x)), 2 * np.asarray(x))
     target = jax_adapter.target_name(lib.ops["twice"])
@@ -814,9 +814,10 @@ def test_gpu_kernel_that_cannot_load_warns_and_keeps_cpu(monkeypatch: pytest.Mon
     rec = _Recorder(real=jax_tvm_ffi.register_ffi_target)
     monkeypatch.setattr(jax_tvm_ffi, "register_ffi_target", rec)
     monkeypatch.setattr(targets, "cuda_available", lambda: True)
+    x = jax.device_put(_rand(3), jax.devices("cpu")[0])
     with pytest.warns(RuntimeWarning, match="no GPU handler for JAX"):  # no .cu sources: nothing to load
-        out = jax.jit(twice)(_rand(3))
-    np.testing.assert_array_equal(np.asarray(out), 2 * np.asarray(_rand(3)))
+        out = jax.jit(twice)(x)
+    np.testing.assert_array_equal(np.asarray(out), 2 * np.asarray(x))
     assert [p for _, p, _ in rec.calls] == ["cpu"]
 
 
@@ -886,9 +887,14 @@ def test_cuda_content_error_surfaces_as_on_cpu(sync: str, monkeypatch: pytest.Mo
             return ops.rotary_embedding(p, q, None, 8, c, True)[0]
 
         f = jax.jit(rope)
-        with pytest.raises(jax.errors.JaxRuntimeError, match="rotary_embedding"):
-            f(bad, q, cache).block_until_ready()  # on the CPU
+        good = jnp.asarray([0, 3], jnp.int64)
+        on_cpu = jax.device_put((good, q, cache), jax.devices("cpu")[0])
+        np.testing.assert_allclose(np.asarray(f(*jax.device_put((good, q, cache), gpu))), np.asarray(f(*on_cpu)),
+                                   rtol=1e-5, atol=1e-6)
+        # JAX raises the kernel's error as JaxRuntimeError, or as ValueError from its C++ dispatch fast path
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="rotary_embedding: positions"):
+            f(*jax.device_put((bad, q, cache), jax.devices("cpu")[0])).block_until_ready()
         args = jax.device_put((bad, q, cache), gpu)
-        with pytest.raises(jax.errors.JaxRuntimeError, match="rotary_embedding"):
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="rotary_embedding: positions"):
             f(*args).block_until_ready()
             f(*args).block_until_ready()  # without sync checks: raised by the next call
