@@ -15,12 +15,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opbridge import config
+from opbridge.build.progress import Progress, first_errors
 from opbridge.declare import SOURCE_SUFFIXES
 from opbridge.errors import BackendUnavailableError, BuildError
 
@@ -34,8 +33,11 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 def exports_tu() -> str:
     """The translation unit compiled into every module (exported-kernel list, threading policy)."""
     return (TEMPLATES / "exports.cc").read_text()
-_ERROR_RE = re.compile(r"^(?P<loc>[^\s:][^:]*:\d+(?::\d+)?): (?:fatal )?error[:\s]", re.M)
-_NVCC_ERROR_RE = re.compile(r"^(?P<loc>[^\s(][^(]*\(\d+\)): error", re.M)
+
+
+def generated_sources(spec: BuildSpec) -> list[tuple[str, str]]:
+    """The ``(file name, text)`` translation units compiled beside *spec*'s sources."""
+    return [*spec.generated, ("_opbridge_exports.cc", exports_tu())]
 
 
 @dataclass(frozen=True)
@@ -230,111 +232,86 @@ def _ninja_escape(s: str) -> str:
     return s.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
+def _nvcc_or_raise(spec: BuildSpec) -> str:
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise BackendUnavailableError(
+            f"opbridge: cannot build {spec.name} for cuda: nvcc was not found on PATH "
+            "(install the CUDA toolkit or build for cpu only)"
+        )
+    return nvcc
+
+
+def compile_command(spec: BuildSpec, source: Path) -> list[str]:
+    """The command compiling *source* of *spec*, without output and depfile arguments.
+
+    :func:`compile_args` appends those; the object store hashes this part.
+    """
+    cxx_flags, cuda_flags, _ = _default_flags(spec)
+    if source.suffix in CUDA_SUFFIXES:
+        return [_nvcc_or_raise(spec), *cuda_flags, "-c", str(source)]
+    return [config.cxx(), *cxx_flags, "-c", str(source)]
+
+
+def compile_args(command: list[str], obj: Path | str, depfile: Path | str) -> list[str]:
+    """*command* (from :func:`compile_command`) writing *obj* and its make-style *depfile*.
+
+    gcc/clang take ``-MMD`` (project headers only), nvcc ``-MD`` (it has no
+    ``-MMD`` that works on every toolkit); both write the ``-MF`` file.
+    """
+    deps = "-MD" if Path(command[0]).name.startswith("nvcc") else "-MMD"
+    return [*command, "-o", str(obj), deps, "-MF", str(depfile)]
+
+
+def link_command(spec: BuildSpec, objects: list[Path], output: Path) -> list[str]:
+    """The command linking *objects* into the module *output*."""
+    _, _, ld_flags = _default_flags(spec)
+    return [config.cxx(), *map(str, objects), *ld_flags, "-o", str(output)]
+
+
 def write_ninja(spec: BuildSpec, build_dir: Path, output: Path) -> Path:
-    """Write ``build.ninja`` for *spec* into *build_dir*; return its path."""
-    cxx_flags, cuda_flags, ld_flags = _default_flags(spec)
+    """Write ``build.ninja`` for *spec* into *build_dir*; return its path.
+
+    The ahead-of-time build's path: ninja keeps its objects in *build_dir*
+    between builds. The JIT path compiles through the object store instead
+    (:mod:`opbridge.build.incremental`).
+    """
     sources = list(spec.sources)
-    for gname, text in (*spec.generated, ("_opbridge_exports.cc", exports_tu())):
+    for gname, text in generated_sources(spec):
         gpath = build_dir / gname
         gpath.write_text(text)
         sources.append(gpath)
     lines = [
         "ninja_required_version = 1.3",
-        f"cxx = {config.cxx()}",
-        f"cxxflags = {' '.join(shlex.quote(f) for f in cxx_flags)}",
-        f"ldflags = {' '.join(shlex.quote(f) for f in ld_flags)}",
-        "rule cxx",
-        "  command = $cxx -MMD -MF $out.d $cxxflags -c $in -o $out",
+        "rule cc",
+        "  command = $command",
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = compile $in",
         "rule link",
-        "  command = $cxx $in $ldflags -o $out",
+        "  command = $command",
         "  description = link $out",
     ]
-    if any(s.suffix in CUDA_SUFFIXES for s in sources):
-        nvcc = nvcc_path()
-        if nvcc is None:
-            raise BackendUnavailableError(
-                f"opbridge: cannot build {spec.name} for cuda: nvcc was not found on PATH "
-                "(install the CUDA toolkit or build for cpu only)"
-            )
-        lines += [
-            f"nvcc = {nvcc}",
-            f"cudaflags = {' '.join(shlex.quote(f) for f in cuda_flags)}",
-            "rule nvcc",
-            "  command = $nvcc $cudaflags -c $in -o $out",
-            "  description = nvcc $in",
-        ]
     objects = []
     for i, src in enumerate(sources):
+        # Build-level variables are expanded before $in/$out exist: spell the paths out.
         obj = f"obj/{i:03d}_{src.stem}.o"
-        rule = "nvcc" if src.suffix in CUDA_SUFFIXES else "cxx"
-        lines.append(f"build {obj}: {rule} {_ninja_escape(str(src.resolve()))}")
+        args = compile_args(compile_command(spec, src.resolve()), obj, obj + ".d")
+        lines.append(f"build {obj}: cc {_ninja_escape(str(src.resolve()))}")
+        lines.append(f"  command = {_ninja_command(args)}")
         objects.append(obj)
+    link = link_command(spec, [Path(o) for o in objects], output)
     lines.append(f"build {_ninja_escape(str(output))}: link {' '.join(objects)}")
+    lines.append(f"  command = {_ninja_command(link)}")
     lines.append(f"default {_ninja_escape(str(output))}")
     path = build_dir / "build.ninja"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def _first_errors(log: str, limit: int = 5) -> list[str]:
-    found: list[str] = []
-    for line in log.splitlines():
-        if _ERROR_RE.match(line) or _NVCC_ERROR_RE.match(line):
-            found.append(line.strip())
-        if len(found) >= limit:
-            break
-    return found
-
-
-class _Progress:
-    """Prints one updating status line once a build has run for a second."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label = label
-        self.enabled = enabled
-        self.status = "starting"
-        self.start = time.monotonic()
-        self.shown = False
-        self.tty = sys.stderr.isatty()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            self._thread.start()
-        return self
-
-    def _line(self) -> str:
-        return f"\ropbridge: building {self.label}: {self.status} ({time.monotonic() - self.start:.1f}s)"
-
-    def _run(self) -> None:
-        if self._stop.wait(1.0):
-            return
-        self.shown = True
-        if not self.tty:
-            # A log file gets one line when the build turns slow, one when it ends.
-            sys.stderr.write(f"opbridge: building {self.label} ({self.status})...\n")
-            sys.stderr.flush()
-            self._stop.wait()
-            return
-        while not self._stop.is_set():
-            sys.stderr.write(self._line() + "\033[K")
-            sys.stderr.flush()
-            self._stop.wait(0.25)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self.enabled:
-            self._thread.join()
-        if self.shown:
-            done = "failed" if exc[0] else "done"
-            lead, tail = ("\r", "\033[K") if self.tty else ("", "")
-            sys.stderr.write(f"{lead}opbridge: building {self.label}: {done} in "
-                             f"{time.monotonic() - self.start:.1f}s{tail}\n")
-            sys.stderr.flush()
+def _ninja_command(args: list[str]) -> str:
+    """A shell command line as a ninja variable's value (arguments quoted, ``$`` escaped)."""
+    return " ".join(shlex.quote(a).replace("$", "$$") for a in args)
 
 
 def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
@@ -357,7 +334,7 @@ def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
     label = f"{spec.name} ({spec.device})"
     with subprocess.Popen(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env={**os.environ, **env}) as proc, \
-            _Progress(label, config.show_progress()) as progress:
+            Progress(label, config.show_progress()) as progress:
         assert proc.stdout is not None  # guaranteed by stdout=PIPE
         for line in proc.stdout:
             log.append(line)
@@ -372,6 +349,6 @@ def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
         text = "".join(log)
         failed = re.search(r"^FAILED: .*\n(.*)$", text, re.M)
         command = failed.group(1).strip() if failed else " ".join(cmd)
-        errors = _first_errors(text)
+        errors = first_errors(text)
         raise BuildError(f"opbridge: building {label} failed (ninja exit {rc})",
                          command=command, errors=errors, log=text)

@@ -9,6 +9,9 @@ Protocol (after Triton's cache and flashinfer's loader):
    temporary directory, write the manifest, then ``os.replace`` the directory
    into place. A build killed at any point leaves at most a stray temporary
    directory, and the kernel drops its lock.
+4. The build itself compiles only the translation units whose objects the
+   object store (:mod:`opbridge.build.objects`) lacks, then links; the
+   manifest lists which units were ``compiled`` and which ``reused``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import time
 from pathlib import Path
 
 from opbridge.build.cache import cache_root, file_lock
-from opbridge.build.compile import BuildSpec, fingerprint, run_ninja, write_ninja
+from opbridge.build.compile import BuildSpec, fingerprint
+from opbridge.build.incremental import build_module
 
 _MANIFEST = "manifest.json"
 
@@ -63,15 +67,17 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
         try:
             (tmp / "obj").mkdir()
-            write_ninja(spec, tmp, tmp / so.name)
             start = time.monotonic()
-            run_ninja(spec, tmp)
+            report = build_module(spec, tmp / "obj", tmp / so.name)
             manifest = {
                 "name": spec.name,
                 "device": spec.device,
                 "sources": [str(s) for s in spec.sources],
                 "seconds": round(time.monotonic() - start, 3),
                 "created": time.time(),
+                "compiled": report.compiled,
+                "reused": report.reused,
+                "compile_seconds": report.compile_seconds,
             }
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
             if entry.exists():

@@ -1,0 +1,116 @@
+"""Link a module from per-translation-unit objects, compiling only those the store lacks.
+
+The JIT path's builder (:func:`opbridge.build.jit.build` calls it on a cache
+miss): every unit is looked up in the :class:`~opbridge.build.objects.ObjectStore`;
+the missing ones compile in parallel (``OPBRIDGE_MAX_JOBS``), the longest
+first (by their last compile time, else their source's size) so that the last
+one to start is a short one; then one link step writes the module.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opbridge import config
+from opbridge.build.compile import (
+    BuildSpec,
+    compile_command,
+    generated_sources,
+    link_command,
+    toolchain_fingerprint,
+)
+from opbridge.build.objects import CompileError, ObjectStore, Unit
+from opbridge.build.progress import Progress, first_errors
+from opbridge.errors import BuildError
+
+
+@dataclass
+class BuildReport:
+    """What one build did: units compiled and units reused, by source file name."""
+
+    compiled: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def units(spec: BuildSpec, store: ObjectStore) -> list[Unit]:
+    """*spec*'s translation units: its sources, then its generated ones (written into *store*)."""
+    toolchain = toolchain_fingerprint(spec.device)
+    sources = [Path(s).resolve() for s in spec.sources]
+    sources += [store.generated(name, text) for name, text in generated_sources(spec)]
+    return [Unit(src, tuple(compile_command(spec, src)), toolchain) for src in sources]
+
+
+def _say(line: str) -> None:
+    if config.verbose():
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStore | None = None) -> BuildReport:
+    """Build *spec*'s module at *output*, with objects in *scratch* (a private directory).
+
+    Raises
+    ------
+    BuildError
+        With the failing command and the compiler's first errors, if a unit
+        does not compile or the link fails.
+    """
+    store = store if store is not None else ObjectStore()
+    report = BuildReport()
+    all_units = units(spec, store)
+    objects = [scratch / f"{i:03d}_{u.source.stem}.o" for i, u in enumerate(all_units)]
+    missing = []
+    for unit, obj in zip(all_units, objects, strict=True):
+        if store.fetch(unit, obj):
+            report.reused.append(unit.name)
+        else:
+            missing.append((unit, obj))
+    missing.sort(key=lambda item: -store.cost_hint(item[0]))
+    label = f"{spec.name} ({spec.device})"
+    with Progress(label, config.show_progress()) as progress:
+        if missing:
+            _compile_all(missing, store, report, progress)
+        cmd = link_command(spec, objects, output)
+        progress.status = f"{len(missing)} compiled, {len(report.reused)} reused, linking"
+        _say(shlex.join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            log = proc.stdout + proc.stderr
+            raise BuildError(f"opbridge: linking {label} failed (exit {proc.returncode})",
+                             command=shlex.join(cmd), errors=first_errors(log), log=log)
+    if missing:
+        store.prune()
+    return report
+
+
+def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: BuildReport,
+                 progress: Progress) -> None:
+    total = len(missing)
+    with ThreadPoolExecutor(max_workers=max(1, min(config.max_jobs(), total))) as pool:
+        pending: dict[Future[float], Unit] = {}
+        for unit, obj in missing:
+            _say(shlex.join([*unit.command, "-o", str(obj)]))
+            pending[pool.submit(store.compile, unit, obj)] = unit
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+            for fut in done:
+                unit = pending.pop(fut)
+                err = fut.exception()
+                if err is not None:
+                    for other in pending:
+                        other.cancel()
+                    if isinstance(err, CompileError):
+                        raise BuildError(f"opbridge: building {progress.label} failed: {unit.name} "
+                                         f"did not compile", command=shlex.join(err.command),
+                                         errors=first_errors(err.log), log=err.log) from None
+                    raise err
+                report.compiled.append(unit.name)
+                report.compile_seconds[unit.name] = round(fut.result(), 3)
+                progress.status = (f"{len(report.compiled)}/{total} compiled, {len(pending)} left, "
+                                   f"last: {unit.name}")
