@@ -345,3 +345,295 @@ def test_fast_path_remembers_shape_rule_results_per_signature(inplace_lib: Any) 
             with pytest.raises(ValueError, match="head: n must be at most"):
                 head(x, 7)
         assert HEAD_RULE_CALLS[2:] == [(4, 6), (4, 6)]
+
+
+# -- declared dtypes (issue 19) ------------------------------------------------------------
+
+
+def test_undeclared_dtype_is_refused_on_every_path_before_the_kernel(inplace_lib: Any) -> None:
+    """``twice``'s kernel would read int16 as float32; every path must refuse it by its declaration."""
+    from opbridge.call.core import dtype_error
+
+    twice = inplace_lib.ops["twice"]
+    x = torch.ones(4, dtype=torch.int16)
+    message = str(dtype_error(twice, "x", "int16"))
+    buf = torch.zeros(4, dtype=torch.int16)
+    calls = [lambda: twice.call(x), lambda: twice.call(x), lambda: torch.ops.opb_test_inplace.twice(x),
+             lambda: twice.call(x, out=buf), lambda: twice.call(x.requires_grad_(False), out=buf)]
+    for call in calls:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == message
+    assert not buf.any(), "nothing may be written"
+
+
+def test_undeclared_dtype_is_refused_when_compiled(inplace_lib: Any) -> None:
+    torch._dynamo.reset()
+    twice = inplace_lib.ops["twice"].call
+    with pytest.raises(Exception, match="twice: x must have dtype"):
+        torch.compile(lambda a: twice(a), fullgraph=True, backend="aot_eager")(torch.ones(3, dtype=torch.int16))
+
+
+# -- strided inputs (issue 11) -------------------------------------------------------------
+
+STRIDED_OPS = ["add", "rms_norm", "silu_and_mul", "fused_add_rms_norm", "rotary_embedding"]
+
+
+def _case_args(name: str, seed: int = 5) -> list[Any]:
+    """Arguments of a case of *name* whose every Tensor argument is present with 8 elements or more."""
+    from opbridge.testing import make_cases
+
+    op = getattr(ops, name).opdef
+    for case in make_cases(op, "float32", seed=seed):
+        values = [case[a.name] for a in op.schema.arguments]
+        tensors = [v for a, v in zip(op.schema.arguments, values) if a.type.is_tensor]
+        if all(v is not None and v.size >= 8 for v in tensors):
+            return [_tensor(v) if a.type.is_tensor else v for a, v in zip(op.schema.arguments, values)]
+    raise AssertionError(f"{name}: no case with every tensor present")
+
+
+def _tensor(a: Any) -> Any:
+    """A torch copy of NumPy array *a*: floats as float32, integers keep their dtype."""
+    t = torch.from_numpy(a.copy())
+    return t.float() if t.is_floating_point() else t
+
+
+def _strided(t: Any, layout: str) -> Any:
+    """A non-contiguous tensor equal to *t*: every other element of a wider one, or a transposed layout."""
+    if layout == "transposed":
+        d0, d1 = [d for d in range(t.dim()) if t.shape[d] > 1][:2]
+        v = t.transpose(d0, d1).contiguous().transpose(d0, d1)
+    else:
+        v = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)[..., ::2]
+        v.copy_(t)
+    assert not v.is_contiguous()
+    return v
+
+
+def _strided_variants(name: str) -> list[Any]:
+    op = getattr(ops, name).opdef
+    args = _case_args(name)
+    return [pytest.param(name, i, layout, id=f"{name}-{op.schema.arguments[i].name}-{layout}")
+            for i, a in enumerate(op.schema.arguments) if a.type.is_tensor
+            for layout in ("sliced", "transposed")
+            if layout == "sliced" or sum(n > 1 for n in args[i].shape) >= 2]
+
+
+STRIDED_CASES = [p for name in STRIDED_OPS for p in _strided_variants(name)]
+
+
+def _results(op: Any, args: list[Any], out: Any) -> list[Any]:
+    outs = [] if out is None else list(out) if isinstance(out, tuple) else [out]
+    return [args[i] for i, a in enumerate(op.schema.arguments) if a.is_mutated] + outs
+
+
+@pytest.mark.parametrize("path", ["fast", "dispatcher"])
+@pytest.mark.parametrize(("name", "index", "layout"), STRIDED_CASES)
+def test_strided_input_matches_contiguous(name: str, index: int, layout: str, path: str) -> None:
+    op = getattr(ops, name).opdef
+    fn = op.call if path == "fast" else getattr(torch.ops.opbridge, name)
+    dense = [a.clone() if isinstance(a, torch.Tensor) else a for a in _case_args(name)]
+    want = _results(op, dense, fn(*dense))
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in _case_args(name)]
+    args[index] = _strided(args[index], layout)
+    ptr, base = args[index].data_ptr(), args[index]._base
+    got = _results(op, args, fn(*args))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    if op.schema.arguments[index].is_mutated:
+        assert args[index].data_ptr() == ptr, "a mutated strided argument is updated in place"
+        if layout == "sliced":
+            assert not base[..., 1::2].any(), "the elements between the view's are untouched"
+    for o in got[len(op.schema.mutated_args):]:
+        assert o.is_contiguous(), "new outputs are contiguous"
+
+
+@pytest.mark.parametrize(("name", "index", "layout"),
+                         [p for name in ("add", "rms_norm", "silu_and_mul") for p in _strided_variants(name)])
+def test_strided_input_gradients_match_contiguous(name: str, index: int, layout: str) -> None:
+    op = getattr(ops, name).opdef
+    diff = list(op.differentiable)
+
+    def grads(args: list[Any]) -> list[Any]:
+        for i in diff:
+            args[i].requires_grad_(True)
+        out = op.call(*args)
+        g = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+        return list(torch.autograd.grad(out, [args[i] for i in diff], _strided(g, "sliced")))
+
+    want = grads(_case_args(name))
+    args = _case_args(name)
+    args[index] = _strided(args[index], layout)
+    for g, w in zip(grads(args), want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_strided_out_and_strided_inputs_with_out() -> None:
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    want = x + y
+    buf = torch.zeros(4, 12)
+    out = buf[:, ::2]
+    assert ops.add(_strided(x, "transposed"), _strided(y, "sliced"), out=out) is out
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert not buf[:, 1::2].any()
+
+
+def test_like_outputs_are_contiguous_on_every_path() -> None:
+    x = torch.randn(6, 4).t()  # dense, not contiguous
+    y = x.contiguous()
+    for got in (ops.gelu(x), ops.gelu(x), torch.ops.opbridge.gelu(x)):
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, ops.gelu(y), rtol=0, atol=0)
+    assert ops.add(y, x).is_contiguous() and ops.add(x, y).is_contiguous()
+    with torch.no_grad():
+        assert ops.rms_norm(x, torch.ones(6)).is_contiguous()
+
+
+@pytest.mark.parametrize("name", [op.name for op in ops.LIBRARY.ops.values()])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_opcheck_every_op(name: str, layout: str) -> None:
+    """The dispatcher's kernels, fake kernels and autograd registration pass opcheck, strided inputs too."""
+    op = getattr(ops, name).opdef
+    args = _case_args(name, seed=3)
+    if layout == "strided":
+        args = [_strided(a, "sliced") if isinstance(a, torch.Tensor) else a for a in args]
+    if op.backward is not None:
+        args = [a.requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args]
+    torch.library.opcheck(getattr(torch.ops.opbridge, name).default, args)
+
+
+# -- devices -------------------------------------------------------------------------------
+
+META = torch.device("meta")
+
+
+def test_mixed_devices_name_op_and_devices_and_write_nothing() -> None:
+    x, y = torch.ones(4, 8), torch.ones(4, 8)
+    pattern = r"add: y is on meta, but x is on cpu"
+    for call in (lambda: ops.add(x, y.to(META)), lambda: ops.add(x, y.to(META)),
+                 lambda: torch.ops.opbridge.add(x, y.to(META))):
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    with pytest.raises(ValueError, match=r"add: out is on meta, but x is on cpu"):
+        ops.add(x, y, out=torch.empty(4, 8, device=META))
+    buf = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match=r"add: y is on meta, but x is on cpu"):
+        ops.add(x, y.to(META), out=buf)
+    assert not buf.any()
+    inp, res, w = torch.ones(4, 8), torch.ones(4, 8), torch.ones(8, device=META)
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm: weight is on meta, but input is on cpu"):
+        ops.fused_add_rms_norm(inp, res, w)
+    assert torch.equal(inp, torch.ones(4, 8)) and torch.equal(res, torch.ones(4, 8))
+
+
+def test_fast_path_source_serves_cuda_with_the_raw_stream() -> None:
+    """The generated fast path has a CUDA branch taking torch's raw current stream, and nothing that syncs."""
+    import linecache
+
+    ops.add(torch.ones(2), torch.ones(2))
+    fn = ops.add.opdef.call
+    src = "".join(linecache.getlines(fn.__code__.co_filename))
+    assert "elif x.is_cuda:" in src and "_t_raw_stream(_t_dev)" in src
+    assert "Stream(" not in src and "synchronize" not in src
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        assert fn.__globals__["_t_raw_stream"] is raw
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_cuda_fast_path_skips_the_dispatcher() -> None:
+    x = torch.randn(8, device="cuda")
+    ops.add(x, x)
+    calls: list[int] = []
+    lib = torch.library.Library("opbridge", "IMPL")
+    try:
+        lib.impl("add", lambda *a: calls.append(1) or torch.add(*a), "CUDA", allow_override=True)
+        torch.testing.assert_close(ops.add(x, x), x + x)
+        assert calls == [], "a plain CUDA call must not go through the dispatcher"
+    finally:
+        lib._destroy()
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", STRIDED_OPS)
+def test_cuda_matches_cpu_dense_and_strided(name: str) -> None:
+    op = getattr(ops, name).opdef
+    cpu = _case_args(name)
+    want = _results(op, cpu, op.call(*cpu))
+    for layout in ("dense", "sliced"):
+        dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _case_args(name)]
+        if layout == "sliced":
+            dev = [_strided(a, "sliced") if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in dev]
+        got = _results(op, dev, op.call(*dev))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w, rtol=2e-5, atol=2e-5)
+
+
+@needs_cuda
+def test_cuda_runs_on_the_current_stream() -> None:
+    x, y = torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = ops.add(x, y)
+        o = torch.empty_like(x)
+        ops.add(x, y, out=o)
+    s.synchronize()
+    torch.testing.assert_close(got, x + y)
+    torch.testing.assert_close(o, x + y)
+
+
+@needs_cuda
+def test_cuda_graph_capture_and_replay() -> None:
+    x, y = torch.randn(64, 128, device="cuda"), torch.randn(64, 128, device="cuda")
+    o = torch.empty_like(x)
+    ops.add(x, y, out=o)
+    ops.add(x, y)  # warm up outside the capture: kernels resolved, fast paths installed
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            ops.add(x, y, out=o)
+            ops.add(x, y)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.add(x, y, out=o)
+        plain = ops.add(x, o)
+    x.copy_(torch.randn_like(x))
+    y.copy_(torch.randn_like(y))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(o, x + y)
+    torch.testing.assert_close(plain, x + x + y)
+
+
+@needs_cuda
+def test_cuda_mixed_devices_raise_and_write_nothing() -> None:
+    x, y = torch.ones(4, 8, device="cuda"), torch.ones(4, 8, device="cuda")
+    cpu_out = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match=r"add: out .*(cpu|device)"):
+        ops.add(x, y, out=cpu_out)
+    assert not cpu_out.any()
+    for call in (lambda: ops.add(x, y.cpu()), lambda: ops.add(x.cpu(), y), lambda: torch.ops.opbridge.add(x, y.cpu())):
+        with pytest.raises(ValueError, match=r"add: .*(cpu|cuda)"):
+            call()
+    inp, res = torch.ones(4, 8, device="cuda"), torch.ones(4, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm: weight .*(cpu|cuda)"):
+        ops.fused_add_rms_norm(inp, res, torch.ones(8))
+    assert bool((inp == 1).all()) and bool((res == 1).all())
+
+
+@needs_cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_cuda_second_device_uses_its_own_stream() -> None:
+    x = torch.randn(1 << 16, device="cuda:1")
+    torch.cuda.set_device(0)
+    with torch.cuda.stream(torch.cuda.Stream(device=1)):
+        got = ops.add(x, x)
+    torch.cuda.synchronize(1)
+    torch.testing.assert_close(got, x + x)
