@@ -232,3 +232,161 @@ def test_cache_key_does_not_depend_on_install_locations(tmp_path: Path, monkeypa
              tmp_path / "venv2" / "lib" / lib.name)
     monkeypatch.setattr(bcompile, "_tvm_ffi_paths", lambda: moved)
     assert bcompile.fingerprint(spec) == key, "another virtualenv with the same tvm-ffi must share the cache"
+
+
+# -- the per-translation-unit object store ------------------------------------
+
+
+def _multi_lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bcompile.BuildSpec, Path]:
+    """A three-source library over an include dir: a.cc includes common.h, b.cc nested.h
+    (which includes common.h), c.cc nothing. Plain C++ (no opbridge.h): compiles in a blink."""
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OPBRIDGE_NO_PROGRESS", "1")
+    src, inc = tmp_path / "src", tmp_path / "inc"
+    src.mkdir()
+    inc.mkdir()
+    (inc / "common.h").write_text("inline int common() { return 1; }\n")
+    (inc / "nested.h").write_text("#include <common.h>\ninline int nested() { return common() + 1; }\n")
+    (src / "a.cc").write_text('#include "common.h"\nOPB_TEST_API int a_fn() { return common(); }\n')
+    (src / "b.cc").write_text('#include <nested.h>\nOPB_TEST_API int b_fn() { return nested(); }\n')
+    (src / "c.cc").write_text('OPB_TEST_API int c_fn() { return 3; }\n')
+    spec = bcompile.BuildSpec(name="multi", sources=tuple(src / n for n in ("a.cc", "b.cc", "c.cc")),
+                              include_dirs=(inc,), cflags=(VISIBLE,))
+    return spec, src
+
+
+def _built(spec: bcompile.BuildSpec) -> dict[str, list[str]]:
+    """Build *spec*; return which units the build compiled and which it reused."""
+    import json
+
+    so = jit.build(spec)
+    manifest = json.loads((so.parent / "manifest.json").read_text())
+    return {"compiled": sorted(manifest["compiled"]), "reused": sorted(manifest["reused"])}
+
+
+def _call(so: Path, fn: str) -> int:
+    import ctypes
+
+    return int(ctypes.CDLL(str(so))[fn]())
+
+
+ALL_UNITS = ["_opbridge_exports.cc", "a.cc", "b.cc", "c.cc"]
+#: Test sources mark their functions OPB_TEST_API: exported although modules build with -fvisibility=hidden.
+VISIBLE = '-DOPB_TEST_API=extern "C" __attribute__((visibility("default")))'
+
+
+def test_editing_one_source_recompiles_only_its_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec, src = _multi_lib(tmp_path, monkeypatch)
+    assert _built(spec) == {"compiled": ALL_UNITS, "reused": []}
+    first = jit.build(spec)
+    (src / "b.cc").write_text('#include <nested.h>\nOPB_TEST_API int b_fn() { return nested() * 10; }\n')
+    assert _built(spec) == {"compiled": ["b.cc"], "reused": ["_opbridge_exports.cc", "a.cc", "c.cc"]}
+    so = jit.build(spec)
+    assert (_call(so, "a_fn"), _call(so, "b_fn"), _call(so, "c_fn")) == (1, 20, 3)
+    # Undoing the edit finds the first module again (the whole-library cache): nothing compiles.
+    (src / "b.cc").write_text('#include <nested.h>\nOPB_TEST_API int b_fn() { return nested(); }\n')
+    assert jit.build(spec) == first
+
+
+def test_header_edit_recompiles_exactly_its_includers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec, _ = _multi_lib(tmp_path, monkeypatch)
+    _built(spec)
+    inc = spec.include_dirs[0]
+    (inc / "common.h").write_text("inline int common() { return 5; }\n")
+    assert _built(spec)["compiled"] == ["a.cc", "b.cc"], "a.cc includes it, b.cc through nested.h"
+    (inc / "nested.h").write_text("#include <common.h>\ninline int nested() { return common() + 2; }\n")
+    assert _built(spec)["compiled"] == ["b.cc"]
+    so = jit.build(spec)
+    assert (_call(so, "a_fn"), _call(so, "b_fn")) == (5, 7)
+
+
+def test_damaged_or_half_written_object_is_never_linked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opbridge.build import incremental, objects
+
+    spec, src = _multi_lib(tmp_path, monkeypatch)
+    _built(spec)
+    store = objects.ObjectStore()
+    by_name = {u.name: u for u in incremental.units(spec, store)}
+    damaged = store.stored_object(by_name["a.cc"])
+    half = store.stored_object(by_name["b.cc"])
+    assert damaged is not None and damaged.is_file() and half is not None and half.is_file()
+    damaged.write_bytes(damaged.read_bytes()[:100])  # truncated after it was stored
+    half.with_suffix(".sha256").unlink()  # as if killed between the object and its digest
+    (src / "c.cc").write_text('OPB_TEST_API int c_fn() { return 4; }\n')  # the library misses
+    assert _built(spec) == {"compiled": ["a.cc", "b.cc", "c.cc"], "reused": ["_opbridge_exports.cc"]}
+    so = jit.build(spec)
+    assert (_call(so, "a_fn"), _call(so, "b_fn"), _call(so, "c_fn")) == (1, 2, 4)
+    assert not list(store.tmp.iterdir()), "no temporary file may be left behind"
+
+
+def test_compile_failure_stores_nothing_for_that_unit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec, src = _multi_lib(tmp_path, monkeypatch)
+    (src / "c.cc").write_text('OPB_TEST_API int c_fn() { return 3 }\n')
+    with pytest.raises(opbridge.BuildError) as info:
+        jit.build(spec)
+    assert "c.cc" in info.value.command and any("c.cc:" in e for e in info.value.errors)
+    (src / "c.cc").write_text('OPB_TEST_API int c_fn() { return 3; }\n')
+    built = _built(spec)
+    assert "c.cc" in built["compiled"]
+    assert set(built["compiled"]) | set(built["reused"]) == set(ALL_UNITS)
+
+
+def test_prune_removes_least_recently_used_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opbridge.build import objects
+
+    spec, _ = _multi_lib(tmp_path, monkeypatch)
+    _built(spec)
+    store = objects.ObjectStore()
+    stored = sorted(store.root.glob("??/*.o"))
+    assert len(stored) == len(ALL_UNITS)
+    assert store.prune() == 0, "within the default bounds nothing goes"
+    old = stored[0]
+    os.utime(old, (1, 1))
+    size = old.stat().st_size
+    assert store.prune(max_bytes=sum(p.stat().st_size for p in stored) - 1) == size
+    assert not old.exists() and not old.with_suffix(".sha256").exists()
+    assert all(p.exists() for p in stored[1:])
+    assert store.prune(max_age_s=0) > 0 and not list(store.root.glob("??/*.o"))
+
+
+def test_concurrent_builds_share_the_store(tmp_path: Path) -> None:
+    """Two processes building libraries with the same sources at once both succeed."""
+    shared = tmp_path / "shared.cc"
+    shared.write_text('OPB_TEST_API int shared_fn() { return 7; }\n')
+    env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1"}
+    script = textwrap.dedent(f"""
+        import ctypes, sys
+        from pathlib import Path
+        from opbridge.build import compile as c, jit
+        so = jit.build(c.BuildSpec(name=sys.argv[1], sources=(Path({str(shared)!r}),), cflags=({VISIBLE!r},)))
+        print(ctypes.CDLL(str(so)).shared_fn())
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, name], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("lib_one", "lib_two")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert out.strip() == "7"
+    assert len(list((tmp_path / "cache" / "objects").glob("??/*.o"))) == 2  # shared.cc + exports
+
+
+def test_depfile_parsing() -> None:
+    from opbridge.build.objects import parse_depfile
+
+    text = "obj/a.o: /s/a.cc /inc/x.h \\\n /inc/with\\ space.h \\\n  /inc/y.h\n"
+    assert parse_depfile(text) == ["/s/a.cc", "/inc/x.h", "/inc/with space.h", "/inc/y.h"]
+    assert parse_depfile("") == []
+
+
+def test_aot_ninja_build_dir_still_works(tmp_path: Path) -> None:
+    """The AOT path's own build dir: ninja, with the same compile commands and depfiles."""
+    spec = _spec(tmp_path)
+    bdir = tmp_path / "bd"
+    (bdir / "obj").mkdir(parents=True)
+    out = bdir / "scale.so"
+    bcompile.write_ninja(spec, bdir, out)
+    bcompile.run_ninja(spec, bdir)
+    assert loader.exports(out) == ["scale_cpu"]
+    first = out.stat().st_mtime_ns
+    bcompile.run_ninja(spec, bdir)
+    assert out.stat().st_mtime_ns == first, "an up-to-date build dir relinks nothing"

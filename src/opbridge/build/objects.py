@@ -193,6 +193,17 @@ class ObjectStore:
 
     # -- lookup and store ---------------------------------------------------
 
+    def stored_object(self, unit: Unit, base: str | None = None) -> Path | None:
+        """Where the unit's object is stored under its present headers, or None without a manifest.
+
+        The file there may be absent or unsound; :meth:`fetch` checks.
+        """
+        base = base or self.base_key(unit)
+        manifest = self._manifest(base)
+        if manifest is None:
+            return None
+        return self._path(self._key(base, [str(d) for d in manifest["deps"]]), ".o")  # type: ignore[union-attr]
+
     def fetch(self, unit: Unit, dest: Path) -> bool:
         """Hard-link (or copy) the unit's stored object to *dest* if there is a sound one.
 
@@ -200,11 +211,10 @@ class ObjectStore:
         """
         try:
             base = self.base_key(unit)
-            manifest = self._manifest(base)
-            if manifest is None:
+            obj = self.stored_object(unit, base)
+            if obj is None:
                 return False
-            key = self._key(base, [str(d) for d in manifest["deps"]])  # type: ignore[union-attr]
-            obj, digest = self._path(key, ".o"), self._path(key, ".sha256")
+            digest = obj.with_suffix(".sha256")
             dest.unlink(missing_ok=True)
             try:
                 os.link(obj, dest)
