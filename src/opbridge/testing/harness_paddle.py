@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-import linecache
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-_COUNTER = itertools.count()
+from opbridge._codegen import compile_source
 
 
 class PaddleHarness:
@@ -66,7 +64,7 @@ class PaddleHarness:
 
         to_static transcribes the source of the function it is given and reads its
         signature, so lambdas and ``*args`` functions are wrapped, per arity, in a
-        generated ``def`` whose source is registered with :mod:`linecache`.
+        generated ``def`` (:func:`opbridge._codegen.compile_source`, so tracebacks show it).
         """
         import paddle
 
@@ -77,10 +75,7 @@ class PaddleHarness:
             if prog is None:
                 names = ", ".join(f"a{i}" for i in range(len(args)))
                 src = f"def graph_fn({names}):\n    return fn({names})\n"
-                filename = f"<paddle harness graph_fn {next(_COUNTER)}>"
-                linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-                ns: dict[str, Any] = {"fn": fn}
-                exec(compile(src, filename, "exec"), ns)  # noqa: S102
+                ns = compile_source(src, "<paddle harness graph_fn>", {"fn": fn})
                 prog = programs[len(args)] = paddle.jit.to_static(ns["graph_fn"], full_graph=True)
             with warnings.catch_warnings():
                 # Paddle's own backward construction reads Value.place and warns about it.

@@ -73,8 +73,12 @@ def is_dense(t: Any) -> bool:
 
 
 def densify(t: Any) -> Any:
-    """One contiguous copy of a strided tensor."""
-    return t.contiguous()
+    """One contiguous copy of a strided tensor.
+
+    Not ``t.contiguous()``: Paddle's makes *t* itself contiguous, in place,
+    cutting the caller's view off from its base.
+    """
+    return t.clone()
 
 
 def write_back(orig: Any, copy: Any) -> None:

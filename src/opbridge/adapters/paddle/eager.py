@@ -99,7 +99,7 @@ def make_layer(op: OpDef, run: Run) -> type[PyLayer]:
         for i, t in zip(ctx.opb_present, ctx.saved_tensor(), strict=True):
             full[i] = t
         # A backward written with other Paddle code may want dense output gradients.
-        grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
+        grads = tuple(g if g is None or g.is_contiguous() else densify(g) for g in grads)
         res = core.run_backward(op, materialise(grads, ctx.opb_meta), full)
         # PyLayer wants one gradient per Tensor passed to forward (None ones were not),
         # and None for those with stop_gradient=True.
