@@ -115,19 +115,10 @@ class MindSporeAdapter:
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
         """Run *op* into the caller's tensors *outs* (``out=``); PyNative only, no gradients.
 
-        Parameters
-        ----------
-        op
-            The op's declaration.
-        args
-            Its arguments in schema order.
-        outs
-            One ``mindspore.Tensor`` per new output; the kernel checks shapes and dtypes.
-
-        Returns
-        -------
-        Any
-            The op's results per schema: *outs* themselves for new outputs.
+        *args* are the op's arguments in schema order, *outs* one
+        ``mindspore.Tensor`` per new output (the kernel checks their shapes and
+        dtypes; a strided one is written through a dense copy). Returns the
+        op's results per schema, *outs* themselves for new outputs.
         """
         validate_args(op, args, is_tensor, "a mindspore.Tensor")
         for i, o in enumerate(outs):

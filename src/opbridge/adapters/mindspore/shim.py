@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opbridge import loader
+from opbridge._tvm import tvm_ffi
 from opbridge.adapters.mindspore.support import DTYPES, LOCK, SCALARS, ms_dtype, unsupported_reason
 from opbridge.build import jit
 from opbridge.build.cache import cache_root
@@ -96,24 +97,27 @@ class AotModule:
     """
 
     def __init__(self, lib: Library) -> None:
-        from tvm_ffi import libinfo
-
         self.lib = lib
         self.n_declared = len(lib.ops)
         self.ops = graph_ops(lib)
-        text = wrapper_source(lib)
-        tvm_lib_dir = Path(libinfo.find_libtvm_ffi()).parent
-        self.spec = BuildSpec(
-            name=f"{lib.namespace}_ms_aot",
+        self.source = wrapper_source(lib)
+        self.name = f"{lib.namespace}_ms_aot"
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:20]
+        self.path = cache_root() / "mindspore" / f"{self.name}-{digest}.so"
+        self._cdll: ctypes.CDLL | None = None
+        self._dry_cache: dict[Any, BaseException | None] = {}
+
+    @functools.cached_property
+    def spec(self) -> BuildSpec:
+        """How the module is built (made when first needed: it imports tvm-ffi to find its library)."""
+        tvm_lib_dir = Path(tvm_ffi().libinfo.find_libtvm_ffi()).parent
+        return BuildSpec(
+            name=self.name,
             sources=(),
             device="cpu",
             ldflags=(f"-Wl,-rpath,{tvm_lib_dir}",),
-            generated=((f"{lib.namespace}_ms_aot.cc", text),),
+            generated=((f"{self.name}.cc", self.source),),
         )
-        digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-        self.path = cache_root() / "mindspore" / f"{self.spec.name}-{digest}.so"
-        self._cdll: ctypes.CDLL | None = None
-        self._dry_cache: dict[Any, BaseException | None] = {}
 
     def _publish(self, built: Path) -> None:
         """Make :attr:`path` a copy of the build artifact *built* (atomically; no-op when it is)."""

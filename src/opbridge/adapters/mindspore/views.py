@@ -29,9 +29,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.graph.api import _pynative_executor
 
-from opbridge._tvm import tvm_ffi as _import_tvm_ffi
-
-tvm_ffi = _import_tvm_ffi()  # without importing torch, which `import tvm_ffi` otherwise does
+from opbridge._tvm import tvm_ffi
 
 #: MindSpore dtype -> NumPy dtype of a view of its memory (bfloat16 as its bits)
 NUMPY: dict[Any, np.dtype[Any]] = {
@@ -107,7 +105,8 @@ def as_bfloat16(bits: np.ndarray) -> Any:
     capsule = bits.__dlpack__()
     head = _capsule_pointer(capsule, b"dltensor")
     ctypes.c_uint8.from_address(head + _CODE_OFFSET).value = _KDL_BFLOAT
-    return tvm_ffi.from_dlpack(capsule)
+    # tvm_ffi is imported on first use (registering graph substitutes at declaration needs none of it)
+    return tvm_ffi().from_dlpack(capsule)
 
 
 def kernel_arg(t: Tensor) -> Any:
