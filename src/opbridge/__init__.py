@@ -58,6 +58,25 @@ def _register_builtins_with_torch() -> None:
 _imports.after_import("torch", _register_builtins_with_torch)
 
 
+def _register_with_mindspore() -> None:
+    """Once MindSpore is imported, make every library declared so far usable in its graphs.
+
+    MindSpore compiles ``ms.jit`` functions and ``GRAPH_MODE`` cells from
+    source; an op's public callable is generated code it cannot compile, so
+    the MindSpore adapter maps each one to a graph substitute in MindSpore's
+    parser (nothing is compiled). Libraries declared later are registered
+    when declared (``dispatch.DECLARE_TIME_ADAPTERS``).
+    """
+    from opbridge import registry
+    from opbridge.call import dispatch
+
+    if registry.libraries():
+        dispatch.adapter("mindspore")
+
+
+_imports.after_import("mindspore", _register_with_mindspore)
+
+
 def __getattr__(name: str) -> Any:
     if name == "ops":
         import importlib

@@ -44,7 +44,7 @@ FRAMEWORK_OF_MODULE = {
 }
 ADAPTERS = ("torch", "numpy", "jax", "paddle", "mindspore")
 #: Frameworks whose adapters register an op as soon as it is declared, once the framework is imported.
-DECLARE_TIME_ADAPTERS = ("torch", "paddle")
+DECLARE_TIME_ADAPTERS = ("torch", "paddle", "mindspore")
 _LOADED: dict[str, Adapter] = {}
 
 
