@@ -21,7 +21,6 @@ import torch
 from opbridge import _tvm, loader
 from opbridge._codegen import compile_source
 from opbridge.call import core, memory
-from opbridge.declare import Spec
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -130,15 +129,13 @@ def rule_alloc(op: OpDef, on_device: bool) -> Callable[..., list[torch.Tensor]]:
     (a list) runs the rule each time. The function takes the argument tuple,
     and with *on_device* also the device to allocate on (CPU otherwise).
     """
-    rule = op.shape
     key = ", ".join(f"a[{i}].shape, a[{i}].dtype" if a.type.is_tensor and not a.type.optional
                     else f"_sig(a[{i}])" if a.type.is_tensor else f"a[{i}]"
                     for i, a in enumerate(op.schema.arguments))
     cache: dict[Any, list[tuple[Any, torch.dtype]]] = {}
 
     def miss(k: Any, a: Sequence[Any], **device: Any) -> list[torch.Tensor]:
-        specs = op.output_specs(a) if rule is None else rule(*a)
-        got = [(tuple(s.shape), to_dtype(s.dtype)) for s in ((specs,) if isinstance(specs, Spec) else specs)]
+        got = [(tuple(s.shape), to_dtype(s.dtype)) for s in op.output_specs(a)]
         try:
             if len(cache) >= ALLOC_CACHE_SIZE:
                 cache.clear()
@@ -239,14 +236,16 @@ def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
     """The globals :func:`kernel_lines` uses, for *op*, bound into *ns* (which holds the generated code)."""
     ns.update(_NAMES)
     ns.update({
-        "_t_alloc": rule_alloc(op, False),
-        "_t_alloc_dev": rule_alloc(op, True),
         "_t_alias": lambda a: core.check_no_alias(op, a, span),
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_t_dts": torch_dtypes(op),
         "_t_dtype_error": dtype_checker(op),
         "_t_check_devices": lambda a, o=(): check_devices(op, a, o),
     })
+    if core.like_indices(op) is None and op.n_outputs:
+        ns["_t_alloc"] = rule_alloc(op, False)
+        if "cuda" in op.kernels:
+            ns["_t_alloc_dev"] = rule_alloc(op, True)
     for device in DEVICES:
         if device in op.kernels:
             ns[f"_t_k_{device}"] = lazy_kernel(op, device, ns)
