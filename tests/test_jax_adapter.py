@@ -695,7 +695,7 @@ def test_fresh_xla_output_faults_in_huge_pages(name: str) -> None:
     reason = _thp_skip_reason()
     if reason:
         pytest.skip(reason)
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((4096, 4096), np.float32))
+    x = jax.device_put(np.random.default_rng(0).standard_normal((4096, 4096), np.float32), jax.devices("cpu")[0])
     fn = jax.jit(ops.add if name == "add" else lambda x, w: ops.rms_norm(x, w))
     args = (x, x) if name == "add" else (x, x[0])
     # 64 MiB in 4 KiB pages would be 16,384 faults; on 2 MiB pages 32, plus the unaligned ends
