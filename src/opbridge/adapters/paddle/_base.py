@@ -37,7 +37,7 @@ from opbridge.errors import BackendUnavailableError, OpbridgeError
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
-T: type = paddle.Tensor
+T: Any = paddle.Tensor
 VALUE: type = paddle.pir.Value  # type: ignore[attr-defined]
 CORE: Any = paddle.base.core
 KIND = "a paddle.Tensor"
@@ -164,7 +164,7 @@ def target(op: OpDef, args: Sequence[Any], outs: Sequence[Any] = ()) -> tuple[An
     if not place.is_gpu_place():
         raise BackendUnavailableError(f"{op.name}: cannot run on paddle tensors on {where}: opbridge runs "
                                       f"paddle tensors on the CPU and on CUDA GPUs only")
-    if not paddle.is_compiled_with_cuda():
+    if not paddle.is_compiled_with_cuda():  # type: ignore[attr-defined]
         raise BackendUnavailableError(f"{op.name}: cannot run on paddle tensors on {where}: this Paddle build "
                                       f"({paddle.version.full_version}) has no CUDA")
     if "cuda" not in op.kernels:

@@ -75,19 +75,13 @@ def _python_op(op: OpDef, run: Run, cache: dict[str, Any], args: Sequence[Any]) 
 def make_static(op: OpDef) -> Callable[..., Any]:
     """The call of *op* while a PIR program is traced."""
     if op.schema.is_mutating:
-        def refuse(*args: Any) -> Any:
-            raise PaddleStaticError(
-                f"{op.name}: mutates its arguments in place, which opbridge cannot express in a "
-                f"paddle.jit.to_static program (PIR values are immutable and Paddle's Python ops "
-                f"cannot alias a graph input); call it eagerly, outside to_static")
-        return refuse
+        return _refusal(f"{op.name}: mutates its arguments in place, which opbridge cannot express in a "
+                        f"paddle.jit.to_static program (PIR values are immutable and Paddle's Python ops "
+                        f"cannot alias a graph input); call it eagerly, outside to_static")
     if not hasattr(_C_ops, "_run_python_op"):
-        def unsupported(*args: Any) -> Any:
-            raise PaddleStaticError(
-                f"{op.name}: this Paddle ({paddle.version.full_version}) has no Python ops "
-                f"(paddle.static.register_op, Paddle >= 3.2), so opbridge ops cannot run inside "
-                f"paddle.jit.to_static programs; call them eagerly or use Paddle >= 3.2")
-        return unsupported
+        return _refusal(f"{op.name}: this Paddle ({paddle.version.full_version}) has no Python ops "
+                        f"(paddle.static.register_op, Paddle >= 3.2), so opbridge ops cannot run inside "
+                        f"paddle.jit.to_static programs; call them eagerly or use Paddle >= 3.2")
     run = make_checked(op)
     cache: dict[str, Any] = {}
     tensor_idx = core.tensor_indices(op)
@@ -134,8 +128,11 @@ def make_static(op: OpDef) -> Callable[..., Any]:
 
 def legacy_static(op: OpDef) -> Callable[..., Any]:
     """The call of *op* in a legacy ``Program``: a clear refusal."""
+    return _refusal(f"{op.name}: legacy static graphs (paddle.static.Program with FLAGS_enable_pir_api=0) "
+                    f"are not supported; use the default PIR mode of paddle.jit.to_static or eager mode")
+
+
+def _refusal(message: str) -> Callable[..., Any]:
     def refuse(*args: Any) -> Any:
-        raise PaddleStaticError(
-            f"{op.name}: legacy static graphs (paddle.static.Program with FLAGS_enable_pir_api=0) "
-            f"are not supported; use the default PIR mode of paddle.jit.to_static or eager mode")
+        raise PaddleStaticError(message)
     return refuse
