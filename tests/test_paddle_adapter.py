@@ -7,6 +7,7 @@ import os
 import resource
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ paddle = pytest.importorskip("paddle")
 
 import opbridge.adapters.paddle as paddle_adapter  # noqa: E402
 from opbridge.adapters.paddle import ADAPTER, PaddleStaticError  # noqa: E402
+from opbridge.adapters.paddle import _base as paddle_base  # noqa: E402
 from opbridge.call import core  # noqa: E402
 from opbridge.errors import BackendUnavailableError  # noqa: E402
 from opbridge.testing.generate import make_cases  # noqa: E402
@@ -706,6 +708,27 @@ def test_gpu_tensor_without_cuda_build_raises_and_writes_nothing(lib: opbridge.L
     with pytest.raises(BackendUnavailableError, match="gelu: cannot run on paddle tensors on gpu:0"):
         ops.gelu(x, out=out)
     np.testing.assert_array_equal(out.numpy(), np.full(6, SENTINEL, np.float32))
+
+
+@pytest.mark.usefixtures("device_build")
+def test_gpu_tensors_reach_the_cuda_kernel_on_paddles_current_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Routing only (this Paddle has no CUDA): the CUDA kernel, under Paddle's current stream of that GPU."""
+    import tvm_ffi
+
+    calls: list[tuple[str, str, int]] = []
+
+    def kernel(op: opbridge.OpDef, device: str) -> Callable[..., None]:
+        def run(*args: Any) -> None:
+            calls.append((op.name, device, tvm_ffi.get_raw_stream(tvm_ffi.device("cuda", 0))))
+        return run
+
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: True)
+    monkeypatch.setattr(paddle_base.loader, "kernel", kernel)
+    monkeypatch.setattr(paddle_base.CORE, "_get_current_stream",
+                        lambda index: SimpleNamespace(cuda_stream=0xABC + index), raising=False)
+    x, residual, w = _claims_gpu(np.ones((2, 8))), _claims_gpu(np.ones((2, 8))), _claims_gpu(np.ones(8))
+    assert ops.fused_add_rms_norm(x, residual, w) is None
+    assert calls == [("fused_add_rms_norm", "cuda", 0xABC)]
 
 
 @pytest.mark.usefixtures("device_build")
