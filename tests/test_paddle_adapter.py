@@ -50,6 +50,12 @@ void twice_cpu(TensorView out, TensorView x) {
   for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
 }
 OPBRIDGE_EXPORT(twice_cpu);
+void twice64_cpu(TensorView out, TensorView x) {
+  const double* a = static_cast<const double*>(x.data_ptr());
+  double* o = static_cast<double*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
+}
+OPBRIDGE_EXPORT(twice64_cpu);
 // Writes the addresses it was handed: out = [&out[0], &x[0]].
 void addresses_cpu(TensorView out, TensorView x) {
   int64_t* o = static_cast<int64_t*>(out.data_ptr());
@@ -80,6 +86,10 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
     # dtypes: the kernel reads float32 without checking, so the adapter's declared-dtype check is all there is
     @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float32",))
     def twice(x: Any) -> Any:
+        return 2 * x
+
+    @lib.op("twice64(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float64",))
+    def twice64(x: Any) -> Any:
         return 2 * x
 
     @lib.op("addresses(Tensor x) -> Tensor", shape=lambda x: opbridge.Spec((2,), "int64"))
@@ -523,6 +533,19 @@ def test_undeclared_dtype_raises_the_core_message_before_the_kernel(lib: opbridg
     with pytest.raises(TypeError) as err:
         ops.rms_norm(paddle.ones([2, 4], "int32"), paddle.ones([4], "int32"))
     assert str(err.value) == str(core.dtype_error(rms, "x", "int32"))
+
+
+def test_float64_op(lib: opbridge.Library) -> None:
+    twice64 = lib.ops["twice64"].call
+    x = paddle.to_tensor(np.array([1 + 2.0**-40, -3.5, 1e300]))
+    assert x.dtype == paddle.float64
+    got = twice64(x)
+    assert got.dtype == paddle.float64
+    np.testing.assert_array_equal(got.numpy(), 2 * x.numpy())
+    np.testing.assert_array_equal(twice64(paddle.to_tensor(np.arange(8.0)).reshape([2, 4]).t()).numpy(),
+                                  2 * np.arange(8.0).reshape(2, 4).T)
+    with pytest.raises(TypeError, match="twice64: x must have dtype float64, got float32"):
+        twice64(paddle.ones([3]))
 
 
 @pytest.mark.parametrize("name", ["add", "gelu", "rms_norm"])
