@@ -111,7 +111,10 @@ def on_declared(lib: Library) -> None:
     (idempotent).
     """
     for framework in DECLARE_TIME_ADAPTERS:
-        if sys.modules.get(framework) is None:
+        module = sys.modules.get(framework)
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            # Not imported, or still being imported (Paddle imports torch part-way through its
+            # own import, which runs torch's hooks): its adapter registers everything when first used.
             continue
         already = f"opbridge.adapters.{framework}" in sys.modules
         ad = adapter(framework)
