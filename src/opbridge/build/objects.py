@@ -45,6 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from opbridge.build.cache import cache_root
 
@@ -174,7 +175,7 @@ class ObjectStore:
     def _path(self, key: str, suffix: str) -> Path:
         return self.root / key[:2] / f"{key}{suffix}"
 
-    def _manifest(self, base: str) -> dict[str, object] | None:
+    def _manifest(self, base: str) -> dict[str, Any] | None:
         try:
             data = json.loads(self._path(base, ".json").read_text())
         except (OSError, ValueError):
@@ -186,7 +187,7 @@ class ObjectStore:
         try:
             manifest = self._manifest(self.base_key(unit))
             if manifest and isinstance(manifest.get("seconds"), (int, float)):
-                return float(manifest["seconds"])  # type: ignore[arg-type]
+                return float(manifest["seconds"])
             return unit.source.stat().st_size / 1000
         except OSError:
             return 0.0
@@ -202,7 +203,7 @@ class ObjectStore:
         manifest = self._manifest(base)
         if manifest is None:
             return None
-        return self._path(self._key(base, [str(d) for d in manifest["deps"]]), ".o")  # type: ignore[union-attr]
+        return self._path(self._key(base, [str(d) for d in manifest["deps"]]), ".o")
 
     def fetch(self, unit: Unit, dest: Path) -> bool:
         """Hard-link (or copy) the unit's stored object to *dest* if there is a sound one.
