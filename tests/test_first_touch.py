@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,3 +38,43 @@ def test_importing_opbridge_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+RAW_SCALE = """
+#include <opbridge/opbridge.h>
+using tvm::ffi::TensorView;
+// The README's quickstart kernel: reads raw memory, checks no strides.
+void scale_cpu(TensorView out, TensorView x, double alpha) {
+  OPB_CHECK_DTYPE("scale", x, opbridge::kFloat32);
+  OPB_CHECK_SAME_SHAPE("scale", out, x);
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = a[i] * float(alpha);
+}
+OPBRIDGE_EXPORT(scale_cpu);
+"""
+
+
+def test_a_kernel_that_reads_raw_memory_only_ever_sees_dense_inputs(make_library: Any) -> None:
+    """Strided inputs reach a kernel as dense copies on every path (issue 11), even one that checks no strides."""
+    import numpy as np
+    import torch
+
+    from opbridge import like
+
+    lib = make_library({"scale.cc": RAW_SCALE})
+
+    @lib.op("scale(Tensor x, float alpha) -> Tensor", shape=like("x"), dtypes=("float32",))
+    def scale(x: Any, alpha: float) -> Any:
+        return x * alpha
+
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for view in (base[:, ::2], base.T, base[1:, 1:]):
+        want = view * 3.0
+        np.testing.assert_array_equal(scale(view, 3.0), want)
+        t = torch.from_numpy(base)
+        tv = t[:, ::2] if view.shape == (4, 3) else t.T if view.shape == (6, 4) else t[1:, 1:]
+        for _ in range(2):  # the first call resolves the adapter, the second takes the fast path
+            np.testing.assert_array_equal(scale(tv, 3.0).numpy(), want)
+        packet = getattr(torch.ops, lib.namespace).scale
+        np.testing.assert_array_equal(packet(tv, 3.0).numpy(), want)

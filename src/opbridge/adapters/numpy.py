@@ -45,10 +45,9 @@ def _fast_prelude(op: OpDef) -> str | None:
     """Inline fast path for plain ndarrays: allocate like the input, call the kernel.
 
     Only for functional ops whose outputs are shaped ``like`` inputs. The
-    dispatching array's dtype must be declared (one frozenset lookup). A
-    TypeError or ValueError from the kernel (a bad argument, or a
-    non-contiguous input) falls back to the checked path, which densifies
-    strided inputs and names the offending argument.
+    dispatching array's dtype must be declared (one frozenset lookup) and
+    every input contiguous. A TypeError or ValueError from the kernel falls
+    back to the checked path, which names the offending argument.
     """
     args = op.schema.arguments
     if op.schema.is_mutating or core.like_indices(op) is None or any(
@@ -57,6 +56,8 @@ def _fast_prelude(op: OpDef) -> str | None:
     names = [a.name for a in args]
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     conds = [f"type({a.name}) is _np_nd" for a in args if a.type.is_tensor]
+    # Dense inputs only: a kernel (a user's too) may read raw memory; strided ones take the checked path.
+    conds += [f"{a.name}.flags.c_contiguous" for a in args if a.type.is_tensor]
     conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
     slow = f"_np_slow({', '.join(names)})"
     lines = [f"    if {' and '.join(conds)}:", "        try:"]

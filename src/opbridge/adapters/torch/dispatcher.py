@@ -36,9 +36,8 @@ def make_impl(op: OpDef, device: str) -> Callable[..., Any]:
 
     Generated per op (like the fast path, from the same lines) because
     Inductor calls it on every run of a compiled graph. Inputs that are not
-    dense make the kernel raise ``ValueError`` before it writes anything;
-    they then run on dense copies (:func:`.calls.strided_call`), so dense
-    calls pay nothing for it. The compiled kernel is resolved on the first
+    dense run on dense copies (:func:`.calls.strided_call`): kernels, user
+    kernels included, only ever see dense tensors. The compiled kernel is resolved on the first
     call, so registering an op never builds its library.
     """
     params, _ = signature_source(op)
@@ -47,11 +46,9 @@ def make_impl(op: OpDef, device: str) -> Callable[..., Any]:
     dt = names[op.dtype_arg]
     lines = [f"def impl({', '.join(params)}):",
              f"    if {dt}.dtype not in _t_dts: _t_dtype_error({dt})",
-             "    try:",
-             *calls.kernel_lines(op, device, names, outs, "        "),
-             "    except ValueError:",
-             f"        if {calls.dense_test(op, names)}: raise",
+             f"    if not ({calls.dense_test(op, names)}):",
              f"        return _t_strided(({''.join(n + ', ' for n in names)}))",
+             *calls.kernel_lines(op, device, names, outs, "    "),
              *core.returns_source(op, names, outs, "    ")]
     ns = calls.namespace(op, {"_t_strided": calls.strided_call(op)})
     compile_source("\n".join(lines) + "\n", f"<opbridge {op.qualname} {device} kernel>", ns)

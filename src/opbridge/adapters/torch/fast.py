@@ -56,11 +56,12 @@ def _guards(op: OpDef, extra: list[str]) -> str:
     """The fast path's condition: plain tensors, no grad, a declared dtype, no mode or tracer."""
     args = op.schema.arguments
     lead = args[op.dispatch_arg].name
-    conds = [f"type({lead}) is _T", "not _t_dyn()", f"not {lead}.requires_grad", *extra]
+    conds = [f"type({lead}) is _T", "not _t_dyn()", f"not {lead}.requires_grad"]
     for i, a in enumerate(args):
         if a.type.is_tensor and i != op.dispatch_arg:
             c = f"(type({a.name}) is _T and not {a.name}.requires_grad)"
             conds.append(f"({a.name} is None or {c})" if a.type.optional else c)
+    conds += extra  # after the type tests: they may call tensor methods
     conds.append(f"{args[op.dtype_arg].name}.dtype in _t_dts")
     return " and ".join(conds + _NO_MODES)
 
@@ -94,7 +95,8 @@ def prelude(op: OpDef) -> str | None:
     names = [a.name for a in args]
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     slow = f"_t_slow({', '.join(a.name if not a.kwarg_only else f'{a.name}={a.name}' for a in args)})"
-    lines = [f"    if {_guards(op, [])}:"]
+    # Dense inputs only: a kernel (a user's too) may read raw memory; strided calls take the dispatcher.
+    lines = [f"    if {_guards(op, [calls.dense_test(op, names)])}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}))"
     lines += _device_branches(op, lambda d, ind: calls.kernel_lines(op, d, names, outs, ind), slow,
                               calls.dense_test(op, names), devices, "        ")
@@ -120,7 +122,7 @@ def out_prelude(op: OpDef) -> str:
     def body(device: str, indent: str) -> list[str]:
         return calls.kernel_lines(op, device, names, ["out"], indent, allocate=False)
 
-    lines = [f"        if {_guards(op, ['type(out) is _T', 'not out.requires_grad'])}:"]
+    lines = [f"        if {_guards(op, ['type(out) is _T', 'not out.requires_grad', dense])}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
     lines += _device_branches(op, body, slow, dense, devices, " " * 12)
     lines += ["            _t_bump(out)", "            return out"]
