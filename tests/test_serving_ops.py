@@ -129,8 +129,9 @@ def test_and_mul_rejects_odd_last_dim(kind: str) -> None:
         bwd(torch.ones(3, 4), torch.ones(3, 6))
     with pytest.raises(TypeError, match=rf"{name}: x must have dtype float32, float16 or bfloat16"):
         fwd(torch.ones(3, 4, dtype=torch.float64))
-    with pytest.raises(ValueError, match=rf"{name}: x must be contiguous"):
-        fwd(torch.ones(4, 8)[:, ::2])
+    # A strided input is accepted (issue 11): the same result as on a contiguous copy.
+    strided = torch.randn(4, 16)[:, ::2]
+    torch.testing.assert_close(fwd(strided), fwd(strided.contiguous()), rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------
@@ -179,7 +180,6 @@ def test_fused_add_rms_norm_numpy_and_rejections() -> None:
          "residual must have the same dtype as input"),
         ((t.clone(), t.clone(), torch.ones(16), -1.0), ValueError, "eps must be >= 0"),
         ((t, t, torch.ones(16)), ValueError, "mutated argument 'input' overlaps argument 'residual'"),
-        ((t.clone(), torch.ones(4, 32)[:, ::2], torch.ones(16)), ValueError, "residual must be contiguous"),
     ]
     for args, exc, msg in cases:
         before = [a.clone() for a in args[:2]]
@@ -187,6 +187,14 @@ def test_fused_add_rms_norm_numpy_and_rejections() -> None:
             ops.fused_add_rms_norm(*args)
         for a, b in zip(args[:2], before, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # A strided residual is updated in place all the same (issue 11): copy in, compute, copy back.
+    x, wide = torch.randn(4, 16), torch.randn(4, 32)
+    res = wide[:, ::2]
+    x2, res2 = x.clone(), res.contiguous()
+    ops.fused_add_rms_norm(x, res, torch.ones(16))
+    ops.fused_add_rms_norm(x2, res2, torch.ones(16))
+    torch.testing.assert_close(x, x2, rtol=0, atol=0)
+    torch.testing.assert_close(res, res2, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("framework", ["torch", "numpy"])
@@ -843,7 +851,7 @@ def test_check_op_catches_broken_integer_kernels(make_library: Callable[..., Any
 
     lib = make_library({"broken_step.cc": BROKEN_STEP_CC}, prefix="broken_step")
     schema = str(ops.LIBRARY.ops["advance_step_flashattn"].schema).replace("advance_step_flashattn", "{}")
-    broken = {name: lib.op(schema.format(name))(ops.advance_step_flashattn.reference)
+    broken = {name: lib.op(schema.format(name), dtypes=("int64",))(ops.advance_step_flashattn.reference)
               for name in ("unpadded_step", "overrun_step")}
 
     def cases(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
