@@ -523,7 +523,7 @@ def test_bad_input_raises_named_error(case: str, call: BadCall, exc: Any, patter
 
 def test_kernel_error_past_the_dry_run_is_a_python_exception(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the trace-time check, the kernel's error still arrives as an exception, not a crash."""
-    monkeypatch.setattr(jax_adapter, "DRY_RUN_MAX_BYTES", -1)
+    monkeypatch.setattr(jax_adapter.variant, "DRY_RUN_MAX_BYTES", -1)
     with pytest.raises(jax.errors.JaxRuntimeError, match="add: y must have the same dtype as x"):
         jax.jit(lambda a, b: ops.add(a, b.astype(jnp.float16)))(jnp.ones(5), jnp.ones(5)).block_until_ready()
 

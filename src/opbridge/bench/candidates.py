@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opbridge.bench import BenchError
+from opbridge.bench.verify import as_tuple, mutated, split_call
 
 OURS_OUT, OURS_NEW, REF = "opbridge_out", "opbridge_new", "numpy_ref"
 EAGER_NEW, EAGER_OUT, COMPILE_NEW, COMPILE_OUT = "eager_new", "eager_out", "compile_new", "compile_out"
@@ -43,25 +44,6 @@ class Candidate:
 def clone(args: Sequence[Any]) -> list[Any]:
     """Copies of the tensors in *args* (other values as they are)."""
     return [a.clone() if hasattr(a, "clone") else a for a in args]
-
-
-def as_tuple(x: Any) -> tuple[Any, ...]:
-    """A call's return value as a tuple of results (None: no result)."""
-    if x is None:
-        return ()
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def mutated(op: Any) -> list[int]:
-    """Indices of the arguments *op* mutates."""
-    return [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
-
-
-def split_call(op: Any, args: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Positional and keyword-only parts of schema-ordered *args*."""
-    pos = [v for a, v in zip(op.schema.arguments, args) if not a.kwarg_only]
-    kw = {a.name: v for a, v in zip(op.schema.arguments, args) if a.kwarg_only}
-    return pos, kw
 
 
 def torch_dtype(d: Any) -> Any:

@@ -1,15 +1,46 @@
 """PyTorch's formulas for the built-in ops: what ``bench kernels`` and ``bench gpu`` time opbridge against.
 
-:func:`torch_impls` maps an op's name to its :class:`~opbridge.bench.workloads.TorchImpl`
+:func:`torch_impls` maps an op's name to its :class:`TorchImpl`
 variants (tried in order; see :attr:`~opbridge.bench.workloads.Workload.torch`).
 Imports torch when called.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from opbridge.bench.workloads import TorchImpl
+
+@dataclass(frozen=True)
+class TorchImpl:
+    """How PyTorch computes an op.
+
+    Attributes
+    ----------
+    new
+        ``new(*args)`` -> tuple of new tensors, in the order of the op's
+        results (its returned tensors; for a mutating op, the new values of
+        its mutated arguments in schema order). Timed eagerly and compiled.
+    out
+        Eager, into buffers: ``out(*args, outs)`` writes the results into the
+        tensors *outs*; for a mutating op ``out(*args)`` updates the
+        arguments in place. None where torch has no such form.
+    out_note
+        How *out* is composed, when it is not one native ``out=`` call.
+    what
+        What *new* calls, for the results.
+    label
+        Names the variant when an op has several (see :attr:`Workload.torch`).
+    """
+
+    new: Callable[..., tuple[Any, ...]]
+    out: Callable[..., Any] | None = None
+    out_note: str = ""
+    what: str = ""
+    label: str = ""
+
+
 
 
 def torch_impls() -> dict[str, tuple[TorchImpl, ...]]:

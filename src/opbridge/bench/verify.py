@@ -24,6 +24,25 @@ from typing import Any
 from opbridge.bench import BenchError
 
 
+def as_tuple(x: Any) -> tuple[Any, ...]:
+    """A call's return value as a tuple of results (None: no result)."""
+    if x is None:
+        return ()
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def mutated(op: Any) -> list[int]:
+    """Indices of the arguments *op* mutates."""
+    return [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
+
+
+def split_call(op: Any, args: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional and keyword-only parts of schema-ordered *args*."""
+    pos = [v for a, v in zip(op.schema.arguments, args) if not a.kwarg_only]
+    kw = {a.name: v for a, v in zip(op.schema.arguments, args) if a.kwarg_only}
+    return pos, kw
+
+
 def peer_tolerance(op: Any, dtype: str) -> tuple[float, float]:
     """``(rtol, atol)`` between two approximations of *op*'s result: twice the op's own."""
     rtol, atol = op.tolerance(dtype)
@@ -125,8 +144,6 @@ def reference64(op: Any, args: Sequence[Any]) -> tuple[Any, ...]:
         If the op declares no reference.
     """
     import numpy as np
-
-    from opbridge.bench.candidates import as_tuple, mutated, split_call
 
     if op.reference is None:
         raise BenchError(f"{op.name}: declares no NumPy reference to verify against")

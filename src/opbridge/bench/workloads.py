@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from opbridge.bench.torch_formulas import TorchImpl  # defined beside the formulas; re-exported here
+
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
@@ -36,35 +38,6 @@ Shape = tuple[int, ...]
 #: Named benchmark sizes ``(rows, cols)``; for the gated ops (``*_and_mul``) this is ``x``'s shape.
 SIZES: dict[str, tuple[int, int]] = {"small": (8, 4096), "large": (4096, 4096), "odd": (257, 5125)}
 _C = 0.7978845608028654  # sqrt(2/pi)
-
-
-@dataclass(frozen=True)
-class TorchImpl:
-    """How PyTorch computes an op.
-
-    Attributes
-    ----------
-    new
-        ``new(*args)`` -> tuple of new tensors, in the order of the op's
-        results (its returned tensors; for a mutating op, the new values of
-        its mutated arguments in schema order). Timed eagerly and compiled.
-    out
-        Eager, into buffers: ``out(*args, outs)`` writes the results into the
-        tensors *outs*; for a mutating op ``out(*args)`` updates the
-        arguments in place. None where torch has no such form.
-    out_note
-        How *out* is composed, when it is not one native ``out=`` call.
-    what
-        What *new* calls, for the results.
-    label
-        Names the variant when an op has several (see :attr:`Workload.torch`).
-    """
-
-    new: Callable[..., tuple[Any, ...]]
-    out: Callable[..., Any] | None = None
-    out_note: str = ""
-    what: str = ""
-    label: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,38 @@
+"""The package's shape (issue 18): one-way imports, small modules, C++ kept out of Python."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "opbridge"
+MAX_LINES = 500
+
+
+def test_no_module_is_over_500_lines() -> None:
+    big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines (each holds two things; split it): {big}"
+
+
+def test_no_import_cycle() -> None:
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("opbridge", include_external_packages=False, exclude_type_checking_imports=True)
+    cyclic = []
+    for m in sorted(graph.modules):
+        for n in graph.find_modules_directly_imported_by(m):
+            if n != m and graph.chain_exists(importer=n, imported=m):
+                cyclic.append((m, n))
+    assert not cyclic, f"import cycles (pairs that reach each other): {cyclic[:10]}"
+
+
+_CXX = re.compile(r"^\s*(#include\s*[<\"]|extern \"C\"|template\s*<|__global__\s)", re.M)
+
+
+def test_no_cxx_source_in_python_strings() -> None:
+    # scaffold/kernel.py generates per-op check lines from the schema into its template files.
+    found = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+             if p.name != "kernel.py" and _CXX.search(p.read_text())]
+    assert not found, f"C++ held in Python strings (keep it in a .cc/.tmpl file read at run time): {found}"
