@@ -351,7 +351,7 @@ def test_advance_step_is_restored_between_samples(tmp_path: Path) -> None:
     from opbridge.bench import workloads
 
     cap = workloads.workloads()["advance_step_flashattn"].max_calls
-    (case,) = _run_step(tmp_path, "--target-ms", "1000", "--rounds", "3")["cases"]
+    (case,) = _run_step(tmp_path, "--target-ms", "60000", "--rounds", "3")["cases"]
     assert case["candidates"][kernels.OURS_OUT]["number"] == cap
     assert case["candidates"][kernels.OURS_OUT]["rounds"] == 3
 
