@@ -69,6 +69,9 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
             (tmp / "obj").mkdir()
             start = time.monotonic()
             report = build_module(spec, tmp / "obj", tmp / so.name)
+            # The objects live on in the object store; hard links here would
+            # only keep pruned ones on disk.
+            shutil.rmtree(tmp / "obj")
             manifest = {
                 "name": spec.name,
                 "device": spec.device,
