@@ -92,7 +92,8 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
 def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: BuildReport,
                  progress: Progress) -> None:
     total = len(missing)
-    with ThreadPoolExecutor(max_workers=max(1, min(config.max_jobs(), total))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(config.max_jobs(), total)))
+    try:
         pending: dict[Future[float], Unit] = {}
         for unit, obj in missing:
             _say(shlex.join([*unit.command, "-o", str(obj)]))
@@ -102,15 +103,17 @@ def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: B
             for fut in done:
                 unit = pending.pop(fut)
                 err = fut.exception()
+                if isinstance(err, CompileError):
+                    raise BuildError(f"opbridge: building {progress.label} failed: {unit.name} "
+                                     f"did not compile", command=shlex.join(err.command),
+                                     errors=first_errors(err.log), log=err.log) from None
                 if err is not None:
-                    for other in pending:
-                        other.cancel()
-                    if isinstance(err, CompileError):
-                        raise BuildError(f"opbridge: building {progress.label} failed: {unit.name} "
-                                         f"did not compile", command=shlex.join(err.command),
-                                         errors=first_errors(err.log), log=err.log) from None
                     raise err
                 report.compiled.append(unit.name)
                 report.compile_seconds[unit.name] = round(fut.result(), 3)
                 progress.status = (f"{len(report.compiled)}/{total} compiled, {len(pending)} left, "
                                    f"last: {unit.name}")
+    finally:
+        # On a failure or Ctrl-C no queued compile starts; running ones finish
+        # (a terminal's Ctrl-C reaches the compilers too).
+        pool.shutdown(wait=True, cancel_futures=True)
