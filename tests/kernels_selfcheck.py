@@ -3,7 +3,8 @@
 Plain script (not collected by pytest):  python tests/kernels_selfcheck.py [--no-bench]
 
 Builds the three kernel files into one tvm-ffi module, checks every kernel and
-dtype against float64 references, checks that bad inputs raise TypeError /
+dtype (float64 included, at a bound float32 arithmetic could not meet) against
+float64 references, checks that bad inputs raise TypeError /
 ValueError naming the op and argument, measures opbridge::fast_tanh against
 float64 tanh, and times float32 (4096, 4096) kernels against torch in GB/s.
 """
@@ -28,9 +29,11 @@ INCLUDE = ROOT / "src" / "opbridge" / "include"
 BUILD = pathlib.Path(os.environ.get("OPB_SELFCHECK_BUILD", "/tmp/kbuild"))
 CFLAGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# max |err| / (atol + rtol * |ref|) must be <= 1
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+# max |err| / (atol + rtol * |ref|) must be <= 1; float64 computes in double, so a
+# kernel that went through float32 (~1e-7 relative) fails its bound
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2),
+       torch.float64: (1e-12, 1e-12)}
 SHAPES = [(1,), (7,), (3, 769), (5, 5125), (0, 16), (4, 0), (2, 3, 129), (33, 4099), (4096, 4096)]
 BIG = (4096, 4096)
 
@@ -278,8 +281,8 @@ def check_errors(m):
     w = f32(4096)
     cases = [
         # (op, argument, expected exception, call)
-        ("add", "x", TypeError, lambda: m.add_cpu(torch.empty(4, 4, dtype=torch.int32), torch.ones(4, 4, dtype=torch.int32), torch.ones(4, 4, dtype=torch.int32))),
-        ("add", "x", TypeError, lambda: m.add_cpu(torch.empty(4, 4, dtype=torch.float64), torch.ones(4, 4, dtype=torch.float64), torch.ones(4, 4, dtype=torch.float64))),
+        ("add", "x", TypeError, lambda: m.add_cpu(torch.empty(4, 4, dtype=torch.bool), torch.ones(4, 4, dtype=torch.bool), torch.ones(4, 4, dtype=torch.bool))),
+        ("add", "x", TypeError, lambda: m.add_cpu(torch.empty(4, 4, dtype=torch.int16), torch.ones(4, 4, dtype=torch.int16), torch.ones(4, 4, dtype=torch.int16))),
         ("add", "y", TypeError, lambda: m.add_cpu(torch.empty_like(x), x, y.half())),
         ("add", "y", ValueError, lambda: m.add_cpu(torch.empty_like(x), x, f32(4, 4095))),
         ("add", "x", ValueError, lambda: m.add_cpu(torch.empty(4096, 4), x.t(), f32(4096, 4))),

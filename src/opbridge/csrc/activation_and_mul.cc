@@ -3,7 +3,7 @@
 //   backward:  grad_a = grad * b * act'(a),  grad_b = grad * act(a)
 // act is silu (x sigmoid(x)) or gelu with the tanh approximation. Math is
 // float32 through opbridge/activations.h (vectorised exp, no libm call in the
-// loops); the error bounds are documented there.
+// loops; the error bounds are documented there), float64 in double.
 #include <opbridge/activations.h>
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
@@ -41,6 +41,7 @@ OPB_TARGET_CLONES void act_and_mul_chunk(T* out, const T* x, int64_t d, int64_t 
 template <typename Act, typename T>
 OPB_TARGET_CLONES void act_and_mul_backward_chunk(T* grad_x, const T* grad, const T* x, int64_t d,
                                                   int64_t lo, int64_t hi) {
+  using C = opbridge::compute_t<T>;
   int64_t r = lo / d, i0 = lo - r * d;
   while (lo < hi) {
     const int64_t n = std::min(d - i0, hi - lo);
@@ -51,10 +52,10 @@ OPB_TARGET_CLONES void act_and_mul_backward_chunk(T* grad_x, const T* grad, cons
     T* gb = ga + d;
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
-      const float av = opbridge::to_float(a[i]);
-      const float gv = opbridge::to_float(g[i]);
-      ga[i] = opbridge::from_float<T>(gv * opbridge::to_float(b[i]) * Act::df(av));
-      gb[i] = opbridge::from_float<T>(gv * Act::f(av));
+      const C av = opbridge::to_compute(a[i]);
+      const C gv = opbridge::to_compute(g[i]);
+      ga[i] = opbridge::from_compute<T>(gv * opbridge::to_compute(b[i]) * Act::df(av));
+      gb[i] = opbridge::from_compute<T>(gv * Act::f(av));
     }
     lo += n;
     ++r;

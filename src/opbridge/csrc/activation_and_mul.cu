@@ -3,7 +3,7 @@
 // out = act(a) * b with last dim d; and their backward ops
 //   *_and_mul_backward(grad, x) -> grad_x = [grad b act'(a) | grad act(a)].
 // act is silu (a sigmoid(a)) or gelu with the tanh approximation, in float32
-// with the formulas and clamps of opbridge/activation_math.h (those of the CPU
+// (float64 in double) with the formulas and clamps of opbridge/activation_math.h (those of the CPU
 // kernels' activations.h, with expf), so CPU and CUDA results agree to rounding. vLLM rounds act(a) to
 // the input dtype before the multiply; this keeps it in float32.
 // One block per row (grid-stride over rows); 128-bit accesses when d and the
@@ -20,14 +20,14 @@ namespace cu = opbridge::cuda;
 namespace am = opbridge::act_math;
 using Math = cu::Math;
 
+// act / grad in C = float, or double for float64.
 struct Silu {
-  __device__ static float act(float a) { return am::silu<Math>(a); }
-  __device__ static float grad(float a) { return am::silu_grad<Math>(a); }
+  template <typename C> __device__ static C act(C a) { return am::silu<Math>(a); }
+  template <typename C> __device__ static C grad(C a) { return am::silu_grad<Math>(a); }
 };
-
 struct GeluTanh {
-  __device__ static float act(float a) { return am::gelu_tanh<Math>(a); }
-  __device__ static float grad(float a) { return am::gelu_tanh_grad<Math>(a); }
+  template <typename C> __device__ static C act(C a) { return am::gelu_tanh<Math>(a); }
+  template <typename C> __device__ static C grad(C a) { return am::gelu_tanh_grad<Math>(a); }
 };
 
 template <int N, typename T, typename Act>
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(1024)
       cu::Vec<T, N> ov;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        ov.v[k] = cu::from_float<T>(Act::act(cu::to_float(av.v[k])) * cu::to_float(bv.v[k]));
+        ov.v[k] = cu::from_compute<T>(Act::act(cu::to_compute(av.v[k])) * cu::to_compute(bv.v[k]));
       }
       cu::store<N>(o + i * N, ov);
     }
@@ -69,10 +69,10 @@ __global__ void __launch_bounds__(1024)
       cu::Vec<T, N> dav, dbv;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const float a = cu::to_float(av.v[k]);
-        const float gk = cu::to_float(gv.v[k]);
-        dav.v[k] = cu::from_float<T>(gk * cu::to_float(bv.v[k]) * Act::grad(a));
-        dbv.v[k] = cu::from_float<T>(gk * Act::act(a));
+        const auto a = cu::to_compute(av.v[k]);
+        const auto gk = cu::to_compute(gv.v[k]);
+        dav.v[k] = cu::from_compute<T>(gk * cu::to_compute(bv.v[k]) * Act::grad(a));
+        dbv.v[k] = cu::from_compute<T>(gk * Act::act(a));
       }
       cu::store<N>(ga + i * N, dav);
       cu::store<N>(gb + i * N, dbv);

@@ -9,7 +9,10 @@ using opbridge::TensorView;
 
 // The AVX2 form lets bfloat16 add run in registers (math.h, bf16_in_registers).
 struct Add {
-  OPB_ALWAYS_INLINE float operator()(float a, float b) const { return a + b; }
+  template <typename C>
+  OPB_ALWAYS_INLINE C operator()(C a, C b) const {
+    return opbridge::add::sum(a, b);
+  }
 #ifdef OPB_VEC_AVX2
   static constexpr bool kBf16InRegisters = true;
   static OPB_AVX2_INLINE __m256 avx2(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
@@ -30,7 +33,7 @@ void add_cpu(TensorView out, TensorView x, TensorView y) {
   opbridge::add::check_tensors(op, kDLCPU, out, x, y);
 
   const int64_t n = x.numel();
-  OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
+  OPB_DISPATCH_FLOATING_AND_INT(op, x.dtype(), T, [&] {
     T* o = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
     const T* b = opbridge::data_ptr<const T>(y);

@@ -7,7 +7,10 @@ namespace {
 using opbridge::TensorView;
 
 struct Add {
-  __device__ float operator()(float a, float b) const { return a + b; }
+  template <typename C>
+  __device__ C operator()(C a, C b) const {
+    return opbridge::add::sum(a, b);
+  }
 };
 
 }  // namespace
@@ -19,7 +22,7 @@ void add_cuda(TensorView out, TensorView x, TensorView y) {
   const int64_t n = x.numel();
   if (n == 0) return;
   opbridge::cuda::Context ctx(op, x);
-  OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
+  OPB_DISPATCH_FLOATING_AND_INT(op, x.dtype(), S, [&] {
     using T = opbridge::cuda::device_t<S>;
     opbridge::cuda::map(ctx, opbridge::data_ptr<T>(out), opbridge::data_ptr<const T>(x),
                         opbridge::data_ptr<const T>(y), n, Add{});

@@ -3,7 +3,8 @@
 //   input    <- residual * r * weight,  r = 1 / sqrt(mean(residual^2) + eps)
 // The norm is taken of the residual as stored (rounded to its dtype), as vLLM
 // does, so `input` equals rms_norm(residual_new, weight, eps) of the tensor the
-// caller gets back. Sum and norm are computed in float32, each rounded once.
+// caller gets back. Sum and norm are computed in float32 (float64 in double),
+// each rounded once.
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/fused_add_rms_norm.h>
@@ -21,23 +22,24 @@ using opbridge::TensorView;
 // tensor, with no temporary beyond a float accumulator.
 template <typename T>
 OPB_TARGET_CLONES void fused_add_rms_norm_rows(T* input, T* residual, const T* w, int64_t rows, int64_t H,
-                                               float eps) {
+                                               opbridge::compute_t<T> eps) {
+  using C = opbridge::compute_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
     T* in = input + r * H;
     T* res = residual + r * H;
-    float ss = 0.f;
+    C ss = 0;
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < H; ++i) {
       // No T-typed local: `omp simd` privatises an addressable struct local
       // into a per-lane array, which keeps the 16-bit loops scalar (0.4-0.8x
       // Inductor in bfloat16 before). round_to<T> is the value as stored.
-      const float s = opbridge::to_float(in[i]) + opbridge::to_float(res[i]);
-      res[i] = opbridge::from_float<T>(s);
-      const float v = opbridge::round_to<T>(s);
+      const C s = opbridge::to_compute(in[i]) + opbridge::to_compute(res[i]);
+      res[i] = opbridge::from_compute<T>(s);
+      const C v = opbridge::round_to<T>(s);
       ss += v * v;
     }
-    const float rs = 1.f / std::sqrt(ss / float(H) + eps);
-    opbridge::map2(in, res, w, H, [rs](float v, float wv) { return v * rs * wv; });
+    const C rs = C(1) / std::sqrt(ss / C(H) + eps);
+    opbridge::map2(in, res, w, H, [rs](C v, C wv) { return v * rs * wv; });
   }
 }
 
@@ -53,7 +55,7 @@ void fused_add_rms_norm_cpu(TensorView input, TensorView residual, TensorView we
     T* res = opbridge::data_ptr<T>(residual);
     const T* w = opbridge::data_ptr<const T>(weight);
     opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi) {
-      fused_add_rms_norm_rows<T>(in + lo * H, res + lo * H, w, hi - lo, H, float(eps));
+      fused_add_rms_norm_rows<T>(in + lo * H, res + lo * H, w, hi - lo, H, opbridge::compute_t<T>(eps));
     });
   });
 }

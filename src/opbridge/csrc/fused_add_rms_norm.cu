@@ -14,36 +14,36 @@ namespace cu = opbridge::cuda;
 
 // No __restrict on input / residual: both are read and written. The second
 // pass re-reads residual, which this very thread wrote in the first pass.
-template <int N, typename T>
+template <int N, typename T, typename C = opbridge::compute_t<T>>
 __global__ void __launch_bounds__(1024)
     fused_add_rms_norm_kernel(T* input, T* residual, const T* __restrict__ w, int64_t rows,
-                              int64_t H, float eps) {
-  __shared__ float scratch[32];
+                              int64_t H, C eps) {
+  __shared__ C scratch[32];
   const int64_t hv = H / N;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     T* in = input + r * H;
     T* res = residual + r * H;
-    float ss = 0.f;
+    C ss = 0;
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> a = cu::load<N>(in + i * N);
       const cu::Vec<T, N> b = cu::load<N>(res + i * N);
       cu::Vec<T, N> z;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        z.v[k] = cu::from_float<T>(cu::to_float(a.v[k]) + cu::to_float(b.v[k]));
-        const float f = cu::to_float(z.v[k]);
+        z.v[k] = cu::from_compute<T>(cu::to_compute(a.v[k]) + cu::to_compute(b.v[k]));
+        const C f = cu::to_compute(z.v[k]);
         ss += f * f;
       }
       cu::store<N>(res + i * N, z);
     }
-    const float rs = rsqrtf(cu::block_sum(ss, scratch) / float(H) + eps);
+    const C rs = cu::rsqrt_of(cu::block_sum(ss, scratch) / C(H) + eps);
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> z = cu::load<N>(res + i * N);
       const cu::Vec<T, N> wv = cu::load<N>(w + i * N);
       cu::Vec<T, N> o;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        o.v[k] = cu::from_float<T>(cu::to_float(z.v[k]) * rs * cu::to_float(wv.v[k]));
+        o.v[k] = cu::from_compute<T>(cu::to_compute(z.v[k]) * rs * cu::to_compute(wv.v[k]));
       }
       cu::store<N>(in + i * N, o);
     }
@@ -61,6 +61,7 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
   cu::Context ctx(op, input);
   OPB_DISPATCH_FLOATING(op, input.dtype(), S, [&] {
     using T = cu::device_t<S>;
+    using C = opbridge::compute_t<T>;
     constexpr int V = cu::kVec<T>;
     T* in = opbridge::data_ptr<T>(input);
     T* res = opbridge::data_ptr<T>(residual);
@@ -68,10 +69,10 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, in, res, w)) {
       fused_add_rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(in, res, w, rows, H,
-                                                                                   float(eps));
+                                                                                   C(eps));
     } else {
       fused_add_rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(in, res, w, rows, H,
-                                                                               float(eps));
+                                                                               C(eps));
     }
     ctx.check_launch();
   });

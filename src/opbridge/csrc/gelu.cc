@@ -29,9 +29,9 @@ OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 // z is clamped at -80 so that e stays finite (e * s would be inf * 0) and s
 // stays a normal float; the true value there is < 1e-33.
-template <typename T>
-OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x, int64_t n) {
-  opbridge::map2(grad_x, grad, x, n, [](float g, float v) {
+// float64: the same formula (activation_math.h) in double.
+struct GeluBackward {
+  OPB_ALWAYS_INLINE float operator()(float g, float v) const {
     const float v2 = v * v;
     float z = 2.f * kSqrt2OverPi * v * (1.f + kCoeff * v2);
     z = opbridge::select(z < -80.f, -80.f, z);
@@ -39,7 +39,15 @@ OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x,
     const float s = 1.f / (1.f + e);
     const float dz = 2.f * kSqrt2OverPi * (1.f + 3.f * kCoeff * v2);
     return g * (s + v * dz * (e * s) * s);
-  });
+  }
+  OPB_ALWAYS_INLINE double operator()(double g, double v) const {
+    return opbridge::act_math::gelu_tanh_backward<opbridge::act::Math64>(g, v);
+  }
+};
+
+template <typename T>
+OPB_TARGET_CLONES void gelu_backward_chunk(T* grad_x, const T* grad, const T* x, int64_t n) {
+  opbridge::map2(grad_x, grad, x, n, GeluBackward{});
 }
 
 }  // namespace

@@ -13,12 +13,18 @@ namespace am = opbridge::act_math;
 using Math = opbridge::cuda::Math;
 
 struct Gelu {
-  __device__ float operator()(float v) const { return am::gelu_tanh<Math>(v); }
+  template <typename C>  // float, or double for float64
+  __device__ C operator()(C v) const {
+    return am::gelu_tanh<Math>(v);
+  }
 };
 
 // z clamped at -80 so that e = exp(-z) stays finite (the true value there is < 1e-33).
 struct GeluBackward {
-  __device__ float operator()(float g, float v) const { return am::gelu_tanh_backward<Math>(g, v); }
+  template <typename C>
+  __device__ C operator()(C g, C v) const {
+    return am::gelu_tanh_backward<Math>(g, v);
+  }
 };
 
 }  // namespace

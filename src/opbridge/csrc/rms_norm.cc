@@ -16,44 +16,46 @@ using opbridge::TensorView;
 // read hits L1/L2 for any realistic H, so DRAM traffic stays one read + one write.
 template <typename T>
 OPB_TARGET_CLONES void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t H,
-                                     float eps, bool stream) {
+                                     opbridge::compute_t<T> eps, bool stream) {
+  using C = opbridge::compute_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * H;
     T* yr = out + r * H;
-    float ss = 0.f;
+    C ss = 0;
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < H; ++i) {
-      const float v = opbridge::to_float(xr[i]);
+      const C v = opbridge::to_compute(xr[i]);
       ss += v * v;
     }
-    const float rs = 1.f / std::sqrt(ss / float(H) + eps);
-    opbridge::map2(yr, xr, w, H, [rs](float v, float wv) { return v * rs * wv; }, stream);
+    const C rs = C(1) / std::sqrt(ss / C(H) + eps);
+    opbridge::map2(yr, xr, w, H, [rs](C v, C wv) { return v * rs * wv; }, stream);
   }
 }
 
 // With gw_i = g_i w_i:  dx = r gw - x r^3 mean(gw x),  dw += g x r.
-// gw_acc is this thread's fp32 partial of grad_weight.
+// gw_acc is this thread's partial of grad_weight (fp32, fp64 for float64).
 template <typename T>
-OPB_TARGET_CLONES void rms_norm_backward_rows(T* grad_x, float* gw_acc, const T* grad, const T* x,
-                                              const T* w, int64_t rows, int64_t H, float eps) {
+OPB_TARGET_CLONES void rms_norm_backward_rows(T* grad_x, opbridge::compute_t<T>* gw_acc, const T* grad, const T* x,
+                                              const T* w, int64_t rows, int64_t H, opbridge::compute_t<T> eps) {
+  using C = opbridge::compute_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * H;
     const T* gr = grad + r * H;
     T* dxr = grad_x + r * H;
-    float ss = 0.f, dot = 0.f;
+    C ss = 0, dot = 0;
 #pragma omp simd reduction(+ : ss, dot)
     for (int64_t i = 0; i < H; ++i) {
-      const float v = opbridge::to_float(xr[i]);
+      const C v = opbridge::to_compute(xr[i]);
       ss += v * v;
-      dot += opbridge::to_float(gr[i]) * opbridge::to_float(w[i]) * v;
+      dot += opbridge::to_compute(gr[i]) * opbridge::to_compute(w[i]) * v;
     }
-    const float rs = 1.f / std::sqrt(ss / float(H) + eps);
-    const float c = rs * rs * rs * dot / float(H);
+    const C rs = C(1) / std::sqrt(ss / C(H) + eps);
+    const C c = rs * rs * rs * dot / C(H);
 #pragma omp simd
     for (int64_t i = 0; i < H; ++i) {
-      const float v = opbridge::to_float(xr[i]);
-      const float g = opbridge::to_float(gr[i]);
-      dxr[i] = opbridge::from_float<T>(rs * g * opbridge::to_float(w[i]) - c * v);
+      const C v = opbridge::to_compute(xr[i]);
+      const C g = opbridge::to_compute(gr[i]);
+      dxr[i] = opbridge::from_compute<T>(rs * g * opbridge::to_compute(w[i]) - c * v);
       gw_acc[i] += g * v * rs;
     }
   }
@@ -61,14 +63,14 @@ OPB_TARGET_CLONES void rms_norm_backward_rows(T* grad_x, float* gw_acc, const T*
 
 // Reduces the per-thread partials into the first one, then casts; O(threads * H).
 template <typename T>
-void sum_partials(T* out, float* partial, int nt, int64_t H) {
+void sum_partials(T* out, opbridge::compute_t<T>* partial, int nt, int64_t H) {
   for (int t = 1; t < nt; ++t) {
-    const float* p = partial + t * H;
+    const opbridge::compute_t<T>* p = partial + t * H;
 #pragma omp simd
     for (int64_t i = 0; i < H; ++i) partial[i] += p[i];
   }
 #pragma omp simd
-  for (int64_t i = 0; i < H; ++i) out[i] = opbridge::from_float<T>(partial[i]);
+  for (int64_t i = 0; i < H; ++i) out[i] = opbridge::from_compute<T>(partial[i]);
 }
 
 }  // namespace
@@ -84,7 +86,7 @@ void rms_norm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
     const T* w = opbridge::data_ptr<const T>(weight);
     const bool stream = y != a && opbridge::stream_stores(x.numel() * int64_t(sizeof(T)));
     opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi) {
-      rms_norm_rows<T>(y + lo * H, a + lo * H, w, hi - lo, H, float(eps), stream);
+      rms_norm_rows<T>(y + lo * H, a + lo * H, w, hi - lo, H, opbridge::compute_t<T>(eps), stream);
     });
   });
 }
@@ -102,14 +104,15 @@ void rms_norm_backward_cpu(TensorView grad_x, TensorView grad_weight, TensorView
     const T* g = opbridge::data_ptr<const T>(grad);
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
-    // fp32 per-thread partials: summing into a 16-bit grad_weight row by row
-    // would lose the small per-row terms, and sharing one buffer would race.
-    // Zero rows still yields grad_weight = 0.
+    // Per-thread partials in the compute type (fp32, fp64 for float64): summing
+    // into a 16-bit grad_weight row by row would lose the small per-row terms,
+    // and sharing one buffer would race. Zero rows still yields grad_weight = 0.
+    using C = opbridge::compute_t<T>;
     const int nt = opbridge::parallel_threads(rows, H);
-    std::vector<float> partial(size_t(nt) * size_t(H), 0.f);
+    std::vector<C> partial(size_t(nt) * size_t(H), C(0));
     opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi, int tid) {
       rms_norm_backward_rows<T>(dx + lo * H, partial.data() + tid * H, g + lo * H, a + lo * H, w,
-                                hi - lo, H, float(eps));
+                                hi - lo, H, C(eps));
     });
     sum_partials<T>(dw, partial.data(), nt, H);
   });

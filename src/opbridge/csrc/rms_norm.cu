@@ -1,7 +1,7 @@
 // rms_norm over the last dim H and its backward on CUDA.
 //   y = x * r * w,  r = 1 / sqrt(mean(x^2) + eps)
 // One block per row (grid-stride over rows), 128-bit accesses when H and the
-// pointers allow, fp32 block reductions. Each row is read twice; the second
+// pointers allow, fp32 block reductions (fp64 for float64). Each row is read twice; the second
 // read hits L1/L2, so DRAM traffic stays one read + one write.
 #include <opbridge/cuda.h>
 #include <opbridge/ops/rms_norm.h>
@@ -11,32 +11,32 @@ namespace {
 using opbridge::TensorView;
 namespace cu = opbridge::cuda;
 
-template <int N, typename T>
+template <int N, typename T, typename C = opbridge::compute_t<T>>
 __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restrict__ x,
                                                         const T* __restrict__ w, int64_t rows,
-                                                        int64_t H, float eps) {
-  __shared__ float scratch[32];
+                                                        int64_t H, C eps) {
+  __shared__ C scratch[32];
   const int64_t hv = H / N;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * H;
     T* yr = out + r * H;
-    float ss = 0.f;
+    C ss = 0;
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> v = cu::load<N>(xr + i * N);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const float f = cu::to_float(v.v[k]);
+        const C f = cu::to_compute(v.v[k]);
         ss += f * f;
       }
     }
-    const float rs = rsqrtf(cu::block_sum(ss, scratch) / float(H) + eps);
+    const C rs = cu::rsqrt_of(cu::block_sum(ss, scratch) / C(H) + eps);
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> v = cu::load<N>(xr + i * N);
       const cu::Vec<T, N> wv = cu::load<N>(w + i * N);
       cu::Vec<T, N> o;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        o.v[k] = cu::from_float<T>(cu::to_float(v.v[k]) * rs * cu::to_float(wv.v[k]));
+        o.v[k] = cu::from_compute<T>(cu::to_compute(v.v[k]) * rs * cu::to_compute(wv.v[k]));
       }
       cu::store<N>(yr + i * N, o);
     }
@@ -49,33 +49,34 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restr
 // column_sum_kernel then adds the blocks' partials in order.
 constexpr int kBackwardThreads = 512;
 
-template <int N, typename T>
+template <int N, typename T, typename C = opbridge::compute_t<T>>
 __global__ void __launch_bounds__(kBackwardThreads)
-    rms_norm_backward_kernel(T* grad_x, float* __restrict__ partial, const T* __restrict__ grad,
+    rms_norm_backward_kernel(T* grad_x, C* __restrict__ partial, const T* __restrict__ grad,
                              const T* __restrict__ x, const T* __restrict__ w, int64_t rows,
-                             int64_t H, float eps) {
-  __shared__ float2 scratch[32];
+                             int64_t H, C eps) {
+  using C2 = cu::pair_t<C>;
+  __shared__ C2 scratch[32];
   const int64_t hv = H / N;
-  float* acc = partial + int64_t(blockIdx.x) * H;
+  C* acc = partial + int64_t(blockIdx.x) * H;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * H;
     const T* gr = grad + r * H;
     T* dxr = grad_x + r * H;
-    float2 sums = make_float2(0.f, 0.f);  // (sum x^2, sum g w x)
+    C2 sums = {C(0), C(0)};  // (sum x^2, sum g w x)
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> xv = cu::load<N>(xr + i * N);
       const cu::Vec<T, N> gv = cu::load<N>(gr + i * N);
       const cu::Vec<T, N> wv = cu::load<N>(w + i * N);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const float v = cu::to_float(xv.v[k]);
+        const C v = cu::to_compute(xv.v[k]);
         sums.x += v * v;
-        sums.y += cu::to_float(gv.v[k]) * cu::to_float(wv.v[k]) * v;
+        sums.y += cu::to_compute(gv.v[k]) * cu::to_compute(wv.v[k]) * v;
       }
     }
     sums = cu::block_sum(sums, scratch);
-    const float rs = rsqrtf(sums.x / float(H) + eps);
-    const float c = rs * rs * rs * sums.y / float(H);
+    const C rs = cu::rsqrt_of(sums.x / C(H) + eps);
+    const C c = rs * rs * rs * sums.y / C(H);
     const bool first = r == blockIdx.x;
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> xv = cu::load<N>(xr + i * N);
@@ -84,10 +85,10 @@ __global__ void __launch_bounds__(kBackwardThreads)
       cu::Vec<T, N> o;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const float v = cu::to_float(xv.v[k]);
-        const float g = cu::to_float(gv.v[k]);
-        o.v[k] = cu::from_float<T>(rs * g * cu::to_float(wv.v[k]) - c * v);
-        const float d = g * v * rs;
+        const C v = cu::to_compute(xv.v[k]);
+        const C g = cu::to_compute(gv.v[k]);
+        o.v[k] = cu::from_compute<T>(rs * g * cu::to_compute(wv.v[k]) - c * v);
+        const C d = g * v * rs;
         acc[i * N + k] = first ? d : acc[i * N + k] + d;
       }
       cu::store<N>(dxr + i * N, o);
@@ -99,22 +100,22 @@ constexpr int kColumns = 32, kColumnGroups = 8;
 
 // dw[i] = sum over p of partial[p, i], p in order within each of the
 // kColumnGroups strided groups, then the groups in order: deterministic.
-template <typename T>
+template <typename T, typename C = opbridge::compute_t<T>>
 __global__ void __launch_bounds__(kColumns* kColumnGroups)
-    column_sum_kernel(T* dw, const float* __restrict__ partial, int64_t parts, int64_t H) {
-  __shared__ float sums[kColumnGroups][kColumns];
+    column_sum_kernel(T* dw, const C* __restrict__ partial, int64_t parts, int64_t H) {
+  __shared__ C sums[kColumnGroups][kColumns];
   const int64_t i = int64_t(blockIdx.x) * kColumns + threadIdx.x;
-  float s = 0.f;
+  C s = 0;
   if (i < H) {
     for (int64_t p = threadIdx.y; p < parts; p += kColumnGroups) s += partial[p * H + i];
   }
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && i < H) {
-    float total = 0.f;
+    C total = 0;
 #pragma unroll
     for (int gidx = 0; gidx < kColumnGroups; ++gidx) total += sums[gidx][threadIdx.x];
-    dw[i] = cu::from_float<T>(total);
+    dw[i] = cu::from_compute<T>(total);
   }
 }
 
@@ -129,15 +130,16 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
   cu::Context ctx(op, x);
   OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
     using T = cu::device_t<S>;
+    using C = opbridge::compute_t<T>;
     constexpr int V = cu::kVec<T>;
     T* y = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, y, a, w)) {
-      rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, w, rows, H, float(eps));
+      rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
     } else {
-      rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(y, a, w, rows, H, float(eps));
+      rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
     }
     ctx.check_launch();
   });
@@ -154,6 +156,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
   cu::Context ctx(op, x);
   OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
     using T = cu::device_t<S>;
+    using C = opbridge::compute_t<T>;
     constexpr int V = cu::kVec<T>;
     T* dx = opbridge::data_ptr<T>(grad_x);
     T* dw = opbridge::data_ptr<T>(grad_weight);
@@ -162,23 +165,23 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     const T* w = opbridge::data_ptr<const T>(weight);
     const bool vec = cu::can_vectorize<T>(H, dx, g, a, w);
     const int threads = vec ? cu::row_threads(H / V, kBackwardThreads) : cu::row_threads(H, kBackwardThreads);
-    // Enough blocks to fill the GPU; each owns one fp32 row of partial dw.
+    // Enough blocks to fill the GPU; each owns one row of partial dw (fp32, fp64 for float64).
     const int64_t grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * (2048 / threads));
-    cu::Scratch partial(op, ctx, size_t(grid) * size_t(H) * sizeof(float));
+    cu::Scratch partial(op, ctx, size_t(grid) * size_t(H) * sizeof(C));
     if (grid > 0) {
       if (vec) {
         rms_norm_backward_kernel<V><<<unsigned(grid), threads, 0, ctx.stream>>>(
-            dx, partial.as<float>(), g, a, w, rows, H, float(eps));
+            dx, partial.as<C>(), g, a, w, rows, H, C(eps));
       } else {
         rms_norm_backward_kernel<1><<<unsigned(grid), threads, 0, ctx.stream>>>(
-            dx, partial.as<float>(), g, a, w, rows, H, float(eps));
+            dx, partial.as<C>(), g, a, w, rows, H, C(eps));
       }
       ctx.check_launch();
     }
     // With zero rows (parts = 0) this writes grad_weight = 0.
     const dim3 block(kColumns, kColumnGroups);
     column_sum_kernel<T><<<unsigned((H + kColumns - 1) / kColumns), block, 0, ctx.stream>>>(
-        dw, partial.as<const float>(), grid, H);
+        dw, partial.as<const C>(), grid, H);
     ctx.check_launch();
   });
 }

@@ -12,7 +12,7 @@
 // are left as they are. With c = cos, s = sin of the token's row and i < rot_dim / 2:
 //   NeoX  (is_neox=true):  pairs (x[i], x[i + rot_dim/2])
 //   GPT-J (is_neox=false): pairs (x[2i], x[2i + 1])
-//   (x, y) <- (x c_i - y s_i, y c_i + x s_i), in float32, rounded once.
+//   (x, y) <- (x c_i - y s_i, y c_i + x s_i), in float32 (float64 in double), rounded once.
 // Every position is checked to lie in [0, max_position) before anything is written.
 // All tensors must be contiguous (a query sliced out of a fused qkv tensor must be made
 // contiguous first -- and then copied back, since the copy is what gets rotated).
@@ -30,22 +30,23 @@ using opbridge::rotary_embedding::kOp;
 
 template <bool kNeox, typename T>
 OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
+  using C = opbridge::compute_t<T>;
   if constexpr (kNeox) {
     T* y = x + half;
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      const float a = opbridge::to_float(x[i]), b = opbridge::to_float(y[i]);
-      const float c = opbridge::to_float(cos[i]), s = opbridge::to_float(sin[i]);
-      x[i] = opbridge::from_float<T>(a * c - b * s);
-      y[i] = opbridge::from_float<T>(b * c + a * s);
+      const C a = opbridge::to_compute(x[i]), b = opbridge::to_compute(y[i]);
+      const C c = opbridge::to_compute(cos[i]), s = opbridge::to_compute(sin[i]);
+      x[i] = opbridge::from_compute<T>(a * c - b * s);
+      y[i] = opbridge::from_compute<T>(b * c + a * s);
     }
   } else {
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      const float a = opbridge::to_float(x[2 * i]), b = opbridge::to_float(x[2 * i + 1]);
-      const float c = opbridge::to_float(cos[i]), s = opbridge::to_float(sin[i]);
-      x[2 * i] = opbridge::from_float<T>(a * c - b * s);
-      x[2 * i + 1] = opbridge::from_float<T>(b * c + a * s);
+      const C a = opbridge::to_compute(x[2 * i]), b = opbridge::to_compute(x[2 * i + 1]);
+      const C c = opbridge::to_compute(cos[i]), s = opbridge::to_compute(sin[i]);
+      x[2 * i] = opbridge::from_compute<T>(a * c - b * s);
+      x[2 * i + 1] = opbridge::from_compute<T>(b * c + a * s);
     }
   }
 }

@@ -7,7 +7,7 @@
 //   query / key     (*positions.shape, heads * head_size) or (*positions.shape, heads, head_size)
 //   cos_sin_cache   (max_position, rot_dim): row p = [cos | sin], query's dtype
 //   is_neox         pairs (i, i + rot_dim/2) (GPT-NeoX) or (2i, 2i + 1) (GPT-J)
-// All contiguous; math in float32, each result rounded once.
+// All contiguous; math in float32 (float64 in double), each result rounded once.
 //
 // Positions index the cache, and they live on the device: checking them on
 // the host would cost a device sync per call. A position outside
@@ -41,10 +41,10 @@ __device__ __forceinline__ void rotate(T* x, int heads, int head_size, const T* 
     T* head = x + int64_t(h) * head_size;
     const int xi = kNeox ? j : 2 * j;
     const int yi = kNeox ? j + half : 2 * j + 1;
-    const float c = cu::to_float(cos[j]), s = cu::to_float(sin[j]);
-    const float a = cu::to_float(head[xi]), b = cu::to_float(head[yi]);
-    head[xi] = cu::from_float<T>(a * c - b * s);
-    head[yi] = cu::from_float<T>(b * c + a * s);
+    const auto c = cu::to_compute(cos[j]), s = cu::to_compute(sin[j]);
+    const auto a = cu::to_compute(head[xi]), b = cu::to_compute(head[yi]);
+    head[xi] = cu::from_compute<T>(a * c - b * s);
+    head[yi] = cu::from_compute<T>(b * c + a * s);
   }
 }
 

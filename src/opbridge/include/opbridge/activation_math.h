@@ -12,13 +12,7 @@
 // (x sigmoid(z) instead of 0.5 x (1 + tanh(u)), the clamps).
 #pragma once
 
-#if defined(__CUDACC__)
-#define OPB_HOST_DEVICE __host__ __device__ __forceinline__
-#elif defined(__GNUC__)
-#define OPB_HOST_DEVICE inline __attribute__((always_inline))
-#else
-#define OPB_HOST_DEVICE inline
-#endif
+#include <opbridge/opbridge.h>
 
 namespace opbridge {
 namespace act_math {

@@ -13,7 +13,8 @@
 //      tvm-ffi's environment (`tvm_ffi.use_torch_stream()`), else the legacy
 //      default stream;
 //   3. dispatch on dtype (OPB_DISPATCH_FLOATING, then `device_t<scalar_t>`
-//      maps opbridge::half / bfloat16 to __half / __nv_bfloat16);
+//      maps opbridge::half / bfloat16 to __half / __nv_bfloat16; compute in
+//      compute_t<T> with to_compute / from_compute, double for float64);
 //   4. launch on ctx.stream;
 //   5. `ctx.check_launch()`: a launch error becomes a RuntimeError carrying
 //      CUDA's error name and string (plus a hint for a missing driver or a GPU
@@ -33,6 +34,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 
 #define OPB_CUDA_STR_INNER_(...) #__VA_ARGS__
 #define OPB_CUDA_STR_(...) OPB_CUDA_STR_INNER_(__VA_ARGS__)
@@ -208,7 +210,7 @@ class Scratch {
 };
 
 // ---------------------------------------------------------------------------
-// element types and conversions (arithmetic always in float32)
+// element types and conversions (arithmetic in float32; float64 in double)
 // ---------------------------------------------------------------------------
 
 template <typename T>
@@ -261,6 +263,33 @@ struct Math {
   }
 };
 
+// The compute type of storage type T is opbridge::compute_t<T>: float for
+// float32 and the 16-bit types (__half / __nv_bfloat16 included), double for
+// float64, the integer itself for the integers.
+template <typename T>
+__device__ __forceinline__ compute_t<T> to_compute(T v) {
+  if constexpr (std::is_same_v<compute_t<T>, T>) {
+    return v;
+  } else {
+    return to_float(v);
+  }
+}
+template <typename T>
+__device__ __forceinline__ T from_compute(compute_t<T> v) {
+  if constexpr (std::is_same_v<compute_t<T>, T>) {
+    return v;
+  } else {
+    return from_float<T>(v);
+  }
+}
+
+__device__ __forceinline__ float rsqrt_of(float v) { return rsqrtf(v); }
+__device__ __forceinline__ double rsqrt_of(double v) { return ::rsqrt(v); }
+
+// Two sums reduced together (rms_norm's backward): float2, or double2 for float64.
+template <typename C>
+using pair_t = std::conditional_t<std::is_same_v<C, double>, double2, float2>;
+
 // ---------------------------------------------------------------------------
 // vector access: N elements in one aligned load/store (128 bits when N = kVec<T>)
 // ---------------------------------------------------------------------------
@@ -299,19 +328,19 @@ inline bool can_vectorize(int64_t row, const P*... ptrs) {
 // reductions (blockDim.x a multiple of 32, at most 1024)
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ float warp_sum(float v) {
+template <typename C>  // float or double
+__device__ __forceinline__ C warp_sum(C v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
 __device__ __forceinline__ float2 warp_sum(float2 v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
-  }
-  return v;
+  return make_float2(warp_sum(v.x), warp_sum(v.y));
+}
+
+__device__ __forceinline__ double2 warp_sum(double2 v) {
+  return make_double2(warp_sum(v.x), warp_sum(v.y));
 }
 
 // Sum over the block, returned to every thread; `scratch` is __shared__ [32].
@@ -358,10 +387,10 @@ __global__ void __launch_bounds__(kMapThreads) map1_kernel(T* out, const T* __re
     const Vec<T, N> va = load<N>(a + i * N);
     Vec<T, N> vo;
 #pragma unroll
-    for (int k = 0; k < N; ++k) vo.v[k] = from_float<T>(f(to_float(va.v[k])));
+    for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va.v[k])));
     store<N>(out + i * N, vo);
   }
-  for (int64_t i = nv * N + first; i < n; i += step) out[i] = from_float<T>(f(to_float(a[i])));
+  for (int64_t i = nv * N + first; i < n; i += step) out[i] = from_compute<T>(f(to_compute(a[i])));
 }
 
 template <int N, typename T, typename F>
@@ -375,11 +404,11 @@ __global__ void __launch_bounds__(kMapThreads)
     const Vec<T, N> vb = load<N>(b + i * N);
     Vec<T, N> vo;
 #pragma unroll
-    for (int k = 0; k < N; ++k) vo.v[k] = from_float<T>(f(to_float(va.v[k]), to_float(vb.v[k])));
+    for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va.v[k]), to_compute(vb.v[k])));
     store<N>(out + i * N, vo);
   }
   for (int64_t i = nv * N + first; i < n; i += step) {
-    out[i] = from_float<T>(f(to_float(a[i]), to_float(b[i])));
+    out[i] = from_compute<T>(f(to_compute(a[i]), to_compute(b[i])));
   }
 }
 

@@ -24,7 +24,18 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <type_traits>
+
+// Functions that CPU (.cc) and CUDA (.cu) kernels share, e.g. the per-element
+// math in the op headers.
+#if defined(__CUDACC__)
+#define OPB_HOST_DEVICE __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+#define OPB_HOST_DEVICE inline __attribute__((always_inline))
+#else
+#define OPB_HOST_DEVICE inline
+#endif
 
 namespace opbridge {
 
@@ -157,11 +168,47 @@ inline half from_float<half>(float f) {
   return half{uint16_t(o | (sign >> 16))};
 }
 
+// float64 storage is double. from_float<double> exists so that kernels written
+// against to_float / from_float (float32 arithmetic) still compile when
+// OPB_DISPATCH_FLOATING hands them double; such a kernel computes float64 in
+// float32. To compute in double, write the kernel over compute_t<T> with
+// to_compute / from_compute (below), as the built-in kernels do.
+template <>
+inline double from_float<double>(float f) {
+  return f;
+}
+
+// The type a kernel computes in for storage type T: float for float32 and the
+// 16-bit storage structs (their values widen exactly to float; CUDA's __half
+// and __nv_bfloat16 too), T itself for double and the integers. to_compute /
+// from_compute convert between the two; for float32 and the 16-bit types they
+// are to_float / from_float<T>.
+template <typename T>
+using compute_t = std::conditional_t<std::is_arithmetic_v<T>, T, float>;
+
+template <typename T>
+inline compute_t<T> to_compute(T v) {
+  if constexpr (std::is_same_v<compute_t<T>, T>) {
+    return v;
+  } else {
+    return to_float(v);
+  }
+}
+
+template <typename T>
+inline T from_compute(compute_t<T> v) {
+  if constexpr (std::is_same_v<compute_t<T>, T>) {
+    return v;
+  } else {
+    return from_float<T>(v);
+  }
+}
+
 // f rounded to T's precision and back: to_float(from_float<T>(f)) without a
 // T-typed temporary (see fused_add_rms_norm.cc for why that matters).
 template <typename T>
-inline float round_to(float f) {
-  if constexpr (std::is_same_v<T, float>) {
+inline compute_t<T> round_to(compute_t<T> f) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
     return f;
   } else {
     return to_float(T{from_float<T>(f).bits});
@@ -296,8 +343,11 @@ inline void check_disjoint(const char* op, const char* arg, const TensorView& t,
 // The macros stringise the C++ variable name, which by convention is the
 // schema's argument name, so messages match what the Python user wrote.
 #define OPB_CHECK_DTYPE(op, t, ...) ::opbridge::check_dtype(op, #t, t, {__VA_ARGS__})
-#define OPB_CHECK_FLOATING(op, t) \
-  ::opbridge::check_dtype(op, #t, t, {::opbridge::kFloat32, ::opbridge::kFloat16, ::opbridge::kBFloat16})
+// The floating dtypes, as OPB_DISPATCH_FLOATING dispatches them.
+#define OPB_CHECK_FLOATING(op, t)                                                                    \
+  ::opbridge::check_dtype(op, #t, t,                                                                 \
+                          {::opbridge::kFloat32, ::opbridge::kFloat16, ::opbridge::kBFloat16, \
+                           ::opbridge::kFloat64})
 #define OPB_CHECK_SAME_DTYPE(op, t, ref) ::opbridge::check_same_dtype(op, #t, t, #ref, ref)
 #define OPB_CHECK_DEVICE(op, t, device_type) ::opbridge::check_device(op, #t, t, device_type)
 #define OPB_CHECK_SAME_DEVICE(op, t, ref) ::opbridge::check_same_device(op, #t, t, #ref, ref)
@@ -317,25 +367,85 @@ inline void check_disjoint(const char* op, const char* arg, const TensorView& t,
     OPB_THROW(Kind)
 
 // ---------------------------------------------------------------------------
-// dtype dispatch: float32, float16, bfloat16 (compute in float32)
+// dtype dispatch
 // ---------------------------------------------------------------------------
+//
+// OPB_DISPATCH_FLOATING(op, dtype, scalar_t, [&] { ... }) runs the lambda with
+// scalar_t the storage type of `dtype`: float (float32), opbridge::half
+// (float16), opbridge::bfloat16, double (float64). The 16-bit types compute in
+// float32; compute in compute_t<scalar_t> (float, or double for float64) with
+// to_compute / from_compute, and float64 keeps its precision.
+// OPB_DISPATCH_FLOATING_AND_INT adds int32_t and int64_t.
+//
+// For a kernel that takes exactly its declared dtypes (Library.op(dtypes=...)),
+// one call covers them, whatever the list:
+//   opbridge::dispatch<float, double, int64_t>(op, x.dtype(), [&](auto tag) {
+//     using T = typename decltype(tag)::type;
+//     ...
+//   });
+// An other dtype raises TypeError "<op>: unsupported dtype <name> (expected ...)".
 
-#define OPB_DISPATCH_FLOATING(op, dtype, scalar_t, ...)                                   \
-  [&] {                                                                                  \
-    const DLDataType _opb_dt = (dtype);                                                  \
-    if (_opb_dt == ::opbridge::kFloat32) {                                               \
-      using scalar_t = float;                                                            \
-      return __VA_ARGS__();                                                              \
-    } else if (_opb_dt == ::opbridge::kFloat16) {                                        \
-      using scalar_t = ::opbridge::half;                                                 \
-      return __VA_ARGS__();                                                              \
-    } else if (_opb_dt == ::opbridge::kBFloat16) {                                       \
-      using scalar_t = ::opbridge::bfloat16;                                             \
-      return __VA_ARGS__();                                                              \
-    }                                                                                    \
-    OPB_THROW(TypeError) << op << ": unsupported dtype " << ::opbridge::dtype_name(_opb_dt) \
-                         << " (expected float32, float16 or bfloat16)";                   \
-  }()
+// The dtype of a storage type dispatch knows.
+template <typename T>
+constexpr DLDataType dtype_of() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, half> ||
+                    std::is_same_v<T, bfloat16> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>,
+                "dispatch knows float, double, half, bfloat16, int32_t and int64_t");
+  if constexpr (std::is_same_v<T, float>) return kFloat32;
+  else if constexpr (std::is_same_v<T, double>) return kFloat64;
+  else if constexpr (std::is_same_v<T, half>) return kFloat16;
+  else if constexpr (std::is_same_v<T, bfloat16>) return kBFloat16;
+  else if constexpr (std::is_same_v<T, int32_t>) return kInt32;
+  else return kInt64;
+}
+
+template <typename T>
+struct type_tag {
+  using type = T;
+};
+
+namespace detail {
+template <typename... Ts>
+[[noreturn]] inline void throw_unsupported(const char* op, DLDataType got) {
+  std::ostringstream os;
+  size_t i = 0;
+  constexpr size_t n = sizeof...(Ts);
+  ((os << (i == 0 ? "" : (i + 1 == n ? " or " : ", ")) << dtype_name(dtype_of<Ts>()), ++i), ...);
+  OPB_THROW(TypeError) << op << ": unsupported dtype " << dtype_name(got) << " (expected " << os.str() << ")";
+  TVM_FFI_UNREACHABLE();
+}
+}  // namespace detail
+
+// f(type_tag<T>{}) for the T in Ts whose dtype is `dtype`; f's result type must not depend on T.
+template <typename... Ts, typename F>
+inline auto dispatch(const char* op, DLDataType dtype, F&& f) {
+  using R = decltype(f(type_tag<std::tuple_element_t<0, std::tuple<Ts...>>>{}));
+  if constexpr (std::is_void_v<R>) {
+    const bool hit = ((dtype == dtype_of<Ts>() ? (f(type_tag<Ts>{}), true) : false) || ...);
+    if (!hit) detail::throw_unsupported<Ts...>(op, dtype);
+  } else {
+    R r{};
+    const bool hit = ((dtype == dtype_of<Ts>() ? (r = f(type_tag<Ts>{}), true) : false) || ...);
+    if (!hit) detail::throw_unsupported<Ts...>(op, dtype);
+    return r;
+  }
+}
+
+#define OPB_UNPAREN_(...) __VA_ARGS__
+// The lambda comes last, as __VA_ARGS__: its body may hold unparenthesised commas.
+#define OPB_DISPATCH_TYPES_(types, op, dtype, scalar_t, ...)                    \
+  ::opbridge::dispatch<OPB_UNPAREN_ types>(op, dtype, [&](auto _opb_tag) {     \
+    using scalar_t = typename decltype(_opb_tag)::type;                         \
+    return __VA_ARGS__();                                                       \
+  })
+
+#define OPB_DISPATCH_FLOATING(op, dtype, scalar_t, ...)                                                  \
+  OPB_DISPATCH_TYPES_((float, ::opbridge::half, ::opbridge::bfloat16, double), op, dtype, scalar_t, \
+                      __VA_ARGS__)
+
+#define OPB_DISPATCH_FLOATING_AND_INT(op, dtype, scalar_t, ...)                                          \
+  OPB_DISPATCH_TYPES_((float, ::opbridge::half, ::opbridge::bfloat16, double, int32_t, int64_t), op,    \
+                      dtype, scalar_t, __VA_ARGS__)
 
 // ---------------------------------------------------------------------------
 // threading policy

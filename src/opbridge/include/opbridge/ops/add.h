@@ -5,8 +5,22 @@
 
 #include <opbridge/opbridge.h>
 
+#include <type_traits>
+
 namespace opbridge {
 namespace add {
+
+// One element: integers wrap around (as NumPy and torch), through unsigned
+// arithmetic since signed overflow is undefined; floats add as they are.
+template <typename C>
+OPB_HOST_DEVICE C sum(C a, C b) {
+  if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    return C(U(a) + U(b));
+  } else {
+    return a + b;
+  }
+}
 
 // Same dtype and shape, no broadcasting.
 inline void check_tensors(const char* op, int device, const TensorView& out, const TensorView& x,
@@ -14,7 +28,8 @@ inline void check_tensors(const char* op, int device, const TensorView& out, con
   OPB_CHECK_DEVICE(op, x, device);
   OPB_CHECK_DEVICE_LIKE(op, device, y, x);
   OPB_CHECK_DEVICE_LIKE(op, device, out, x);
-  OPB_CHECK_FLOATING(op, x);
+  OPB_CHECK_DTYPE(op, x, opbridge::kFloat32, opbridge::kFloat16, opbridge::kBFloat16, opbridge::kFloat64,
+                  opbridge::kInt32, opbridge::kInt64);
   OPB_CHECK_SAME_DTYPE(op, y, x);
   OPB_CHECK_SAME_DTYPE(op, out, x);
   OPB_CHECK_SAME_SHAPE(op, y, x);
