@@ -8,11 +8,7 @@ namespace {
 using opbridge::TensorView;
 
 // The AVX2 form lets bfloat16 add run in registers (math.h, bf16_in_registers).
-struct Add {
-  template <typename C>
-  OPB_ALWAYS_INLINE C operator()(C a, C b) const {
-    return opbridge::add::sum(a, b);
-  }
+struct Add : opbridge::add::Sum {
 #ifdef OPB_VEC_AVX2
   static constexpr bool kBf16InRegisters = true;
   static OPB_AVX2_INLINE __m256 avx2(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }

@@ -2,18 +2,7 @@
 #include <opbridge/cuda.h>
 #include <opbridge/ops/add.h>
 
-namespace {
-
 using opbridge::TensorView;
-
-struct Add {
-  template <typename C>
-  __device__ C operator()(C a, C b) const {
-    return opbridge::add::sum(a, b);
-  }
-};
-
-}  // namespace
 
 void add_cuda(TensorView out, TensorView x, TensorView y) {
   const char* op = "add";
@@ -25,7 +14,7 @@ void add_cuda(TensorView out, TensorView x, TensorView y) {
   OPB_DISPATCH_FLOATING_AND_INT(op, x.dtype(), S, [&] {
     using T = opbridge::cuda::device_t<S>;
     opbridge::cuda::map(ctx, opbridge::data_ptr<T>(out), opbridge::data_ptr<const T>(x),
-                        opbridge::data_ptr<const T>(y), n, Add{});
+                        opbridge::data_ptr<const T>(y), n, opbridge::add::Sum{});
   });
 }
 OPBRIDGE_EXPORT(add_cuda);

@@ -22,6 +22,14 @@ OPB_HOST_DEVICE C sum(C a, C b) {
   }
 }
 
+// sum as a functor for the elementwise maps of math.h (CPU) and cuda.h.
+struct Sum {
+  template <typename C>
+  OPB_HOST_DEVICE C operator()(C a, C b) const {
+    return sum(a, b);
+  }
+};
+
 // Same dtype and shape, no broadcasting.
 inline void check_tensors(const char* op, int device, const TensorView& out, const TensorView& x,
                           const TensorView& y) {
