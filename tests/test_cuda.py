@@ -237,7 +237,7 @@ def _bad_calls() -> list[tuple[str, Any, type[Exception], str]]:
         ("add_cuda", lambda: [_t(3, 4), _t(3, 4, strides=(1, 3)), _t(3, 4)], ValueError,
          r"add: x must be contiguous"),
         ("gelu_cuda", lambda: [_t(3, dtype="int64"), _t(3, dtype="int64")], TypeError,
-         r"gelu: x must have dtype float32, float16 or bfloat16, got int64"),
+         r"gelu: x must have dtype float32, float16, bfloat16 or float64, got int64"),
         ("gelu_backward_cuda", lambda: [_t(3), _t(4), _t(3)], ValueError,
          r"gelu_backward: grad must have the same shape"),
         ("rms_norm_cuda", lambda: [_t(2, 4), _t(2, 4), _t(5), 1e-6], ValueError,

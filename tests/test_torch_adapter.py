@@ -406,7 +406,7 @@ def _strided(t: Any, layout: str) -> Any:
         d0, d1 = [d for d in range(t.dim()) if t.shape[d] > 1][:2]
         v = t.transpose(d0, d1).contiguous().transpose(d0, d1)
     else:
-        v = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)[..., ::2]
+        v = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)[..., ::2]
         v.copy_(t)
     assert not v.is_contiguous()
     return v

@@ -13,4 +13,6 @@ LIBRARY = Library(
     sources=sorted([*CSRC.glob("*.cc"), *CSRC.glob("*.cu")]),
     prebuilt="opbridge._C_ops",
     python_module="opbridge.ops",
+    # Every built-in kernel computes float64 in double (the 16-bit types and float32 in float32).
+    dtypes=("float32", "float16", "bfloat16", "float64"),
 )

@@ -18,6 +18,7 @@ _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
     shape=like("x"),
     backward=lambda grad, x, y: (grad, grad),
     hints=elementwise_hint("x", "y"),
+    dtypes=("float32", "float16", "bfloat16", "float64", "int32", "int64"),  # integers wrap, as in NumPy
 )
 def add(x: Any, y: Any) -> Any:
     """Elementwise ``x + y`` of two tensors of one shape and dtype (no broadcasting)."""
