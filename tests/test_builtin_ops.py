@@ -501,3 +501,8 @@ def test_bfloat16_maps_are_the_float32_map_rounded(name: str) -> None:
         nan = torch.isnan(want)
         assert torch.equal(torch.isnan(got), nan), n
         assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), n
+
+
+def test_builtin_ops_with_a_backward_declare_float64_for_gradcheck() -> None:
+    missing = sorted(n for n, op in BUILTIN.items() if op.backward is not None and "float64" not in op.dtypes)
+    assert not missing, f"no float64 declared, so no torch.autograd.gradcheck, for {missing}"
