@@ -124,7 +124,8 @@ def test_kernel_validates_dispatches_and_exports() -> None:
     assert 'const char* op_ = "mix";' in text, "locals are renamed away from argument names"
     assert "OPB_CHECK_DTYPE(op_, x, opbridge::kFloat32, opbridge::kFloat16, opbridge::kInt64);" in text
     assert '::opbridge::check_same_shape(op_, "w", w.value(), "x", x);' in text
-    assert "} else if (dtype == opbridge::kFloat16) {" in text and "run(int64_t{});" in text
+    assert "opbridge::dispatch<float, opbridge::half, int64_t>(op_, x.dtype(), [&](auto tag) {" in text
+    assert "run(typename decltype(tag)::type{});" in text
     assert "const int64_t numel_ = x.numel();" in text and text.rstrip().endswith("OPBRIDGE_EXPORT(mix_cpu);")
 
 

@@ -43,52 +43,21 @@ def _locals(spec: OpSpec) -> dict[str, str]:
     return out
 
 
-def _checks(spec: OpSpec, op: str) -> list[str]:
+def _checks(spec: OpSpec, op: str) -> str:
     lead = spec.lead.name
     allowed = ", ".join(DTYPES[d][0] for d in spec.dtypes)
-    lines = [
-        f"  OPB_CHECK_DEVICE({op}, {lead}, kDLCPU);",
-        f"  OPB_CHECK_DTYPE({op}, {lead}, {allowed});",
-        f"  OPB_CHECK_CONTIGUOUS({op}, {lead});",
-    ]
+    parts = [render("op/check_lead.cc.tmpl", op=op, lead=lead, allowed=allowed)]
     for name in [a.name for a in spec.schema.arguments if a.type.is_tensor and not a.type.optional
                  and a.name != lead] + spec.outputs:
-        lines += [
-            f"  OPB_CHECK_DEVICE({op}, {name}, kDLCPU);",
-            f"  OPB_CHECK_SAME_DTYPE({op}, {name}, {lead});",
-            f"  OPB_CHECK_SAME_SHAPE({op}, {name}, {lead});",
-            f"  OPB_CHECK_CONTIGUOUS({op}, {name});",
-        ]
-    for a in spec.schema.arguments:
-        if a.type.is_tensor and a.type.optional:
-            v = f"{a.name}.value()"
-            lines += [
-                f"  if ({a.name}.has_value()) {{",
-                f'    ::opbridge::check_device({op}, "{a.name}", {v}, kDLCPU);',
-                f'    ::opbridge::check_same_dtype({op}, "{a.name}", {v}, "{lead}", {lead});',
-                f'    ::opbridge::check_same_shape({op}, "{a.name}", {v}, "{lead}", {lead});',
-                f'    ::opbridge::check_contiguous({op}, "{a.name}", {v});',
-                "  }",
-            ]
-    return lines
+        parts.append(render("op/check_tensor.cc.tmpl", op=op, name=name, lead=lead))
+    parts += [render("op/check_optional.cc.tmpl", op=op, name=a.name, lead=lead)
+              for a in spec.schema.arguments if a.type.is_tensor and a.type.optional]
+    return "".join(parts).rstrip("\n")
 
 
-def _dispatch(spec: OpSpec, run: str) -> str:
-    if len(spec.dtypes) == 1:
-        only = spec.dtypes[0]
-        return f"  {run}({DTYPES[only][1]}{{}});  // the check above lets only {only} through"
-    lines = [f"  const DLDataType dtype = {spec.lead.name}.dtype();"]
-    for i, d in enumerate(spec.dtypes):
-        const, ctype = DTYPES[d]
-        if i == 0:
-            lines.append(f"  if (dtype == {const}) {{")
-        elif i < len(spec.dtypes) - 1:
-            lines.append(f"  }} else if (dtype == {const}) {{")
-        else:
-            lines.append(f"  }} else {{  // {d}: the check above lets nothing else through")
-        lines.append(f"    {run}({ctype}{{}});")
-    lines.append("  }")
-    return "\n".join(lines)
+def _dispatch(spec: OpSpec, op: str, run: str) -> str:
+    return render("op/dispatch.cc.tmpl", dtypes=", ".join(spec.dtypes), op=op, lead=spec.lead.name, run=run,
+                  ctypes=", ".join(DTYPES[d][1] for d in spec.dtypes)).rstrip("\n")
 
 
 def _wrap_params(kernel: str, params: list[str]) -> str:
@@ -112,7 +81,7 @@ def render_kernel(spec: OpSpec, declaration: str) -> str:
     params = [f"TensorView {o}" for o in outs]
     params += [f"{cxx_type(a.type)} {a.name}" for a in spec.schema.arguments]
     has_list = any(a.type.is_list for a in spec.schema.arguments)
-    includes = "#include <tvm/ffi/container/array.h>\n" if has_list else ""
+    includes = render("op/include_list.cc.tmpl") if has_list else ""
     if outs:
         chunk = render("op/chunk.cc.tmpl", name=spec.name,
                        chunk_params=", ".join([*(f"T* {o}" for o in outs), f"const T* {lead}"]),
@@ -120,22 +89,17 @@ def render_kernel(spec: OpSpec, declaration: str) -> str:
         ptrs = [f"    T* {o}_data = opbridge::data_ptr<T>({o});" for o in outs]
         ptrs.append(f"    const T* {lead}_data = opbridge::data_ptr<const T>({lead});")
         args = ", ".join([*(f"{o}_data + lo" for o in outs), f"{lead}_data + lo", "hi - lo"])
-        compute = "\n".join([
-            *ptrs,
-            f"    opbridge::parallel_for({names['numel']}, 1, [&](int64_t lo, int64_t hi) {{",
-            f"      {spec.name}_chunk<T>({args});",
-            "    });",
-        ])
+        compute = render("op/compute_outputs.cc.tmpl", ptrs="\n".join(ptrs), numel=names["numel"],
+                         name=spec.name, args=args).rstrip("\n")
         placeholder = f"each output is a copy of {lead}"
     else:
         chunk = ""
-        compute = (f"    // Write the mutated arguments here, e.g. T* p = opbridge::data_ptr<T>({lead});\n"
-                   f"    (void)sizeof(T);\n    (void){names['numel']};")
+        compute = render("op/compute_mutating.cc.tmpl", lead=lead, numel=names["numel"]).rstrip("\n")
         placeholder = "the mutated arguments are left as they are"
     return render(
         "op/kernel.cc.tmpl", name=spec.name, schema=str(spec.schema), origin=spec.origin,
         declaration=declaration, placeholder=placeholder, includes=includes, chunk=chunk,
         kernel=spec.kernel, params=_wrap_params(spec.kernel, params), op=names["op"],
-        checks="\n".join(_checks(spec, names["op"])), numel=names["numel"], lead=lead, run=names["run"],
-        compute=compute, dispatch=_dispatch(spec, names["run"]),
+        checks=_checks(spec, names["op"]), numel=names["numel"], lead=lead, run=names["run"],
+        compute=compute, dispatch=_dispatch(spec, names["op"], names["run"]),
     )

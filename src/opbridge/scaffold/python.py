@@ -100,6 +100,8 @@ def render_declaration(spec: OpSpec, layout: Layout) -> str:
         options += f"\n    shape=like({', '.join([f'{chr(34)}{spec.lead.name}{chr(34)}'] * n_new)}),"
     if spec.kernel != f"{spec.name}_cpu":
         options += f'\n    kernels={{"cpu": "{spec.kernel}"}},'
+    # The kernel dispatches over exactly these; every adapter checks them before calling it.
+    options += f"\n    dtypes=({''.join(repr(d) + ', ' for d in spec.dtypes).rstrip(' ')}),"
     lists = any(a.type.is_list for a in spec.schema.arguments)
     imports = "from collections.abc import Sequence\n\n" if lists else ""
     imports += f"import numpy as np\n{layout.library}"

@@ -389,9 +389,11 @@ inline void check_disjoint(const char* op, const char* arg, const TensorView& t,
 template <typename T>
 constexpr DLDataType dtype_of() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, half> ||
-                    std::is_same_v<T, bfloat16> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>,
-                "dispatch knows float, double, half, bfloat16, int32_t and int64_t");
-  if constexpr (std::is_same_v<T, float>) return kFloat32;
+                    std::is_same_v<T, bfloat16> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
+                    std::is_same_v<T, bool>,
+                "dispatch knows float, double, half, bfloat16, int32_t, int64_t and bool");
+  if constexpr (std::is_same_v<T, bool>) return kBool;
+  else if constexpr (std::is_same_v<T, float>) return kFloat32;
   else if constexpr (std::is_same_v<T, double>) return kFloat64;
   else if constexpr (std::is_same_v<T, half>) return kFloat16;
   else if constexpr (std::is_same_v<T, bfloat16>) return kBFloat16;
