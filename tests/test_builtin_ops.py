@@ -353,12 +353,11 @@ def test_kit_catches_modified_input(selftest: dict[str, Any]) -> None:
         check_op(selftest["scribble_copy"], **QUICK)
 
 
-def test_kit_catches_missing_contiguity_check(selftest: dict[str, Any]) -> None:
-    with pytest.raises(AssertionError) as info:
-        check_op(selftest["lax_copy"], **QUICK)
-    msg = str(info.value)
-    assert "lax_copy): noncontiguous check failed" in msg and "x: shape (7,) non-contiguous" in msg
-    assert "non-contiguous 'x' was accepted" in msg
+def test_a_kernel_without_contiguity_check_is_safe_behind_the_adapters(selftest: dict[str, Any]) -> None:
+    """lax_copy indexes raw memory and checks no strides: the adapters hand it dense copies (issue 11),
+    so the kit's non-contiguous cases, which compare with the reference, pass."""
+    report = check_op(selftest["lax_copy"], **QUICK)
+    assert report.checks["noncontiguous"] > 0
 
 
 def test_kit_catches_wrong_gradient(selftest: dict[str, Any]) -> None:

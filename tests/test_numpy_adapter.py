@@ -27,7 +27,7 @@ def test_numpy_bad_input() -> None:
     with pytest.raises(TypeError, match=r"rms_norm: argument 'eps' must be float"):
         ops.rms_norm(x.reshape(1, 4), x, "tiny")
     with pytest.raises(TypeError, match="add: x must have dtype"):
-        ops.add(np.ones(4), np.ones(4))
+        ops.add(np.ones(4, np.int16), np.ones(4, np.int16))
     with pytest.raises(TypeError, match="out\\[0\\] must be an array of the same framework"):
         ops.gelu(x, out=[0.0] * 4)
     with pytest.raises(opbridge.UnsupportedFrameworkError, match="gelu: argument 'x' must be an array"):
