@@ -20,13 +20,15 @@ variable, which the parser resolves.
 
 from __future__ import annotations
 
+import builtins
+import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
 
-from opbridge.adapters.mindspore.lambdas import redefine_lambda
+from opbridge.adapters.mindspore.lambdas import global_names, redefine_lambda
 from opbridge.adapters.mindspore.primitive import OpCustom
 from opbridge.adapters.mindspore.shim import aot_module
 from opbridge.adapters.mindspore.support import LOCK, unsupported_reason, write_source
@@ -157,7 +159,11 @@ class _Factory:
         self.backward = op.backward
         backward_src = ""
         self.values: dict[str, Any] = dict(_HELPERS)
-        if unsupported_reason(op) is None and op.backward is not None:
+        #: Global names the backward uses that its module did not define yet (an op declared before
+        #: the op its backward calls, as gelu before gelu_backward): the factory is remade once they are.
+        self.missing = _undefined_globals(op.backward)
+        self.pending = _has_empty_cell(op.backward)  # a closure variable assigned after the declaration
+        if unsupported_reason(op) is None and op.backward is not None and not self.pending:
             found = redefine_lambda(op.backward, "_backward")
             if found is None:  # a def (or a lambda whose source is lost: MindSpore reports it)
                 self.values["_backward"] = op.backward
@@ -177,6 +183,24 @@ class _Factory:
         return self.make(*(self.values[n] for n in self.closure), prim)  # type: ignore[no-any-return]
 
 
+def _undefined_globals(fn: Any) -> set[str]:
+    """Names *fn*'s code loads that are neither in its globals nor builtins (yet)."""
+    if not isinstance(fn, types.FunctionType):
+        return set()
+    return {n for n in global_names(fn.__code__) if n not in fn.__globals__ and not hasattr(builtins, n)}
+
+
+def _has_empty_cell(fn: Any) -> bool:
+    """Whether a closure variable of *fn* is not assigned yet (``backward=lambda g, x: (op(g),)`` inside the
+    function that declares ``op``: its cell fills when the decorator returns)."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cell.cell_contents  # noqa: B018 - the read is the test
+        except ValueError:
+            return True
+    return False
+
+
 _FACTORIES: dict[str, _Factory] = {}
 _GRAPH: dict[str, tuple[Callable[..., Any], OpCustom | None]] = {}
 
@@ -184,7 +208,9 @@ _GRAPH: dict[str, tuple[Callable[..., Any], OpCustom | None]] = {}
 def _build_graph(op: OpDef) -> tuple[Callable[..., Any], OpCustom | None]:
     """Wire *op*'s substitute, bprop and primitive (the generated source is made once per op)."""
     factory = _FACTORIES.get(op.qualname)
-    if factory is None or factory.op is not op or factory.backward is not op.backward:
+    if (factory is None or factory.op is not op or factory.backward is not op.backward
+            or any(n in op.backward.__globals__ for n in factory.missing)
+            or (factory.pending and not _has_empty_cell(op.backward))):
         factory = _FACTORIES[op.qualname] = _Factory(op)
     prim: OpCustom | None = None
     if unsupported_reason(op) is None:

@@ -63,11 +63,11 @@ def _locate(fn: types.FunctionType) -> tuple[str, str] | None:
     return None
 
 
-def _global_names(code: types.CodeType) -> set[str]:
+def global_names(code: types.CodeType) -> set[str]:
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _global_names(const)
+            names |= global_names(const)
     return names
 
 
@@ -85,7 +85,7 @@ def redefine_lambda(fn: Any, name: str) -> tuple[str, dict[str, Any]] | None:
         return None
     params, body = found
     code = fn.__code__
-    free: dict[str, Any] = {n: fn.__globals__[n] for n in _global_names(code) if n in fn.__globals__}
+    free: dict[str, Any] = {n: fn.__globals__[n] for n in global_names(code) if n in fn.__globals__}
     for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
         free[var] = cell.cell_contents
     return f"    def {name}({params}):\n        return {body}\n", free
