@@ -575,7 +575,7 @@ def test_undeclared_dtype_is_rejected_with_the_shared_message(extra: opbridge.Li
     with pytest.raises(TypeError) as jitted:
         jax.jit(op.call)(x)
     assert str(jitted.value) == want
-    with pytest.raises(TypeError, match="rms_norm: x must have dtype float32, float16 or bfloat16, got int32"):
+    with pytest.raises(TypeError, match="rms_norm: x must have dtype float32, float16, bfloat16 or float64, got int32"):
         jax.jit(ops.rms_norm)(jnp.ones((2, 4), jnp.int32), jnp.ones(4, jnp.int32))
     np.testing.assert_array_equal(np.asarray(op.call(_rand(4))), 2 * np.asarray(_rand(4)))
 
