@@ -244,6 +244,12 @@ class Library:
         prefer over a JIT build when present and current.
     dtypes
         The dtypes its ops take unless an op declares its own.
+    kernels_check_contiguity
+        Every kernel raises ``ValueError`` for a non-contiguous tensor before
+        writing anything (``OPB_CHECK_CONTIGUOUS``). The adapters hand kernels
+        dense tensors either way; with this promise their fast paths leave the
+        test to the kernel (nanoseconds in C++) and fall back on its error,
+        instead of testing every tensor in Python first.
     """
 
     def __init__(
@@ -258,6 +264,7 @@ class Library:
         prebuilt: str | None = None,
         python_module: str | None = None,
         dtypes: Sequence[str] = DEFAULT_DTYPES,
+        kernels_check_contiguity: bool = False,
     ) -> None:
         if not namespace.isidentifier() or keyword.iskeyword(namespace):
             raise DeclarationError(f"library namespace must be a Python identifier, got {namespace!r}")
@@ -271,6 +278,7 @@ class Library:
         self.ldflags = tuple(ldflags)
         self.prebuilt = prebuilt
         self.dtypes = tuple(dtypes)
+        self.kernels_check_contiguity = kernels_check_contiguity
         self.python_module = python_module or frame.f_globals.get("__name__", "__main__")
         self.ops: dict[str, OpDef] = {}
         registry.add_library(self)

@@ -57,7 +57,9 @@ def _fast_prelude(op: OpDef) -> str | None:
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     conds = [f"type({a.name}) is _np_nd" for a in args if a.type.is_tensor]
     # Dense inputs only: a kernel (a user's too) may read raw memory; strided ones take the checked path.
-    conds += [f"{a.name}.flags.c_contiguous" for a in args if a.type.is_tensor]
+    # Kernels that reject strided arrays themselves raise ValueError, which falls back the same way.
+    if not op.library.kernels_check_contiguity:
+        conds += [f"{a.name}.flags.c_contiguous" for a in args if a.type.is_tensor]
     conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
     slow = f"_np_slow({', '.join(names)})"
     lines = [f"    if {' and '.join(conds)}:", "        try:"]

@@ -96,7 +96,9 @@ def prelude(op: OpDef) -> str | None:
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     slow = f"_t_slow({', '.join(a.name if not a.kwarg_only else f'{a.name}={a.name}' for a in args)})"
     # Dense inputs only: a kernel (a user's too) may read raw memory; strided calls take the dispatcher.
-    lines = [f"    if {_guards(op, [calls.dense_test(op, names)])}:"]
+    # Kernels that reject strided tensors themselves are left to raise ValueError (see _device_branches).
+    dense = [] if op.library.kernels_check_contiguity else [calls.dense_test(op, names)]
+    lines = [f"    if {_guards(op, dense)}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}))"
     lines += _device_branches(op, lambda d, ind: calls.kernel_lines(op, d, names, outs, ind), slow,
                               calls.dense_test(op, names), devices, "        ")
@@ -122,7 +124,8 @@ def out_prelude(op: OpDef) -> str:
     def body(device: str, indent: str) -> list[str]:
         return calls.kernel_lines(op, device, names, ["out"], indent, allocate=False)
 
-    lines = [f"        if {_guards(op, ['type(out) is _T', 'not out.requires_grad', dense])}:"]
+    checked = op.library.kernels_check_contiguity
+    lines = [f"        if {_guards(op, ['type(out) is _T', 'not out.requires_grad', *([] if checked else [dense])])}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
     lines += _device_branches(op, body, slow, dense, devices, " " * 12)
     lines += ["            _t_bump(out)", "            return out"]
