@@ -505,3 +505,34 @@ def test_bfloat16_maps_are_the_float32_map_rounded(name: str) -> None:
 def test_builtin_ops_with_a_backward_declare_float64_for_gradcheck() -> None:
     missing = sorted(n for n, op in BUILTIN.items() if op.backward is not None and "float64" not in op.dtypes)
     assert not missing, f"no float64 declared, so no torch.autograd.gradcheck, for {missing}"
+
+
+UNDECLARED_CANDIDATES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+                         "bool")
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_builtin_kernels_refuse_every_undeclared_dtype(name: str) -> None:
+    """The built-in library promises kernels_check_inputs: its fast paths skip the Python dtype test and
+    rely on the kernel's TypeError, so every kernel must refuse every dtype its op does not declare."""
+    import torch
+
+    from opbridge.cases import LAYOUT, NONCONTIGUOUS
+    from opbridge.testing.matrix import make_cases
+
+    op = BUILTIN[name]
+    assert op.library.kernels_check_inputs
+    case = next(c for c in make_cases(op, op.dtypes[0]) if not c.get(NONCONTIGUOUS) and not c.get(LAYOUT))
+    lead = op.schema.arguments[op.dtype_arg].name
+    for dtype in (d for d in UNDECLARED_CANDIDATES if d not in op.dtypes):
+        args = []
+        for a in op.schema.arguments:
+            v = case.get(a.name, a.default if a.has_default else None)
+            if a.type.is_tensor and v is not None:
+                v = torch.from_numpy(np.array(v, copy=True))
+                if a.name == lead:
+                    v = v.to(getattr(torch, dtype))
+            args.append(v)
+        for _ in range(2):  # the first call resolves the adapter, the second takes the fast path
+            with pytest.raises(TypeError, match=rf"{name}: {lead} must have dtype .* \(the dtypes {name} declares\)"):
+                op.call(*args)

@@ -244,12 +244,15 @@ class Library:
         prefer over a JIT build when present and current.
     dtypes
         The dtypes its ops take unless an op declares its own.
-    kernels_check_contiguity
-        Every kernel raises ``ValueError`` for a non-contiguous tensor before
-        writing anything (``OPB_CHECK_CONTIGUOUS``). The adapters hand kernels
-        dense tensors either way; with this promise their fast paths leave the
-        test to the kernel (nanoseconds in C++) and fall back on its error,
-        instead of testing every tensor in Python first.
+    kernels_check_inputs
+        Every kernel, before writing anything, raises ``ValueError`` for a
+        non-contiguous tensor (``OPB_CHECK_CONTIGUOUS``) and ``TypeError`` for
+        a dtype its op does not declare. The adapters hand kernels dense
+        tensors of declared dtypes either way; with this promise their fast
+        paths leave both tests to the kernel (nanoseconds in C++) and fall back
+        on its error to the checked path, which raises the shared message,
+        instead of testing every call in Python first. The built-in library
+        makes this promise, and a test holds its kernels to it.
     """
 
     def __init__(
@@ -264,7 +267,7 @@ class Library:
         prebuilt: str | None = None,
         python_module: str | None = None,
         dtypes: Sequence[str] = DEFAULT_DTYPES,
-        kernels_check_contiguity: bool = False,
+        kernels_check_inputs: bool = False,
     ) -> None:
         if not namespace.isidentifier() or keyword.iskeyword(namespace):
             raise DeclarationError(f"library namespace must be a Python identifier, got {namespace!r}")
@@ -278,7 +281,7 @@ class Library:
         self.ldflags = tuple(ldflags)
         self.prebuilt = prebuilt
         self.dtypes = tuple(dtypes)
-        self.kernels_check_contiguity = kernels_check_contiguity
+        self.kernels_check_inputs = kernels_check_inputs
         self.python_module = python_module or frame.f_globals.get("__name__", "__main__")
         self.ops: dict[str, OpDef] = {}
         registry.add_library(self)

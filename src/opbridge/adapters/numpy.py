@@ -57,10 +57,11 @@ def _fast_prelude(op: OpDef) -> str | None:
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     conds = [f"type({a.name}) is _np_nd" for a in args if a.type.is_tensor]
     # Dense inputs only: a kernel (a user's too) may read raw memory; strided ones take the checked path.
-    # Kernels that reject strided arrays themselves raise ValueError, which falls back the same way.
-    if not op.library.kernels_check_contiguity:
+    # Kernels that check their inputs (Library(kernels_check_inputs=True)) raise ValueError instead.
+    if not op.library.kernels_check_inputs:
         conds += [f"{a.name}.flags.c_contiguous" for a in args if a.type.is_tensor]
-    conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
+    if not op.library.kernels_check_inputs:  # else the kernel's TypeError falls back to the checked path
+        conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
     slow = f"_np_slow({', '.join(names)})"
     lines = [f"    if {' and '.join(conds)}:", "        try:"]
     lines += [f"            {s}" for s in core.alloc_source(op, names, outs, "_np_empty_like({x})", "")]

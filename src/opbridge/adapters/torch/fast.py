@@ -62,7 +62,8 @@ def _guards(op: OpDef, extra: list[str]) -> str:
             c = f"(type({a.name}) is _T and not {a.name}.requires_grad)"
             conds.append(f"({a.name} is None or {c})" if a.type.optional else c)
     conds += extra  # after the type tests: they may call tensor methods
-    conds.append(f"{args[op.dtype_arg].name}.dtype in _t_dts")
+    if not op.library.kernels_check_inputs:  # else the kernel's TypeError falls back to the checked path
+        conds.append(f"{args[op.dtype_arg].name}.dtype in _t_dts")
     return " and ".join(conds + _NO_MODES)
 
 
@@ -97,7 +98,7 @@ def prelude(op: OpDef) -> str | None:
     slow = f"_t_slow({', '.join(a.name if not a.kwarg_only else f'{a.name}={a.name}' for a in args)})"
     # Dense inputs only: a kernel (a user's too) may read raw memory; strided calls take the dispatcher.
     # Kernels that reject strided tensors themselves are left to raise ValueError (see _device_branches).
-    dense = [] if op.library.kernels_check_contiguity else [calls.dense_test(op, names)]
+    dense = [] if op.library.kernels_check_inputs else [calls.dense_test(op, names)]
     lines = [f"    if {_guards(op, dense)}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}))"
     lines += _device_branches(op, lambda d, ind: calls.kernel_lines(op, d, names, outs, ind), slow,
@@ -124,7 +125,7 @@ def out_prelude(op: OpDef) -> str:
     def body(device: str, indent: str) -> list[str]:
         return calls.kernel_lines(op, device, names, ["out"], indent, allocate=False)
 
-    checked = op.library.kernels_check_contiguity
+    checked = op.library.kernels_check_inputs
     lines = [f"        if {_guards(op, ['type(out) is _T', 'not out.requires_grad', *([] if checked else [dense])])}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
     lines += _device_branches(op, body, slow, dense, devices, " " * 12)
