@@ -179,6 +179,12 @@ class _Factory:
         exec(compile(text, str(path), "exec"), ns)  # noqa: S102 - generated from a parsed schema, in a file
         self.make = ns[f"_make_{op.name}"]
 
+    def stale(self, op: OpDef) -> bool:
+        """Whether *op* changed since, or what its backward uses has been defined since."""
+        return (self.op is not op or self.backward is not op.backward
+                or any(n in op.backward.__globals__ for n in self.missing)
+                or (self.pending and not _has_empty_cell(op.backward)))
+
     def __call__(self, prim: OpCustom | None) -> tuple[Callable[..., Any], Any]:
         return self.make(*(self.values[n] for n in self.closure), prim)  # type: ignore[no-any-return]
 
@@ -208,9 +214,7 @@ _GRAPH: dict[str, tuple[Callable[..., Any], OpCustom | None]] = {}
 def _build_graph(op: OpDef) -> tuple[Callable[..., Any], OpCustom | None]:
     """Wire *op*'s substitute, bprop and primitive (the generated source is made once per op)."""
     factory = _FACTORIES.get(op.qualname)
-    if (factory is None or factory.op is not op or factory.backward is not op.backward
-            or any(n in op.backward.__globals__ for n in factory.missing)
-            or (factory.pending and not _has_empty_cell(op.backward))):
+    if factory is None or factory.stale(op):
         factory = _FACTORIES[op.qualname] = _Factory(op)
     prim: OpCustom | None = None
     if unsupported_reason(op) is None:
@@ -230,8 +234,10 @@ def graph_function(op: OpDef) -> Callable[..., Any]:
     key = op.qualname
     entry = _GRAPH.get(key)
     # Rebuilt when the library declared more ops since: the primitive names the module's path.
+    factory = _FACTORIES.get(key)
     if (entry is None or entry[0].opdef is not op  # type: ignore[attr-defined]
-            or (entry[1] is not None and entry[1].aot is not aot_module(op.library))):
+            or (entry[1] is not None and entry[1].aot is not aot_module(op.library))
+            or factory is None or factory.stale(op)):
         with LOCK:
             entry = _build_graph(op)
             _GRAPH[key] = entry
