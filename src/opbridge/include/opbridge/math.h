@@ -34,7 +34,12 @@
 // "avx512f" clone and fp32 gelu 1.4x faster than in "avx2". Older compilers get
 // the plain ISA names. target_clones functions are never inlined: put it on a
 // helper that owns a whole loop (a row range or a chunk), not on per-element math.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
+// A build for this machine only (the JIT build, compiled with -march=native)
+// defines OPB_NATIVE_ISA: one code path instead of three, compiled for the CPU
+// it runs on, which the clones would pick anyway.
+#if defined(OPB_NATIVE_ISA)
+#define OPB_TARGET_CLONES
+#elif defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
 #define OPB_TARGET_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
