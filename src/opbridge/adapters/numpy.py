@@ -3,16 +3,25 @@
 Non-contiguous arrays are accepted: they reach the kernel as one contiguous
 copy each, and a mutated one is written back in place after the kernel
 (:func:`opbridge.call.core.dense_args`). New outputs are contiguous.
+
+bfloat16 arrays (``ml_dtypes.bfloat16``, the type JAX uses) are accepted
+where the op declares bfloat16. NumPy's DLPack export refuses that dtype, so
+such an array reaches the kernel as its ``uint16`` bits, whose exported
+DLPack tensor is relabelled bfloat16 before tvm-ffi imports it: no copy. The
+fast path leaves these calls to the checked path (the kernel's argument
+conversion raises ``BufferError`` before anything runs).
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from opbridge import loader
+from opbridge._tvm import tvm_ffi
 from opbridge.call import core
 from opbridge.call.callable import install_prelude
 
@@ -38,7 +47,32 @@ def _dtype_name(a: np.ndarray) -> str:
 
 
 def _empty(shape: tuple[int, ...], dtype: Any, lead: Any) -> np.ndarray:
-    return np.empty(shape, np.dtype(dtype))
+    return np.empty(shape, _np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype))
+
+
+# DLPack's DLTensor starts {void* data; int32 device_type, device_id; int32 ndim; uint8 code, ...}.
+_DL_CODE_OFFSET = 8 + 4 + 4 + 4
+_DL_BFLOAT = 4
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
+
+
+def _kernel_arg(a: Any) -> Any:
+    """*a* as the kernel takes it: a bfloat16 ndarray as a tvm-ffi bfloat16 tensor on its memory."""
+    if not isinstance(a, np.ndarray) or a.dtype.name != "bfloat16":
+        return a
+    capsule = a.view(np.uint16).__dlpack__()
+    head = _capsule_pointer(capsule, b"dltensor")
+    ctypes.c_uint8.from_address(head + _DL_CODE_OFFSET).value = _DL_BFLOAT
+    return tvm_ffi().from_dlpack(capsule)
+
+
+def _run(kern: Any, outs: list[Any], full: list[Any]) -> None:
+    try:
+        kern(*outs, *full)
+    except BufferError:  # a bfloat16 array (NumPy's DLPack export refuses it): relabelled bits
+        kern(*map(_kernel_arg, outs), *map(_kernel_arg, full))
 
 
 def _fast_prelude(op: OpDef) -> str | None:
@@ -46,7 +80,7 @@ def _fast_prelude(op: OpDef) -> str | None:
 
     Only for functional ops whose outputs are shaped ``like`` inputs. The
     dispatching array's dtype must be declared (one frozenset lookup) and
-    every input contiguous. A TypeError or ValueError from the kernel falls
+    every input contiguous. A TypeError, ValueError or BufferError (a bfloat16 array) from the kernel falls
     back to the checked path, which names the offending argument.
     """
     args = op.schema.arguments
@@ -65,8 +99,8 @@ def _fast_prelude(op: OpDef) -> str | None:
     slow = f"_np_slow({', '.join(names)})"
     lines = [f"    if {' and '.join(conds)}:", "        try:"]
     lines += [f"            {s}" for s in core.alloc_source(op, names, outs, "_np_empty_like({x})", "")]
-    lines += [f"            _np_k({', '.join([*outs, *names])})", "        except (TypeError, ValueError):",
-              f"            return {slow}"]
+    lines += [f"            _np_k({', '.join([*outs, *names])})",
+              "        except (TypeError, ValueError, BufferError):", f"            return {slow}"]
     lines += core.returns_source(op, names, outs, "        ")
     return "\n".join(lines) + "\n"
 
@@ -86,7 +120,7 @@ class NumpyAdapter:
             full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
             outs = core.alloc_outputs(op, full, _empty)
             check_alias(args)
-            kern(*outs, *full)
+            _run(kern, outs, full)
             for orig, copy in back:
                 orig[...] = copy
             return core.pack_results(op, args, outs)
@@ -106,7 +140,7 @@ class NumpyAdapter:
         core.check_lead_dtype(op, args, _dtype_name)
         core.make_alias_check(op, _span)(args)
         full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
-        loader.kernel(op, "cpu")(*outs, *full)
+        _run(loader.kernel(op, "cpu"), list(outs), full)
         for orig, copy in back:
             orig[...] = copy
         return core.pack_results(op, args, outs)

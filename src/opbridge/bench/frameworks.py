@@ -51,8 +51,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError, fw_builds, subproc
-from opbridge.bench.report import say
+from opbridge.bench import BenchError, fw_builds, parity, subproc
+from opbridge.bench.report import files_line, say, write_json, write_results
 from opbridge.bench.timing import dist_version, machine_info
 
 DESCRIPTION = (
@@ -67,6 +67,9 @@ DESCRIPTION = (
 FRAMEWORKS = ("numpy", "torch", "jax", "paddle", "mindspore")
 _FULL = {"rounds": 100, "number": 400, "cold_repeat": 3}
 _QUICK = {"rounds": 10, "number": 100, "cold_repeat": 1}
+#: --parity: calls take milliseconds, so fewer rounds and calls, longer samples.
+_PARITY = {"rounds": 15, "number": 10, "cold_repeat": 1, "target_ms": 20.0, "row_s": 3.0}
+_PARITY_QUICK = {"rounds": 5, "number": 4, "cold_repeat": 1, "target_ms": 20.0, "row_s": 1.0}
 _TARGET_MS = 5.0
 _WORKER_TIMEOUT_S = 900
 _BUILD_TIMEOUT_S = 900
@@ -98,12 +101,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--number", type=int, metavar="N", default=None,
                         help=f"most calls per candidate per round (default {_FULL['number']}, "
                              f"{_QUICK['number']} with --quick); slow candidates get fewer")
-    parser.add_argument("--target-ms", type=float, metavar="MS", default=_TARGET_MS,
-                        help=f"aim for samples of about this many ms (default {_TARGET_MS})")
+    parser.add_argument("--target-ms", type=float, metavar="MS", default=None,
+                        help=f"aim for samples of about this many ms (default {_TARGET_MS}, "
+                             f"{_PARITY['target_ms']:g} with --parity)")
     parser.add_argument("--cold-repeat", type=int, metavar="N", default=None,
                         help=f"cold builds of the op library, median reported "
                              f"(default {_FULL['cold_repeat']}, "
                              f"{_QUICK['cold_repeat']} with --quick)")
+    parser.add_argument("--parity", action="store_true",
+                        help="time the parity table instead of the per-call sections: each op at "
+                             "(1024, 4096) and (4096, 4096), float32 and bfloat16, on NumPy arrays, on the "
+                             "framework's arrays and as the framework's own formula, with page faults per "
+                             "call (opbridge.bench.parity)")
+    parser.add_argument("--row-seconds", type=float, metavar="S", default=None,
+                        help=f"--parity: about S seconds of timing per row (default {_PARITY['row_s']}, "
+                             f"{_PARITY_QUICK['row_s']} with --quick)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="also write results.json and results.csv (the parity rows, else the sections) "
+                             "into DIR")
     parser.add_argument("--no-cold-build", action="store_true",
                         help="skip the cold build; the workers load the library from $OPBRIDGE_CACHE_DIR "
                              "(built there first if missing)")
@@ -114,15 +129,18 @@ def _progress(msg: str) -> None:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    d = _QUICK if args.quick else _FULL
+    parity = bool(getattr(args, "parity", False))
+    d: dict[str, Any] = (_PARITY_QUICK if args.quick else _PARITY) if parity else _QUICK if args.quick else _FULL
     rounds = args.rounds if args.rounds is not None else d["rounds"]
     number = args.number if args.number is not None else d["number"]
     cold = args.cold_repeat if args.cold_repeat is not None else d["cold_repeat"]
-    target = args.target_ms
-    if rounds < 1 or number < 1 or cold < 1 or target <= 0:
-        raise BenchError(f"--rounds, --number, --cold-repeat and --target-ms must be positive "
-                         f"(got {rounds}, {number}, {cold}, {target})")
-    return {"rounds": rounds, "number": number, "cold_repeat": cold, "target_sample_ms": target}
+    target = args.target_ms if args.target_ms is not None else d.get("target_ms", _TARGET_MS)
+    row_s = getattr(args, "row_seconds", None) or d.get("row_s")
+    if rounds < 1 or number < 1 or cold < 1 or target <= 0 or (row_s is not None and row_s <= 0):
+        raise BenchError(f"--rounds, --number, --cold-repeat, --target-ms and --row-seconds must be positive "
+                         f"(got {rounds}, {number}, {cold}, {target}, {row_s})")
+    return {"rounds": rounds, "number": number, "cold_repeat": cold, "target_sample_ms": target,
+            "parity_row_s": row_s if parity else None}
 
 
 def ms_python(explicit: str | None = None, env: dict[str, str] | None = None,
@@ -151,10 +169,12 @@ def ms_python(explicit: str | None = None, env: dict[str, str] | None = None,
 
 
 def run_worker(framework: str, python: str, *, rounds: int, number: int, target_ms: float,
-               module: str | None, cache_dir: str | None) -> dict[str, Any]:
+               module: str | None, cache_dir: str | None, parity_row_s: float | None = None) -> dict[str, Any]:
     """Run one framework's worker under *python*; return its document (``failed`` on a crash)."""
     cmd = [python, "-m", "opbridge.bench.fw_worker", framework, "--rounds", str(rounds),
            "--number", str(number), "--target-ms", str(target_ms)]
+    if parity_row_s is not None:
+        cmd += ["--parity", str(parity_row_s)]
     if module:
         cmd += ["--module", module]
     code, stdout, tail = subproc.run(f"{framework} worker", cmd, fw_builds.worker_env(cache_dir), _WORKER_TIMEOUT_S,
@@ -229,7 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             _progress(f"{fw}: worker under {python}")
             doc = run_worker(fw, python, rounds=settings["rounds"], number=settings["number"],
-                             target_ms=settings["target_sample_ms"], module=module, cache_dir=cache_dir)
+                             target_ms=settings["target_sample_ms"], module=module, cache_dir=cache_dir,
+                             parity_row_s=settings["parity_row_s"])
             if "unavailable" in doc:
                 doc["skipped"] = doc.pop("unavailable")
             workers[fw] = doc
@@ -262,6 +283,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         problems.append(f"workers loaded different modules: {result['module']['loaded_paths']}")
     result["problems"] = problems
     result["machine"]["loadavg_at_end"] = _loadavg()
+    if settings["parity_row_s"] is not None:
+        result["parity"] = [r for d in result["frameworks"].values() for r in d.get("parity", [])]
+        result["parity_misses"] = [f"{r['framework']} {r['op']} {'x'.join(map(str, r['shape']))} {r['dtype']}: "
+                                   f"{', '.join(parity.misses(r))}" for r in result["parity"] if parity.misses(r)]
+    if args.out:
+        rows = (parity.csv_rows(result["parity"]) if "parity" in result else
+                [{"framework": fw, "section": k, "ratio": v} for fw, d in result["ratios"].items()
+                 for k, v in d.items()])
+        fields = parity.CSV_FIELDS if "parity" in result else ("framework", "section", "ratio")
+        result["files"] = write_results(result, Path(args.out), fields, rows, None, bench="frameworks")
+        write_json(result, result["files"]["json"])
     return result
 
 
@@ -333,35 +365,12 @@ def format_text(result: dict[str, Any]) -> str:
         notes = {row["sync"] for row in doc["sections"].values() if "sync" in row}
         lines += [f"    note: {n}" for n in sorted(notes)]
     lines.append("")
-    builds = result["builds"]
-    if "skipped" in builds:
-        lines.append(f"builds of an equivalent add op: skipped ({builds['skipped']})")
-    else:
-        lines.append("cold builds (fresh process and build directory; timer after importing the framework):")
-        ref = builds["opbridge_cold"]
-        if ref.get("seconds") is not None:
-            lines.append(f"  {'opbridge JIT, whole op library':<44} {ref['seconds']:7.2f} s wall "
-                         f"{ref['cpu_seconds']:7.2f} s cpu  ({len(ref['ops'])} ops: {', '.join(ref['ops'])})")
-        labels = {"opbridge_cold_add_only": "opbridge JIT, library of the add kernel only",
-                  "paddle_cpp_extension_load": "paddle cpp_extension.load, add only",
-                  "mindspore_custom_op_builder": "mindspore CustomOpBuilder.load, add only"}
-        for name, label in labels.items():
-            row = builds[name]
-            if "seconds" in row:
-                rel = ""
-                ratios = builds["ratios"]
-                if ratios.get(f"{name}/opbridge_cold") is not None:
-                    rel = (f"  = {ratios[f'{name}/opbridge_cold']:.2f}x "
-                           f"({ratios[f'{name}/opbridge_cold (cpu)']:.2f}x cpu) whole library")
-                if ratios.get(f"{name}/opbridge_cold_add_only") is not None:
-                    rel += (f", {ratios[f'{name}/opbridge_cold_add_only']:.2f}x "
-                            f"({ratios[f'{name}/opbridge_cold_add_only (cpu)']:.2f}x cpu) add-only")
-                lines.append(f"  {label:<44} {row['seconds']:7.2f} s wall "
-                             f"{row['cpu_seconds']:7.2f} s cpu{rel}")
-            elif "error" in row:
-                lines.append(f"  {label:<44} FAILED: {row['error']}")
-            else:
-                lines.append(f"  {label:<44} skipped ({row['skipped']})")
+    lines += fw_builds.format_builds(result["builds"])
+    if "parity" in result:
+        lines += ["", *parity.format_table(result["parity"])]
+        lines.append(f"  rows missing a target: {len(result['parity_misses'])} of {len(result['parity'])}")
+    if "files" in result:
+        lines += ["", files_line(result["files"])]
     if result["problems"]:
         lines.append("")
         lines.append("problems:")

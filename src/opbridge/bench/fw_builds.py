@@ -181,3 +181,36 @@ def builds(tmp: Path, frameworks: list[str], ms_py: str | None, ms_reason: str,
     out["ratios"] = ratios
     return out
 
+
+def format_builds(builds: dict[str, Any]) -> list[str]:
+    """The ``builds`` part of ``bench frameworks``' result as text lines."""
+    lines: list[str] = []
+    if "skipped" in builds:
+        lines.append(f"builds of an equivalent add op: skipped ({builds['skipped']})")
+    else:
+        lines.append("cold builds (fresh process and build directory; timer after importing the framework):")
+        ref = builds["opbridge_cold"]
+        if ref.get("seconds") is not None:
+            lines.append(f"  {'opbridge JIT, whole op library':<44} {ref['seconds']:7.2f} s wall "
+                         f"{ref['cpu_seconds']:7.2f} s cpu  ({len(ref['ops'])} ops: {', '.join(ref['ops'])})")
+        labels = {"opbridge_cold_add_only": "opbridge JIT, library of the add kernel only",
+                  "paddle_cpp_extension_load": "paddle cpp_extension.load, add only",
+                  "mindspore_custom_op_builder": "mindspore CustomOpBuilder.load, add only"}
+        for name, label in labels.items():
+            row = builds[name]
+            if "seconds" in row:
+                rel = ""
+                ratios = builds["ratios"]
+                if ratios.get(f"{name}/opbridge_cold") is not None:
+                    rel = (f"  = {ratios[f'{name}/opbridge_cold']:.2f}x "
+                           f"({ratios[f'{name}/opbridge_cold (cpu)']:.2f}x cpu) whole library")
+                if ratios.get(f"{name}/opbridge_cold_add_only") is not None:
+                    rel += (f", {ratios[f'{name}/opbridge_cold_add_only']:.2f}x "
+                            f"({ratios[f'{name}/opbridge_cold_add_only (cpu)']:.2f}x cpu) add-only")
+                lines.append(f"  {label:<44} {row['seconds']:7.2f} s wall "
+                             f"{row['cpu_seconds']:7.2f} s cpu{rel}")
+            elif "error" in row:
+                lines.append(f"  {label:<44} FAILED: {row['error']}")
+            else:
+                lines.append(f"  {label:<44} skipped ({row['skipped']})")
+    return lines

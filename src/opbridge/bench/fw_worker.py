@@ -3,7 +3,7 @@
 Run as::
 
     python -m opbridge.bench.fw_worker FRAMEWORK [--rounds N] [--number N]
-                                      [--target-ms MS] [--module PATH]
+                                      [--target-ms MS] [--module PATH] [--parity SECONDS]
 
 It prints **one JSON document** on stdout (progress goes to stderr) and exits
 0, also when the framework is not installed (the document then says
@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opbridge.bench.fw_sections import SECTIONS, Section
 from opbridge.bench.timing import dist_version, interleaved, summary
 
 #: Bumped when the document's layout changes.
@@ -55,10 +56,6 @@ _DISTS: dict[str, tuple[str, ...]] = {
     "mindspore": ("mindspore", "numpy"),
 }
 _IMPORT = {"numpy": "numpy", "torch": "torch", "jax": "jax", "paddle": "paddle", "mindspore": "mindspore"}
-_SMALL = (8,)
-_LARGE = (1024, 1024)
-_EPS = 1e-6
-_C = 0.7978845608028654  # sqrt(2/pi)
 #: Asynchronous sections (MindSpore) aim at samples this many times longer.
 _ASYNC_TARGET_FACTOR = 10
 #: Calls in the batch that estimates an asynchronous candidate's per-call cost.
@@ -67,29 +64,6 @@ _ASYNC_PROBE = 50
 
 def _progress(framework: str, msg: str) -> None:
     print(f"bench frameworks [{framework}]: {msg}", file=sys.stderr, flush=True)
-
-
-def _shape_label(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape))
-
-
-class Section:
-    """One opbridge-vs-native comparison, before it is run."""
-
-    def __init__(self, op: str, mode: str, shape: tuple[int, ...], opbridge: Callable[[], Any],
-                 native: Callable[[], Any], descriptions: dict[str, str],
-                 to_numpy: Callable[[Any], Any], sync: Callable[[], Any] | None = None,
-                 sync_note: str | None = None) -> None:
-        self.op, self.mode, self.shape = op, mode, shape
-        self.fns = {"opbridge": opbridge, "native": native}
-        self.descriptions = descriptions
-        self.to_numpy = to_numpy
-        self.sync = sync
-        self.sync_note = sync_note
-
-    @property
-    def key(self) -> str:
-        return f"{self.op}/{self.mode}/{_shape_label(self.shape)}"
 
 
 # -- checking and timing ------------------------------------------------------
@@ -215,185 +189,13 @@ def _use_module(path: str | None) -> dict[str, Any]:
     return info
 
 
-# -- the frameworks -------------------------------------------------------------
-
-
-def _rand(shape: tuple[int, ...], seed: int) -> Any:
-    import numpy as np
-
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def _numpy_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
-    import numpy as np
-
-    from opbridge import ops
-
-    x, y = _rand(_SMALL, 0), _rand(_SMALL, 1)
-    s = Section("add", "eager", _SMALL, functools.partial(ops.add, x, y), functools.partial(np.add, x, y),
-                {"opbridge": "opbridge.ops.add(x, y)", "native": "np.add(x, y)"}, to_numpy=lambda a: a)
-    return [s], {}, {}
-
-
-def _torch_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
-    import torch
-
-    from opbridge import ops
-
-    x, y = torch.from_numpy(_rand(_SMALL, 0)), torch.from_numpy(_rand(_SMALL, 1))
-    s = Section("add", "eager", _SMALL, functools.partial(ops.add, x, y), functools.partial(torch.add, x, y),
-                {"opbridge": "opbridge.ops.add(x, y)", "native": "torch.add(x, y)"},
-                to_numpy=lambda t: t.numpy())
-    return [s], {}, {"torch_threads": torch.get_num_threads()}
-
-
-def _block(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args).block_until_ready()
-
-
-def _jax_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from opbridge import ops
-
-    def arr(shape: tuple[int, ...], seed: int) -> Any:
-        return jnp.asarray(_rand(shape, seed))
-
-    def to_np(a: Any) -> Any:
-        return np.asarray(a)
-
-    x, y = arr(_SMALL, 0), arr(_SMALL, 1)
-    native_add = jax.jit(jnp.add)
-    sections = [Section(
-        "add", "eager", _SMALL, functools.partial(_block, ops.add, x, y),
-        functools.partial(_block, native_add, x, y),
-        {"opbridge": "opbridge.ops.add(x, y).block_until_ready()",
-         "native": "jax.jit(jnp.add)(x, y).block_until_ready(), called eagerly"}, to_numpy=to_np)]
-    jit_pairs: list[tuple[str, Callable[..., Any], Callable[..., Any], str, str, int]] = [
-        ("add", lambda a, b: ops.add(a, b), lambda a, b: a + b,
-         "jax.jit(lambda x, y: ops.add(x, y))", "jax.jit(lambda x, y: x + y)", 2),
-        ("gelu", lambda a: ops.gelu(a), lambda a: 0.5 * a * (1.0 + jnp.tanh(_C * (a + 0.044715 * a * a * a))),
-         "jax.jit(lambda x: ops.gelu(x))",
-         "jax.jit(lambda x: 0.5*x*(1 + jnp.tanh(sqrt(2/pi)*(x + 0.044715*x**3))))",
-         1),
-        ("rms_norm", lambda a, w: ops.rms_norm(a, w, _EPS),
-         lambda a, w: a * jax.lax.rsqrt(jnp.mean(a * a, axis=-1, keepdims=True) + _EPS) * w,
-         f"jax.jit(lambda x, w: ops.rms_norm(x, w, {_EPS}))",
-         f"jax.jit(lambda x, w: x * lax.rsqrt(jnp.mean(x*x, -1, keepdims=True) + {_EPS}) * w)", 2),
-    ]
-    for op, ours, theirs, d_ours, d_theirs, nargs in jit_pairs:
-        for shape in (_SMALL, _LARGE):
-            if op == "rms_norm":
-                args = (arr(shape, 2), arr(shape[-1:], 3))
-            else:
-                args = tuple(arr(shape, 4 + i) for i in range(nargs))
-            sections.append(Section(
-                op, "jit", shape, functools.partial(_block, jax.jit(ours), *args),
-                functools.partial(_block, jax.jit(theirs), *args),
-                {"opbridge": f"{d_ours}(...).block_until_ready()",
-                 "native": f"{d_theirs}(...).block_until_ready()"},
-                to_numpy=to_np))
-    info = {"jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()]}
-    return sections, {}, info
-
-
-def _paddle_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
-    import paddle
-
-    from opbridge import ops
-
-    paddle.device.set_device("cpu")
-    x, y = paddle.to_tensor(_rand(_SMALL, 0)), paddle.to_tensor(_rand(_SMALL, 1))
-    s = Section("add", "eager", _SMALL, functools.partial(ops.add, x, y), functools.partial(paddle.add, x, y),
-                {"opbridge": "opbridge.ops.add(x, y)", "native": "paddle.add(x, y)"},
-                to_numpy=lambda t: t.numpy())
-    return [s], {}, {"paddle_device": paddle.device.get_device()}
-
-
-# MindSpore compiles these from source inside ms.jit, so they are module-level
-# functions; the globals they name are set by _mindspore_sections().
-_OPB: Any = None
-_MSOPS: Any = None
-
-
-def _ms_graph_opbridge(x: Any, y: Any) -> Any:
-    return _OPB.add(x, y)
-
-
-def _ms_graph_native(x: Any, y: Any) -> Any:
-    return _MSOPS.add(x, y)
-
-
-def _mindspore_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
-    global _OPB, _MSOPS
-    import mindspore as ms
-    from mindspore import ops as msops
-
-    from opbridge import ops
-
-    _OPB, _MSOPS = ops, msops
-    ms.set_device("CPU")
-    x, y = ms.Tensor(_rand(_SMALL, 0)), ms.Tensor(_rand(_SMALL, 1))
-    sync: Callable[[], Any]
-    try:
-        from mindspore.graph.api import _pynative_executor
-
-        sync, note = _pynative_executor.sync, "sample = N calls + one _pynative_executor.sync()"
-    except ImportError:  # pragma: no cover - other MindSpore layouts
-        sync, note = (lambda: msops.add(x, y).asnumpy()), "sample = N calls + one ops.add(...).asnumpy()"
-    note = ("MindSpore PyNative runs ops asynchronously (ops.add returns before its kernel ran); " + note
-            + ", divided by N")
-
-    def to_np(t: Any) -> Any:
-        return t.asnumpy()
-
-    sections = [Section(
-        "add", "pynative", _SMALL, functools.partial(ops.add, x, y), functools.partial(msops.add, x, y),
-        {"opbridge": "opbridge.ops.add(x, y)", "native": "mindspore.ops.add(x, y)"},
-        to_numpy=to_np, sync=sync, sync_note=note)]
-    skipped: dict[str, str] = {}
-    extra: dict[str, Any] = {}
-    key = f"add/ms.jit/{_shape_label(_SMALL)}"
-    try:
-        from opbridge.adapters import mindspore as adapter
-
-        if not hasattr(adapter, "register"):
-            raise NotImplementedError("opbridge.adapters.mindspore has no graph-mode support (no register())")
-        ours, theirs = ms.jit(_ms_graph_opbridge), ms.jit(_ms_graph_native)
-        ours(x, y).asnumpy()  # compiles; raises if graph mode is not supported
-        theirs(x, y).asnumpy()
-        sections.append(Section(
-            "add", "ms.jit", _SMALL, functools.partial(ours, x, y), functools.partial(theirs, x, y),
-            {"opbridge": "ms.jit(def f(x, y): return opbridge.ops.add(x, y))",
-             "native": "ms.jit(def f(x, y): return mindspore.ops.add(x, y))"},
-            to_numpy=to_np, sync=sync, sync_note=note))
-        try:
-            from opbridge.adapters.mindspore import aot as mindspore_aot
-
-            extra["graph_wrapper_path"] = str(mindspore_aot.aot_module(ops.LIBRARY).path)
-            extra["graph_wrapper_note"] = ("ms.jit runs the ops.Custom(func_type='aot') wrapper, which calls "
-                                           "the kernels of the loaded module (module.loaded_path)")
-        except Exception as e:  # informational only
-            extra["graph_wrapper_path"] = f"unknown ({type(e).__name__}: {e})"
-    except Exception as e:
-        skipped[key] = f"MindSpore graph mode not available: {type(e).__name__}: {str(e).strip()[:500]}"
-    return sections, skipped, extra
-
-
-_SECTIONS: dict[str, Callable[[], tuple[list[Section], dict[str, str], dict[str, Any]]]] = {
-    "numpy": _numpy_sections,
-    "torch": _torch_sections,
-    "jax": _jax_sections,
-    "paddle": _paddle_sections,
-    "mindspore": _mindspore_sections,
-}
-
-
 def measure(framework: str, rounds: int, number: int, target_ms: float = 5.0,
-            module: str | None = None) -> dict[str, Any]:
-    """Run *framework*'s sections in this process; return the worker's document."""
+            module: str | None = None, parity_budget_s: float | None = None) -> dict[str, Any]:
+    """Run *framework*'s sections in this process; return the worker's document.
+
+    With *parity_budget_s* (seconds per row), the parity table
+    (:mod:`opbridge.bench.parity`) instead of the sections, under ``"parity"``.
+    """
     import importlib.util
 
     doc: dict[str, Any] = {
@@ -412,10 +214,17 @@ def measure(framework: str, rounds: int, number: int, target_ms: float = 5.0,
         doc["unavailable"] = f"import {_IMPORT[framework]} failed: {type(e).__name__}: {e}"
         return doc
     doc["module"] = _use_module(module)
-    _progress(framework, "building the sections (compiles jitted functions)")
-    sections, skipped, extra = _SECTIONS[framework]()
-    doc.update(extra)
-    results, errors = run_sections(framework, sections, rounds, number, target_ms / 1e3)
+    if parity_budget_s is not None:
+        from opbridge.bench import parity
+
+        doc["parity"] = parity.measure(framework, rounds=rounds, number=number, target_s=target_ms / 1e3,
+                                       budget_s=parity_budget_s)
+        results, errors, skipped = {}, {}, {"*": "--parity: the parity table only"}
+    else:
+        _progress(framework, "building the sections (compiles jitted functions)")
+        sections, skipped, extra = SECTIONS[framework]()
+        doc.update(extra)
+        results, errors = run_sections(framework, sections, rounds, number, target_ms / 1e3)
 
     from opbridge import loader
     from opbridge.ops import LIBRARY
@@ -436,11 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-ms", type=float, default=5.0,
                    help="aim for samples of about this long (fewer calls for slow candidates)")
     p.add_argument("--module", default=None, help="path of the compiled op library to load")
+    p.add_argument("--parity", type=float, metavar="SECONDS", default=None,
+                   help="time the parity table instead of the sections, about SECONDS per row")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.number < 1 or args.target_ms <= 0:
-        p.error("--rounds, --number and --target-ms must be positive")
+    if args.rounds < 1 or args.number < 1 or args.target_ms <= 0 or (args.parity is not None
+                                                                      and args.parity <= 0):
+        p.error("--rounds, --number, --target-ms and --parity must be positive")
     try:
-        doc = measure(args.framework, args.rounds, args.number, args.target_ms, args.module)
+        doc = measure(args.framework, args.rounds, args.number, args.target_ms, args.module, args.parity)
     except Exception as e:
         traceback.print_exc()
         doc = {"protocol": PROTOCOL, "framework": args.framework, "failed": f"{type(e).__name__}: {e}"}

@@ -48,7 +48,9 @@ def _jax() -> dict[str, Factory]:
 
     add = jax.jit(jnp.add)
     gelu = jax.jit(lambda x: jax.nn.gelu(x, approximate=True))
-    rms = jax.jit(lambda x, w, eps: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w)
+    # eps is static: a traced float32 scalar would promote bfloat16 inputs to a float32 result.
+    rms = jax.jit(lambda x, w, eps: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w,
+                  static_argnums=2)
     return {
         "add": lambda a: lambda: add(a[0], a[1]).block_until_ready(),
         "gelu": lambda a: lambda: gelu(a[0]).block_until_ready(),
@@ -76,13 +78,15 @@ def _mindspore() -> dict[str, Factory]:
     def rms(x: Any, w: Any, eps: float) -> Any:
         return x * ops.rsqrt(ops.mean(x * x, -1, True) + eps) * w
 
-    from mindspore.graph.api import _pynative_executor
+    import mindspore as ms
+
+    sync = ms.runtime.synchronize
 
     def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
         # PyNative queues kernels and returns at once; wait for the result, as opbridge's call does.
         def run() -> Any:
             out = fn()
-            _pynative_executor.sync()
+            sync()
             return out
 
         return run

@@ -1,0 +1,345 @@
+"""The parity table of ``opbridge bench frameworks --parity``: one kernel, the same speed everywhere.
+
+Each framework's worker (:mod:`opbridge.bench.fw_worker`, one process per
+framework) times, for every op of :data:`OPS` at :data:`SHAPES` in float32
+and bfloat16, three candidates interleaved (:func:`opbridge.bench.timing.calibrated`):
+
+=========  ======================================================================
+numpy      ``opbridge.ops.<op>`` on NumPy arrays, a new output per call: the
+           reference path (bfloat16: ``ml_dtypes.bfloat16`` arrays; where
+           ml_dtypes is missing, the torch-CPU path if torch is installed,
+           else none, and the row says which)
+framework  ``opbridge.ops.<op>`` on the framework's arrays: torch eager, JAX
+           inside ``jax.jit`` (``block_until_ready``), Paddle eager, MindSpore
+           PyNative followed by ``mindspore.runtime.synchronize()``
+native     the framework's own formula (:mod:`opbridge.bench.natives`; under
+           JAX, XLA's fusion of it inside ``jax.jit``)
+=========  ======================================================================
+
+and reports ``framework / numpy`` and ``framework / native`` (ratios of
+medians), and each candidate's minor page faults per call
+(``resource.getrusage``, counted after timing over a few untimed calls). The
+framework path's result must match the NumPy path's within the op's declared
+tolerance for the dtype, else the row is an error and is not timed; the
+native formula's largest difference from it is reported, not required.
+
+:data:`TARGET_NUMPY` and, under JAX, ``framework <= native`` are the targets
+of issue 21; :func:`misses` lists the rows that miss them.
+"""
+
+from __future__ import annotations
+
+import functools
+import resource
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opbridge.bench.natives import natives
+from opbridge.bench.timing import calibrated, ratio
+
+OPS = ("add", "gelu", "rms_norm")
+SHAPES: tuple[tuple[int, int], ...] = ((1024, 4096), (4096, 4096))
+DTYPES = ("float32", "bfloat16")
+#: Issue 21's target: the framework path at most this many times the NumPy path.
+TARGET_NUMPY = 1.15
+_EPS = 1e-6
+#: Untimed calls whose page faults are counted, per candidate.
+FAULT_CALLS = 3
+CSV_FIELDS = ("framework", "op", "shape", "dtype", "baseline", "numpy_us", "framework_us", "native_us",
+              "framework_over_numpy", "framework_over_native", "faults_numpy", "faults_framework",
+              "faults_native", "rounds", "number", "verified", "native_max_abs_diff", "native_unavailable",
+              "error")
+
+FRAMEWORK_PATH = {
+    "numpy": None,
+    "torch": "opbridge.ops.{op}(*torch tensors)",
+    "jax": "jax.jit(lambda *a: opbridge.ops.{op}(*a))(...).block_until_ready()",
+    "paddle": "opbridge.ops.{op}(*paddle tensors), eager",
+    "mindspore": "opbridge.ops.{op}(*mindspore tensors), PyNative; mindspore.runtime.synchronize()",
+}
+
+
+def _progress(framework: str, msg: str) -> None:
+    print(f"bench frameworks [{framework}]: {msg}", file=sys.stderr, flush=True)
+
+
+def faults_per_call(fn: Callable[[], Any], calls: int = FAULT_CALLS) -> float:
+    """Minor page faults per call of *fn* (after one untimed call), from ``resource.getrusage``."""
+    fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
+# -- arrays of each framework ---------------------------------------------------
+
+
+def _bf16_numpy() -> Any | None:
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
+
+
+class Arrays:
+    """Converts float32 NumPy inputs into one framework's arrays of a dtype, and results back."""
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+
+    def to(self, a: Any, dtype: str) -> Any:
+        """The float32 array *a* as *dtype* in this framework (rounded to nearest even for bfloat16)."""
+        import numpy as np
+
+        fw = self.framework
+        if fw == "numpy":
+            return a if dtype == "float32" else a.astype(_bf16_numpy())
+        if fw == "torch":
+            import torch
+
+            return torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, dtype))
+        if fw == "jax":
+            import jax
+            import jax.numpy as jnp
+
+            return jax.device_put(jnp.asarray(a).astype(dtype), jax.devices("cpu")[0])
+        if fw == "paddle":
+            import paddle
+
+            return paddle.to_tensor(a, place=paddle.CPUPlace()).astype(dtype)
+        import mindspore as ms
+
+        return ms.Tensor(a).astype(getattr(ms, dtype))
+
+    @staticmethod
+    def numpy(x: Any) -> Any:
+        """A result of any framework as a float32 NumPy array."""
+        import numpy as np
+
+        if hasattr(x, "asnumpy"):  # MindSpore
+            import mindspore as ms
+
+            return x.astype(ms.float32).asnumpy()
+        if type(x).__module__.startswith("torch"):
+            import torch
+
+            return x.to(torch.float32).numpy()
+        if type(x).__module__.startswith("paddle"):
+            return x.astype("float32").numpy()
+        return np.asarray(x).astype(np.float32)
+
+
+def _sync(framework: str) -> Callable[[], Any] | None:
+    if framework != "mindspore":
+        return None
+    import mindspore as ms
+
+    sync: Callable[[], Any] = ms.runtime.synchronize
+    return sync
+
+
+def _synced(fn: Callable[[], Any], sync: Callable[[], Any]) -> Any:
+    out = fn()
+    sync()
+    return out
+
+
+def _block(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args).block_until_ready()
+
+
+def framework_call(framework: str, op: str, args: Sequence[Any]) -> Callable[[], Any]:
+    """``opbridge.ops.<op>`` on *args* (this framework's arrays) as a zero-argument callable."""
+    from opbridge import ops
+
+    fn = getattr(ops, op)
+    if framework == "jax":
+        import jax
+
+        tensors = [a for a in args if not isinstance(a, float)]
+        scalars = [a for a in args if isinstance(a, float)]
+        jitted = jax.jit(lambda *t: fn(*t, *scalars))
+        return functools.partial(_block, jitted, *tensors)
+    call = functools.partial(fn, *args)
+    sync = _sync(framework)
+    return call if sync is None else functools.partial(_synced, call, sync)
+
+
+def _inputs(op: str, shape: tuple[int, int]) -> list[Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if op == "add":
+        return [x, rng.standard_normal(shape).astype(np.float32)]
+    if op == "rms_norm":
+        return [x, rng.standard_normal(shape[-1:]).astype(np.float32), _EPS]
+    return [x]
+
+
+# -- one row ------------------------------------------------------------------------
+
+
+def _baseline(framework: str, dtype: str) -> tuple[str | None, str | None]:
+    """(framework whose arrays make the reference path, its label) for *dtype*; (None, why) where none."""
+    if dtype == "float32" or _bf16_numpy() is not None:
+        return "numpy", "numpy" if dtype == "float32" else "numpy (ml_dtypes bfloat16)"
+    if framework != "mindspore":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:
+            return "torch", "torch CPU path (NumPy has no bfloat16 without ml_dtypes)"
+    return None, "none: NumPy has no bfloat16 without ml_dtypes, and no torch in this environment"
+
+
+def _check(op: str, dtype: str, got: Any, want: Any) -> str:
+    import numpy as np
+
+    from opbridge import ops
+
+    if got.shape != want.shape:
+        raise AssertionError(f"shape {got.shape} against {want.shape}")
+    rtol, atol = getattr(ops, op).opdef.tolerance(dtype)
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        raise AssertionError(f"differs beyond rtol={rtol}, atol={atol}: max |diff| "
+                             f"{float(np.max(np.abs(got - want)))}")
+    return f"framework path = NumPy path within rtol={rtol}, atol={atol}"
+
+
+def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, rounds: int,
+                number: int, target_s: float, budget_s: float) -> dict[str, Any]:
+    """Verify and time one parity row in this process (see the module docstring)."""
+    import numpy as np
+
+    row: dict[str, Any] = {"framework": framework, "op": op, "shape": list(shape), "dtype": dtype}
+    raw = _inputs(op, shape)
+    base_fw, row["baseline"] = _baseline(framework, dtype)
+    fw_arrays = Arrays(framework)
+    fw_args = [a if isinstance(a, float) else fw_arrays.to(a, dtype) for a in raw]
+    fns: dict[str, Callable[[], Any]] = {}
+    desc: dict[str, str] = {}
+    if base_fw is not None:
+        base = Arrays(base_fw)
+        b_args = [a if isinstance(a, float) else base.to(a, dtype) for a in raw]
+        fns["numpy"] = framework_call(base_fw, op, b_args)
+        desc["numpy"] = f"opbridge.ops.{op}(*{base_fw} arrays)"
+    path = FRAMEWORK_PATH[framework]
+    if path is not None:
+        fns["framework"] = framework_call(framework, op, fw_args)
+        desc["framework"] = path.format(op=op)
+    row["candidates"] = desc
+    try:
+        ref = Arrays.numpy(fns["numpy"]()) if "numpy" in fns else None
+        mine = Arrays.numpy(fns["framework"]()) if "framework" in fns else ref
+        row["verified"] = "no NumPy path to check against" if ref is None or mine is ref else (
+            _check(op, dtype, mine, ref))
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"
+        return row
+    try:  # the framework's own formula may not exist for this dtype (Paddle's CPU kernels and bfloat16)
+        native = natives(framework)[op](fw_args)
+        theirs = Arrays.numpy(native())
+        if mine is not None:
+            row["native_max_abs_diff"] = float(np.max(np.abs(theirs - mine)))
+        fns["native"] = native
+        desc["native"] = f"{framework}'s own {op} (opbridge.bench.natives)"
+    except Exception as e:
+        row["native_unavailable"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+    stats, n_rounds, n = calibrated(fns, target_s=target_s, rounds=rounds, min_rounds=min(rounds, 5),
+                                    budget_s=budget_s, max_calls=number)
+    row.update({"stats_us": stats, "rounds": n_rounds, "number": n})
+    mine_key = "framework" if "framework" in fns else "numpy"
+    if "native" in fns and mine_key in fns:
+        row[f"{mine_key}_over_native"] = ratio(stats, mine_key, "native")
+    if "framework" in fns and "numpy" in fns:
+        row["framework_over_numpy"] = ratio(stats, "framework", "numpy")
+    row["faults_per_call"] = {k: round(faults_per_call(f), 1) for k, f in fns.items()}
+    return row
+
+
+def measure(framework: str, *, rounds: int, number: int, target_s: float, budget_s: float,
+            ops: Sequence[str] = OPS, shapes: Sequence[tuple[int, int]] = SHAPES,
+            dtypes: Sequence[str] = DTYPES) -> list[dict[str, Any]]:
+    """Every parity row of *framework*, in this process."""
+    rows = []
+    for shape in shapes:
+        for dtype in dtypes:
+            for op in ops:
+                _progress(framework, f"parity {op} {shape[0]}x{shape[1]} {dtype}")
+                rows.append(measure_row(framework, op, shape, dtype, rounds=rounds, number=number,
+                                        target_s=target_s, budget_s=budget_s))
+    return rows
+
+
+# -- report -----------------------------------------------------------------------------
+
+
+def misses(row: dict[str, Any]) -> list[str]:
+    """The targets *row* misses (issue 21), as short phrases."""
+    out = []
+    r = row.get("framework_over_numpy")
+    if r is not None and r > TARGET_NUMPY:
+        out.append(f"> {TARGET_NUMPY}x NumPy")
+    if row["framework"] == "jax" and row.get("framework_over_native", 0) > 1.0:
+        out.append("slower than XLA's fusion")
+    return out
+
+
+def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One CSV row (:data:`CSV_FIELDS`) per parity row."""
+    out = []
+    for r in rows:
+        st, fl = r.get("stats_us", {}), r.get("faults_per_call", {})
+        out.append({
+            "framework": r["framework"], "op": r["op"], "shape": "x".join(map(str, r["shape"])),
+            "dtype": r["dtype"], "baseline": r["baseline"],
+            **{f"{k}_us": st.get(k, {}).get("p50") for k in ("numpy", "framework", "native")},
+            "framework_over_numpy": r.get("framework_over_numpy"),
+            "framework_over_native": r.get("framework_over_native", r.get("numpy_over_native")),
+            **{f"faults_{k}": fl.get(k) for k in ("numpy", "framework", "native")},
+            "rounds": r.get("rounds"), "number": r.get("number"), "verified": r.get("verified"),
+            "native_max_abs_diff": r.get("native_max_abs_diff"),
+            "native_unavailable": r.get("native_unavailable"), "error": r.get("error"),
+        })
+    return out
+
+
+def _ms(st: dict[str, Any], key: str) -> str:
+    return f"{st[key]['p50'] / 1e3:8.2f}" if key in st else f"{'-':>8}"
+
+
+def _x(v: float | None) -> str:
+    return f"{v:6.2f}x" if v is not None else f"{'-':>7}"
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The parity table as text lines."""
+    lines = [
+        "parity: opbridge.ops.<op>, a new output per call; medians in ms; fw/np = framework path / NumPy "
+        f"path (target <= {TARGET_NUMPY}x), fw/own = framework path / the framework's own formula (JAX: "
+        "XLA's fusion under jax.jit, target <= 1); minor page faults per call (numpy/framework/own)",
+        f"  {'framework':<10}{'op':<9}{'shape':<10}{'dtype':<9}{'numpy':>8}{'framework':>10}{'own':>9}"
+        f"{'fw/np':>8}{'fw/own':>8}   {'faults np/fw/own':<22}target",
+    ]
+    notes: set[str] = set()
+    for r in rows:
+        head = f"  {r['framework']:<10}{r['op']:<9}{'x'.join(map(str, r['shape'])):<10}{r['dtype']:<9}"
+        if "error" in r:
+            lines.append(f"{head}ERROR: {r['error']}")
+            continue
+        st, fl = r["stats_us"], r["faults_per_call"]
+        faults = "/".join(f"{fl[k]:.0f}" if k in fl else "-" for k in ("numpy", "framework", "native"))
+        miss = misses(r)
+        lines.append(f"{head}{_ms(st, 'numpy')}  {_ms(st, 'framework')}{_ms(st, 'native')} "
+                     f"{_x(r.get('framework_over_numpy'))} "
+                     f"{_x(r.get('framework_over_native', r.get('numpy_over_native')))}   "
+                     f"{faults:<22}{'MISS: ' + ', '.join(miss) if miss else 'ok'}")
+        if r["baseline"] not in ("numpy", "numpy (ml_dtypes bfloat16)"):
+            notes.add(f"{r['framework']} {r['dtype']}: NumPy-path baseline is {r['baseline']}")
+        if "native_unavailable" in r:
+            notes.add(f"{r['framework']} {r['dtype']} {r['op']}: no own formula ({r['native_unavailable']})")
+    lines += [f"  note: {n}" for n in sorted(notes)]
+    return lines
