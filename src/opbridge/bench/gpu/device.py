@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from opbridge.bench import BenchError
 from opbridge.bench.candidates import (
     Candidate,
-    as_tuple,
+    choose_torch,
     clone,
     eager_candidates,
     make_args,
@@ -16,28 +15,7 @@ from opbridge.bench.candidates import (
 from opbridge.bench.gpu.cases import Size, record
 from opbridge.bench.verify import mismatch, reference64, reference_tolerances
 
-
-def choose_torch(op: Any, wl: Any, device: Any) -> Any:
-    """The first torch variant of *wl* that matches the float64 reference on a small float32 case, or None.
-
-    Raises
-    ------
-    BenchError
-        If no variant matches.
-    """
-    if not wl.torch:
-        return None
-    pristine = make_args(op, wl, (4, 256), "float32", seed=1, device=device)
-    expected = reference64(op, pristine)
-    tols = reference_tolerances(op, "float32", expected, pristine)
-    errors = []
-    for impl in wl.torch:
-        why = mismatch(as_tuple(impl.new(*clone(pristine))), expected, tols, "float32")
-        if why is None:
-            return impl
-        errors.append(f"{op.name} (4, 256) float32: torch variant {impl.label or impl.what!r} disagrees with "
-                      f"the float64 reference:\n{why}")
-    raise BenchError(errors[0])
+__all__ = ["candidates", "choose_torch"]
 
 
 def candidates(op: Any, impl: Any, liger: Any, use_compile: bool) -> list[Candidate]:
