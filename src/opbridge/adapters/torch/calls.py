@@ -20,6 +20,7 @@ import torch
 
 from opbridge import _tvm, loader
 from opbridge._codegen import compile_source
+from opbridge.adapters.torch import native
 from opbridge.call import core, memory
 
 if TYPE_CHECKING:
@@ -229,6 +230,7 @@ def kernel(op: OpDef, device: str) -> Any:
     k = _KERNELS.get((op.qualname, device))
     if k is None:
         k = _KERNELS[(op.qualname, device)] = loader.kernel(op, device)
+        native.kernel_loaded(op, device, k)
     return k
 
 

@@ -4,6 +4,11 @@ Each op is defined under ``torch.ops.<ns>.<op>`` with its declared schema, a
 CPU and/or CUDA kernel (:func:`make_impl`), a fake kernel from the shape rule
 and an autograd formula from the declared backward, so it works under
 autograd, ``opcheck``, ``torch.compile(fullgraph=True)`` and ``torch.export``.
+
+Those kernels are Python; where the native shim is built (:mod:`.native`),
+C++ kernels take the op's calls instead and hand the Python ones only what
+they do not handle (strided tensors, undeclared dtypes, calls that need
+grad, ...).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opbridge._codegen import compile_source
-from opbridge.adapters.torch import calls
+from opbridge.adapters.torch import calls, native
 from opbridge.call import core
 from opbridge.call.callable import signature_source
 
@@ -74,8 +79,13 @@ def make_fake(op: OpDef) -> Callable[..., Any]:
     return fake
 
 
-def make_autograd(op: OpDef, tl: torch.library.Library) -> None:
-    """Register the declared backward (:func:`opbridge.call.core.run_backward`) as *op*'s autograd formula."""
+def make_autograd(op: OpDef) -> Callable[..., Any]:
+    """*op*'s autograd kernel (taking the dispatch key set first) from the declared backward.
+
+    The kernel ``torch.library.register_autograd`` would register for
+    :func:`opbridge.call.core.run_backward`, made by the same torch function,
+    so that the native autograd kernel can hand grad-requiring calls to it.
+    """
     tensor_idx = core.tensor_indices(op)
     n_args = len(op.schema.arguments)
 
@@ -99,7 +109,9 @@ def make_autograd(op: OpDef, tl: torch.library.Library) -> None:
             out[i] = g
         return tuple(out)
 
-    torch.library.register_autograd(op.qualname, backward, setup_context=setup_context, lib=tl)
+    info = torch._library.autograd.Info(backward, setup_context)
+    kernel: Callable[..., Any] = torch._library.autograd.make_autograd_impl(packet(op), info)
+    return kernel
 
 
 def make_mutating_autograd(op: OpDef) -> Callable[..., Any]:
@@ -129,6 +141,19 @@ def make_mutating_autograd(op: OpDef) -> Callable[..., Any]:
     return autograd_impl
 
 
+def python_kernels(op: OpDef) -> native.PythonKernels:
+    """*op*'s Python device and autograd kernels (and what the native ones need from Python)."""
+    rule = None
+    if core.like_indices(op) is None and op.n_outputs:
+        def rule(args: tuple[Any, ...]) -> list[torch.Tensor]:
+            return [torch.empty(s.shape, dtype=calls.to_dtype(s.dtype), device="meta") for s in op.output_specs(args)]
+
+    impls = {device: make_impl(op, device) for device in op.kernels if device in _DISPATCH_KEY}
+    if op.schema.is_mutating:
+        return native.PythonKernels(impls, make_mutating_autograd(op), False, rule, calls.fresh)
+    return native.PythonKernels(impls, make_autograd(op), True, rule, calls.fresh)
+
+
 def register(lib: Library, on_registered: Callable[[OpDef], None]) -> None:
     """Define and implement every op of *lib* in ``torch.ops.<namespace>`` (idempotent).
 
@@ -142,14 +167,14 @@ def register(lib: Library, on_registered: Callable[[OpDef], None]) -> None:
         if op.qualname in REGISTERED:
             continue
         tl.define(str(op.schema))
-        for device in op.kernels:
-            if device in _DISPATCH_KEY:
-                tl.impl(op.name, make_impl(op, device), _DISPATCH_KEY[device])
         torch.library.register_fake(op.qualname, make_fake(op), lib=tl)
-        if op.schema.is_mutating:
-            tl.impl(op.name, make_mutating_autograd(op), "Autograd")
-        else:
-            make_autograd(op, tl)
+        kernels = python_kernels(op)
+        native_devices = native.register(op, kernels)
+        for device, impl in kernels.impls.items():
+            if device not in (native_devices or ()):
+                tl.impl(op.name, impl, _DISPATCH_KEY[device])
+        if native_devices is None:
+            tl.impl(op.name, kernels.autograd, "Autograd", with_keyset=kernels.autograd_keyset)
         on_registered(op)
         REGISTERED.add(op.qualname)
 

@@ -1,0 +1,227 @@
+"""Native (C++) dispatcher kernels: ``torch.ops.<ns>.<op>`` without a Python frame.
+
+One shim (``shim.cc``), independent of any op, is compiled against the
+running torch, once per torch version, Python ABI, tvm-ffi version and
+compiler, into ``<cache>/torch-native/<key>/`` (:mod:`.build`). It registers
+boxed kernels for an op with torch's dispatcher: a device kernel on ``CPU``
+(and ``CUDA`` when the shim was compiled against a CUDA torch) and an
+``Autograd`` kernel. For dense tensors of a declared dtype on one device the
+device kernel allocates the outputs (new, contiguous: the op-call core's
+layout rule), calls the op's compiled tvm-ffi kernel on DLTensor views and
+packs the schema's returns; anything else goes to the op's Python kernel
+(:func:`..dispatcher.make_impl`), which gives today's results and messages.
+The autograd kernel hands a call to the Python autograd kernel (the declared
+backward, through ``torch.library``'s own machinery) only when grad mode is on
+and a tensor argument requires grad.
+
+When it is built
+----------------
+Never at import. Registering an op only *looks* for a built shim (a hash of
+a few strings and one small file, then ``dlopen``). If there is one, the op's
+device and autograd kernels are the native ones from the start. If there is
+none, the op gets its Python kernels, and the first time a compiled kernel is
+loaded for torch (:func:`kernel_loaded`, from :func:`..calls.kernel`; that
+call may build the op library anyway) the shim is built, with a progress
+line, and every op registered so far gets native ``AutogradCPU``/
+``AutogradCUDA`` kernels, which take precedence over the Python ``Autograd``
+kernel without replacing a kernel that may be running (so under
+``torch.inference_mode``, which skips autograd, that process keeps the Python
+device kernel; the next process is native throughout). A failed build warns
+once and leaves the Python kernels in place. ``OPBRIDGE_TORCH_NATIVE=0``
+turns all of it off (read when an op is registered).
+
+Ops with an argument type other than ``Tensor``, ``Tensor?``, ``int``,
+``float``, ``bool`` (optional or not), or returns other than tensors, keep
+their Python kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opbridge.adapters.torch.native import build
+from opbridge.call import core, memory
+from opbridge.errors import BuildError
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+#: The shim's device numbers.
+_DEVICE_INDEX = {"cpu": 0, "cuda": 1}
+_SCALAR_BASES = {"int", "float", "bool"}
+
+
+@dataclass(frozen=True)
+class PythonKernels:
+    """An op's Python kernels: what the native kernels hand calls to.
+
+    Attributes
+    ----------
+    impls
+        The dispatcher kernel per device (``"cpu"``, ``"cuda"``).
+    autograd
+        The autograd kernel.
+    autograd_keyset
+        Whether *autograd* takes the dispatch key set first (``torch.library``'s generated ones do).
+    rule
+        For an op whose shape rule is not ``like``: the argument tuple to one
+        ``meta`` tensor per output (asked once per argument signature).
+    fresh
+        Huge-page advice for a new CPU output of at least :data:`opbridge.call.memory.MIN_BYTES`.
+    """
+
+    impls: dict[str, Callable[..., Any]]
+    autograd: Callable[..., Any]
+    autograd_keyset: bool
+    rule: Callable[[tuple[Any, ...]], list[Any]] | None
+    fresh: Callable[[Any], None]
+
+
+class Shim:
+    """The loaded shim library."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may raise Python errors
+        lib.opb_register.argtypes = [ctypes.py_object]
+        lib.opb_register.restype = ctypes.py_object
+        lib.opb_set_kernel.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        lib.opb_set_kernel.restype = None
+        lib.opb_native_calls.argtypes = [ctypes.c_void_p]
+        lib.opb_native_calls.restype = ctypes.c_int64
+        lib.opb_has_cuda.restype = ctypes.c_int
+        self.lib = lib
+        self.path = path
+        self.devices = ("cpu", "cuda") if lib.opb_has_cuda() else ("cpu",)
+
+    def register(self, spec: dict[str, Any]) -> int:
+        """Register the native kernels of one op; its handle."""
+        handle: int = self.lib.opb_register(spec)
+        return handle
+
+    def set_kernel(self, handle: int, device: str, kernel: Any) -> None:
+        """Hand *kernel* (a ``tvm_ffi.Function``) to the op's native kernels for *device*."""
+        self.lib.opb_set_kernel(handle, _DEVICE_INDEX[device], kernel.__chandle__())
+
+    def native_calls(self, handle: int) -> int:
+        """How many calls of the op the native kernels completed themselves."""
+        return int(self.lib.opb_native_calls(handle))
+
+
+_SHIM: Shim | None = None
+_LOOKED = False
+_BUILD_FAILED = False
+#: qualname -> the shim's handle of an op with native kernels.
+HANDLES: dict[str, int] = {}
+#: Ops registered with Python kernels while no shim existed: native ones follow once it is built.
+_PENDING: dict[str, tuple[OpDef, PythonKernels]] = {}
+#: Compiled kernels loaded so far, by (qualname, device); also keeps them alive.
+_LOADED: dict[tuple[str, str], Any] = {}
+
+
+def enabled() -> bool:
+    """Whether native kernels are used (``OPBRIDGE_TORCH_NATIVE``, default on)."""
+    return os.environ.get("OPBRIDGE_TORCH_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def describable(op: OpDef) -> bool:
+    """Whether the shim can run *op*: tensor, int, float and bool arguments, tensor returns, a CPU/CUDA kernel."""
+    for a in op.schema.arguments:
+        if a.type.is_list or not (a.type.is_tensor or a.type.base in _SCALAR_BASES):
+            return False
+    if any(r.type.is_list or not r.type.is_tensor for r in op.schema.returns):
+        return False
+    return any(d in op.kernels for d in _DEVICE_INDEX)
+
+
+def shim(build_now: bool = False) -> Shim | None:
+    """The shim: loaded from the cache, or with *build_now* built first; None if unavailable."""
+    global _SHIM, _LOOKED, _BUILD_FAILED
+    if _SHIM is not None:
+        return _SHIM
+    if not _LOOKED:
+        _LOOKED = True
+        path = build.path()
+        if path.exists():
+            _SHIM = _load(path)
+    if _SHIM is None and build_now and not _BUILD_FAILED:
+        try:
+            _SHIM = _load(build.build())
+        except (BuildError, OSError) as e:
+            _BUILD_FAILED = True
+            warnings.warn(f"opbridge: torch.ops calls stay on Python kernels: {e}", RuntimeWarning, stacklevel=2)
+    return _SHIM
+
+
+def _load(path: Path) -> Shim | None:
+    global _BUILD_FAILED
+    try:
+        return Shim(path)
+    except OSError as e:
+        _BUILD_FAILED = True
+        warnings.warn(f"opbridge: could not load the torch native shim {path} ({e}); "
+                      f"torch.ops calls stay on Python kernels", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def register(op: OpDef, kernels: PythonKernels) -> tuple[str, ...] | None:
+    """Register *op*'s native kernels if the shim is built; else remember the op for when it is.
+
+    Returns the devices whose device kernel is now native (the caller
+    registers the Python kernels of the others; the autograd kernel is native
+    too), or None when the caller must register every Python kernel.
+    """
+    if not (enabled() and describable(op)):
+        return None
+    sh = shim()
+    if sh is None:
+        _PENDING[op.qualname] = (op, kernels)
+        return None
+    return _register(sh, op, kernels, late=False)
+
+
+def _register(sh: Shim, op: OpDef, kernels: PythonKernels, late: bool) -> tuple[str, ...] | None:
+    devices = tuple(d for d in sh.devices if d in kernels.impls)
+    spec = {
+        "qualname": op.qualname, "late": late, "devices": list(devices),
+        "dispatch_arg": op.dispatch_arg, "dtype_arg": op.dtype_arg, "dtypes": list(op.dtypes),
+        "n_outputs": op.n_outputs, "like": core.like_indices(op), "rule": kernels.rule,
+        "fresh": kernels.fresh, "fresh_min": memory.MIN_BYTES,
+        "impl": {d: kernels.impls[d] for d in devices},
+        "autograd": kernels.autograd, "autograd_keyset": kernels.autograd_keyset,
+    }
+    try:
+        handle = HANDLES[op.qualname] = sh.register(spec)
+    except TypeError:  # an argument type the shim's schema reading does not take: stay Python
+        return None
+    for device in devices:
+        k = _LOADED.get((op.qualname, device))
+        if k is not None:
+            sh.set_kernel(handle, device, k)
+    return devices
+
+
+def kernel_loaded(op: OpDef, device: str, kernel: Any) -> None:
+    """*op*'s compiled *device* kernel was loaded: hand it to the native kernels (building the shim if due)."""
+    _LOADED[(op.qualname, device)] = kernel
+    if _PENDING and enabled():
+        sh = shim(build_now=True)
+        if sh is not None:
+            pending = list(_PENDING.values())
+            _PENDING.clear()
+            for pop, pk in pending:
+                _register(sh, pop, pk, late=True)
+    handle = HANDLES.get(op.qualname)
+    if handle is not None and _SHIM is not None and device in _SHIM.devices:
+        _SHIM.set_kernel(handle, device, kernel)
+
+
+def native_calls(op: OpDef) -> int | None:
+    """How many calls of *op* its native kernels completed (None: it has none)."""
+    handle = HANDLES.get(op.qualname)
+    return None if handle is None or _SHIM is None else _SHIM.native_calls(handle)

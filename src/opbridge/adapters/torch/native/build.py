@@ -1,0 +1,105 @@
+"""Compiling the native dispatcher shim (``shim.cc``) against the running torch, once, into the cache.
+
+The shim depends on torch's C++ ABI, the Python ABI (it calls Python
+kernels through pybind11), tvm-ffi's C ABI and its own source, so the cache
+key hashes exactly those: torch's version and git revision, the extension
+suffix of the running interpreter, tvm-ffi's version, the compiler named by
+``OPBRIDGE_CXX``/``CXX`` and the source text. Computing the key reads one
+small file and runs no process, so looking for a built shim costs nothing
+noticeable; building it (about half a minute) happens only where
+:func:`build` is called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import torch
+
+from opbridge import _tvm, config
+from opbridge.build.progress import Progress, first_errors
+from opbridge.errors import BuildError
+
+SOURCE = Path(__file__).with_name("shim.cc")
+LIB_NAME = "libopbridge_torch_native.so"
+
+
+def _with_cuda() -> bool:
+    """Whether to compile the CUDA branch: torch was built with CUDA and ships its CUDA headers."""
+    from torch.utils import cpp_extension
+
+    return torch.version.cuda is not None and any(
+        (Path(p) / "c10" / "cuda" / "CUDAStream.h").exists() for p in cpp_extension.include_paths())
+
+
+def cache_key() -> str:
+    """The content hash naming this process's shim in the cache."""
+    tvm = _tvm.tvm_ffi()
+    parts = [torch.__version__, str(torch.version.git_version), str(torch.version.cuda),
+             str(sysconfig.get_config_var("EXT_SUFFIX")), sys.implementation.cache_tag or "",
+             str(getattr(tvm, "__version__", "")), config.cxx(), SOURCE.read_text()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
+def path() -> Path:
+    """Where this process's shim is (or would be) cached."""
+    return config.cache_dir() / "torch-native" / cache_key() / LIB_NAME
+
+
+def command(output: Path) -> list[str]:
+    """The compiler command building the shim into *output*."""
+    from torch.utils import cpp_extension
+
+    libinfo = _tvm.tvm_ffi().libinfo
+    tvm_lib = Path(libinfo.find_libtvm_ffi())
+    torch_lib = Path(torch.__file__).parent / "lib"
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"],
+                libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = [config.cxx(), "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
+           f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes), str(SOURCE), "-o", str(output),
+           f"-L{torch_lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10",
+           f"-L{tvm_lib.parent}", f"-l{tvm_lib.stem.removeprefix('lib')}",
+           f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{tvm_lib.parent}"]
+    if _with_cuda():
+        cmd[1:1] = ["-DOPB_WITH_CUDA"]
+        cuda_home = cpp_extension.CUDA_HOME
+        if cuda_home:
+            cmd += [f"-I{Path(cuda_home) / 'include'}", "-lc10_cuda"]
+    return cmd
+
+
+def build() -> Path:
+    """Compile the shim into the cache (atomically: a concurrent build just wins the rename).
+
+    Raises
+    ------
+    BuildError
+        With the command and the compiler's first errors, when compiling fails.
+    """
+    out = path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = command(Path(tmp))
+    if config.verbose():
+        print(" ".join(cmd), file=sys.stderr)
+    try:
+        with Progress("the torch native dispatcher shim (once per torch version)",
+                      config.show_progress()) as progress:
+            progress.status = "compiling shim.cc"
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            log = proc.stderr or proc.stdout
+            raise BuildError("building the torch native shim failed", " ".join(cmd), first_errors(log), log)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out

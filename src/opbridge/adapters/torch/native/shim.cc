@@ -1,0 +1,521 @@
+// Native dispatcher kernels for opbridge ops: one shim per torch version, shared by every op.
+//
+// For each op the Python side (native/__init__.py) registers, through opb_register:
+//   * a device kernel (CPU, and CUDA when built with OPB_WITH_CUDA) on the op's backend keys, and
+//   * an autograd kernel, on the Autograd alias key (or, when the op's Python kernels were already
+//     registered before the shim existed, on AutogradCPU/AutogradCUDA, which take precedence over
+//     the Python Autograd kernel without replacing it).
+//
+// The native routine handles what the Python kernel (adapters/torch/dispatcher.py, make_impl) does
+// for dense tensors of a declared dtype on one device: outputs are new contiguous tensors
+// (at::empty) from the `like` rule or from the op's shape rule (asked once per argument signature,
+// then remembered), the compiled tvm-ffi kernel is called in destination-passing style on
+// DLTensor views, and outputs and aliased arguments are packed onto the schema's returns.
+// Anything else (a strided tensor, an undeclared dtype, mixed devices, overlapping mutated
+// arguments, a kernel not loaded yet, a kernel error) is handed to the Python kernel, which gives
+// today's results and messages; kernels check their arguments before they write, so a call the
+// kernel refused can be run again.
+//
+// The autograd kernel hands a call to the Python autograd kernel only when grad mode is on and a
+// tensor argument requires grad; otherwise it runs the native routine directly (when no mode,
+// subclass or functionalization key is left below autograd) or redispatches below autograd, and
+// bumps the version counter of mutated arguments as ADInplaceOrView would.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <dlpack/dlpack.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#ifdef OPB_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+enum class Kind { kTensor, kInt, kFloat, kBool };
+enum Device { kCPU = 0, kCUDA = 1, kNumDevices = 2 };
+
+struct OutSpec {
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype;
+};
+
+struct OpState {
+  explicit OpState(c10::OperatorHandle handle) : op(std::move(handle)) {}
+  c10::OperatorHandle op;
+  std::vector<Kind> kinds;           // per schema argument
+  std::vector<bool> kwarg_only;      // per schema argument
+  std::vector<int> mutated;          // indices of Tensor(a!) arguments
+  std::vector<int> returns;          // per return: -1 for a new output, else the aliased argument
+  int dispatch_arg = 0;
+  int dtype_arg = 0;
+  uint64_t dtypes = 0;               // bit per c10::ScalarType
+  std::vector<int> like;             // per output: the argument it copies; empty with a shape rule
+  int n_outputs = 0;
+  int64_t fresh_min = 0;             // new CPU outputs of at least this many bytes get fresh(); 0: none
+  TVMFFIObjectHandle kernel[kNumDevices] = {nullptr, nullptr};
+  py::object impl[kNumDevices];      // the Python device kernels (fallback)
+  py::object autograd;               // the Python autograd kernel
+  bool autograd_keyset = false;      // whether it takes the DispatchKeySet first
+  py::object rule;                   // args -> list of meta tensors (the shape rule)
+  py::object fresh;                  // huge-page advice for a new CPU output
+  std::mutex rule_mutex;
+  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;
+  std::atomic<int64_t> native_calls{0};
+};
+
+// Kept for the life of the process: the dispatcher holds raw pointers to registered kernels.
+std::vector<std::shared_ptr<OpState>>* states = new std::vector<std::shared_ptr<OpState>>();
+std::vector<std::unique_ptr<torch::Library>>* libraries = new std::vector<std::unique_ptr<torch::Library>>();
+
+constexpr size_t kRuleCacheSize = 256;
+
+bool DLType(c10::ScalarType t, DLDataType* out) {
+  using S = c10::ScalarType;
+  switch (t) {
+    case S::Float: *out = {kDLFloat, 32, 1}; return true;
+    case S::Double: *out = {kDLFloat, 64, 1}; return true;
+    case S::Half: *out = {kDLFloat, 16, 1}; return true;
+    case S::BFloat16: *out = {kDLBfloat, 16, 1}; return true;
+    case S::Long: *out = {kDLInt, 64, 1}; return true;
+    case S::Int: *out = {kDLInt, 32, 1}; return true;
+    case S::Short: *out = {kDLInt, 16, 1}; return true;
+    case S::Char: *out = {kDLInt, 8, 1}; return true;
+    case S::Byte: *out = {kDLUInt, 8, 1}; return true;
+    case S::Bool: *out = {kDLBool, 8, 1}; return true;
+    default: return false;
+  }
+}
+
+bool ScalarTypeOf(const std::string& name, c10::ScalarType* out) {
+  static const std::pair<const char*, c10::ScalarType> names[] = {
+      {"float32", c10::ScalarType::Float}, {"float64", c10::ScalarType::Double},
+      {"float16", c10::ScalarType::Half},  {"bfloat16", c10::ScalarType::BFloat16},
+      {"int64", c10::ScalarType::Long},    {"int32", c10::ScalarType::Int},
+      {"int16", c10::ScalarType::Short},   {"int8", c10::ScalarType::Char},
+      {"uint8", c10::ScalarType::Byte},    {"bool", c10::ScalarType::Bool}};
+  for (const auto& [n, t] : names) {
+    if (name == n) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The signature a shape rule's answer depends on: shapes and dtypes of tensors, scalar values.
+std::vector<int64_t> RuleKey(const OpState& st, const c10::IValue* args) {
+  std::vector<int64_t> key;
+  for (size_t i = 0; i < st.kinds.size(); ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isNone()) {
+      key.push_back(-1);
+    } else if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      key.push_back(t.dim());
+      key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+      key.push_back(static_cast<int64_t>(t.scalar_type()));
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      key.push_back(bits);
+    } else if (v.isInt()) {
+      key.push_back(v.toInt());
+    } else if (v.isBool()) {
+      key.push_back(v.toBool());
+    }
+  }
+  return key;
+}
+
+py::object ToPy(const c10::IValue& v) {
+  if (v.isTensor()) return py::cast(v.toTensor());
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isBool()) return py::bool_(v.toBool());
+  return py::none();
+}
+
+// The Python call of *fn* on the stack's arguments (kwarg-only ones by name), its result pushed.
+void CallPython(const OpState& st, const py::object& fn, const c10::DispatchKeySet* ks,
+                torch::jit::Stack* stack) {
+  const size_t n = st.kinds.size();
+  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - n),
+                                std::make_move_iterator(stack->end()));
+  torch::jit::drop(*stack, n);
+  py::gil_scoped_acquire gil;
+  py::list pos;
+  py::dict kw;
+  if (ks != nullptr) pos.append(py::cast(*ks));
+  const auto& schema = st.op.schema();
+  for (size_t i = 0; i < n; ++i) {
+    if (st.kwarg_only[i]) {
+      kw[py::str(schema.arguments()[i].name())] = ToPy(args[i]);
+    } else {
+      pos.append(ToPy(args[i]));
+    }
+  }
+  py::object result = fn(*py::tuple(pos), **kw);
+  const size_t n_returns = st.returns.size();
+  if (n_returns == 1) {
+    stack->emplace_back(result.cast<at::Tensor>());
+  } else if (n_returns > 1) {
+    for (const auto& r : py::cast<py::tuple>(result)) stack->emplace_back(r.cast<at::Tensor>());
+  }
+}
+
+const std::vector<OutSpec>* RuleSpecs(OpState& st, const c10::IValue* args) {
+  std::vector<int64_t> key = RuleKey(st, args);
+  {
+    std::lock_guard<std::mutex> lock(st.rule_mutex);
+    auto it = st.rule_cache.find(key);
+    if (it != st.rule_cache.end()) return &it->second;
+  }
+  std::vector<OutSpec> specs;
+  {
+    py::gil_scoped_acquire gil;
+    py::tuple pyargs(st.kinds.size());
+    for (size_t i = 0; i < st.kinds.size(); ++i) pyargs[i] = ToPy(args[i]);
+    for (const auto& m : py::cast<py::list>(st.rule(pyargs))) {
+      at::Tensor t = m.cast<at::Tensor>();
+      specs.push_back({t.sizes().vec(), t.scalar_type()});
+    }
+  }
+  std::lock_guard<std::mutex> lock(st.rule_mutex);
+  if (st.rule_cache.size() >= kRuleCacheSize) st.rule_cache.clear();
+  return &(st.rule_cache[std::move(key)] = std::move(specs));
+}
+
+bool Overlap(const at::Tensor& a, const at::Tensor& b) {
+  auto s0 = reinterpret_cast<uintptr_t>(a.data_ptr()), s1 = reinterpret_cast<uintptr_t>(b.data_ptr());
+  auto e0 = s0 + a.nbytes(), e1 = s1 + b.nbytes();
+  return s0 != e0 && s1 != e1 && s1 < e0 && s0 < e1;
+}
+
+// The op on dense arguments of a declared dtype on one device: true when done (results pushed),
+// false when the Python kernel must take the call (the stack is then untouched).
+bool RunNative(OpState& st, torch::jit::Stack* stack) {
+  const size_t n = st.kinds.size();
+  const c10::IValue* args = &*(stack->end() - n);
+  const c10::IValue& lead_v = args[st.dispatch_arg];
+  if (!lead_v.isTensor() || !args[st.dtype_arg].isTensor()) return false;
+  const at::Tensor& lead = lead_v.toTensor();
+  if (!(st.dtypes >> static_cast<int>(args[st.dtype_arg].toTensor().scalar_type()) & 1)) return false;
+  const c10::Device device = lead.device();
+  int dev;
+  DLDevice dl_device;
+  if (device.is_cpu()) {
+    dev = kCPU;
+    dl_device = {kDLCPU, 0};
+#ifdef OPB_WITH_CUDA
+  } else if (device.is_cuda()) {
+    dev = kCUDA;
+    dl_device = {kDLCUDA, device.index()};
+#endif
+  } else {
+    return false;
+  }
+  TVMFFIObjectHandle kernel = st.kernel[dev];
+  if (kernel == nullptr) return false;
+
+  const size_t n_out = st.n_outputs;
+  std::vector<TVMFFIAny> ffi(n_out + n);
+  std::vector<DLTensor> dl(n_out + n);
+  for (size_t i = 0; i < n; ++i) {
+    TVMFFIAny& a = ffi[n_out + i];
+    a.zero_padding = 0;
+    a.v_int64 = 0;
+    const c10::IValue& v = args[i];
+    if (v.isNone()) {
+      a.type_index = kTVMFFINone;
+    } else if (st.kinds[i] == Kind::kTensor) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined() || t.device() != device || !t.is_contiguous()) return false;
+      DLTensor& d = dl[n_out + i];
+      if (!DLType(t.scalar_type(), &d.dtype)) return false;
+      d.data = t.data_ptr();
+      d.device = dl_device;
+      d.ndim = static_cast<int32_t>(t.dim());
+      d.shape = const_cast<int64_t*>(t.sizes().data());
+      d.strides = const_cast<int64_t*>(t.strides().data());
+      d.byte_offset = 0;
+      a.type_index = kTVMFFIDLTensorPtr;
+      a.v_ptr = &d;
+    } else if (st.kinds[i] == Kind::kFloat) {
+      if (!v.isDouble() && !v.isInt()) return false;
+      a.type_index = kTVMFFIFloat;
+      a.v_float64 = v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+    } else if (st.kinds[i] == Kind::kInt) {
+      if (!v.isInt()) return false;  // a symbolic int
+      a.type_index = kTVMFFIInt;
+      a.v_int64 = v.toInt();
+    } else {
+      if (!v.isBool()) return false;
+      a.type_index = kTVMFFIBool;
+      a.v_int64 = v.toBool();
+    }
+  }
+  for (int m : st.mutated) {  // the Python kernel names the overlapping pair
+    if (args[m].isNone()) continue;
+    for (size_t j = 0; j < n; ++j) {
+      if (static_cast<int>(j) != m && args[j].isTensor() && Overlap(args[m].toTensor(), args[j].toTensor()))
+        return false;
+    }
+  }
+
+  std::vector<at::Tensor> outs;
+  outs.reserve(n_out);
+  const auto options = at::TensorOptions().device(device);
+  if (!st.like.empty()) {
+    for (int i : st.like) {
+      const at::Tensor& src = args[i].toTensor();
+      outs.push_back(at::empty(src.sizes(), options.dtype(src.scalar_type())));
+    }
+  } else if (n_out) {
+    for (const OutSpec& s : *RuleSpecs(st, args)) outs.push_back(at::empty(s.shape, options.dtype(s.dtype)));
+    if (outs.size() != n_out) return false;
+  }
+  for (size_t k = 0; k < n_out; ++k) {
+    const at::Tensor& t = outs[k];
+    if (st.fresh_min && dev == kCPU && static_cast<int64_t>(t.nbytes()) >= st.fresh_min) {
+      py::gil_scoped_acquire gil;
+      st.fresh(py::cast(t));
+    }
+    DLTensor& d = dl[k];
+    if (!DLType(t.scalar_type(), &d.dtype)) return false;
+    d.data = t.data_ptr();
+    d.device = dl_device;
+    d.ndim = static_cast<int32_t>(t.dim());
+    d.shape = const_cast<int64_t*>(t.sizes().data());
+    d.strides = const_cast<int64_t*>(t.strides().data());
+    d.byte_offset = 0;
+    ffi[k].type_index = kTVMFFIDLTensorPtr;
+    ffi[k].zero_padding = 0;
+    ffi[k].v_ptr = &d;
+  }
+
+  TVMFFIAny result;
+  result.type_index = kTVMFFINone;
+  result.zero_padding = 0;
+  result.v_int64 = 0;
+  int rc;
+#ifdef OPB_WITH_CUDA
+  if (dev == kCUDA) {
+    TVMFFIStreamHandle prev = nullptr;
+    auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    TVMFFIEnvSetStream(kDLCUDA, device.index(), stream, &prev);
+    rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
+    TVMFFIEnvSetStream(kDLCUDA, device.index(), prev, nullptr);
+  } else {
+    rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
+  }
+#else
+  rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
+#endif
+  if (rc != 0) {  // the Python kernel runs the call again and raises the kernel's own error
+    TVMFFIObjectHandle err = nullptr;
+    TVMFFIErrorMoveFromRaised(&err);
+    if (err != nullptr) TVMFFIObjectDecRef(err);
+    return false;
+  }
+  if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
+
+  std::vector<c10::IValue> returned;
+  returned.reserve(st.returns.size());
+  size_t next = 0;
+  for (int r : st.returns) returned.push_back(r < 0 ? c10::IValue(std::move(outs[next++])) : args[r]);
+  torch::jit::drop(*stack, n);
+  for (auto& v : returned) stack->push_back(std::move(v));
+  st.native_calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+class DeviceKernel : public c10::OperatorKernel {
+ public:
+  DeviceKernel(std::shared_ptr<OpState> st, int dev) : st_(std::move(st)), dev_(dev) {}
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (!RunNative(*st_, stack)) CallPython(*st_, st_->impl[dev_], nullptr, stack);
+  }
+
+ private:
+  std::shared_ptr<OpState> st_;
+  int dev_;
+};
+
+class AutogradKernel : public c10::OperatorKernel {
+ public:
+  // *direct*: run the native routine itself where a redispatch would reach the backend kernel (the
+  // backend keys hold the Python kernels); else redispatch, so the backend key's kernel (native,
+  // or one registered over it) runs.
+  AutogradKernel(std::shared_ptr<OpState> st, bool direct) : st_(std::move(st)), direct_(direct) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    OpState& st = *st_;
+    const size_t n = st.kinds.size();
+    const c10::IValue* args = &*(stack->end() - n);
+    if (c10::GradMode::is_enabled()) {
+      for (size_t i = 0; i < n; ++i) {
+        if (args[i].isTensor() && args[i].toTensor().requires_grad()) {
+          CallPython(st, st.autograd, st.autograd_keyset ? &ks : nullptr, stack);
+          return;
+        }
+      }
+    }
+    std::vector<at::Tensor> mutated;
+    for (int m : st.mutated) {
+      if (args[m].isTensor()) mutated.push_back(args[m].toTensor());
+    }
+    const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
+    bool done = false;
+    if (direct_) {  // with nothing but the backend below autograd, a redispatch reaches its kernel
+      const auto next = below.remove(c10::DispatchKey::ADInplaceOrView).highestPriorityTypeId();
+      done = (next == c10::DispatchKey::CPU || next == c10::DispatchKey::CUDA) && RunNative(st, stack);
+    }
+    if (!done) {
+      at::AutoDispatchBelowAutograd guard;
+      op.redispatchBoxed(below, stack);
+    }
+    for (const at::Tensor& t : mutated) torch::autograd::impl::bump_version(t);
+  }
+
+ private:
+  std::shared_ptr<OpState> st_;
+  bool direct_;
+};
+
+template <typename K>
+torch::CppFunction Boxed(std::unique_ptr<K> kernel) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::move(kernel));
+}
+
+template <typename T>
+T Item(const py::dict& spec, const char* key) {
+  return spec[key].cast<T>();
+}
+
+PyObject* Register(PyObject* spec_obj) {
+  py::dict spec = py::reinterpret_borrow<py::dict>(spec_obj);
+  const auto name = Item<std::string>(spec, "qualname");
+  auto st = std::make_shared<OpState>(c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), ""));
+  const c10::FunctionSchema& schema = st->op.schema();
+  std::map<c10::Symbol, int> alias_of;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::Argument& a = schema.arguments()[i];
+    c10::TypePtr t = a.type();
+    if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+    Kind kind;
+    if (t->kind() == c10::TypeKind::TensorType) kind = Kind::kTensor;
+    else if (t->kind() == c10::TypeKind::IntType || t->kind() == c10::TypeKind::SymIntType) kind = Kind::kInt;
+    else if (t->kind() == c10::TypeKind::FloatType) kind = Kind::kFloat;
+    else if (t->kind() == c10::TypeKind::BoolType) kind = Kind::kBool;
+    else throw py::type_error(name + ": argument '" + a.name() + "' has a type the native kernel does not take");
+    st->kinds.push_back(kind);
+    st->kwarg_only.push_back(a.kwarg_only());
+    if (a.alias_info()) {
+      if (a.alias_info()->isWrite()) st->mutated.push_back(static_cast<int>(i));
+      for (const auto& set : a.alias_info()->beforeSets()) alias_of[set] = static_cast<int>(i);
+    }
+  }
+  for (const c10::Argument& r : schema.returns()) {
+    int aliased = -1;
+    if (r.alias_info()) {
+      for (const auto& set : r.alias_info()->beforeSets()) aliased = alias_of.at(set);
+    }
+    st->returns.push_back(aliased);
+  }
+  st->dispatch_arg = Item<int>(spec, "dispatch_arg");
+  st->dtype_arg = Item<int>(spec, "dtype_arg");
+  for (const auto& d : Item<std::vector<std::string>>(spec, "dtypes")) {
+    c10::ScalarType t;
+    if (ScalarTypeOf(d, &t)) st->dtypes |= uint64_t{1} << static_cast<int>(t);
+  }
+  st->n_outputs = Item<int>(spec, "n_outputs");
+  if (!spec["like"].is_none()) st->like = Item<std::vector<int>>(spec, "like");
+  st->rule = spec["rule"];
+  st->fresh = spec["fresh"];
+  st->fresh_min = Item<int64_t>(spec, "fresh_min");
+  st->autograd = spec["autograd"];
+  st->autograd_keyset = Item<bool>(spec, "autograd_keyset");
+  const bool late = Item<bool>(spec, "late");
+  const auto devices = Item<std::vector<std::string>>(spec, "devices");
+  py::dict impls = spec["impl"];
+
+  const auto colon = name.find("::");
+  auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, name.substr(0, colon), std::nullopt,
+                                              __FILE__, __LINE__);
+  const std::string op_name = name.substr(colon + 2);
+  for (const auto& d : devices) {
+    const int dev = d == "cuda" ? kCUDA : kCPU;
+    st->impl[dev] = impls[py::str(d)];
+    if (late) {  // the Python kernels stay; these keys take precedence over their Autograd alias
+      const auto key = dev == kCUDA ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU;
+      lib->impl(op_name.c_str(), torch::dispatch(key, Boxed(std::make_unique<AutogradKernel>(st, true))));
+    } else {
+      const auto key = dev == kCUDA ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+      lib->impl(op_name.c_str(), torch::dispatch(key, Boxed(std::make_unique<DeviceKernel>(st, dev))));
+    }
+  }
+  if (!late) {
+    lib->impl(op_name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, Boxed(std::make_unique<AutogradKernel>(st, false))));
+  }
+  libraries->push_back(std::move(lib));
+  states->push_back(st);
+  return PyLong_FromVoidPtr(st.get());
+}
+
+}  // namespace
+
+extern "C" {
+
+// Register native kernels for one op from a dict (see native/__init__.py); returns its handle.
+__attribute__((visibility("default"))) PyObject* opb_register(PyObject* spec) {
+  try {
+    return Register(spec);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+// Hand the op's compiled kernel for a device (0: CPU, 1: CUDA) to its native kernels.
+__attribute__((visibility("default"))) void opb_set_kernel(void* handle, int device, void* kernel) {
+  auto* st = static_cast<OpState*>(handle);
+  if (kernel != nullptr) TVMFFIObjectIncRef(kernel);
+  TVMFFIObjectHandle old = st->kernel[device];
+  st->kernel[device] = kernel;
+  if (old != nullptr) TVMFFIObjectDecRef(old);
+}
+
+// How many calls of the op the native routine completed.
+__attribute__((visibility("default"))) int64_t opb_native_calls(void* handle) {
+  return static_cast<OpState*>(handle)->native_calls.load(std::memory_order_relaxed);
+}
+
+// Whether this shim runs CUDA kernels.
+__attribute__((visibility("default"))) int opb_has_cuda() {
+#ifdef OPB_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+}  // extern "C"
