@@ -2,7 +2,7 @@
 
 For each op (the built-in forward ops and, when declared, the serving ops;
 ``--all-ops`` adds the backward ops), each size (small ``(8, 4096)``, large
-``(4096, 4096)``, odd ``(257, 5125)``) and each dtype (float32, bfloat16),
+``(4096, 4096)``, odd ``(257, 5125)``) and each dtype (float32, float64, bfloat16),
 these candidates compute the same result. An op whose tensors have fixed
 integer dtypes (``advance_step_flashattn``: int64 and int32) runs once per
 size, labelled with those dtypes; ops with index arguments get valid values
@@ -14,7 +14,7 @@ candidate        mode       what is called
 ``opbridge_out`` out        ``ops.<op>(..., out=buf)`` into an existing buffer
                  inplace    ``ops.<op>(...)`` for an op that mutates its arguments
 ``opbridge_new`` new        ``ops.<op>(...)``, a fresh output every call
-``numpy_ref``    new        the op's NumPy reference on the same memory (float32 only)
+``numpy_ref``    new        the op's NumPy reference on the same memory (float32, float64)
 ``eager_new``    new        torch eager, the native op or a formula (:mod:`.workloads`)
 ``eager_out``    out        torch eager into a buffer (``out=``), where torch can
 ``compile_new``  new        ``torch.compile`` (Inductor, ``fullgraph``, static shapes) of the formula
@@ -110,8 +110,8 @@ from opbridge.bench.timing import machine_info
 DESCRIPTION = (
     "Kernel throughput against STREAM: each op (add, gelu, rms_norm, and silu_and_mul, gelu_and_mul, "
     "fused_add_rms_norm, rotary_embedding, advance_step_flashattn when declared; --all-ops adds the "
-    "backward ops) at small, large and odd sizes in float32 and bfloat16 (integer-only ops once per "
-    "size), opbridge into an existing buffer and with a new output, against the NumPy "
+    "backward ops) at small, large and odd sizes in float32, float64 and bfloat16 (integer-only ops once "
+    "per size), opbridge into an existing buffer and with a new output, against the NumPy "
     "reference, torch eager and torch.compile (Inductor); verified before timing, timed interleaved; GB/s "
     "and the fraction of STREAM copy measured in the same run, speed-ups, peak extra memory per call; "
     "JSON, CSV and PNG plots under --out."
@@ -121,8 +121,10 @@ CANDIDATES = (OURS_OUT, OURS_NEW, REF, EAGER_NEW, EAGER_OUT, COMPILE_NEW, COMPIL
 
 
 def _weight(case: CaseSpec, s: Settings) -> float:
+    from opbridge.bench.workloads import itemsize
+
     rows, cols = case.size
-    w = 1.0 + rows * cols * (4 if case.dtype == "float32" else 2) / (8 << 20)
+    w = 1.0 + rows * cols * itemsize(case.dtype.split("/")[0]) / (8 << 20)
     return w * (2.0 if s.compile else 1.0)
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 from opbridge.bench import BenchError
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "float64", "bfloat16")
+#: Every dtype ``--dtypes`` accepts.
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 #: The serving ops benchmarked by default when declared (the built-in forward ops always are).
 DEFAULT_OPS = ("add", "gelu", "rms_norm", "silu_and_mul", "gelu_and_mul", "fused_add_rms_norm",
                "rotary_embedding", "advance_step_flashattn")
@@ -112,9 +114,9 @@ def settings(args: argparse.Namespace) -> Settings:
     d = QUICK if quick else FULL
     sizes = dict(_parse_size(s) for s in _csv_list(args.sizes)) if args.sizes else dict(SIZES)
     dtypes = tuple(_csv_list(args.dtypes)) or DTYPES
-    bad = [t for t in dtypes if t not in ("float32", "float16", "bfloat16")]
+    bad = [t for t in dtypes if t not in FLOAT_DTYPES]
     if bad:
-        raise BenchError(f"--dtypes: unsupported {', '.join(bad)} (float32, float16, bfloat16)")
+        raise BenchError(f"--dtypes: unsupported {', '.join(bad)} ({', '.join(FLOAT_DTYPES)})")
     rounds = int(args.rounds if args.rounds is not None else d["rounds"])
     target_ms = args.target_ms if args.target_ms is not None else d["target_ms"]
     if rounds < 1 or target_ms <= 0:
@@ -223,5 +225,6 @@ class CaseSpec:
 
 
 def reference_dtype(wl: Any, dtype: str) -> bool:
-    """Whether the NumPy reference runs at *dtype*: float32, or the fixed dtypes of an integer op."""
-    return dtype == "float32" or bool(wl.dtype)
+    """Whether the NumPy reference runs at *dtype*: float32, float64 (NumPy's own dtypes), or the
+    fixed dtypes of an integer op."""
+    return dtype in ("float32", "float64") or bool(wl.dtype)

@@ -76,7 +76,44 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     return {"large_float32_frac_stream_copy": frac, "large_float32_frac_stream_copy_run": frac_run,
             "large_new_speedup_vs_eager": new_vs_eager,
             "speedup_vs_compile": vs_compile, "small_speedup_vs_eager": small,
-            "small_ceiling_vs_eager": ceiling}
+            "small_ceiling_vs_eager": ceiling, "float64_vs_float32": float64_vs_float32(cases)}
+
+
+#: float64 is compared with float32 at sizes whose float32 case moves at least this many bytes.
+FLOAT64_MIN_BYTES = 1 << 20
+
+
+def _ours(case: dict[str, Any]) -> dict[str, Any] | None:
+    """opbridge's into-a-buffer (or in-place) row of *case*, else its new-output row."""
+    cands = case["candidates"]
+    return cands.get(OURS_OUT) or cands.get(OURS_NEW)
+
+
+def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{op: {size: {...}}}``: opbridge's fraction of the copy ceiling in float64 over float32's.
+
+    float64 moves twice float32's bytes, so the fair measure is the fraction
+    of STREAM copy, not the time: a kernel as memory-bound in float64 as in
+    float32 scores 1. Only sizes whose float32 case moves at least
+    :data:`FLOAT64_MIN_BYTES`. The fractions are against the interleaved copy
+    of each case's own bytes where both cases timed one (``"ceiling":
+    "local"``), else against the run's STREAM copy (``"run"``).
+    """
+    by = {(c["op"], c["size"], c["dtype"]): c for c in cases}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (op, size, dtype), c32 in by.items():
+        c64 = by.get((op, size, "float64"))
+        if dtype != "float32" or c64 is None or c32["bytes"]["total"] < FLOAT64_MIN_BYTES:
+            continue
+        r32, r64 = _ours(c32), _ours(c64)
+        if r32 is None or r64 is None:
+            continue
+        key = "frac_stream_copy_local" if "frac_stream_copy_local" in r32 and "frac_stream_copy_local" in r64 \
+            else "frac_stream_copy"
+        out.setdefault(op, {})[size] = {
+            "float32": r32[key], "float64": r64[key], "ratio": sig(r64[key] / r32[key]),
+            "ceiling": "local" if key == "frac_stream_copy_local" else "run"}
+    return out
 
 
 CSV_FIELDS = ("op", "size", "shape", "dtype", "candidate", "mode", "p20_us", "p50_us", "p80_us", "rounds",
@@ -132,6 +169,17 @@ def format_text(result: dict[str, Any]) -> str:
             run_row = sm["large_float32_frac_stream_copy_run"][op]
             lines.append(f"  {op:<22} " + " ".join(f"{row[n]:>6.2f} ({run_row[n]:.2f})" if n in row else f"{'-':>14}"
                                                     for n in (OURS_OUT, EAGER_OUT, COMPILE_OUT)))
+        lines.append("")
+    if sm.get("float64_vs_float32"):
+        lines.append("float64 beside float32, opbridge into a buffer / in place: fraction of the copy ceiling "
+                     "(interleaved copy of the same bytes, or * the run's STREAM copy), and float64's over "
+                     f"float32's (sizes moving >= {FLOAT64_MIN_BYTES >> 20} MiB in float32):")
+        lines.append(f"  {'op':<22} {'size':<8} {'float32':>8} {'float64':>8} {'ratio':>6}")
+        for op, by_size in sm["float64_vs_float32"].items():
+            for sz, r in by_size.items():
+                mark = "" if r["ceiling"] == "local" else "*"
+                lines.append(f"  {op:<22} {sz:<8} {r['float32']:>7.2f}{mark:1} {r['float64']:>7.2f}{mark:1} "
+                             f"{r['ratio']:>6.2f}")
         lines.append("")
     if sm["large_new_speedup_vs_eager"]:
         lines.append("large, new output: opbridge speed-up vs torch eager (in-place ops: their in-place call):")

@@ -3,7 +3,7 @@
 // the CUDA kernels (float32 and float64) and the CPU float64 kernels. C is the
 // compute type (float or double); M supplies M::exp and M::clamp_below(v, lo)
 // (max(v, lo) that keeps NaN), so each form picks its own exp (expf / exp on
-// CUDA, the vectorisable fast_exp(double) on the CPU) and its own clamp
+// CUDA, the vectorisable exp_for_logistic(double) on the CPU) and its own clamp
 // (a select on the CPU, where ?: would keep the loop scalar).
 //
 // The CPU float32 kernels use activations.h instead: the same formulas, in
@@ -41,6 +41,13 @@ OPB_HOST_DEVICE C gelu_z(C x) {
   return C(2) * C(kSqrt2OverPi) * x * (C(1) + C(kGeluCoeff) * x * x);
 }
 
+// -z, as -gelu_z(x) bit for bit (negation is exact) but with the sign in the
+// constant: one vector instruction fewer than negating z.
+template <typename C>
+OPB_HOST_DEVICE C gelu_neg_z(C x) {
+  return C(-2) * C(kSqrt2OverPi) * x * (C(1) + C(kGeluCoeff) * x * x);
+}
+
 // silu(x) = x / (1 + e^-x).
 template <typename M, typename C>
 OPB_HOST_DEVICE C silu(C x) {
@@ -58,7 +65,7 @@ OPB_HOST_DEVICE C silu_grad(C x) {
 // gelu, tanh approximation, as x sigmoid(z) = x / (1 + e^-z).
 template <typename M, typename C>
 OPB_HOST_DEVICE C gelu_tanh(C x) {
-  return x / (C(1) + M::exp(-gelu_z(x)));
+  return x / (C(1) + M::exp(gelu_neg_z(x)));
 }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx, x clamped at -10 (z = -87.3; true

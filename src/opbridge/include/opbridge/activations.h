@@ -128,22 +128,75 @@ OPB_AVX2_INLINE __m256 gelu_tanh(__m256 x) {
 }  // namespace avx2
 #endif
 
-// float64: the formulas of activation_math.h in double, with the vectorisable
-// fast_exp(double) (1 ulp) and select clamps. Accuracy is then that of the
+// float64: the formulas of activation_math.h (same clamps, same order of
+// operations up to the exp), in double with exp_fraction (math.h): e^t as
+// scale * plus / minus, so that x / (1 + e^t) = x minus / (minus + scale plus)
+// and the logistic pair s, 1 - s each take one division and no exp
+// polynomial. In-cache loops of 8192 values on Zen 3 (x86-64-v3 code), ns per
+// value, with fast_exp's degree-13 Taylor form before -> exp_fraction:
+// gelu 2.63 -> 1.63, silu 2.35 -> 1.25 (float32 gelu, AVX2 form: 0.60).
+// Errors against a long double evaluation of the same formula on 2,000,001
+// points of [-20, 20]: silu 3.3 ulp; gelu 15 ulp on [-3, 3] and up to 1.6e3
+// ulp near x = -20 (|gelu| < 1e-160 there), both from rounding z itself,
+// which e^-z amplifies by |z|, not from the exp. Accuracy is then that of the
 // formulas: relative 1e-15 or better where the values are not vanishingly small.
-struct Math64 {
-  static OPB_ALWAYS_INLINE double exp(double x) { return fast_exp(x); }
-  static OPB_ALWAYS_INLINE double clamp_below(double v, double lo) { return select(v < lo, lo, v); }
-};
+namespace f64 {
 
-// Activations as types: f / df (float32, and float64 through Math64), and
+OPB_ALWAYS_INLINE double clamp_below(double v, double lo) { return select(v < lo, lo, v); }
+
+// x / (1 + e^t); 0 (with x's sign) where e^t overflows, NaN for x = -inf, t = inf.
+OPB_ALWAYS_INLINE double x_over_one_plus_exp(double x, double t) {
+  const ExpFraction e = exp_fraction(t);
+  return x * e.minus / (e.minus + e.scale * e.plus);
+}
+
+// sigmoid(z) and 1 - sigmoid(z) from one exp_fraction and one division, z
+// clamped at -80 as in act_math::logistic.
+struct Logistic {
+  double s, one_minus_s;
+};
+OPB_ALWAYS_INLINE Logistic logistic(double z) {
+  const ExpFraction e = exp_fraction(-clamp_below(z, -80.0));
+  const double sp = e.scale * e.plus;
+  const double d = 1.0 / (e.minus + sp);
+  return {e.minus * d, sp * d};
+}
+
+OPB_ALWAYS_INLINE double silu(double x) { return x_over_one_plus_exp(x, -x); }
+
+OPB_ALWAYS_INLINE double silu_grad(double x) {
+  const double xc = clamp_below(x, -80.0);
+  const Logistic l = logistic(xc);
+  return l.s * (1.0 + xc * l.one_minus_s);
+}
+
+OPB_ALWAYS_INLINE double gelu_tanh(double x) { return x_over_one_plus_exp(x, act_math::gelu_neg_z(x)); }
+
+OPB_ALWAYS_INLINE double gelu_tanh_grad(double x) {
+  const double xc = clamp_below(x, -10.0);
+  const Logistic l = logistic(act_math::gelu_z(xc));
+  const double dz = 2.0 * act_math::kSqrt2OverPi * (1.0 + 3.0 * act_math::kGeluCoeff * xc * xc);
+  return l.s + xc * dz * l.one_minus_s * l.s;
+}
+
+// g * d/dx gelu(x), z clamped at -80 (act_math::gelu_tanh_backward).
+OPB_ALWAYS_INLINE double gelu_tanh_backward(double g, double x) {
+  const double x2 = x * x;
+  const Logistic l = logistic(2.0 * act_math::kSqrt2OverPi * x * (1.0 + act_math::kGeluCoeff * x2));
+  const double dz = 2.0 * act_math::kSqrt2OverPi * (1.0 + 3.0 * act_math::kGeluCoeff * x2);
+  return g * (l.s + x * dz * l.one_minus_s * l.s);
+}
+
+}  // namespace f64
+
+// Activations as types: f / df (float32, and float64 through f64::), and
 // (where present) the AVX2 form f8 that map1 / map2 pick up through Apply /
 // ApplyAndMul.
 struct Silu {
   static OPB_ALWAYS_INLINE float f(float x) { return silu(x); }
   static OPB_ALWAYS_INLINE float df(float x) { return silu_grad(x); }
-  static OPB_ALWAYS_INLINE double f(double x) { return act_math::silu<Math64>(x); }
-  static OPB_ALWAYS_INLINE double df(double x) { return act_math::silu_grad<Math64>(x); }
+  static OPB_ALWAYS_INLINE double f(double x) { return f64::silu(x); }
+  static OPB_ALWAYS_INLINE double df(double x) { return f64::silu_grad(x); }
 #ifdef OPB_VEC_AVX2
   static OPB_AVX2_INLINE __m256 f8(__m256 x) { return avx2::silu(x); }
 #endif
@@ -151,8 +204,8 @@ struct Silu {
 struct GeluTanh {
   static OPB_ALWAYS_INLINE float f(float x) { return gelu_tanh(x); }
   static OPB_ALWAYS_INLINE float df(float x) { return gelu_tanh_grad(x); }
-  static OPB_ALWAYS_INLINE double f(double x) { return act_math::gelu_tanh<Math64>(x); }
-  static OPB_ALWAYS_INLINE double df(double x) { return act_math::gelu_tanh_grad<Math64>(x); }
+  static OPB_ALWAYS_INLINE double f(double x) { return f64::gelu_tanh(x); }
+  static OPB_ALWAYS_INLINE double df(double x) { return f64::gelu_tanh_grad(x); }
 #ifdef OPB_VEC_AVX2
   static OPB_AVX2_INLINE __m256 f8(__m256 x) { return avx2::gelu_tanh(x); }
 #endif
