@@ -1,0 +1,221 @@
+"""The native (C++) dispatcher kernels of ``torch.ops.<ns>.<op>`` (opbridge.adapters.torch.native).
+
+Each test asserts something the Python kernels alone would fail: the native
+routine's call counter moves, no Python frame runs, and the results, errors
+and gradients equal the Python kernel's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import opbridge
+import opbridge.ops as ops
+from opbridge.adapters.torch import calls, dispatcher, native
+from opbridge.testing.generate import make_cases
+
+BUILTINS = list(ops.LIBRARY.ops.values())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shim() -> native.Shim:
+    if not native.enabled():
+        pytest.skip("OPBRIDGE_TORCH_NATIVE=0")
+    sh = native.shim(build_now=True)
+    if sh is None:
+        pytest.skip("the native shim could not be built here (no compiler?)")
+    for op in BUILTINS:  # kernels handed to the native routine (and any pending op registered)
+        calls.kernel(op, "cpu")
+    return sh
+
+
+def _tensors(op: opbridge.OpDef, case: dict[str, Any], dtype: str) -> list[Any]:
+    out = []
+    for a in op.schema.arguments:
+        v = case[a.name]
+        if isinstance(v, np.ndarray):
+            t = torch.from_numpy(np.ascontiguousarray(v))
+            v = t.to(calls.to_dtype(dtype)) if t.is_floating_point() else t.clone()
+        out.append(v)
+    return out
+
+
+def _clone(args: list[Any]) -> list[Any]:
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _same(a: Any, b: Any) -> None:
+    if isinstance(a, tuple):
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    elif a is None:
+        assert b is None
+    else:
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", BUILTINS, ids=lambda o: o.name)
+def test_builtin_op_runs_native_and_matches_python_kernel(op: opbridge.OpDef) -> None:
+    overload = dispatcher.packet(op)
+    python_impl = dispatcher.make_impl(op, "cpu")
+    mutated = [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
+    for dtype in op.dtypes:
+        cases = [c for c in make_cases(op, dtype) if c.get("_noncontiguous") is None][:3]
+        assert cases
+        for case in cases:
+            args = _tensors(op, case, dtype)
+            native_args, python_args = _clone(args), _clone(args)
+            before = native.native_calls(op)
+            got = overload(*native_args)
+            assert native.native_calls(op) == before + 1, f"{op.name} {dtype}: not run by the native kernel"
+            _same(got, python_impl(*python_args))
+            for i in mutated:
+                _same(native_args[i], python_args[i])
+
+
+def _python_frames(fn: Callable[[], Any]) -> list[str]:
+    """The Python functions *fn* runs besides itself and torch's ``torch.ops`` call machinery."""
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            seen.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return [f for f in seen if "torch/_ops.py" not in f and "test_torch_native" not in f]
+
+
+def test_torch_ops_call_runs_no_python_kernel() -> None:
+    x, y = torch.randn(8), torch.randn(8)
+    torch.ops.opbridge.add(x, y)
+    assert _python_frames(lambda: torch.ops.opbridge.add(x, y)) == []
+    assert _python_frames(lambda: torch.ops.opbridge.rms_norm.default(x, y, 1e-6)) == []
+    with torch.no_grad():
+        w = torch.randn(8, requires_grad=True)
+        assert _python_frames(lambda: torch.ops.opbridge.rms_norm(x, w)) == []
+
+
+def test_new_outputs_are_contiguous_and_rule_shapes_are_remembered_per_signature() -> None:
+    for shape in [(3, 8), (5, 2, 6), (3, 8)]:
+        x = torch.randn(shape)
+        got = torch.ops.opbridge.silu_and_mul(x)
+        assert got.shape == (*shape[:-1], shape[-1] // 2) and got.is_contiguous()
+        _same(got, ops.silu_and_mul(x))
+
+
+def test_strided_and_undeclared_dtype_calls_fall_back_with_todays_results_and_messages() -> None:
+    op = ops.add.opdef
+    python_impl = dispatcher.make_impl(op, "cpu")
+    a, b = torch.randn(4, 8)[:, ::2], torch.randn(4, 4)
+    before = native.native_calls(op)
+    _same(torch.ops.opbridge.add(a, b), a + b)
+    i16 = torch.ones(3, dtype=torch.int16)
+    for args in [(i16, i16), (torch.ones(3), torch.ones(4)), (torch.ones(3), torch.ones(3, dtype=torch.float64))]:
+        with pytest.raises((TypeError, ValueError)) as expected:
+            python_impl(*args)
+        with pytest.raises(expected.type) as got:
+            torch.ops.opbridge.add(*args)
+        assert str(got.value) == str(expected.value)
+    assert native.native_calls(op) == before
+
+
+def test_mutating_op_bumps_versions_and_keeps_the_alias_error() -> None:
+    x, res, w = torch.randn(2, 8), torch.randn(2, 8), torch.randn(8)
+    expect_x, expect_res = x.clone(), res.clone()
+    ops.fused_add_rms_norm(expect_x, expect_res, w)
+    version = x._version
+    assert torch.ops.opbridge.fused_add_rms_norm(x, res, w) is None
+    assert x._version > version
+    _same(x, expect_x)
+    _same(res, expect_res)
+    with pytest.raises(ValueError, match="overlaps argument"):
+        torch.ops.opbridge.fused_add_rms_norm(x, x, w)
+    with pytest.raises(RuntimeError, match="requires grad"):
+        torch.ops.opbridge.fused_add_rms_norm(x, res, w.clone().requires_grad_())
+
+
+def test_gradients_still_come_from_the_declared_backward() -> None:
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    out = torch.ops.opbridge.rms_norm(x, w)
+    assert "GeneratedBackwardFor_opbridge_rms_norm" in type(out.grad_fn).__name__
+    assert torch.autograd.gradcheck(lambda a, b: torch.ops.opbridge.rms_norm(a, b, 1e-6), (x, w))
+    g = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(torch.ops.opbridge.silu_and_mul, (g,))
+
+
+TWICE_CC = """
+#include <opbridge/opbridge.h>
+using tvm::ffi::TensorView;
+void twice_cpu(TensorView out, TensorView x) {
+  const float* a = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
+}
+OPBRIDGE_EXPORT(twice_cpu);
+"""
+
+
+@pytest.fixture
+def no_shim_yet(shim: native.Shim, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops registered inside are registered as if no shim was built yet (the first process).
+
+    "Building" it then just finds the one this session built.
+    """
+    monkeypatch.setattr(native, "_SHIM", None)
+    monkeypatch.setattr(native, "_LOOKED", True)
+    monkeypatch.setattr(native.build, "build", native.build.path)
+
+
+def test_ops_registered_before_the_shim_existed_turn_native_when_their_kernel_loads(
+        no_shim_yet: None, make_library: Callable[..., opbridge.Library]) -> None:
+    lib = make_library({"twice.cc": TWICE_CC})
+
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float32",))
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    op = lib.ops["twice"]
+    overload = getattr(torch.ops, lib.namespace).twice.default
+    assert op.qualname in native._PENDING and native.native_calls(op) is None  # Python kernels only
+    x = torch.randn(5)
+    _same(overload(x), 2 * x)  # the first kernel load builds the shim and registers pending ops
+    assert op.qualname not in native._PENDING and native.native_calls(op) == 0
+    _same(overload(x), 2 * x)
+    assert native.native_calls(op) == 1
+    assert _python_frames(lambda: overload(x)) == []
+    _same(overload(x[::2]), 2 * x[::2])  # strided: the Python kernel, as before
+    assert native.native_calls(op) == 2
+    with torch.inference_mode():  # skips autograd, so the Python device kernel registered first runs
+        _same(overload(x), 2 * x)
+    assert native.native_calls(op) == 2
+
+
+_PROBE = """
+import torch, opbridge, opbridge.ops as ops
+from opbridge.adapters.torch import native
+x = torch.ones(4)
+for _ in range(3):
+    assert torch.equal(torch.ops.opbridge.add(x, x), 2 * x)
+print(native.native_calls(ops.add.opdef))
+"""
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("0", "None"), ("1", "2")])
+def test_setting_turns_native_kernels_off(setting: str, expected: str) -> None:
+    env = {**os.environ, "OPBRIDGE_TORCH_NATIVE": setting}
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                          check=True, timeout=300)
+    assert done.stdout.split()[-1] == expected
