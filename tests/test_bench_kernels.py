@@ -85,7 +85,7 @@ def test_result_structure(result: dict[str, Any]) -> None:
     assert add["bytes"] == {"read": 2 * 4 * 64 * 4, "written": 4 * 64 * 4, "total": 3 * 4 * 64 * 4}
     assert set(result["summary"]) == {"large_float32_frac_stream_copy", "large_float32_frac_stream_copy_run",
                                       "large_new_speedup_vs_eager", "speedup_vs_compile", "small_speedup_vs_eager",
-                                      "small_ceiling_vs_eager"}
+                                      "small_ceiling_vs_eager", "float64_vs_float32"}
     assert all(c["cache_copies"] == {} for c in cases)  # every case timed the STREAM copy instead
     assert "STREAM" in kernels.format_text(result)
 
@@ -107,6 +107,36 @@ def test_in_cache_cases_time_copies_of_their_bytes(tmp_path: Path) -> None:
     assert ceiling["out"] == pytest.approx(case["candidates"][kernels.EAGER_OUT]["p50_us"] / floor, rel=1e-3)
     text = kernels.format_text(result)
     assert "the most any kernel could beat torch eager by" in text and "copy 1 thr" in text
+
+
+def test_float64_beside_float32(tmp_path: Path) -> None:
+    """float64 is a --dtypes choice and a default one: its rows carry the NumPy reference, and the
+    summary gives its fraction of the copy ceiling over float32's at sizes moving >= 1 MiB."""
+    assert "float64" in kernels.DTYPES
+    argv = ["bench", "kernels", "--quick", "--ops", "add,gelu", "--sizes", "3x130,64x4096",
+            "--dtypes", "float32,float64", "--rounds", "2", "--target-ms", "0.2", "--stream-n", "65536",
+            "--no-memory", "--no-plots", "--local-stream-mib", "0", "--out", str(tmp_path)]
+    result = kernels.run(build_parser().parse_args(argv))
+    rows = {(c["op"], c["size"], c["dtype"]): c for c in result["cases"]}
+    assert set(rows) == {(o, s, d) for o in ("add", "gelu") for s in ("3x130", "64x4096")
+                         for d in ("float32", "float64")}
+    for (op, size, d), c in rows.items():
+        assert kernels.REF in c["candidates"], (op, size, d)  # the NumPy reference runs in float64 too
+        if d == "float64":
+            assert c["bytes"]["total"] == 2 * rows[(op, size, "float32")]["bytes"]["total"]
+    table = result["summary"]["float64_vs_float32"]
+    assert set(table) == {"add", "gelu"} and all(set(v) == {"64x4096"} for v in table.values())  # 3x130: < 1 MiB
+    for op, by_size in table.items():
+        r = by_size["64x4096"]
+        ours = {d: rows[(op, "64x4096", d)]["candidates"][kernels.OURS_OUT] for d in ("float32", "float64")}
+        assert r["ceiling"] == "local"
+        assert r["float32"] == ours["float32"]["frac_stream_copy_local"]
+        assert r["float64"] == ours["float64"]["frac_stream_copy_local"]
+        assert r["ratio"] == pytest.approx(r["float64"] / r["float32"], rel=1e-2)
+    text = kernels.format_text(result)
+    assert "float64 beside float32" in text and "gelu 64x4096 float64" in text
+    with open(result["files"]["csv"], newline="") as f:
+        assert {r["dtype"] for r in csv.DictReader(f)} == {"float32", "float64"}
 
 
 def test_memory_section(result: dict[str, Any]) -> None:
@@ -155,7 +185,8 @@ def _run_add_only(tmp_path: Path) -> dict[str, Any]:
 
 def test_a_wrong_reference_fails_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LIBRARY.ops["add"], "reference", lambda x, y: x - y)
-    with pytest.raises(bench.BenchError, match="numpy_ref"):
+    # Caught where the reference first judges: choosing the torch formula (or checking numpy_ref).
+    with pytest.raises(bench.BenchError, match=r"numpy_ref|disagrees with the float64 reference"):
         _run_add_only(tmp_path)
 
 
@@ -168,10 +199,34 @@ def test_a_wrong_op_fails_verification(tmp_path: Path, monkeypatch: pytest.Monke
         _run_add_only(tmp_path)
 
 
+def test_a_torch_peer_that_fails_is_left_out_only_when_the_reference_agrees(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch formula that raises, or disagrees while the NumPy reference agrees with opbridge, is a
+    missing competitor (skipped, with why); without the reference to side with opbridge it fails the run."""
+    from opbridge.bench.torch_formulas import TorchImpl
+
+    def refuse(x: Any, y: Any, outs: Any) -> None:
+        raise RuntimeError("no such dtype here")
+
+    wrong = TorchImpl(lambda x, y: (torch.sub(x, y),), refuse, "refuses", "torch.sub")
+    monkeypatch.setattr(kernels, "choose_torch", lambda op, wl: wrong)
+    case = _run_add_only(tmp_path)["cases"][0]
+    assert set(case["candidates"]) == {kernels.OURS_OUT, kernels.OURS_NEW, kernels.REF}
+    assert case["skipped"][kernels.EAGER_NEW].startswith("disagrees with opbridge and the NumPy reference")
+    assert "RuntimeError" in case["skipped"][kernels.EAGER_OUT]
+    argv = ["bench", "kernels", "--quick", "--ops", "add", "--sizes", "3x130", "--dtypes", "bfloat16",
+            "--rounds", "1", "--target-ms", "0.1", "--stream-n", "65536", "--no-memory", "--no-plots",
+            "--out", str(tmp_path / "bf16")]
+    with pytest.raises(bench.BenchError, match="eager_new"):  # bfloat16: no reference runs
+        kernels.run(build_parser().parse_args(argv))
+
+
 def test_bad_options_are_bench_errors(tmp_path: Path) -> None:
     parser = build_parser()
     with pytest.raises(bench.BenchError, match="size"):
         kernels.settings(parser.parse_args(["bench", "kernels", "--sizes", "4by4"]))
+    with pytest.raises(bench.BenchError, match="--dtypes: unsupported int8"):
+        kernels.settings(parser.parse_args(["bench", "kernels", "--dtypes", "float64,int8"]))
     with pytest.raises(bench.BenchError, match="no op"):
         kernels.plan(kernels.settings(parser.parse_args(["bench", "kernels", "--ops", "nope",
                                                          "--out", str(tmp_path)])))
@@ -365,5 +420,6 @@ def test_an_integer_result_must_match_exactly(tmp_path: Path, monkeypatch: pytes
         args[7][0] += 1  # one slot of one sequence
 
     monkeypatch.setattr(op, "reference", off_by_one)
-    with pytest.raises(bench.BenchError, match="numpy_ref"):
+    # Caught where the reference first judges: choosing the torch formula (or checking numpy_ref).
+    with pytest.raises(bench.BenchError, match=r"numpy_ref|disagrees with the float64 reference"):
         _run_step(tmp_path)
