@@ -861,3 +861,61 @@ def test_graph_mode_on_first_use(script: str, tmp_path: Path) -> None:
                          cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     assert abs(float(run.stdout.split()[-1]) - 2 / np.sqrt(1 + 1e-6)) < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# large outputs on huge pages, without a copy (issue 21)
+# ---------------------------------------------------------------------------
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _faults_per_call(fn: Callable[..., Any], *args: Any, calls: int = 3) -> float:
+    import resource
+
+    fn(*args)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        out = fn(*args)
+        del out  # freed at once: the next call's output is mapped anew
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
+@pytest.mark.parametrize("name", ["add", "rms_norm"])
+def test_large_outputs_fault_in_huge_pages_and_alias_the_kernels_buffer(name: str) -> None:
+    """A new (4096, 4096) float32 output: ~545 faults per call, not 16,385, and the tensor is the kernel's buffer.
+
+    MindSpore outputs are NumPy buffers shared with the tensor (NumPy gives
+    buffers of 4 MiB and more huge-page advice). The control, the same call
+    with NumPy's advice switched off, shows each output is mapped anew here
+    (else the advice cannot be observed and the test skips).
+    """
+    try:
+        mode = _THP.read_text().strip()
+    except OSError:
+        pytest.skip(f"no {_THP} (not Linux, or no transparent huge pages)")
+    if "[madvise]" not in mode:
+        pytest.skip(f"transparent huge pages are '{mode}', not [madvise]: the advice changes nothing here")
+    x = _t(np.ones((4096, 4096), np.float32))
+    args = (x, x) if name == "add" else (x, _t(np.ones(4096, np.float32)), 1e-6)
+    fn = getattr(ops, name)
+    import importlib
+
+    try:
+        set_advice = importlib.import_module("numpy._core.multiarray")._set_madvise_hugepage
+    except (ImportError, AttributeError):  # NumPy 1.x
+        set_advice = importlib.import_module("numpy.core.multiarray")._set_madvise_hugepage
+    was = set_advice(False)
+    try:
+        control = _faults_per_call(fn, *args)
+    finally:
+        set_advice(was)
+    if control < 8000:
+        pytest.skip(f"this process reuses output memory ({control:.0f} faults for 16,384 pages): the advice "
+                    f"cannot be observed")
+    faults = _faults_per_call(fn, *args)
+    assert faults < 4000, f"{name}: {faults:.0f} faults per call ({control:.0f} without NumPy's advice)"
+    out = fn(*args)
+    assert out.asnumpy()[0, 0] == (2.0 if name == "add" else pytest.approx(1.0, rel=1e-5))
+    view = adapter.views.host_view(out)
+    assert view.ctypes.data == out.data_ptr()  # the tensor is the kernel's buffer: no copy on the way out

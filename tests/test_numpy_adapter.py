@@ -32,3 +32,48 @@ def test_numpy_bad_input() -> None:
         ops.gelu(x, out=[0.0] * 4)
     with pytest.raises(opbridge.UnsupportedFrameworkError, match="gelu: argument 'x' must be an array"):
         ops.gelu("not an array")
+
+
+# ---------------------------------------------------------------------------
+# bfloat16 arrays (ml_dtypes): the NumPy path of `bench frameworks --parity`
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["add", "gelu", "rms_norm"])
+def test_ml_dtypes_bfloat16_arrays(name: str) -> None:
+    """bfloat16 arrays reach the kernel as relabelled bits (no copy) and give bfloat16 results."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(0)
+    x32 = rng.standard_normal((7, 769)).astype(np.float32)
+    w32 = rng.standard_normal(769).astype(np.float32)
+    x, w = x32.astype(ml_dtypes.bfloat16), w32.astype(ml_dtypes.bfloat16)
+    args = {"add": (x, x), "gelu": (x,), "rms_norm": (x, w, 1e-6)}[name]
+    got = getattr(ops, name)(*args)
+    assert got.dtype == ml_dtypes.bfloat16 and got.shape == x.shape
+    op = ops.LIBRARY.ops[name]
+    want = op.reference(*(a.astype(np.float32) if isinstance(a, np.ndarray) else a for a in args))
+    rtol, atol = op.tolerance("bfloat16")
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=rtol, atol=atol)
+    # strided bfloat16 inputs take the dense copy, out= takes a bfloat16 buffer
+    strided = getattr(ops, name)(*(a[:, ::2] if isinstance(a, np.ndarray) and a.ndim == 2 else
+                                   a[::2] if isinstance(a, np.ndarray) else a for a in args))
+    dense = getattr(ops, name)(*(np.ascontiguousarray(a[:, ::2]) if isinstance(a, np.ndarray) and a.ndim == 2
+                                 else np.ascontiguousarray(a[::2]) if isinstance(a, np.ndarray) else a
+                                 for a in args))
+    np.testing.assert_array_equal(strided.view(np.uint16), dense.view(np.uint16))
+    out = np.full(x.shape, 7, ml_dtypes.bfloat16)
+    assert getattr(ops, name)(*args, out=out) is out
+    np.testing.assert_array_equal(out.view(np.uint16), got.view(np.uint16))
+
+
+def test_bfloat16_undeclared_and_readonly_errors_unchanged() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.ones((4, 8), ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match="int16"):
+        ops.add(x.view(np.int16), x.view(np.int16))
+    ro = np.ones((4, 8), np.float32)
+    ro.flags.writeable = False
+    assert np.array_equal(ops.add(ro, ro), 2 * ro)  # read-only inputs are read through an alias
+    assert np.array_equal(ops.add(np.broadcast_to(ro[0], (4, 8)), ro), 2 * ro)
+    with pytest.raises(ValueError, match="read-only"):
+        ops.add(ro, ro, out=ro)

@@ -9,7 +9,10 @@ where the op declares bfloat16. NumPy's DLPack export refuses that dtype, so
 such an array reaches the kernel as its ``uint16`` bits, whose exported
 DLPack tensor is relabelled bfloat16 before tvm-ffi imports it: no copy. The
 fast path leaves these calls to the checked path (the kernel's argument
-conversion raises ``BufferError`` before anything runs).
+conversion raises ``BufferError`` before anything runs). The same goes for
+read-only inputs, which DLPack cannot describe: they are passed as a writable
+alias of their memory, which the kernel only reads; a read-only array that
+the op would write raises ValueError.
 """
 
 from __future__ import annotations
@@ -58,9 +61,26 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
 
 
+class _Alias:
+    """A writable alias of a read-only array's memory (``__array_interface__``), keeping it alive."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.owner = a
+        self.__array_interface__ = {"data": (a.__array_interface__["data"][0], False), "shape": a.shape,
+                                    "typestr": a.dtype.str, "descr": a.dtype.descr, "strides": a.strides,
+                                    "version": 3}
+
+
 def _kernel_arg(a: Any) -> Any:
-    """*a* as the kernel takes it: a bfloat16 ndarray as a tvm-ffi bfloat16 tensor on its memory."""
-    if not isinstance(a, np.ndarray) or a.dtype.name != "bfloat16":
+    """*a* as the kernel takes it (see the module docstring): a bfloat16 ndarray as a tvm-ffi bfloat16
+    tensor on its memory, a read-only input as a writable alias (DLPack cannot say read-only)."""
+    if not isinstance(a, np.ndarray):
+        return a
+    if not a.flags.writeable:
+        a = np.asarray(_Alias(a)).view(a.dtype)
+    if a.dtype.name != "bfloat16":
         return a
     capsule = a.view(np.uint16).__dlpack__()
     head = _capsule_pointer(capsule, b"dltensor")
@@ -68,11 +88,20 @@ def _kernel_arg(a: Any) -> Any:
     return tvm_ffi().from_dlpack(capsule)
 
 
-def _run(kern: Any, outs: list[Any], full: list[Any]) -> None:
+def _run(op: OpDef, kern: Any, outs: list[Any], full: list[Any]) -> None:
+    """``kern(*outs, *full)``; arrays NumPy cannot export through DLPack go through :func:`_kernel_arg`."""
     try:
         kern(*outs, *full)
-    except BufferError:  # a bfloat16 array (NumPy's DLPack export refuses it): relabelled bits
-        kern(*map(_kernel_arg, outs), *map(_kernel_arg, full))
+        return
+    except BufferError:
+        pass
+    for o in outs:
+        if isinstance(o, np.ndarray) and not o.flags.writeable:
+            raise ValueError(f"{op.name}: out= holds a read-only array")
+    for a, v in zip(op.schema.arguments, full):
+        if a.is_mutated and isinstance(v, np.ndarray) and not v.flags.writeable:
+            raise ValueError(f"{op.name}: argument '{a.name}' is read-only, and {op.name} writes it")
+    kern(*map(_kernel_arg, outs), *map(_kernel_arg, full))
 
 
 def _fast_prelude(op: OpDef) -> str | None:
@@ -80,7 +109,7 @@ def _fast_prelude(op: OpDef) -> str | None:
 
     Only for functional ops whose outputs are shaped ``like`` inputs. The
     dispatching array's dtype must be declared (one frozenset lookup) and
-    every input contiguous. A TypeError, ValueError or BufferError (a bfloat16 array) from the kernel falls
+    every input contiguous. A TypeError, ValueError or BufferError (a bfloat16 or read-only array) from the kernel falls
     back to the checked path, which names the offending argument.
     """
     args = op.schema.arguments
@@ -120,7 +149,7 @@ class NumpyAdapter:
             full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
             outs = core.alloc_outputs(op, full, _empty)
             check_alias(args)
-            _run(kern, outs, full)
+            _run(op, kern, outs, full)
             for orig, copy in back:
                 orig[...] = copy
             return core.pack_results(op, args, outs)
@@ -140,7 +169,7 @@ class NumpyAdapter:
         core.check_lead_dtype(op, args, _dtype_name)
         core.make_alias_check(op, _span)(args)
         full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
-        _run(loader.kernel(op, "cpu"), list(outs), full)
+        _run(op, loader.kernel(op, "cpu"), list(outs), full)
         for orig, copy in back:
             orig[...] = copy
         return core.pack_results(op, args, outs)
