@@ -189,3 +189,41 @@ def test_text_report(quick_result: dict[str, Any]) -> None:
     text = frameworks.format_text(fake)
     assert "FAILED: RuntimeError: no compiler" in text
     assert "2.00x" in text and "mindspore: skipped (no MindSpore environment)" in text
+
+
+def test_parity_rows_numpy_and_torch() -> None:
+    """``--parity`` rows (issue 21): verified, timed, faults counted; bfloat16 NumPy arrays via ml_dtypes."""
+    from opbridge.bench import parity
+
+    pytest.importorskip("torch")
+    for fw in ("numpy", "torch"):
+        rows = parity.measure(fw, rounds=1, number=1, target_s=1e-4, budget_s=1e-3, shapes=((8, 64),),
+                              dtypes=("float32", "bfloat16"))
+        assert len(rows) == 6 and not [r for r in rows if "error" in r], rows
+        for r in rows:
+            assert set(r["faults_per_call"]) == set(r["stats_us"]) >= {"numpy", "native"}
+            assert r["verified"]
+            if fw == "torch":
+                assert r["framework_over_numpy"] > 0 and r["framework_over_native"] > 0
+                assert r["verified"].startswith("framework path = NumPy path")
+        bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
+        want = "numpy (ml_dtypes bfloat16)" if importlib.util.find_spec("ml_dtypes") else "torch CPU path"
+        assert all(r["baseline"].startswith(want) for r in bf16), [r["baseline"] for r in bf16]
+        assert len(parity.csv_rows(rows)) == 6
+        assert all(set(c) == set(parity.CSV_FIELDS) for c in parity.csv_rows(rows))
+
+
+def test_parity_targets_and_table() -> None:
+    from opbridge.bench import parity
+
+    base = {"op": "add", "shape": [1024, 4096], "dtype": "float32", "baseline": "numpy",
+            "stats_us": {k: {"p50": 1000.0} for k in ("numpy", "framework", "native")},
+            "faults_per_call": {"numpy": 0, "framework": 544, "native": 16385}}
+    ok = {**base, "framework": "jax", "framework_over_numpy": 1.1, "framework_over_native": 0.9}
+    slow = {**base, "framework": "jax", "framework_over_numpy": 1.2, "framework_over_native": 1.3}
+    paddle_slow_native = {**base, "framework": "paddle", "framework_over_numpy": 1.0, "framework_over_native": 2}
+    assert parity.misses(ok) == [] and parity.misses(paddle_slow_native) == []
+    assert parity.misses(slow) == [f"> {parity.TARGET_NUMPY}x NumPy", "slower than XLA's fusion"]
+    text = "\n".join(parity.format_table([ok, slow, {**base, "framework": "paddle", "error": "boom"}]))
+    assert "MISS: > 1.15x NumPy, slower than XLA's fusion" in text and "ERROR: boom" in text
+    assert "0/544/16385" in text
