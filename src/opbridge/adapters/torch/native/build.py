@@ -4,8 +4,8 @@ The shim depends on torch's C++ ABI, the Python ABI (it calls Python
 kernels through pybind11), tvm-ffi's C ABI and its own source, so the cache
 key hashes exactly those: torch's version and git revision, the extension
 suffix of the running interpreter, tvm-ffi's version, the compiler named by
-``OPBRIDGE_CXX``/``CXX`` and the source text. Computing the key reads one
-small file and runs no process, so looking for a built shim costs nothing
+``OPBRIDGE_CXX``/``CXX`` and the source text. Computing the key reads three
+small files and runs no process, so looking for a built shim costs nothing
 noticeable; building it (about half a minute) happens only where
 :func:`build` is called.
 """
@@ -27,6 +27,8 @@ from opbridge.build.progress import Progress, first_errors
 from opbridge.errors import BuildError
 
 SOURCE = Path(__file__).with_name("shim.cc")
+#: Every file the shim is compiled from (``shim.cc`` includes the headers beside it).
+SOURCES = (SOURCE, SOURCE.with_name("op_state.h"), SOURCE.with_name("python_calls.h"))
 LIB_NAME = "libopbridge_torch_native.so"
 
 
@@ -43,7 +45,7 @@ def cache_key() -> str:
     tvm = _tvm.tvm_ffi()
     parts = [torch.__version__, str(torch.version.git_version), str(torch.version.cuda),
              str(sysconfig.get_config_var("EXT_SUFFIX")), sys.implementation.cache_tag or "",
-             str(getattr(tvm, "__version__", "")), config.cxx(), SOURCE.read_text()]
+             str(getattr(tvm, "__version__", "")), config.cxx(), *(p.read_text() for p in SOURCES)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 

@@ -20,65 +20,18 @@
 // tensor argument requires grad; otherwise it runs the native routine directly (when no mode,
 // subclass or functionalization key is left below autograd) or redispatches below autograd, and
 // bumps the version counter of mutated arguments as ADInplaceOrView would.
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/empty.h>
-#include <c10/core/GradMode.h>
-#include <dlpack/dlpack.h>
-#include <torch/csrc/autograd/variable.h>
-#include <torch/csrc/utils/pybind.h>
+#include "op_state.h"
+#include "python_calls.h"
+
 #include <torch/library.h>
-#include <tvm/ffi/c_api.h>
-#include <tvm/ffi/extra/c_env_api.h>
 
 #ifdef OPB_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <atomic>
-#include <cstring>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace py = pybind11;
-
 namespace {
 
-enum class Kind { kTensor, kInt, kFloat, kBool };
-enum Device { kCPU = 0, kCUDA = 1, kNumDevices = 2 };
-
-struct OutSpec {
-  std::vector<int64_t> shape;
-  c10::ScalarType dtype;
-};
-
-struct OpState {
-  explicit OpState(c10::OperatorHandle handle) : op(std::move(handle)) {}
-  c10::OperatorHandle op;
-  std::vector<Kind> kinds;           // per schema argument
-  std::vector<bool> kwarg_only;      // per schema argument
-  std::vector<int> mutated;          // indices of Tensor(a!) arguments
-  std::vector<int> returns;          // per return: -1 for a new output, else the aliased argument
-  int dispatch_arg = 0;
-  int dtype_arg = 0;
-  uint64_t dtypes = 0;               // bit per c10::ScalarType
-  std::vector<int> like;             // per output: the argument it copies; empty with a shape rule
-  int n_outputs = 0;
-  int64_t fresh_min = 0;             // new CPU outputs of at least this many bytes get fresh(); 0: none
-  TVMFFIObjectHandle kernel[kNumDevices] = {nullptr, nullptr};
-  py::object impl[kNumDevices];      // the Python device kernels (fallback)
-  py::object autograd;               // the Python autograd kernel
-  bool autograd_keyset = false;      // whether it takes the DispatchKeySet first
-  py::object rule;                   // args -> list of meta tensors (the shape rule)
-  py::object fresh;                  // huge-page advice for a new CPU output
-  std::mutex rule_mutex;
-  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;
-  std::atomic<int64_t> native_calls{0};
-};
+using namespace opbridge_native;
 
 // Kept for the life of the process: the dispatcher holds raw pointers to registered kernels.
 std::vector<std::shared_ptr<OpState>>* states = new std::vector<std::shared_ptr<OpState>>();
@@ -103,6 +56,21 @@ bool DLType(c10::ScalarType t, DLDataType* out) {
   }
 }
 
+// *t* (dense, on *device*) as the DLTensor *d*, passed as *a*; false for a dtype DLPack cannot name.
+bool View(const at::Tensor& t, DLDevice device, DLTensor* d, TVMFFIAny* a) {
+  if (!DLType(t.scalar_type(), &d->dtype)) return false;
+  d->data = t.data_ptr();
+  d->device = device;
+  d->ndim = static_cast<int32_t>(t.dim());
+  d->shape = const_cast<int64_t*>(t.sizes().data());
+  d->strides = const_cast<int64_t*>(t.strides().data());
+  d->byte_offset = 0;
+  a->type_index = kTVMFFIDLTensorPtr;
+  a->zero_padding = 0;
+  a->v_ptr = d;
+  return true;
+}
+
 bool ScalarTypeOf(const std::string& name, c10::ScalarType* out) {
   static const std::pair<const char*, c10::ScalarType> names[] = {
       {"float32", c10::ScalarType::Float}, {"float64", c10::ScalarType::Double},
@@ -117,90 +85,6 @@ bool ScalarTypeOf(const std::string& name, c10::ScalarType* out) {
     }
   }
   return false;
-}
-
-// The signature a shape rule's answer depends on: shapes and dtypes of tensors, scalar values.
-std::vector<int64_t> RuleKey(const OpState& st, const c10::IValue* args) {
-  std::vector<int64_t> key;
-  for (size_t i = 0; i < st.kinds.size(); ++i) {
-    const c10::IValue& v = args[i];
-    if (v.isNone()) {
-      key.push_back(-1);
-    } else if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      key.push_back(t.dim());
-      key.insert(key.end(), t.sizes().begin(), t.sizes().end());
-      key.push_back(static_cast<int64_t>(t.scalar_type()));
-    } else if (v.isDouble()) {
-      double d = v.toDouble();
-      int64_t bits;
-      std::memcpy(&bits, &d, sizeof bits);
-      key.push_back(bits);
-    } else if (v.isInt()) {
-      key.push_back(v.toInt());
-    } else if (v.isBool()) {
-      key.push_back(v.toBool());
-    }
-  }
-  return key;
-}
-
-py::object ToPy(const c10::IValue& v) {
-  if (v.isTensor()) return py::cast(v.toTensor());
-  if (v.isDouble()) return py::float_(v.toDouble());
-  if (v.isInt()) return py::int_(v.toInt());
-  if (v.isBool()) return py::bool_(v.toBool());
-  return py::none();
-}
-
-// The Python call of *fn* on the stack's arguments (kwarg-only ones by name), its result pushed.
-void CallPython(const OpState& st, const py::object& fn, const c10::DispatchKeySet* ks,
-                torch::jit::Stack* stack) {
-  const size_t n = st.kinds.size();
-  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - n),
-                                std::make_move_iterator(stack->end()));
-  torch::jit::drop(*stack, n);
-  py::gil_scoped_acquire gil;
-  py::list pos;
-  py::dict kw;
-  if (ks != nullptr) pos.append(py::cast(*ks));
-  const auto& schema = st.op.schema();
-  for (size_t i = 0; i < n; ++i) {
-    if (st.kwarg_only[i]) {
-      kw[py::str(schema.arguments()[i].name())] = ToPy(args[i]);
-    } else {
-      pos.append(ToPy(args[i]));
-    }
-  }
-  py::object result = fn(*py::tuple(pos), **kw);
-  const size_t n_returns = st.returns.size();
-  if (n_returns == 1) {
-    stack->emplace_back(result.cast<at::Tensor>());
-  } else if (n_returns > 1) {
-    for (const auto& r : py::cast<py::tuple>(result)) stack->emplace_back(r.cast<at::Tensor>());
-  }
-}
-
-const std::vector<OutSpec>* RuleSpecs(OpState& st, const c10::IValue* args) {
-  std::vector<int64_t> key = RuleKey(st, args);
-  {
-    std::lock_guard<std::mutex> lock(st.rule_mutex);
-    auto it = st.rule_cache.find(key);
-    if (it != st.rule_cache.end()) return &it->second;
-  }
-  std::vector<OutSpec> specs;
-  {
-    py::gil_scoped_acquire gil;
-    py::tuple pyargs(st.kinds.size());
-    for (size_t i = 0; i < st.kinds.size(); ++i) pyargs[i] = ToPy(args[i]);
-    for (const auto& m : py::cast<py::list>(st.rule(pyargs))) {
-      at::Tensor t = m.cast<at::Tensor>();
-      specs.push_back({t.sizes().vec(), t.scalar_type()});
-    }
-  }
-  std::lock_guard<std::mutex> lock(st.rule_mutex);
-  if (st.rule_cache.size() >= kRuleCacheSize) st.rule_cache.clear();
-  return &(st.rule_cache[std::move(key)] = std::move(specs));
 }
 
 bool Overlap(const at::Tensor& a, const at::Tensor& b) {
@@ -236,8 +120,8 @@ bool RunNative(OpState& st, torch::jit::Stack* stack) {
   if (kernel == nullptr) return false;
 
   const size_t n_out = st.n_outputs;
-  std::vector<TVMFFIAny> ffi(n_out + n);
-  std::vector<DLTensor> dl(n_out + n);
+  c10::SmallVector<TVMFFIAny, 16> ffi(n_out + n);
+  c10::SmallVector<DLTensor, 16> dl(n_out + n);
   for (size_t i = 0; i < n; ++i) {
     TVMFFIAny& a = ffi[n_out + i];
     a.zero_padding = 0;
@@ -247,17 +131,8 @@ bool RunNative(OpState& st, torch::jit::Stack* stack) {
       a.type_index = kTVMFFINone;
     } else if (st.kinds[i] == Kind::kTensor) {
       const at::Tensor& t = v.toTensor();
-      if (!t.defined() || t.device() != device || !t.is_contiguous()) return false;
-      DLTensor& d = dl[n_out + i];
-      if (!DLType(t.scalar_type(), &d.dtype)) return false;
-      d.data = t.data_ptr();
-      d.device = dl_device;
-      d.ndim = static_cast<int32_t>(t.dim());
-      d.shape = const_cast<int64_t*>(t.sizes().data());
-      d.strides = const_cast<int64_t*>(t.strides().data());
-      d.byte_offset = 0;
-      a.type_index = kTVMFFIDLTensorPtr;
-      a.v_ptr = &d;
+      if (!t.defined() || t.device() != device || !t.is_contiguous() || !View(t, dl_device, &dl[n_out + i], &a))
+        return false;
     } else if (st.kinds[i] == Kind::kFloat) {
       if (!v.isDouble() && !v.isInt()) return false;
       a.type_index = kTVMFFIFloat;
@@ -289,7 +164,7 @@ bool RunNative(OpState& st, torch::jit::Stack* stack) {
       outs.push_back(at::empty(src.sizes(), options.dtype(src.scalar_type())));
     }
   } else if (n_out) {
-    for (const OutSpec& s : *RuleSpecs(st, args)) outs.push_back(at::empty(s.shape, options.dtype(s.dtype)));
+    for (const OutSpec& s : RuleSpecs(st, args)) outs.push_back(at::empty(s.shape, options.dtype(s.dtype)));
     if (outs.size() != n_out) return false;
   }
   for (size_t k = 0; k < n_out; ++k) {
@@ -298,17 +173,7 @@ bool RunNative(OpState& st, torch::jit::Stack* stack) {
       py::gil_scoped_acquire gil;
       st.fresh(py::cast(t));
     }
-    DLTensor& d = dl[k];
-    if (!DLType(t.scalar_type(), &d.dtype)) return false;
-    d.data = t.data_ptr();
-    d.device = dl_device;
-    d.ndim = static_cast<int32_t>(t.dim());
-    d.shape = const_cast<int64_t*>(t.sizes().data());
-    d.strides = const_cast<int64_t*>(t.strides().data());
-    d.byte_offset = 0;
-    ffi[k].type_index = kTVMFFIDLTensorPtr;
-    ffi[k].zero_padding = 0;
-    ffi[k].v_ptr = &d;
+    if (!View(t, dl_device, &dl[k], &ffi[k])) return false;
   }
 
   TVMFFIAny result;
