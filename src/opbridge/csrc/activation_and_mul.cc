@@ -3,13 +3,15 @@
 //   backward:  grad_a = grad * b * act'(a),  grad_b = grad * act(a)
 // act is silu (x sigmoid(x)) or gelu with the tanh approximation. Math is
 // float32 through opbridge/activations.h (vectorised exp, no libm call in the
-// loops; the error bounds are documented there), float64 in double.
+// loops; the error bounds are documented there), float64 in double (the backward
+// takes act and act' from one exp there, Act::fdf).
 #include <opbridge/activations.h>
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/activation_and_mul.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace {
 
@@ -50,12 +52,21 @@ OPB_TARGET_CLONES void act_and_mul_backward_chunk(T* grad_x, const T* grad, cons
     const T* g = grad + r * d + i0;
     T* ga = grad_x + r * 2 * d + i0;
     T* gb = ga + d;
+    if constexpr (std::is_same_v<C, double>) {  // act and act' from one exp (Act::fdf)
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-      const C av = opbridge::to_compute(a[i]);
-      const C gv = opbridge::to_compute(g[i]);
-      ga[i] = opbridge::from_compute<T>(gv * opbridge::to_compute(b[i]) * Act::df(av));
-      gb[i] = opbridge::from_compute<T>(gv * Act::f(av));
+      for (int64_t i = 0; i < n; ++i) {
+        const opbridge::act::f64::ValueAndGrad v = Act::fdf(a[i]);
+        ga[i] = g[i] * b[i] * v.df;
+        gb[i] = g[i] * v.f;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const C av = opbridge::to_compute(a[i]);
+        const C gv = opbridge::to_compute(g[i]);
+        ga[i] = opbridge::from_compute<T>(gv * opbridge::to_compute(b[i]) * Act::df(av));
+        gb[i] = opbridge::from_compute<T>(gv * Act::f(av));
+      }
     }
     lo += n;
     ++r;

@@ -29,7 +29,7 @@ OPB_TARGET_CLONES void gelu_chunk(T* out, const T* x, int64_t n) {
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 // z is clamped at -80 so that e stays finite (e * s would be inf * 0) and s
 // stays a normal float; the true value there is < 1e-33.
-// float64: the same formula in double (act::f64::gelu_tanh_backward).
+// float64: the same formula in double, x clamped at -21 instead (act::f64::gelu_tanh_backward).
 struct GeluBackward {
   OPB_ALWAYS_INLINE float operator()(float g, float v) const {
     const float v2 = v * v;
