@@ -270,7 +270,9 @@ def _call(so: Path, fn: str) -> int:
     return int(ctypes.CDLL(str(so))[fn]())
 
 
-ALL_UNITS = ["_opbridge_exports.cc", "a.cc", "b.cc", "c.cc"]
+#: The translation units every module gets beside its sources (export list; checks and typed calls).
+GENERATED = ["_opbridge_exports.cc", "_opbridge_runtime.cc"]
+ALL_UNITS = [*GENERATED, "a.cc", "b.cc", "c.cc"]
 #: Test sources mark their functions OPB_TEST_API: exported although modules build with -fvisibility=hidden.
 VISIBLE = '-DOPB_TEST_API=extern "C" __attribute__((visibility("default")))'
 
@@ -280,7 +282,7 @@ def test_editing_one_source_recompiles_only_its_object(tmp_path: Path, monkeypat
     assert _built(spec) == {"compiled": ALL_UNITS, "reused": []}
     first = jit.build(spec)
     (src / "b.cc").write_text('#include <nested.h>\nOPB_TEST_API int b_fn() { return nested() * 10; }\n')
-    assert _built(spec) == {"compiled": ["b.cc"], "reused": ["_opbridge_exports.cc", "a.cc", "c.cc"]}
+    assert _built(spec) == {"compiled": ["b.cc"], "reused": [*GENERATED, "a.cc", "c.cc"]}
     so = jit.build(spec)
     assert (_call(so, "a_fn"), _call(so, "b_fn"), _call(so, "c_fn")) == (1, 20, 3)
     # Undoing the edit finds the first module again (the whole-library cache): nothing compiles.
@@ -313,7 +315,7 @@ def test_damaged_or_half_written_object_is_never_linked(tmp_path: Path, monkeypa
     damaged.write_bytes(damaged.read_bytes()[:100])  # truncated after it was stored
     half.with_suffix(".sha256").unlink()  # as if killed between the object and its digest
     (src / "c.cc").write_text('OPB_TEST_API int c_fn() { return 4; }\n')  # the library misses
-    assert _built(spec) == {"compiled": ["a.cc", "b.cc", "c.cc"], "reused": ["_opbridge_exports.cc"]}
+    assert _built(spec) == {"compiled": ["a.cc", "b.cc", "c.cc"], "reused": GENERATED}
     so = jit.build(spec)
     assert (_call(so, "a_fn"), _call(so, "b_fn"), _call(so, "c_fn")) == (1, 2, 4)
     assert not list(store.tmp.iterdir()), "no temporary file may be left behind"
@@ -367,7 +369,7 @@ def test_concurrent_builds_share_the_store(tmp_path: Path) -> None:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert out.strip() == "7"
-    assert len(list((tmp_path / "cache" / "objects").glob("??/*.o"))) == 2  # shared.cc + exports
+    assert len(list((tmp_path / "cache" / "objects").glob("??/*.o"))) == 1 + len(GENERATED)  # shared.cc once
 
 
 def test_depfile_parsing() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
+import os
 import re
 import shlex
 import shutil
@@ -35,9 +37,20 @@ def exports_tu() -> str:
     return (TEMPLATES / "exports.cc").read_text()
 
 
+@functools.cache
+def runtime_tu() -> str:
+    """The translation unit defining what ``opbridge.h`` declares under ``OPB_SEPARATE_RUNTIME``.
+
+    The argument checks, the error stream and ``OPBRIDGE_EXPORT``'s typed-call
+    helpers, compiled once per module (and, through the object store, once per
+    machine and flags) instead of once per kernel source.
+    """
+    return (TEMPLATES / "runtime.cc").read_text()
+
+
 def generated_sources(spec: BuildSpec) -> list[tuple[str, str]]:
     """The ``(file name, text)`` translation units compiled beside *spec*'s sources."""
-    return [*spec.generated, ("_opbridge_exports.cc", exports_tu())]
+    return [*spec.generated, ("_opbridge_exports.cc", exports_tu()), ("_opbridge_runtime.cc", runtime_tu())]
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,11 @@ class BuildSpec:
     ldflags: tuple[str, ...] = ()
     generated: tuple[tuple[str, str], ...] = field(default=())
     """Extra generated sources as ``(file name, text)`` pairs."""
+    native_isa: bool = False
+    """Compile C++ for this machine's CPU (``-march=native -DOPB_NATIVE_ISA``: one code path
+    per hot loop instead of ``OPB_TARGET_CLONES``' three). For JIT builds, which only ever
+    run where they were built; the cache keys then include what ``native`` resolved to
+    (:func:`native_isa_id`). AOT builds keep it off: a wheel must run on any x86-64 CPU."""
 
 
 def _tvm_ffi_paths() -> tuple[list[str], Path]:
@@ -93,8 +111,6 @@ def nvcc_path() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
-    import os
-
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
     for root in roots:
         if root and (Path(root) / "bin" / "nvcc").is_file():
@@ -129,6 +145,59 @@ def cuda_lib_dir(nvcc: str) -> Path | None:
     return None
 
 
+#: Defined for every C++ unit: ``opbridge.h`` then only declares its runtime (:func:`runtime_tu`).
+SEPARATE_RUNTIME = "OPB_SEPARATE_RUNTIME"
+#: Added to the C++ flags of a :attr:`BuildSpec.native_isa` build. ``-pipe``: no temporary
+#: assembler files (output unchanged).
+NATIVE_FLAGS = ("-march=native", "-DOPB_NATIVE_ISA", "-pipe")
+
+
+@functools.cache
+def _native_isa_id(compiler: str) -> str:
+    """What ``-march=native`` means to *compiler* on this CPU, or ``""`` if it cannot say.
+
+    gcc prints the expanded ``-march=<cpu> -m<feature>...`` of its ``cc1plus``
+    command line under ``-v``; clang the ``-target-cpu``/``-target-feature`` of
+    its ``-cc1`` line under ``-###``. Only those lines are kept: they name the
+    CPU and every instruction-set extension the code may use, nothing else.
+    """
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ""
+    for probe in (["-march=native", "-E", "-v", "-x", "c++", os.devnull, "-o", os.devnull],
+                  ["-march=native", "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull]):
+        try:
+            out = subprocess.run([compiler, *probe], capture_output=True, text=True, check=False,
+                                 timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        if out.returncode != 0:
+            continue
+        for line in (out.stdout + out.stderr).splitlines():
+            words = line.split()
+            if "cc1plus" in line and any(w.startswith("-march=") for w in words):
+                return " ".join(w for w in words if w.startswith(("-march=", "-m", "--param=l")))
+            if '"-cc1"' in words and '"-target-cpu"' in words:
+                pairs = itertools.pairwise(words)
+                return " ".join(v for k, v in pairs if k in ('"-target-cpu"', '"-target-feature"'))
+    return ""
+
+
+def native_isa_id() -> str:
+    """The CPU and instruction-set extensions ``-march=native`` selects here (``""``: unsupported).
+
+    Part of every cache key of a :attr:`BuildSpec.native_isa` build, so a cache
+    directory shared between machines never hands one CPU's code to another.
+    """
+    return _native_isa_id(config.cxx())
+
+
+def uses_native_isa(spec: BuildSpec) -> bool:
+    """Whether *spec*'s C++ compiles with :data:`NATIVE_FLAGS` (asked for, and supported here)."""
+    return spec.native_isa and bool(native_isa_id())
+
+
 def _cuda_arch_key(arch: str) -> int:
     digits = re.match(r"\d+", arch)
     return int(digits.group()) if digits else 0
@@ -148,7 +217,10 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
     tvm_includes, _ = _tvm_ffi_paths()
     includes = [str(INCLUDE_DIR), *map(str, spec.include_dirs), *tvm_includes]
     inc = [f"-I{p}" for p in includes]
-    cxx = ["-std=c++17", "-O3", "-fPIC", "-fopenmp", "-fvisibility=hidden", *inc, *spec.cflags]
+    cxx = ["-std=c++17", "-O3", "-fPIC", "-fopenmp", "-fvisibility=hidden", f"-D{SEPARATE_RUNTIME}",
+           *inc, *spec.cflags]
+    if uses_native_isa(spec):
+        cxx[6:6] = NATIVE_FLAGS
     cuda: list[str] = []
     if spec.device == "cuda":
         cuda = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC,-fvisibility=hidden", "--expt-relaxed-constexpr"]
@@ -203,6 +275,9 @@ def fingerprint(spec: BuildSpec, extra: str = "") -> str:
     feed("toolchain", toolchain_fingerprint(spec.device).encode())
     feed("versions", f"opbridge={__version__};tvm_ffi={tvm_ffi().__version__};{sys.platform}".encode())
     feed("exports_tu", exports_tu().encode())
+    feed("runtime_tu", runtime_tu().encode())
+    if uses_native_isa(spec):
+        feed("native_isa", native_isa_id().encode())
     feed("extra", extra.encode())
     return h.hexdigest()
 
@@ -328,8 +403,6 @@ def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
     if config.verbose():
         cmd.append("-v")
     env = {"NINJA_STATUS": "[%f/%t done, %r running] "}
-    import os
-
     log: list[str] = []
     label = f"{spec.name} ({spec.device})"
     with subprocess.Popen(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -22,7 +22,9 @@ from opbridge.build.compile import (
     compile_command,
     generated_sources,
     link_command,
+    native_isa_id,
     toolchain_fingerprint,
+    uses_native_isa,
 )
 from opbridge.build.objects import CompileError, ObjectStore, Unit
 from opbridge.build.progress import Progress, first_errors
@@ -41,6 +43,9 @@ class BuildReport:
 def units(spec: BuildSpec, store: ObjectStore) -> list[Unit]:
     """*spec*'s translation units: its sources, then its generated ones (written into *store*)."""
     toolchain = toolchain_fingerprint(spec.device)
+    if uses_native_isa(spec):
+        # "-march=native" in the command names no CPU: the object is this CPU's.
+        toolchain += "\nnative: " + native_isa_id()
     sources = [Path(s).resolve() for s in spec.sources]
     sources += [store.generated(name, text) for name, text in generated_sources(spec)]
     return [Unit(src, tuple(compile_command(spec, src)), toolchain) for src in sources]

@@ -32,8 +32,13 @@ INFO_SYMBOL = "__opbridge_build_info"
 _INFO_TU = "_opbridge_build_info.cc"
 
 
-def build_spec(lib: Library, device: str) -> BuildSpec:
-    """The build description of *lib*'s module for *device*."""
+def build_spec(lib: Library, device: str, native_isa: bool = True) -> BuildSpec:
+    """The build description of *lib*'s module for *device*.
+
+    *native_isa* (the JIT build's default) compiles CPU code for this machine
+    (:attr:`~opbridge.build.compile.BuildSpec.native_isa`); the AOT build
+    (:func:`aot_spec`) turns it off.
+    """
     if device not in KNOWN_DEVICES:
         raise BackendUnavailableError(
             f"opbridge: no toolchain for device {device!r} on this machine (supported: "
@@ -49,6 +54,7 @@ def build_spec(lib: Library, device: str) -> BuildSpec:
         include_dirs=lib.include_dirs,
         cflags=lib.cflags,
         ldflags=lib.ldflags,
+        native_isa=native_isa and device == "cpu",
     )
 
 
@@ -64,7 +70,7 @@ def _info_template() -> Template:
 
 def aot_spec(lib: Library, device: str = "cpu") -> BuildSpec:
     """The build spec of *lib* plus the generated build-stamp translation unit."""
-    base = build_spec(lib, device)
+    base = build_spec(lib, device, native_isa=False)
     info = {
         "namespace": lib.namespace,
         "device": device,
@@ -105,7 +111,7 @@ def is_current(lib: Library, path: str | Path, device: str = "cpu") -> bool:
     """
     try:
         info = build_info(path)
-        return bool(info["fingerprint"] == fingerprint(build_spec(lib, device))
+        return bool(info["fingerprint"] == fingerprint(build_spec(lib, device, native_isa=False))
                     and info["kernels"] == declared_kernels(lib, device))
     except (OSError, KeyError, ValueError, DeclarationError, BackendUnavailableError):
         return False

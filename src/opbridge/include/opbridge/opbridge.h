@@ -26,6 +26,18 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
+
+// The argument checks, the error stream behind OPB_THROW and OPBRIDGE_EXPORT's
+// typed-call helpers are declared with OPB_RT_ and defined in
+// opbridge/runtime_impl.h. A module built by opbridge defines
+// OPB_SEPARATE_RUNTIME and compiles them once (build/templates/runtime.cc);
+// compiled any other way (a bare tvm_ffi.cpp.build, nvcc) they are inline here.
+#if defined(OPB_SEPARATE_RUNTIME) && !defined(__CUDACC__)
+#define OPB_RT_
+#else
+#define OPB_RT_ inline
+#endif
 
 // Functions that CPU (.cc) and CUDA (.cu) kernels share, e.g. the per-element
 // math in the op headers.
@@ -57,27 +69,8 @@ constexpr DLDataType kBool{kDLBool, 8, 1};
 // DLDataType's operator== / != come from <tvm/ffi/dtype.h> (root namespace, found
 // by ADL). Defining them here as well made every comparison ambiguous.
 
-inline std::string dtype_name(DLDataType t) {
-  if (t == kFloat32) return "float32";
-  if (t == kFloat64) return "float64";
-  if (t == kFloat16) return "float16";
-  if (t == kBFloat16) return "bfloat16";
-  if (t == kInt32) return "int32";
-  if (t == kInt64) return "int64";
-  if (t == kBool) return "bool";
-  std::ostringstream os;
-  os << "dtype(code=" << int(t.code) << ", bits=" << int(t.bits) << ", lanes=" << t.lanes << ")";
-  return os.str();
-}
-
-inline std::string shape_str(const TensorView& t) {
-  std::ostringstream os;
-  os << "(";
-  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
-  if (t.ndim() == 1) os << ",";
-  os << ")";
-  return os.str();
-}
+OPB_RT_ std::string dtype_name(DLDataType t);
+OPB_RT_ std::string shape_str(const TensorView& t);
 
 inline const char* device_name(int device_type) {
   switch (device_type) {
@@ -225,120 +218,57 @@ inline T* data_ptr(const TensorView& t) {
 // argument checks: each raises a Python TypeError/ValueError naming op and arg
 // ---------------------------------------------------------------------------
 
+namespace detail {
+// The stream of an error being raised: its destructor throws tvm::ffi::Error
+// (kind, message, backtrace of the raising line), as TVM_FFI_THROW's builder
+// does, but compiled once per module instead of once per translation unit.
+class ErrorStream {
+ public:
+  OPB_RT_ ErrorStream(const char* kind, const char* file, int line, const char* func);
+  [[noreturn]] OPB_RT_ ~ErrorStream() noexcept(false);
+  ErrorStream(const ErrorStream&) = delete;
+  ErrorStream& operator=(const ErrorStream&) = delete;
+  std::ostringstream& stream() { return stream_; }
+
+ private:
+  std::string kind_;
+  std::string backtrace_;
+  std::ostringstream stream_;
+};
+}  // namespace detail
+
+#if defined(__CUDACC__)
 #define OPB_THROW(Kind) TVM_FFI_THROW(Kind)
+#else
+#define OPB_THROW(Kind) ::opbridge::detail::ErrorStream(#Kind, __FILE__, __LINE__, TVM_FFI_FUNC_SIG).stream()
+#endif
 
-inline void check_dtype(const char* op, const char* arg, const TensorView& t,
-                        std::initializer_list<DLDataType> allowed) {
-  for (DLDataType d : allowed) {
-    if (t.dtype() == d) return;
-  }
-  std::ostringstream os;
-  size_t i = 0;
-  for (DLDataType d : allowed) {
-    os << (i == 0 ? "" : (i + 1 == allowed.size() ? " or " : ", ")) << dtype_name(d);
-    ++i;
-  }
-  OPB_THROW(TypeError) << op << ": " << arg << " must have dtype " << os.str() << ", got "
-                       << dtype_name(t.dtype());
-}
-
-inline void check_same_dtype(const char* op, const char* arg, const TensorView& t,
-                             const char* ref_arg, const TensorView& ref) {
-  if (t.dtype() != ref.dtype()) {
-    OPB_THROW(TypeError) << op << ": " << arg << " must have the same dtype as " << ref_arg << " ("
-                         << dtype_name(ref.dtype()) << "), got " << dtype_name(t.dtype());
-  }
-}
-
-inline void check_device(const char* op, const char* arg, const TensorView& t, int device_type) {
-  if (t.device().device_type != device_type) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be on " << device_name(device_type)
-                          << ", got " << device_name(t.device().device_type);
-  }
-}
-
-inline void check_same_device(const char* op, const char* arg, const TensorView& t,
-                              const char* ref_arg, const TensorView& ref) {
-  if (t.device().device_type != ref.device().device_type ||
-      t.device().device_id != ref.device().device_id) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be on the same device as " << ref_arg
-                          << " (" << device_name(ref.device().device_type) << ":"
-                          << ref.device().device_id << "), got "
-                          << device_name(t.device().device_type) << ":" << t.device().device_id;
-  }
-}
-
+OPB_RT_ void check_dtype(const char* op, const char* arg, const TensorView& t,
+                         std::initializer_list<DLDataType> allowed);
+OPB_RT_ void check_same_dtype(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                              const TensorView& ref);
+OPB_RT_ void check_device(const char* op, const char* arg, const TensorView& t, int device_type);
+OPB_RT_ void check_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                               const TensorView& ref);
 // Device checks in one form for a kernel's CPU and GPU twins (the headers
 // under ops/ run them, so both kernels check in the same order): `anchor` is
 // checked with check_device against the kernel's device type first; every
 // other tensor must then be on the CPU too (CPU kernels) or on the anchor's
 // very device, type and id (GPU kernels).
-inline void check_device_like(const char* op, int device_type, const char* arg, const TensorView& t,
-                              const char* anchor_arg, const TensorView& anchor) {
-  if (device_type == kDLCPU) {
-    check_device(op, arg, t, kDLCPU);
-  } else {
-    check_same_device(op, arg, t, anchor_arg, anchor);
-  }
-}
-
-inline void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
-  if (t.ndim() != ndim) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be " << ndim << "-D, got shape "
-                          << shape_str(t);
-  }
-}
-
-inline void check_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
-  if (t.ndim() < ndim) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must have at least " << ndim
-                          << " dimension(s), got shape " << shape_str(t);
-  }
-}
-
-inline void check_size(const char* op, const char* arg, const TensorView& t, int dim,
-                       int64_t expected, const char* why) {
-  const int d = dim < 0 ? dim + t.ndim() : dim;
-  if (d < 0 || d >= t.ndim() || t.size(d) != expected) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must have size " << expected << " in dim "
-                          << dim << " (" << why << "), got shape " << shape_str(t);
-  }
-}
-
-inline void check_same_shape(const char* op, const char* arg, const TensorView& t,
-                             const char* ref_arg, const TensorView& ref) {
-  bool same = t.ndim() == ref.ndim();
-  for (int i = 0; same && i < t.ndim(); ++i) same = t.size(i) == ref.size(i);
-  if (!same) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must have the same shape as " << ref_arg << " "
-                          << shape_str(ref) << ", got " << shape_str(t);
-  }
-}
-
-inline void check_contiguous(const char* op, const char* arg, const TensorView& t) {
-  if (!t.IsContiguous()) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be contiguous, got shape " << shape_str(t)
-                          << " with non-contiguous strides";
-  }
-}
-
+OPB_RT_ void check_device_like(const char* op, int device_type, const char* arg, const TensorView& t,
+                               const char* anchor_arg, const TensorView& anchor);
+OPB_RT_ void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim);
+OPB_RT_ void check_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim);
+OPB_RT_ void check_size(const char* op, const char* arg, const TensorView& t, int dim, int64_t expected,
+                        const char* why);
+OPB_RT_ void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                              const TensorView& ref);
+OPB_RT_ void check_contiguous(const char* op, const char* arg, const TensorView& t);
 // A mutated tensor must not share memory with another argument: the result would
 // depend on the order of a kernel's reads and writes, and validated inputs could
 // change under it. Empty tensors overlap nothing.
-inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                           const TensorView& other) {
-  auto span = [](const TensorView& v, const char*& begin, const char*& end) {
-    begin = static_cast<const char*>(v.data_ptr()) + v.byte_offset();
-    end = begin + v.numel() * ((v.dtype().bits * v.dtype().lanes + 7) / 8);
-  };
-  const char *b0, *e0, *b1, *e1;
-  span(t, b0, e0);
-  span(other, b1, e1);
-  if (!(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0)) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must not overlap " << other_arg
-                          << " in memory; pass separate tensors";
-  }
-}
+OPB_RT_ void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                            const TensorView& other);
 
 // The macros stringise the C++ variable name, which by convention is the
 // schema's argument name, so messages match what the Python user wrote.
@@ -407,14 +337,12 @@ struct type_tag {
 };
 
 namespace detail {
+[[noreturn]] OPB_RT_ void throw_unsupported_dtype(const char* op, DLDataType got, const DLDataType* expected,
+                                                  size_t n);
 template <typename... Ts>
 [[noreturn]] inline void throw_unsupported(const char* op, DLDataType got) {
-  std::ostringstream os;
-  size_t i = 0;
-  constexpr size_t n = sizeof...(Ts);
-  ((os << (i == 0 ? "" : (i + 1 == n ? " or " : ", ")) << dtype_name(dtype_of<Ts>()), ++i), ...);
-  OPB_THROW(TypeError) << op << ": unsupported dtype " << dtype_name(got) << " (expected " << os.str() << ")";
-  TVM_FFI_UNREACHABLE();
+  static constexpr DLDataType expected[] = {dtype_of<Ts>()...};
+  throw_unsupported_dtype(op, got, expected, sizeof...(Ts));
 }
 }  // namespace detail
 
@@ -462,16 +390,113 @@ constexpr int64_t kParallelGrain = 1 << 16;
 // export: any number of source files export into one module
 // ---------------------------------------------------------------------------
 
+namespace detail {
+
+// The argument types OPBRIDGE_EXPORT converts with the out-of-line helpers
+// below; a kernel with any other argument type, or a return value, goes
+// through tvm-ffi's own typed call (the same conversions and messages, compiled
+// in its translation unit).
+enum class ArgKind : int { kOther, kTensor, kOptionalTensor, kFloat64, kFloat32, kInt64, kInt32, kBool };
+
+template <typename T>
+constexpr ArgKind arg_kind() {
+  using U = std::remove_cv_t<std::remove_reference_t<T>>;
+  if constexpr (std::is_same_v<U, TensorView>) return ArgKind::kTensor;
+  else if constexpr (std::is_same_v<U, Optional<TensorView>>) return ArgKind::kOptionalTensor;
+  else if constexpr (std::is_same_v<U, double>) return ArgKind::kFloat64;
+  else if constexpr (std::is_same_v<U, float>) return ArgKind::kFloat32;
+  else if constexpr (std::is_same_v<U, int64_t>) return ArgKind::kInt64;
+  else if constexpr (std::is_same_v<U, int32_t>) return ArgKind::kInt32;
+  else if constexpr (std::is_same_v<U, bool>) return ArgKind::kBool;
+  else return ArgKind::kOther;
+}
+
+// An exported kernel, for the messages of a wrong call.
+struct ExportSite {
+  const char* name;
+  const ArgKind* kinds;
+  int32_t num_args;
+};
+
+OPB_RT_ TensorView arg_tensor(const TVMFFIAny* args, int32_t i, const ExportSite& site);
+OPB_RT_ Optional<TensorView> arg_optional_tensor(const TVMFFIAny* args, int32_t i, const ExportSite& site);
+OPB_RT_ double arg_float64(const TVMFFIAny* args, int32_t i, const ExportSite& site);
+OPB_RT_ float arg_float32(const TVMFFIAny* args, int32_t i, const ExportSite& site);
+OPB_RT_ int64_t arg_int64(const TVMFFIAny* args, int32_t i, const ExportSite& site);
+OPB_RT_ int32_t arg_int32(const TVMFFIAny* args, int32_t i, const ExportSite& site);
+OPB_RT_ bool arg_bool(const TVMFFIAny* args, int32_t i, const ExportSite& site);
+[[noreturn]] OPB_RT_ void throw_num_args(const ExportSite& site, int32_t num_args);
+// In a catch block: records the exception being handled as the call's error
+// (tvm-ffi's TVM_FFI_SAFE_CALL_END) and returns -1.
+OPB_RT_ int raise_current();
+
+template <typename T>
+inline T arg(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  constexpr ArgKind kind = arg_kind<T>();
+  if constexpr (kind == ArgKind::kTensor) return arg_tensor(args, i, site);
+  else if constexpr (kind == ArgKind::kOptionalTensor) return arg_optional_tensor(args, i, site);
+  else if constexpr (kind == ArgKind::kFloat64) return arg_float64(args, i, site);
+  else if constexpr (kind == ArgKind::kFloat32) return arg_float32(args, i, site);
+  else if constexpr (kind == ArgKind::kInt64) return arg_int64(args, i, site);
+  else if constexpr (kind == ArgKind::kInt32) return arg_int32(args, i, site);
+  else return arg_bool(args, i, site);
+}
+
+template <typename... Args, size_t... Is>
+inline void call_unpacked(void (*f)(Args...), const TVMFFIAny* args, const ExportSite& site,
+                          std::index_sequence<Is...>) {
+  f(arg<Args>(args, int32_t(Is), site)...);
+}
+
+// The body of OPBRIDGE_EXPORT's `__tvm_ffi_<name>` (tvm-ffi's safe-call ABI).
+template <typename R, typename... Args>
+inline int call_export(const char* name, R (*f)(Args...), const TVMFFIAny* args, int32_t num_args,
+                       TVMFFIAny* result) {
+  if constexpr (std::is_void_v<R> && ((arg_kind<Args>() != ArgKind::kOther) && ...)) {
+    static constexpr ArgKind kinds[] = {arg_kind<Args>()..., ArgKind::kOther};
+    const ExportSite site{name, kinds, int32_t(sizeof...(Args))};
+    try {
+      if (num_args != int32_t(sizeof...(Args))) throw_num_args(site, num_args);
+      call_unpacked(f, args, site, std::index_sequence_for<Args...>{});
+      return 0;
+    } catch (...) {
+      return raise_current();
+    }
+  } else {
+    TVM_FFI_SAFE_CALL_BEGIN();
+    static const std::string fn_name = name;
+    ::tvm::ffi::detail::unpack_call<R>(std::index_sequence_for<Args...>{}, &fn_name, f,
+                                       reinterpret_cast<const ::tvm::ffi::AnyView*>(args), num_args,
+                                       reinterpret_cast<::tvm::ffi::Any*>(result));
+    TVM_FFI_SAFE_CALL_END();
+  }
+}
+
+}  // namespace detail
 
 #define OPB_CONCAT_INNER_(a, b) a##b
 #define OPB_CONCAT_(a, b) OPB_CONCAT_INNER_(a, b)
 
 // OPBRIDGE_EXPORT(fn) exports `fn` under its own name into the module being
-// built and records it in the module's export list (see `__opbridge_exports`,
-// defined by the build in a generated translation unit).
+// built (the symbol `__tvm_ffi_<fn>` that tvm-ffi's loader looks up) and
+// records it in the module's export list (see `__opbridge_exports`, defined by
+// the build in a generated translation unit).
+#if defined(__CUDACC__)
+#define OPB_EXPORT_SYMBOL_(fn) TVM_FFI_DLL_EXPORT_TYPED_FUNC(fn, fn)
+#else
+#define OPB_EXPORT_SYMBOL_(fn)                                                                  \
+  extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_##fn(void*, const TVMFFIAny* args, int32_t num_args, \
+                                                   TVMFFIAny* result) {                          \
+    return ::opbridge::detail::call_export(#fn, fn, args, num_args, result);                    \
+  }
+#endif
 #define OPBRIDGE_EXPORT(fn)                                                                 \
-  TVM_FFI_DLL_EXPORT_TYPED_FUNC(fn, fn);                                                    \
+  OPB_EXPORT_SYMBOL_(fn);                                                                   \
   [[maybe_unused]] static const int OPB_CONCAT_(_opb_export_, fn) =                         \
       ::opbridge::detail::ExportList::Global().add(#fn)
 
 }  // namespace opbridge
+
+#if !defined(OPB_SEPARATE_RUNTIME) || defined(OPB_RUNTIME_IMPL) || defined(__CUDACC__)
+#include "opbridge/runtime_impl.h"
+#endif

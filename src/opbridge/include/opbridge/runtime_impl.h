@@ -1,0 +1,245 @@
+// Bodies of the functions opbridge.h declares with OPB_RT_: the argument
+// checks, the error stream behind OPB_THROW and the typed-call halves of
+// OPBRIDGE_EXPORT. Included by opbridge.h itself (inline) unless the module is
+// built by opbridge, which defines OPB_SEPARATE_RUNTIME and compiles this once
+// per module in build/templates/runtime.cc (OPB_RUNTIME_IMPL): each kernel
+// translation unit then no longer generates code for them (about 1.5 s of
+// compile per unit, most of it tvm-ffi's typed-call and error machinery).
+#pragma once
+
+#include <opbridge/opbridge.h>
+
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+namespace opbridge {
+
+OPB_RT_ std::string dtype_name(DLDataType t) {
+  if (t == kFloat32) return "float32";
+  if (t == kFloat64) return "float64";
+  if (t == kFloat16) return "float16";
+  if (t == kBFloat16) return "bfloat16";
+  if (t == kInt32) return "int32";
+  if (t == kInt64) return "int64";
+  if (t == kBool) return "bool";
+  std::ostringstream os;
+  os << "dtype(code=" << int(t.code) << ", bits=" << int(t.bits) << ", lanes=" << t.lanes << ")";
+  return os.str();
+}
+
+OPB_RT_ std::string shape_str(const TensorView& t) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
+  if (t.ndim() == 1) os << ",";
+  os << ")";
+  return os.str();
+}
+
+OPB_RT_ void check_dtype(const char* op, const char* arg, const TensorView& t,
+                         std::initializer_list<DLDataType> allowed) {
+  for (DLDataType d : allowed) {
+    if (t.dtype() == d) return;
+  }
+  std::ostringstream os;
+  size_t i = 0;
+  for (DLDataType d : allowed) {
+    os << (i == 0 ? "" : (i + 1 == allowed.size() ? " or " : ", ")) << dtype_name(d);
+    ++i;
+  }
+  OPB_THROW(TypeError) << op << ": " << arg << " must have dtype " << os.str() << ", got "
+                       << dtype_name(t.dtype());
+}
+
+OPB_RT_ void check_same_dtype(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                              const TensorView& ref) {
+  if (t.dtype() != ref.dtype()) {
+    OPB_THROW(TypeError) << op << ": " << arg << " must have the same dtype as " << ref_arg << " ("
+                         << dtype_name(ref.dtype()) << "), got " << dtype_name(t.dtype());
+  }
+}
+
+OPB_RT_ void check_device(const char* op, const char* arg, const TensorView& t, int device_type) {
+  if (t.device().device_type != device_type) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be on " << device_name(device_type) << ", got "
+                          << device_name(t.device().device_type);
+  }
+}
+
+OPB_RT_ void check_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                               const TensorView& ref) {
+  if (t.device().device_type != ref.device().device_type ||
+      t.device().device_id != ref.device().device_id) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be on the same device as " << ref_arg << " ("
+                          << device_name(ref.device().device_type) << ":" << ref.device().device_id
+                          << "), got " << device_name(t.device().device_type) << ":"
+                          << t.device().device_id;
+  }
+}
+
+OPB_RT_ void check_device_like(const char* op, int device_type, const char* arg, const TensorView& t,
+                               const char* anchor_arg, const TensorView& anchor) {
+  if (device_type == kDLCPU) {
+    check_device(op, arg, t, kDLCPU);
+  } else {
+    check_same_device(op, arg, t, anchor_arg, anchor);
+  }
+}
+
+OPB_RT_ void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  if (t.ndim() != ndim) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be " << ndim << "-D, got shape " << shape_str(t);
+  }
+}
+
+OPB_RT_ void check_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  if (t.ndim() < ndim) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must have at least " << ndim
+                          << " dimension(s), got shape " << shape_str(t);
+  }
+}
+
+OPB_RT_ void check_size(const char* op, const char* arg, const TensorView& t, int dim, int64_t expected,
+                        const char* why) {
+  const int d = dim < 0 ? dim + t.ndim() : dim;
+  if (d < 0 || d >= t.ndim() || t.size(d) != expected) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must have size " << expected << " in dim " << dim
+                          << " (" << why << "), got shape " << shape_str(t);
+  }
+}
+
+OPB_RT_ void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                              const TensorView& ref) {
+  bool same = t.ndim() == ref.ndim();
+  for (int i = 0; same && i < t.ndim(); ++i) same = t.size(i) == ref.size(i);
+  if (!same) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must have the same shape as " << ref_arg << " "
+                          << shape_str(ref) << ", got " << shape_str(t);
+  }
+}
+
+OPB_RT_ void check_contiguous(const char* op, const char* arg, const TensorView& t) {
+  if (!t.IsContiguous()) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must be contiguous, got shape " << shape_str(t)
+                          << " with non-contiguous strides";
+  }
+}
+
+OPB_RT_ void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                            const TensorView& other) {
+  auto span = [](const TensorView& v, const char*& begin, const char*& end) {
+    begin = static_cast<const char*>(v.data_ptr()) + v.byte_offset();
+    end = begin + v.numel() * ((v.dtype().bits * v.dtype().lanes + 7) / 8);
+  };
+  const char *b0, *e0, *b1, *e1;
+  span(t, b0, e0);
+  span(other, b1, e1);
+  if (!(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0)) {
+    OPB_THROW(ValueError) << op << ": " << arg << " must not overlap " << other_arg
+                          << " in memory; pass separate tensors";
+  }
+}
+
+namespace detail {
+
+OPB_RT_ ErrorStream::ErrorStream(const char* kind, const char* file, int line, const char* func)
+    : kind_(kind) {
+  const TVMFFIByteArray* bt = TVMFFIBacktrace(file, line, func, 0);
+  backtrace_.assign(bt->data, bt->size);
+}
+
+OPB_RT_ ErrorStream::~ErrorStream() noexcept(false) {
+  ::tvm::ffi::Error error(std::move(kind_), stream_.str(), std::move(backtrace_));
+  if (TVM_FFI_ALWAYS_LOG_BEFORE_THROW) {
+    std::cerr << error.FullMessage();
+  }
+  throw error;
+}
+
+OPB_RT_ void throw_unsupported_dtype(const char* op, DLDataType got, const DLDataType* expected, size_t n) {
+  std::ostringstream os;
+  for (size_t i = 0; i < n; ++i) os << (i == 0 ? "" : (i + 1 == n ? " or " : ", ")) << dtype_name(expected[i]);
+  OPB_THROW(TypeError) << op << ": unsupported dtype " << dtype_name(got) << " (expected " << os.str() << ")";
+  TVM_FFI_UNREACHABLE();
+}
+
+// tvm-ffi's name of an argument kind, as its own typed call prints it in errors.
+inline std::string arg_kind_name(ArgKind kind) {
+  using ::tvm::ffi::detail::Type2Str;
+  switch (kind) {
+    case ArgKind::kTensor: return Type2Str<TensorView>::v();
+    case ArgKind::kOptionalTensor: return Type2Str<Optional<TensorView>>::v();
+    case ArgKind::kFloat64: return Type2Str<double>::v();
+    case ArgKind::kFloat32: return Type2Str<float>::v();
+    case ArgKind::kInt64: return Type2Str<int64_t>::v();
+    case ArgKind::kInt32: return Type2Str<int32_t>::v();
+    case ArgKind::kBool: return Type2Str<bool>::v();
+    default: return "?";
+  }
+}
+
+// "name(0: T0, 1: T1) -> void", tvm-ffi's FunctionInfo::Sig() for the same function.
+inline std::string export_signature(const ExportSite& site) {
+  std::ostringstream os;
+  os << site.name << "(";
+  for (int32_t i = 0; i < site.num_args; ++i) os << (i ? ", " : "") << i << ": " << arg_kind_name(site.kinds[i]);
+  os << ") -> void";
+  return os.str();
+}
+
+OPB_RT_ void throw_num_args(const ExportSite& site, int32_t num_args) {
+  TVM_FFI_THROW(TypeError) << "Mismatched number of arguments when calling: `" << export_signature(site)
+                           << "`. Expected " << site.num_args << " but got " << num_args << " arguments";
+}
+
+template <typename T>
+inline T convert_arg(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  const ::tvm::ffi::AnyView& view = reinterpret_cast<const ::tvm::ffi::AnyView*>(args)[i];
+  std::optional<T> value = view.template try_cast<T>();
+  if (!value.has_value()) {
+    TVMFFIAny any_data = view.CopyToTVMFFIAny();
+    TVM_FFI_THROW(TypeError) << "Mismatched type on argument #" << i << " when calling: `"
+                             << export_signature(site) << "`. Expected `" << ::tvm::ffi::detail::Type2Str<T>::v()
+                             << "` but got `" << ::tvm::ffi::TypeTraits<T>::GetMismatchTypeInfo(&any_data) << '`';
+  }
+  return *std::move(value);
+}
+
+OPB_RT_ TensorView arg_tensor(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  return convert_arg<TensorView>(args, i, site);
+}
+OPB_RT_ Optional<TensorView> arg_optional_tensor(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  return convert_arg<Optional<TensorView>>(args, i, site);
+}
+OPB_RT_ double arg_float64(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  return convert_arg<double>(args, i, site);
+}
+OPB_RT_ float arg_float32(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  return convert_arg<float>(args, i, site);
+}
+OPB_RT_ int64_t arg_int64(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  return convert_arg<int64_t>(args, i, site);
+}
+OPB_RT_ int32_t arg_int32(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  return convert_arg<int32_t>(args, i, site);
+}
+OPB_RT_ bool arg_bool(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
+  return convert_arg<bool>(args, i, site);
+}
+
+OPB_RT_ int raise_current() {
+  try {
+    throw;
+  } catch (const ::tvm::ffi::Error& err) {
+    ::tvm::ffi::detail::SetSafeCallRaised(err);
+    return -1;
+  } catch (const std::exception& ex) {
+    ::tvm::ffi::detail::SetSafeCallRaised(::tvm::ffi::Error("InternalError", ex.what(), ""));
+    return -1;
+  }
+}
+
+}  // namespace detail
+}  // namespace opbridge
