@@ -219,3 +219,14 @@ def test_setting_turns_native_kernels_off(setting: str, expected: str) -> None:
     done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
                           check=True, timeout=300)
     assert done.stdout.split()[-1] == expected
+
+
+def test_importing_builds_nothing(tmp_path: Any) -> None:
+    probe = ("import torch, opbridge\n"
+             "from opbridge.adapters.torch import native\n"
+             "print(native._SHIM is None, len(native._PENDING))\n")
+    env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path), "OPBRIDGE_TORCH_NATIVE": "1"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
+                          timeout=300)
+    assert done.stdout.split() == ["True", str(len(BUILTINS))]  # found none, so registered to follow later
+    assert not (tmp_path / "torch-native").exists()

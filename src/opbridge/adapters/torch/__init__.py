@@ -5,7 +5,11 @@ Every op is defined with its declared schema under ``torch.ops.<ns>.<op>``
 shape rule and an autograd formula derived from the declared backward, so it
 works under autograd, ``opcheck``, ``torch.compile(fullgraph=True)`` and
 ``torch.export``. The public callable skips the dispatcher when that is
-provably equivalent (:mod:`.fast`), on CPU and CUDA tensors alike.
+provably equivalent (:mod:`.fast`), on CPU and CUDA tensors alike. Where the
+native shim is built (once per torch version, never at import: :mod:`.native`),
+the dispatcher's device and autograd kernels are C++ ones that run the
+compiled kernel without a Python frame and hand everything else to the
+Python kernels.
 
 Every path checks the dtype argument against the op's declared dtypes
 (:func:`opbridge.call.core.dtype_error`), accepts non-contiguous inputs (one

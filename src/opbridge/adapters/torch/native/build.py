@@ -13,6 +13,7 @@ noticeable; building it (about half a minute) happens only where
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -40,12 +41,19 @@ def _with_cuda() -> bool:
         (Path(p) / "c10" / "cuda" / "CUDAStream.h").exists() for p in cpp_extension.include_paths())
 
 
+def _tvm_ffi_version() -> str:
+    """tvm-ffi's version from its metadata: importing it just for that costs most of a second."""
+    try:
+        return importlib.metadata.version("apache-tvm-ffi")
+    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(_tvm.tvm_ffi(), "__version__", ""))
+
+
 def cache_key() -> str:
     """The content hash naming this process's shim in the cache."""
-    tvm = _tvm.tvm_ffi()
     parts = [torch.__version__, str(torch.version.git_version), str(torch.version.cuda),
              str(sysconfig.get_config_var("EXT_SUFFIX")), sys.implementation.cache_tag or "",
-             str(getattr(tvm, "__version__", "")), config.cxx(), *(p.read_text() for p in SOURCES)]
+             _tvm_ffi_version(), config.cxx(), *(p.read_text() for p in SOURCES)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
