@@ -206,6 +206,7 @@ def test_parity_rows_numpy_and_torch() -> None:
             if fw == "torch":
                 assert r["framework_over_numpy"] > 0 and r["framework_over_native"] > 0
                 assert r["verified"].startswith("framework path = NumPy path")
+                assert r["framework_over_numpy_fw_memory"] > 0  # the NumPy path on torch's own memory too
         bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
         want = "numpy (ml_dtypes bfloat16)" if importlib.util.find_spec("ml_dtypes") else "torch CPU path"
         assert all(r["baseline"].startswith(want) for r in bf16), [r["baseline"] for r in bf16]

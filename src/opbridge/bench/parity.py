@@ -17,7 +17,11 @@ native     the framework's own formula (:mod:`opbridge.bench.natives`; under
 =========  ======================================================================
 
 and reports ``framework / numpy`` and ``framework / native`` (ratios of
-medians), and each candidate's minor page faults per call
+medians). A fourth candidate, the NumPy path on NumPy views of the
+framework's own input buffers (float32 and where NumPy can view them), tells
+the adapter's cost apart from the inputs' memory: XLA's and MindSpore's
+buffers lie in 4 KiB pages, NumPy's large ones in 2 MiB pages, which makes
+the same kernel read them ~15% slower at (1024, 4096) (``fw/npv``), and each candidate's minor page faults per call
 (``resource.getrusage``, counted after timing over a few untimed calls). The
 framework path's result must match the NumPy path's within the op's declared
 tolerance for the dtype, else the row is an error and is not timed; the
@@ -47,7 +51,8 @@ _EPS = 1e-6
 #: Untimed calls whose page faults are counted, per candidate.
 FAULT_CALLS = 3
 CSV_FIELDS = ("framework", "op", "shape", "dtype", "baseline", "numpy_us", "framework_us", "native_us",
-              "framework_over_numpy", "framework_over_numpy_p20", "framework_over_native", "faults_numpy",
+              "framework_over_numpy", "framework_over_numpy_p20", "framework_over_numpy_fw_memory",
+              "framework_over_native", "faults_numpy",
               "faults_framework", "faults_native", "rounds", "number", "verified", "native_max_abs_diff",
               "native_unavailable", "error")
 
@@ -113,6 +118,28 @@ class Arrays:
         import mindspore as ms
 
         return ms.Tensor(a).astype(getattr(ms, dtype))
+
+    def view(self, t: Any) -> Any | None:
+        """A NumPy array on *t*'s own memory (no copy), or None where NumPy cannot view it."""
+        import numpy as np
+
+        fw = self.framework
+        if fw == "torch":
+            import torch
+
+            if t.dtype == torch.bfloat16:
+                bf16 = _bf16_numpy()
+                return None if bf16 is None else t.view(torch.int16).numpy().view(bf16)
+            return t.numpy()
+        if fw == "jax":
+            return np.asarray(t)  # read-only, on XLA's buffer
+        if fw == "paddle":
+            return None if "bfloat16" in str(t.dtype) else np.from_dlpack(t)
+        if fw == "mindspore":
+            import mindspore as ms
+
+            return None if t.dtype == ms.bfloat16 else t.asnumpy()  # shares the tensor's storage
+        return None
 
     @staticmethod
     def numpy(x: Any) -> Any:
@@ -230,6 +257,11 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
     if path is not None:
         fns["framework"] = framework_call(framework, op, fw_args)
         desc["framework"] = path.format(op=op)
+        views = [a if isinstance(a, float) else fw_arrays.view(a) for a in fw_args]
+        if base_fw == "numpy" and all(v is not None for v in views):
+            fns["numpy_fw_memory"] = framework_call("numpy", op, views)
+            desc["numpy_fw_memory"] = (f"opbridge.ops.{op}(*NumPy views of the {framework} inputs' own memory): "
+                                       f"the NumPy path without the difference in input memory")
     row["candidates"] = desc
     try:
         ref = Arrays.numpy(fns["numpy"]()) if "numpy" in fns else None
@@ -254,6 +286,8 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
     mine_key = "framework" if "framework" in fns else "numpy"
     if "native" in fns and mine_key in fns:
         row[f"{mine_key}_over_native"] = ratio(stats, mine_key, "native")
+    if "numpy_fw_memory" in fns:
+        row["framework_over_numpy_fw_memory"] = ratio(stats, "framework", "numpy_fw_memory")
     if "framework" in fns and "numpy" in fns:
         row["framework_over_numpy"] = ratio(stats, "framework", "numpy")
         # the fastest fifth of the samples: less disturbed by other load (a stalled helper thread)
@@ -301,6 +335,7 @@ def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             **{f"{k}_us": st.get(k, {}).get("p50") for k in ("numpy", "framework", "native")},
             "framework_over_numpy": r.get("framework_over_numpy"),
             "framework_over_numpy_p20": r.get("framework_over_numpy_p20"),
+            "framework_over_numpy_fw_memory": r.get("framework_over_numpy_fw_memory"),
             "framework_over_native": r.get("framework_over_native", r.get("numpy_over_native")),
             **{f"faults_{k}": fl.get(k) for k in ("numpy", "framework", "native")},
             "rounds": r.get("rounds"), "number": r.get("number"), "verified": r.get("verified"),
@@ -323,9 +358,10 @@ def format_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
         "parity: opbridge.ops.<op>, a new output per call; medians in ms; fw/np = framework path / NumPy "
         f"path (target <= {TARGET_NUMPY}x), fw/own = framework path / the framework's own formula (JAX: "
-        "XLA's fusion under jax.jit, target <= 1); minor page faults per call (numpy/framework/own)",
+        "XLA's fusion under jax.jit, target <= 1); fw/npv = framework path / NumPy path on views of the "
+        "framework's own input memory; minor page faults per call (numpy/framework/own)",
         f"  {'framework':<10}{'op':<9}{'shape':<10}{'dtype':<9}{'numpy':>8}{'framework':>10}{'own':>9}"
-        f"{'fw/np':>8}{'fw/own':>8}   {'faults np/fw/own':<22}target",
+        f"{'fw/np':>8}{'fw/npv':>8}{'fw/own':>8}   {'faults np/fw/own':<22}target",
     ]
     notes: set[str] = set()
     for r in rows:
@@ -337,7 +373,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         faults = "/".join(f"{fl[k]:.0f}" if k in fl else "-" for k in ("numpy", "framework", "native"))
         miss = misses(r)
         lines.append(f"{head}{_ms(st, 'numpy')}  {_ms(st, 'framework')}{_ms(st, 'native')} "
-                     f"{_x(r.get('framework_over_numpy'))} "
+                     f"{_x(r.get('framework_over_numpy'))} {_x(r.get('framework_over_numpy_fw_memory'))} "
                      f"{_x(r.get('framework_over_native', r.get('numpy_over_native')))}   "
                      f"{faults:<22}{'MISS: ' + ', '.join(miss) if miss else 'ok'}")
         if r["baseline"] not in ("numpy", "numpy (ml_dtypes bfloat16)"):
