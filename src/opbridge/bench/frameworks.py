@@ -31,6 +31,13 @@ One module for all
     reported), and every worker is handed that ``.so``: each reports the path
     it loaded, and the result says whether they are all the same file.
 
+Parity (``--parity``, instead of the per-call sections)
+    Every op at (1024, 4096) and (4096, 4096), float32 and bfloat16, in every
+    framework's worker: the NumPy path, the framework path and the
+    framework's own formula timed interleaved, with ratios and minor page
+    faults per call (:mod:`opbridge.bench.parity`); ``--out DIR`` writes the
+    rows to ``results.csv`` beside ``results.json``.
+
 Builds (``--builds``; not with ``--quick``)
     The same single ``add`` op built cold, each in a fresh process and build
     directory, with Paddle's ``paddle.utils.cpp_extension.load``
@@ -61,7 +68,9 @@ DESCRIPTION = (
     "worker process per framework (numpy, torch, jax, paddle, mindspore PyNative and ms.jit), timed "
     "interleaved after checking results; every worker loads the one cold-built op library; with "
     "--builds also the cold build of an equivalent add op with Paddle's cpp_extension.load and "
-    "MindSpore's CustomOpBuilder."
+    "MindSpore's CustomOpBuilder; with --parity instead the parity table (each op at (1024, 4096) and "
+    "(4096, 4096), float32 and bfloat16: framework path / NumPy path, / the framework's own formula, page "
+    "faults per call)."
 )
 
 FRAMEWORKS = ("numpy", "torch", "jax", "paddle", "mindspore")
@@ -317,7 +326,8 @@ def format_text(result: dict[str, Any]) -> str:
     m, s = result["machine"], result["settings"]
     load = m.get("loadavg_at_start")
     lines = [
-        "opbridge bench frameworks: opbridge.ops.<op> vs each framework's own op, float32, CPU",
+        "opbridge bench frameworks: " + ("the parity table, float32 and bfloat16, CPU" if "parity" in result else
+                                         "opbridge.ops.<op> vs each framework's own op, float32, CPU"),
         f"machine: {m['cpu_model']}, {m['cpus_usable']} CPUs, python {m['python']}, tvm-ffi {m['tvm_ffi']}, "
         f"{m['date']}" + (f", load average {'/'.join(map(str, load))} at start" if load else ""),
         f"{s['rounds']} interleaved rounds per section; samples of ~{s['target_sample_ms']:g} ms "
@@ -350,6 +360,8 @@ def format_text(result: dict[str, Any]) -> str:
             lines += [f"    {ln}" for ln in doc.get("stderr_tail", "").splitlines()[-8:]]
             continue
         lines.append(f"{fw} ({_versions(doc)}; {doc['executable']})")
+        if "parity" in doc:  # the per-call sections were not run (--parity)
+            continue
         lines.append(header)
         natives = {}
         for key, row in doc["sections"].items():
