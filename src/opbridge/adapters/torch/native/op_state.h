@@ -45,7 +45,7 @@ struct OpState {
   std::vector<int> like;             // per output: the argument it copies; empty with a shape rule
   int n_outputs = 0;
   int64_t fresh_min = 0;             // new CPU outputs of at least this many bytes get fresh(); 0: none
-  TVMFFIObjectHandle kernel[kNumDevices] = {nullptr, nullptr};
+  std::atomic<TVMFFIObjectHandle> kernel[kNumDevices] = {nullptr, nullptr};  // set once loaded
   py::object impl[kNumDevices];      // the Python device kernels (fallback)
   py::object autograd;               // the Python autograd kernel
   bool autograd_keyset = false;      // whether it takes the DispatchKeySet first

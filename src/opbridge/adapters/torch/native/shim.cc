@@ -101,7 +101,8 @@ bool RunNative(OpState& st, torch::jit::Stack* stack) {
   const c10::IValue& lead_v = args[st.dispatch_arg];
   if (!lead_v.isTensor() || !args[st.dtype_arg].isTensor()) return false;
   const at::Tensor& lead = lead_v.toTensor();
-  if (!(st.dtypes >> static_cast<int>(args[st.dtype_arg].toTensor().scalar_type()) & 1)) return false;
+  const int dtype = static_cast<int>(args[st.dtype_arg].toTensor().scalar_type());
+  if (dtype >= 64 || !(st.dtypes >> dtype & 1)) return false;
   const c10::Device device = lead.device();
   int dev;
   DLDevice dl_device;
@@ -116,7 +117,7 @@ bool RunNative(OpState& st, torch::jit::Stack* stack) {
   } else {
     return false;
   }
-  TVMFFIObjectHandle kernel = st.kernel[dev];
+  TVMFFIObjectHandle kernel = st.kernel[dev].load(std::memory_order_acquire);
   if (kernel == nullptr) return false;
 
   const size_t n_out = st.n_outputs;
@@ -364,8 +365,7 @@ __attribute__((visibility("default"))) PyObject* opb_register(PyObject* spec) {
 __attribute__((visibility("default"))) void opb_set_kernel(void* handle, int device, void* kernel) {
   auto* st = static_cast<OpState*>(handle);
   if (kernel != nullptr) TVMFFIObjectIncRef(kernel);
-  TVMFFIObjectHandle old = st->kernel[device];
-  st->kernel[device] = kernel;
+  TVMFFIObjectHandle old = st->kernel[device].exchange(kernel, std::memory_order_acq_rel);
   if (old != nullptr) TVMFFIObjectDecRef(old);
 }
 
