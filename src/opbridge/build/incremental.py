@@ -89,8 +89,6 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
             log = proc.stdout + proc.stderr
             raise BuildError(f"opbridge: linking {label} failed (exit {proc.returncode})",
                              command=shlex.join(cmd), errors=first_errors(log), log=log)
-    if missing:
-        store.prune()
     return report
 
 

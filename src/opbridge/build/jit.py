@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from opbridge.build import housekeeping
 from opbridge.build.cache import cache_root, file_lock
 from opbridge.build.compile import BuildSpec, fingerprint
 from opbridge.build.incremental import build_module
@@ -43,6 +44,7 @@ def cached_artifact(spec: BuildSpec) -> Path | None:
         return None
     so = entry / f"{spec.name}.so"
     if (entry / _MANIFEST).is_file() and so.is_file():
+        housekeeping.touch(entry)
         return so
     return None
 
@@ -60,6 +62,7 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
     entry = _entry_dir(spec)
     so = entry / f"{spec.name}.so"
     if not force and (entry / _MANIFEST).is_file() and so.is_file():
+        housekeeping.touch(entry)
         return so
     with file_lock(entry.parent / "locks" / (entry.name + ".lock")):
         if not force and (entry / _MANIFEST).is_file() and so.is_file():
@@ -89,4 +92,6 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+    if report.compiled:
+        housekeeping.auto_prune(protect=entry)
     return so

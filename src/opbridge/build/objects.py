@@ -28,9 +28,11 @@ killed at any point leaves nothing that counts. A build hard-links the objects
 it uses into its own scratch directory before checking them, so concurrent
 builds and :func:`prune` never pull an object from under a link step.
 
-Bounds: :func:`prune` (run after each build that compiled something) removes
-entries unused for :data:`MAX_AGE_S` and then the least recently used until the
-store holds at most :data:`MAX_BYTES`.
+Bounds: after each build that compiled something,
+:func:`opbridge.build.housekeeping.auto_prune` removes entries unused for
+:data:`MAX_AGE_S`, then the least recently used objects and built modules until
+the cache holds at most ``OPBRIDGE_OBJECT_CACHE_MB`` (default :data:`MAX_BYTES`);
+:meth:`ObjectStore.prune` does the same for the object store alone.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from opbridge.build.cache import cache_root
 
 #: Bumped when the key or layout changes, which orphans (and so prunes) every entry.
 FORMAT = "opbridge-objects-1"
-#: Most bytes of objects the store keeps (least recently used go first).
+#: The default size bound of the cache (least recently used go first; ``OPBRIDGE_OBJECT_CACHE_MB``).
 MAX_BYTES = 1 << 30
 #: Entries unused for this long are removed.
 MAX_AGE_S = 30 * 24 * 3600
@@ -311,24 +313,14 @@ class ObjectStore:
             os.close(fd)
 
     def _prune_locked(self, max_bytes: int, max_age_s: float, now: float) -> int:
-        freed = 0
+        freed = self.prune_leftovers(max_age_s, now)
         objects: list[tuple[float, int, Path]] = []
-        for path in self.root.glob("??/*"):
+        for path in self.root.glob("??/*.o"):
             try:
                 st = path.stat()
             except OSError:
                 continue
-            if path.suffix == ".o":
-                objects.append((st.st_mtime, st.st_size, path))
-            elif now - st.st_mtime > max_age_s:
-                path.unlink(missing_ok=True)
-        for path in [*self.tmp.iterdir(), *(self.root / "gen").glob("*")]:
-            limit = _STALE_TMP_S if path.parent == self.tmp else max_age_s
-            try:
-                if now - path.stat().st_mtime > limit:
-                    freed += _remove(path)
-            except OSError:
-                continue
+            objects.append((st.st_mtime, st.st_size, path))
         objects.sort()
         total = sum(size for _, size, _ in objects)
         for mtime, size, path in objects:
@@ -339,6 +331,34 @@ class ObjectStore:
             path.unlink(missing_ok=True)
             total -= size
             freed += size
+        return freed
+
+    def prune_leftovers(self, max_age_s: float = MAX_AGE_S, now: float | None = None) -> int:
+        """Remove what no build will use again; return the bytes freed.
+
+        Unit manifests and generated units unused for *max_age_s*, digests whose
+        object is gone, and temporary files of killed builds. Objects themselves
+        are left to :meth:`prune` and :func:`opbridge.build.housekeeping.prune`.
+        The caller holds the store's prune lock.
+        """
+        now = time.time() if now is None else now
+        freed = 0
+        for path in self.root.glob("??/*"):
+            try:
+                st = path.stat()
+                orphan = path.suffix == ".sha256" and not path.with_suffix(".o").exists()
+                if path.suffix != ".o" and (orphan or now - st.st_mtime > max_age_s):
+                    path.unlink(missing_ok=True)
+                    freed += st.st_size
+            except OSError:
+                continue
+        for path in [*self.tmp.iterdir(), *(self.root / "gen").glob("*")]:
+            limit = _STALE_TMP_S if path.parent == self.tmp else max_age_s
+            try:
+                if now - path.stat().st_mtime > limit:
+                    freed += _remove(path)
+            except OSError:
+                continue
         return freed
 
 

@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.register_list(sub)
     commands.register_build(sub)
     doctor.register(sub)
+    __import__("opbridge.cli.cache", fromlist=["register"]).register(sub)  # `cache`
     aot_cli.register(sub)  # adds --aot / --out to `build`
     codegen_cli.register(sub)  # `codegen`
     scaffold_cli.register(sub)  # `new`

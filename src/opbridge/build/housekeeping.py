@@ -1,0 +1,298 @@
+"""What the build cache holds, and pruning it: least recently used first, never an entry in use.
+
+The cache (``OPBRIDGE_CACHE_DIR``) holds two kinds of entries:
+
+``jit/<library>-<device>-<key>/``
+    a whole built module (:mod:`opbridge.build.jit`); its ``manifest.json`` is
+    touched each time the entry is used, so its time is the last use.
+``objects/<kk>/<key>.o``
+    one compiled translation unit (:mod:`opbridge.build.objects`), touched when
+    a build links it.
+
+:func:`prune` removes entries least recently used first until the cache holds
+at most a size (``OPBRIDGE_OBJECT_CACHE_MB``, default 1024, after every build
+that compiled something; ``opbridge cache prune --max-mb``), keeps each
+library's newest builds (``--keep``), and drops what has gone unused for 30
+days. A module entry is never removed while its build lock is held (a build or
+a prune of it is running) or, by default, within ten minutes of its last use (a
+process may be between building a module and loading it). An object may go at
+any time: builds use hard links of theirs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opbridge.build.cache import cache_root
+from opbridge.build.objects import MAX_AGE_S, MAX_BYTES, ObjectStore
+
+#: A module entry used this recently survives an automatic prune.
+RECENT_S = 600.0
+#: A temporary directory this old belongs to a killed build.
+_STALE_TMP_S = 3600.0
+_MANIFEST = "manifest.json"
+_ENV_BOUND = "OPBRIDGE_OBJECT_CACHE_MB"
+
+
+def size_bound() -> int:
+    """The most bytes the cache keeps: ``OPBRIDGE_OBJECT_CACHE_MB`` (MiB), default 1024 MiB.
+
+    Read at each call, like every ``OPBRIDGE_*`` setting; a value that is not a
+    positive number falls back to the default.
+    """
+    raw = os.environ.get(_ENV_BOUND, "").strip()
+    try:
+        mib = float(raw)
+    except ValueError:
+        return MAX_BYTES
+    return int(mib * (1 << 20)) if mib > 0 else MAX_BYTES
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One removable cache entry: a built module's directory or a stored object."""
+
+    kind: str
+    """``"module"`` or ``"object"``."""
+    path: Path
+    size: int
+    last_used: float
+    library: str = ""
+    """``<library>-<device>`` for a module entry."""
+
+
+@dataclass
+class CacheInfo:
+    """What the cache holds (``opbridge cache info``)."""
+
+    root: Path
+    modules: int = 0
+    module_bytes: int = 0
+    objects: int = 0
+    object_bytes: int = 0
+    other_bytes: int = 0
+    libraries: dict[str, int] = field(default_factory=dict)
+    """Module entries per ``<library>-<device>``."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Every byte under the cache directory."""
+        return self.module_bytes + self.object_bytes + self.other_bytes
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready record."""
+        return {"root": str(self.root), "modules": self.modules, "module_bytes": self.module_bytes,
+                "objects": self.objects, "object_bytes": self.object_bytes, "other_bytes": self.other_bytes,
+                "total_bytes": self.total_bytes, "bound_bytes": size_bound(), "libraries": self.libraries}
+
+
+@dataclass
+class PruneReport:
+    """What :func:`prune` removed and what it left because it was in use."""
+
+    removed: list[Entry] = field(default_factory=list)
+    kept_in_use: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        """Bytes of the removed entries."""
+        return sum(e.size for e in self.removed)
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+def _library_of(entry_name: str) -> str:
+    """``<library>-<device>`` of a module entry's directory name (``<library>-<device>-<key>``)."""
+    return entry_name.rsplit("-", 1)[0]
+
+
+def module_entries(root: Path) -> Iterator[Entry]:
+    """The complete module entries under *root*/jit (those with a manifest)."""
+    jit = root / "jit"
+    if not jit.is_dir():
+        return
+    for d in jit.iterdir():
+        manifest = d / _MANIFEST
+        try:
+            if d.name.startswith(".") or d.name == "locks" or not manifest.is_file():
+                continue
+            yield Entry("module", d, _dir_size(d), manifest.stat().st_mtime, _library_of(d.name))
+        except OSError:
+            continue
+
+
+def object_entries(root: Path) -> Iterator[Entry]:
+    """The stored objects under *root*/objects (each with its digest file, counted in its size)."""
+    for obj in (root / "objects").glob("??/*.o"):
+        try:
+            st = obj.stat()
+            digest = obj.with_suffix(".sha256")
+            extra = digest.stat().st_size if digest.exists() else 0
+            yield Entry("object", obj, st.st_size + extra, st.st_mtime)
+        except OSError:
+            continue
+
+
+def info(root: Path | None = None) -> CacheInfo:
+    """Count and size what the cache at *root* (default: the configured one) holds."""
+    root = root if root is not None else cache_root(create=False)
+    out = CacheInfo(root)
+    if not root.is_dir():
+        return out
+    for e in module_entries(root):
+        out.modules += 1
+        out.module_bytes += e.size
+        out.libraries[e.library] = out.libraries.get(e.library, 0) + 1
+    for e in object_entries(root):
+        out.objects += 1
+        out.object_bytes += e.size
+    out.other_bytes = max(0, _dir_size(root) - out.module_bytes - out.object_bytes)
+    return out
+
+
+def touch(entry_dir: Path) -> None:
+    """Record a use of the module entry *entry_dir* (its manifest's time); never raises."""
+    try:
+        os.utime(entry_dir / _MANIFEST)
+    except OSError:
+        pass
+
+
+def _lock_path(entry: Path) -> Path:
+    return entry.parent / "locks" / (entry.name + ".lock")
+
+
+def _remove_module(entry: Entry) -> bool:
+    """Remove a module entry under its build lock, unless someone holds the lock."""
+    lock = _lock_path(entry.path)
+    try:
+        lock.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        # Out of sight first (one rename), then deleted: a reader never sees half an entry.
+        doomed = entry.path.with_name(f".{entry.path.name}.pruned-{os.getpid()}")
+        try:
+            os.replace(entry.path, doomed)
+        except OSError:
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _remove_object(entry: Entry) -> bool:
+    # The digest goes first: from then on the object is a miss, never half there.
+    entry.path.with_suffix(".sha256").unlink(missing_ok=True)
+    entry.path.unlink(missing_ok=True)
+    return True
+
+
+def _remove_stale_temporaries(jit: Path, now: float) -> None:
+    """Remove the temporary directories of module builds killed over an hour ago."""
+    if not jit.is_dir():
+        return
+    for d in jit.glob(".*"):
+        try:
+            if d.is_dir() and now - d.stat().st_mtime > _STALE_TMP_S:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def prune(max_bytes: int | None = None, keep: int | None = None, max_age_s: float = MAX_AGE_S,
+          recent_s: float = RECENT_S, protect: Path | None = None, root: Path | None = None) -> PruneReport:
+    """Remove cache entries, least recently used first; return what went.
+
+    Parameters
+    ----------
+    max_bytes
+        Remove entries until modules and objects together hold at most this
+        many bytes (None: no size limit).
+    keep
+        Keep at most this many module entries per library and device, the most
+        recently used (None: no limit).
+    max_age_s
+        Remove entries unused for this long.
+    recent_s
+        Module entries used within this many seconds stay (0: none is spared for its age).
+    protect
+        A module entry that stays whatever the limits (the one a build just made).
+    root
+        The cache directory; default the configured one.
+    """
+    root = root if root is not None else cache_root(create=False)
+    report = PruneReport()
+    if not root.is_dir():
+        return report
+    now = time.time()
+    modules = sorted(module_entries(root), key=lambda e: e.last_used, reverse=True)
+    objects = list(object_entries(root))
+    doomed: list[Entry] = []
+    seen: dict[str, int] = {}
+    for e in modules:
+        seen[e.library] = seen.get(e.library, 0) + 1
+        if (keep is not None and seen[e.library] > keep) or now - e.last_used > max_age_s:
+            doomed.append(e)
+    doomed += [e for e in objects if now - e.last_used > max_age_s]
+    if max_bytes is not None:
+        gone = {e.path for e in doomed}
+        rest = sorted((e for e in [*modules, *objects] if e.path not in gone), key=lambda e: e.last_used)
+        total = sum(e.size for e in rest)
+        for e in rest:
+            if total <= max_bytes:
+                break
+            doomed.append(e)
+            total -= e.size
+    _remove_stale_temporaries(root / "jit", now)
+    for e in doomed:
+        spared = e.kind == "module" and (e.path == protect or now - e.last_used < recent_s)
+        if spared or not (_remove_module(e) if e.kind == "module" else _remove_object(e)):
+            report.kept_in_use += 1
+            continue
+        report.removed.append(e)
+    return report
+
+
+def auto_prune(protect: Path | None = None) -> PruneReport:
+    """The prune after a build: the size bound (:func:`size_bound`) and the age limit.
+
+    Skipped (an empty report) while another process prunes the object store.
+    Never raises for a file that vanished or could not be removed.
+    """
+    store_root = cache_root() / "objects"
+    store_root.mkdir(parents=True, mode=0o700, exist_ok=True)
+    fd = os.open(store_root / ".prune.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return PruneReport()
+        # Leftovers of killed builds (temporary files, generated units) age out in the store's own prune.
+        ObjectStore(store_root).prune_leftovers()
+        return prune(max_bytes=size_bound(), protect=protect)
+    except OSError:
+        return PruneReport()
+    finally:
+        os.close(fd)
