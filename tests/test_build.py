@@ -392,3 +392,60 @@ def test_aot_ninja_build_dir_still_works(tmp_path: Path) -> None:
     first = out.stat().st_mtime_ns
     bcompile.run_ninja(spec, bdir)
     assert out.stat().st_mtime_ns == first, "an up-to-date build dir relinks nothing"
+
+
+# -- JIT builds for this CPU ---------------------------------------------------
+
+
+def _patch_native(monkeypatch: pytest.MonkeyPatch, ident: str) -> None:
+    from opbridge.build import incremental, isa
+
+    for mod in (isa, bcompile, incremental):
+        monkeypatch.setattr(mod, "native_isa_id", lambda: ident)
+
+
+def test_jit_builds_for_this_cpu_and_aot_builds_stay_portable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opbridge.build.library import aot_spec, build_spec
+    from opbridge.ops import LIBRARY
+
+    _patch_native(monkeypatch, "-march=znver3 -mavx2")
+    jit_spec, wheel_spec = build_spec(LIBRARY, "cpu"), aot_spec(LIBRARY, "cpu")
+    src = jit_spec.sources[0]
+    assert {"-march=native", "-DOPB_NATIVE_ISA"} <= set(bcompile.compile_command(jit_spec, src))
+    assert "-march=native" not in bcompile.compile_command(wheel_spec, src), "a wheel runs on any x86-64"
+    assert "-DOPB_NATIVE_ISA" not in bcompile.compile_command(wheel_spec, src)
+    _patch_native(monkeypatch, "")  # a compiler that cannot say what native means: the portable build
+    assert "-march=native" not in bcompile.compile_command(jit_spec, src)
+
+
+def test_native_builds_are_keyed_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A cache shared by two machines: the module and every object differ by what native resolves to."""
+    from opbridge.build import incremental, objects
+
+    src = tmp_path / "k.cc"
+    src.write_text("int k() { return 1; }\n")
+    spec = bcompile.BuildSpec(name="k", sources=(src,), native_isa=True)
+    store = objects.ObjectStore(tmp_path / "store")
+    keys = {}
+    for cpu in ("-march=znver3 -mavx2", "-march=sapphirerapids -mavx512f"):
+        _patch_native(monkeypatch, cpu)
+        unit = incremental.units(spec, store)[0]
+        keys[cpu] = (bcompile.fingerprint(spec), store.base_key(unit))
+    (fp_a, obj_a), (fp_b, obj_b) = keys.values()
+    assert fp_a != fp_b and obj_a != obj_b
+    portable = bcompile.BuildSpec(name="k", sources=(src,))
+    assert bcompile.fingerprint(portable) == bcompile.fingerprint(portable), "stable"
+    assert bcompile.fingerprint(portable) not in (fp_a, fp_b)
+
+
+def test_native_isa_id_names_the_cpu() -> None:
+    import platform
+
+    from opbridge.build import isa
+
+    ident = isa.native_isa_id()
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert ident == ""
+    else:
+        assert "-march=" in ident or "target-cpu" in ident, ident
+        assert "native" not in ident, "the resolved CPU, not the flag"

@@ -13,6 +13,12 @@ cache and build directories, so nothing is cached in memory or on disk:
     written against ``torch/extension.h`` with pybind bindings (skipped by
     ``--quick``: it takes tens of seconds).
 
+``opbridge_rebuild_one``
+    after the library was built once from copies of its sources (untimed),
+    one copy at a time gets a comment appended and the library is rebuilt: the
+    object cache recompiles that unit alone, then links (skipped by
+    ``--quick``).
+
 Builds report wall seconds and CPU seconds (of the process and all its
 finished descendants, i.e. the compilers), which other load on the machine
 disturbs far less. The opbridge and tvm-ffi builds are repeated, alternating
@@ -86,6 +92,32 @@ seconds, cpu_seconds = wall - start, cpu - cpu_start
 assert tvm_ffi.load_module(path)["add_cpu"] is not None
 names = [Path(s).name for s in sources]
 print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "sources": names}))
+"""
+
+_REBUILD_ONE = CLOCK + """
+import dataclasses, json, shutil, sys
+from pathlib import Path
+from opbridge.build import jit
+from opbridge.loader import build_spec
+from opbridge.ops import LIBRARY
+""" + TVM_FFI_WITHOUT_TORCH + """
+work = Path(sys.argv[1])
+spec = build_spec(LIBRARY, "cpu")
+copies = []
+for src in spec.sources:
+    copies.append(work / src.name)
+    shutil.copyfile(src, copies[-1])
+spec = dataclasses.replace(spec, sources=tuple(copies))
+jit.build(spec)  # the cold build of the copies, untimed
+runs = []
+for i, src in enumerate(copies):
+    src.write_text(src.read_text() + f"\\n// opbridge bench build: edit {i}\\n")
+    start, cpu0 = _clock()
+    so = jit.build(spec)
+    end, cpu1 = _clock()
+    compiled = json.loads((so.parent / "manifest.json").read_text())["compiled"]
+    runs.append({"source": src.name, "seconds": end - start, "cpu_seconds": cpu1 - cpu0, "compiled": compiled})
+print(json.dumps({"runs": runs}))
 """
 
 _TORCH_LOAD_INLINE = CLOCK + """
@@ -224,6 +256,22 @@ def _cold_builds(tmp: Path, repeat: int) -> tuple[dict[str, Any], Path]:
     return out, tmp / "opbridge_cold-0"
 
 
+def _rebuild_one(tmp: Path) -> dict[str, Any]:
+    """Rebuild times after editing one source, each source in turn (median and worst)."""
+    _progress("rebuild after editing one source, each in turn (one untimed cold build first)")
+    work = tmp / "rebuild-sources"
+    work.mkdir()
+    res = script_or_raise("opbridge one-source rebuilds", _REBUILD_ONE, _env(tmp), str(work), timeout=_TIMEOUT_S)
+    runs = res["runs"]
+    wall = [r["seconds"] for r in runs]
+    cpu = [r["cpu_seconds"] for r in runs]
+    return {"seconds": round(statistics.median(wall), 3), "cpu_seconds": round(statistics.median(cpu), 3),
+            "max_seconds": round(max(wall), 3), "samples": [round(x, 3) for x in wall],
+            "per_source": {r["source"]: {"seconds": round(r["seconds"], 3),
+                                         "cpu_seconds": round(r["cpu_seconds"], 3),
+                                         "compiled": r["compiled"]} for r in runs}}
+
+
 def _torch_cold(tmp: Path) -> dict[str, Any]:
     _progress("cold build: torch.utils.cpp_extension.load_inline of one add op (fresh build dir; ~40 s)")
     build_dir = tmp / "torch-build"
@@ -302,10 +350,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cold, populated = _cold_builds(tmp, cold_repeat)
         if args.quick:
             cold["torch_load_inline"] = {"skipped": "--quick"}
+            cold["opbridge_rebuild_one"] = {"skipped": "--quick"}
         else:
             torch_dir = tmp / "torch_load_inline"
             torch_dir.mkdir()
             cold["torch_load_inline"] = _torch_cold(torch_dir)
+            rebuild_dir = tmp / "opbridge_rebuild_one"
+            rebuild_dir.mkdir()
+            cold["opbridge_rebuild_one"] = _rebuild_one(rebuild_dir)
         warm = _warm(populated, repeat)
     return {
         "benchmark": "build",
@@ -337,6 +389,8 @@ def format_text(result: dict[str, Any]) -> str:
                  else f"skipped ({row['skipped']})")
         if "samples" in row:
             value += f"  (wall samples: {', '.join(f'{x:.2f}' for x in row['samples'])})"
+        if "max_seconds" in row:
+            value += f"  (median over sources; worst {row['max_seconds']:.2f} s)"
         lines.append(f"  {name:<20} {value}")
     for name, value in ratios.items():
         lines.append(f"  {name:<40} {'-' if value is None else f'{value:.2f}x'}")

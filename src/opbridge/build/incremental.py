@@ -22,10 +22,9 @@ from opbridge.build.compile import (
     compile_command,
     generated_sources,
     link_command,
-    native_isa_id,
     toolchain_fingerprint,
-    uses_native_isa,
 )
+from opbridge.build.isa import native_isa_id, uses_native_isa
 from opbridge.build.objects import CompileError, ObjectStore, Unit
 from opbridge.build.progress import Progress, first_errors
 from opbridge.errors import BuildError
