@@ -156,50 +156,72 @@ def test_gradients_still_come_from_the_declared_backward() -> None:
     assert torch.autograd.gradcheck(torch.ops.opbridge.silu_and_mul, (g,))
 
 
-TWICE_CC = """
+KERNELS_CC = """
 #include <opbridge/opbridge.h>
 using tvm::ffi::TensorView;
-void twice_cpu(TensorView out, TensorView x) {
+static void times(TensorView out, TensorView x, float k) {
   const float* a = static_cast<const float*>(x.data_ptr());
   float* o = static_cast<float*>(out.data_ptr());
-  for (int64_t i = 0; i < x.numel(); ++i) o[i] = 2 * a[i];
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = k * a[i];
 }
+void twice_cpu(TensorView out, TensorView x) { times(out, x, 2); }
+void thrice_cpu(TensorView out, TensorView x) { times(out, x, 3); }
 OPBRIDGE_EXPORT(twice_cpu);
+OPBRIDGE_EXPORT(thrice_cpu);
 """
+
+
+class _FoundJob:
+    """Stands in for the shim's compile: "builds" the one this session built."""
+
+    def __init__(self) -> None:
+        self.out = native.build.path()
+
+    def wait(self) -> Any:
+        return self.out
+
+    def cancel(self) -> None:
+        pass
 
 
 @pytest.fixture
 def no_shim_yet(shim: native.Shim, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ops registered inside are registered as if no shim was built yet (the first process).
-
-    "Building" it then just finds the one this session built.
-    """
+    """Ops registered inside are registered as if no shim was built yet (the first process)."""
     monkeypatch.setattr(native, "_SHIM", None)
     monkeypatch.setattr(native, "_LOOKED", True)
-    monkeypatch.setattr(native.build, "build", native.build.path)
+    monkeypatch.setattr(native, "_BUILDER", None)
+    monkeypatch.setattr(native.build, "Job", _FoundJob)
 
 
-def test_ops_registered_before_the_shim_existed_turn_native_when_their_kernel_loads(
+def test_ops_registered_before_the_shim_existed_turn_native_once_it_is_built(
         no_shim_yet: None, make_library: Callable[..., opbridge.Library]) -> None:
-    lib = make_library({"twice.cc": TWICE_CC})
+    lib = make_library({"k.cc": KERNELS_CC})
 
     @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float32",))
     def twice(x: Any) -> Any:
         return 2 * x
 
+    @lib.op("thrice(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float32",))
+    def thrice(x: Any) -> Any:
+        return 3 * x
+
     op = lib.ops["twice"]
-    overload = getattr(torch.ops, lib.namespace).twice.default
+    ns = getattr(torch.ops, lib.namespace)
     assert op.qualname in native._PENDING and native.native_calls(op) is None  # Python kernels only
     x = torch.randn(5)
-    _same(overload(x), 2 * x)  # the first kernel load builds the shim and registers pending ops
-    assert op.qualname not in native._PENDING and native.native_calls(op) == 0
-    _same(overload(x), 2 * x)
-    assert native.native_calls(op) == 1
-    assert _python_frames(lambda: overload(x)) == []
-    _same(overload(x[::2]), 2 * x[::2])  # strided: the Python kernel, as before
+    _same(ns.twice(x), 2 * x)  # the first kernel load starts building the shim beside the program
+    assert native._BUILDER is not None and op.qualname in native._PENDING
+    native._BUILDER.thread.join()
+    _same(ns.thrice(x), 3 * x)  # the next kernel load finds it built: both ops turn native
+    assert not native._PENDING and native.native_calls(op) == 0
+    _same(ns.twice(x), 2 * x)
+    _same(ns.thrice(x), 3 * x)
+    assert native.native_calls(op) == 1 and native.native_calls(lib.ops["thrice"]) == 1
+    assert _python_frames(lambda: ns.twice(x)) == []
+    _same(ns.twice(x[::2]), 2 * x[::2])  # strided: the Python kernel, as before
     assert native.native_calls(op) == 2
     with torch.inference_mode():  # skips autograd, so the Python device kernel registered first runs
-        _same(overload(x), 2 * x)
+        _same(ns.twice(x), 2 * x)
     assert native.native_calls(op) == 2
 
 

@@ -17,18 +17,22 @@ and a tensor argument requires grad.
 When it is built
 ----------------
 Never at import. Registering an op only *looks* for a built shim (a hash of
-a few strings and one small file, then ``dlopen``). If there is one, the op's
-device and autograd kernels are the native ones from the start. If there is
-none, the op gets its Python kernels, and the first time a compiled kernel is
-loaded for torch (:func:`kernel_loaded`, from :func:`..calls.kernel`; that
-call may build the op library anyway) the shim is built, with a progress
-line, and every op registered so far gets native ``AutogradCPU``/
-``AutogradCUDA`` kernels, which take precedence over the Python ``Autograd``
-kernel without replacing a kernel that may be running (so under
-``torch.inference_mode``, which skips autograd, that process keeps the Python
-device kernel; the next process is native throughout). A failed build warns
-once and leaves the Python kernels in place. ``OPBRIDGE_TORCH_NATIVE=0``
-turns all of it off (read when an op is registered).
+a few strings and three small files, then ``dlopen``). If there is one, the
+op's device and autograd kernels are the native ones from the start. If
+there is none, the op gets its Python kernels, and the first time a compiled
+kernel is loaded for torch (:func:`kernel_loaded`, from
+:func:`..calls.kernel`) the shim starts building in the background (one
+line on stderr says so; about a minute of one core, so a user's first call
+does not wait for it; a process that exits first stops the compiler). At the
+next kernel load or op registration after it is done, every op registered so
+far gets native ``AutogradCPU``/``AutogradCUDA`` kernels, which take
+precedence over the Python ``Autograd`` kernel without replacing a kernel
+that may be running (so under ``torch.inference_mode``, which skips autograd,
+that process keeps the Python device kernel); every later process is native
+from the start. :func:`shim` with ``build_now=True`` builds (or waits for)
+it in the foreground, with a progress line. A failed build warns once and
+leaves the Python kernels in place. ``OPBRIDGE_TORCH_NATIVE=0`` turns all of
+it off (read when an op is registered).
 
 Ops with an argument type other than ``Tensor``, ``Tensor?``, ``int``,
 ``float``, ``bool`` (optional or not), or returns other than tensors, keep
@@ -37,14 +41,18 @@ their Python kernels.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
+import sys
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opbridge import config
 from opbridge.adapters.torch.native import build
 from opbridge.call import core, memory
 from opbridge.errors import BuildError
@@ -139,9 +147,33 @@ def describable(op: OpDef) -> bool:
     return any(d in op.kernels for d in _DEVICE_INDEX)
 
 
+class _Background:
+    """The shim's build, running beside the program; stopped if the process exits first."""
+
+    def __init__(self) -> None:
+        self.job = build.Job()  # the compiler starts here; OSError if there is none
+        self.result: Path | None = None
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._wait, name="opbridge-torch-native-build", daemon=True)
+        self.thread.start()
+        atexit.register(self.job.cancel)
+
+    def _wait(self) -> None:
+        try:
+            self.result = self.job.wait()
+        except (BuildError, OSError) as e:
+            self.error = e
+
+
+_BUILDER: _Background | None = None
+
+
 def shim(build_now: bool = False) -> Shim | None:
-    """The shim: loaded from the cache, or with *build_now* built first; None if unavailable."""
-    global _SHIM, _LOOKED, _BUILD_FAILED
+    """The shim: from the cache or a finished background build; with *build_now*, built first.
+
+    Returns None while it is not available (never built, still building, or failed).
+    """
+    global _SHIM, _LOOKED
     if _SHIM is not None:
         return _SHIM
     if not _LOOKED:
@@ -149,23 +181,52 @@ def shim(build_now: bool = False) -> Shim | None:
         path = build.path()
         if path.exists():
             _SHIM = _load(path)
-    if _SHIM is None and build_now and not _BUILD_FAILED:
+    if _SHIM is None and _BUILDER is not None and (build_now or not _BUILDER.thread.is_alive()):
+        _BUILDER.thread.join()
+        _finish(_BUILDER)
+    elif _SHIM is None and build_now and not _BUILD_FAILED:
         try:
             _SHIM = _load(build.build())
         except (BuildError, OSError) as e:
-            _BUILD_FAILED = True
-            warnings.warn(f"opbridge: torch.ops calls stay on Python kernels: {e}", RuntimeWarning, stacklevel=2)
+            _failed(e)
     return _SHIM
 
 
-def _load(path: Path) -> Shim | None:
+def _finish(builder: _Background) -> None:
+    global _SHIM, _BUILDER
+    _BUILDER = None
+    if builder.result is not None:
+        _SHIM = _load(builder.result)
+    elif builder.error is not None:
+        _failed(builder.error)
+
+
+def _failed(error: Exception) -> None:
     global _BUILD_FAILED
+    _BUILD_FAILED = True
+    warnings.warn(f"opbridge: torch.ops calls stay on Python kernels: {error}", RuntimeWarning, stacklevel=3)
+
+
+def _start_background() -> None:
+    """Start building the shim beside the program (once), saying so in one line."""
+    global _BUILDER
+    if _BUILDER is not None or _BUILD_FAILED:
+        return
+    try:
+        _BUILDER = _Background()
+    except OSError as e:
+        _failed(e)
+        return
+    if config.show_progress():
+        print("opbridge: building the torch native dispatcher shim in the background (once per torch "
+              "version); until it is ready, torch.ops calls run Python kernels", file=sys.stderr)
+
+
+def _load(path: Path) -> Shim | None:
     try:
         return Shim(path)
     except OSError as e:
-        _BUILD_FAILED = True
-        warnings.warn(f"opbridge: could not load the torch native shim {path} ({e}); "
-                      f"torch.ops calls stay on Python kernels", RuntimeWarning, stacklevel=3)
+        _failed(OSError(f"could not load the torch native shim {path} ({e})"))
         return None
 
 
@@ -182,6 +243,7 @@ def register(op: OpDef, kernels: PythonKernels) -> tuple[str, ...] | None:
     if sh is None:
         _PENDING[op.qualname] = (op, kernels)
         return None
+    _flush(sh)
     return _register(sh, op, kernels, late=False)
 
 
@@ -206,16 +268,27 @@ def _register(sh: Shim, op: OpDef, kernels: PythonKernels, late: bool) -> tuple[
     return devices
 
 
+def _flush(sh: Shim) -> None:
+    """Native kernels for the ops registered before the shim existed (over their Python ones)."""
+    pending = list(_PENDING.values())
+    _PENDING.clear()
+    for op, kernels in pending:
+        _register(sh, op, kernels, late=True)
+
+
 def kernel_loaded(op: OpDef, device: str, kernel: Any) -> None:
-    """*op*'s compiled *device* kernel was loaded: hand it to the native kernels (building the shim if due)."""
+    """*op*'s compiled *device* kernel was loaded: hand it to the native kernels.
+
+    Ops registered before the shim existed get their native kernels here
+    once it is built; the first such load starts building it.
+    """
     _LOADED[(op.qualname, device)] = kernel
     if _PENDING and enabled():
-        sh = shim(build_now=True)
-        if sh is not None:
-            pending = list(_PENDING.values())
-            _PENDING.clear()
-            for pop, pk in pending:
-                _register(sh, pop, pk, late=True)
+        sh = shim()
+        if sh is None:
+            _start_background()
+        else:
+            _flush(sh)
     handle = HANDLES.get(op.qualname)
     if handle is not None and _SHIM is not None and device in _SHIM.devices:
         _SHIM.set_kernel(handle, device, kernel)

@@ -85,31 +85,60 @@ def command(output: Path) -> list[str]:
     return cmd
 
 
+class Job:
+    """One compile of the shim into the cache, running from construction on.
+
+    It writes a temporary file and renames it into place when done, so a
+    concurrent build just wins the rename and a reader never sees half a
+    library. :meth:`cancel` stops it (a process that exits mid-build leaves
+    nothing behind).
+    """
+
+    def __init__(self) -> None:
+        self.out = path()
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=self.out.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+        self.command = command(self.tmp)
+        if config.verbose():
+            print(" ".join(self.command), file=sys.stderr)
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait(self) -> Path:
+        """The built shim's path, once the compiler is done.
+
+        Raises
+        ------
+        BuildError
+            With the command and the compiler's first errors, when compiling fails.
+        """
+        try:
+            log, _ = self.proc.communicate()
+            if self.proc.returncode != 0:
+                raise BuildError("building the torch native shim failed", " ".join(self.command),
+                                 first_errors(log), log)
+            os.replace(self.tmp, self.out)
+        finally:
+            self.tmp.unlink(missing_ok=True)
+        return self.out
+
+    def cancel(self) -> None:
+        """Stop the compiler if it still runs and remove what it wrote."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.tmp.unlink(missing_ok=True)
+
+
 def build() -> Path:
-    """Compile the shim into the cache (atomically: a concurrent build just wins the rename).
+    """Compile the shim into the cache now, with a progress line.
 
     Raises
     ------
     BuildError
         With the command and the compiler's first errors, when compiling fails.
     """
-    out = path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    cmd = command(Path(tmp))
-    if config.verbose():
-        print(" ".join(cmd), file=sys.stderr)
-    try:
-        with Progress("the torch native dispatcher shim (once per torch version)",
-                      config.show_progress()) as progress:
-            progress.status = "compiling shim.cc"
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            log = proc.stderr or proc.stdout
-            raise BuildError("building the torch native shim failed", " ".join(cmd), first_errors(log), log)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    with Progress("the torch native dispatcher shim (once per torch version)", config.show_progress()) as progress:
+        progress.status = "compiling shim.cc"
+        return Job().wait()
