@@ -68,6 +68,8 @@ class Unit:
     source: Path
     command: tuple[str, ...]
     toolchain: str
+    first_cost: float | None = None
+    """Expected compile seconds before the unit was ever compiled (None: judge by its size)."""
 
     @property
     def name(self) -> str:
@@ -185,11 +187,16 @@ class ObjectStore:
         return data if isinstance(data, dict) and isinstance(data.get("deps"), list) else None
 
     def cost_hint(self, unit: Unit) -> float:
-        """Seconds the unit's last compile took, else its source's size in kB (to order compiles)."""
+        """Seconds the unit's last compile took, else its first-cost estimate or its source's size in kB.
+
+        Orders compiles longest first, so that the last one to start is short.
+        """
         try:
             manifest = self._manifest(self.base_key(unit))
             if manifest and isinstance(manifest.get("seconds"), (int, float)):
                 return float(manifest["seconds"])
+            if unit.first_cost is not None:
+                return unit.first_cost
             return unit.source.stat().st_size / 1000
         except OSError:
             return 0.0
