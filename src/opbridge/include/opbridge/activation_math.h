@@ -1,15 +1,17 @@
 // The activation math of gelu, silu_and_mul and gelu_and_mul (values and
-// derivatives) written once for every kernel form but the CPU float32 one:
-// the CUDA kernels (float32 and float64) and the CPU float64 kernels. C is the
-// compute type (float or double); M supplies M::exp and M::clamp_below(v, lo)
-// (max(v, lo) that keeps NaN), so each form picks its own exp (expf / exp on
-// CUDA, the vectorisable exp_for_logistic(double) on the CPU) and its own clamp
-// (a select on the CPU, where ?: would keep the loop scalar).
+// derivatives) written once for the CUDA kernels (float32 and float64). C is
+// the compute type (float or double); M supplies M::exp and
+// M::clamp_below(v, lo) (max(v, lo) that keeps NaN), so each form picks its
+// own exp and clamp (expf / exp on CUDA).
 //
-// The CPU float32 kernels use activations.h instead: the same formulas, in
-// float32 with the cheaper exp_for_logistic and hand-written AVX2 forms; its
-// header comment has the measured error bounds and why the forms are chosen
-// (x sigmoid(z) instead of 0.5 x (1 + tanh(u)), the clamps).
+// The CPU kernels use activations.h: the same formulas, in float32 with the
+// cheaper exp_for_logistic and hand-written AVX2 forms (its header comment
+// has the measured error bounds and why the forms are chosen: x sigmoid(z)
+// instead of 0.5 x (1 + tanh(u)), the clamps), and in float64 (act::f64)
+// with math.h's exp_fraction, which gives x / (1 + e^t) and the logistic pair
+// one division and no exp polynomial, act and act' from one exp in the
+// backward, and clamps where double has room. gelu_z / gelu_neg_z and the
+// constants below are shared with it.
 #pragma once
 
 #include <opbridge/opbridge.h>

@@ -181,10 +181,10 @@ OPB_ALWAYS_INLINE double select(bool c, double a, double b) {
 }
 
 // float64 exp: x = n ln2 + r, |r| <= ln2/2 (n rounded with the 1.5 * 2^52
-// trick, ln2 split as Cephes does so that n * kLn2Hi is exact), e^r by a
-// degree-11 polynomial, then 2^n. Shared by fast_exp and exp_for_logistic,
-// which differ in the clamps and how 2^n is applied.
-// e^r: 1 + r + c2 r^2 + ... + c11 r^11, a minimax fit of relative error
+// trick, ln2 split as Cephes does so that n * kLn2Hi is exact; exp_reduce),
+// then e^r and 2^n. Shared by fast_exp (e^r by exp_poly) and exp_fraction
+// (e^r as a fraction), which differ in the clamps and how 2^n is applied.
+// exp_poly: 1 + r + c2 r^2 + ... + c11 r^11, a minimax fit of relative error
 // 3.6e-18 (0.03 ulp; 1.0e-17 with the coefficients rounded to double) on
 // |r| <= ln2/2 + 1e-4 (weighted Remez in 60-digit arithmetic), by Horner: the
 // Taylor series needs degree 13 for the same error. Estrin's scheme (shorter
@@ -197,11 +197,15 @@ constexpr double kLn2Hi = 6.93145751953125e-1;
 constexpr double kLn2Lo = 1.42860682030941723212e-6;
 }  // namespace expc64
 
-// e^r for |r| <= ln2/2 (see above); c is the clamped x, fn = round(c log2e) + kMagic.
-OPB_ALWAYS_INLINE double exp_poly(double c, double fn) {
+// r = c - n ln2 for c, the clamped x, and fn = c log2e + kMagic (n + kMagic).
+OPB_ALWAYS_INLINE double exp_reduce(double c, double fn) {
   const double f = fn - expc64::kMagic;
-  double r = c - f * expc64::kLn2Hi;
-  r = r - f * expc64::kLn2Lo;
+  const double r = c - f * expc64::kLn2Hi;
+  return r - f * expc64::kLn2Lo;
+}
+
+// e^r for |r| <= ln2/2 (see above).
+OPB_ALWAYS_INLINE double exp_poly(double r) {
   double p = 2.5000041445937123e-08;
   p = p * r + 2.76302756537976e-07;
   p = p * r + 2.755758657648011e-06;
@@ -231,7 +235,7 @@ OPB_ALWAYS_INLINE double fast_exp(double x) {
   c = select(c < -746.0, -746.0, c);
   const double fn = c * expc64::kLog2e + expc64::kMagic;
   const int64_t n = int64_t(bit_cast<uint64_t>(fn) - bit_cast<uint64_t>(expc64::kMagic));
-  const double y = exp_poly(c, fn);
+  const double y = exp_poly(exp_reduce(c, fn));
   // n / 2 rounded down without a 64-bit arithmetic shift (AVX2 has none).
   const int64_t n1 = int64_t((uint64_t(n + 2048) >> 1)) - 1024, n2 = n - n1;
   return y * bit_cast<double>(uint64_t(n1 + 1023) << 52) * bit_cast<double>(uint64_t(n2 + 1023) << 52);
@@ -251,19 +255,19 @@ OPB_ALWAYS_INLINE double fast_exp(double x) {
 // of expl on 2,000,001 points of [-708, 709], 1.76 ulp on [-1, 1] (x86-64-v3
 // code, Zen 3), against 0.92 / 0.89 for fast_exp; in the activations that use
 // it the rounding of their own argument dominates (see activations.h). NaN
-// propagates (into plus and minus).
+// propagates (into plus and minus). kAtMost709: the caller's own clamps keep
+// x <= 709, so the upper clamp is left out (two vector instructions).
 struct ExpFraction {
   double minus, plus, scale;
 };
+template <bool kAtMost709 = false>
 OPB_ALWAYS_INLINE ExpFraction exp_fraction(double x) {
-  double c = select(x > 710.0, 710.0, x);
+  double c = x;
+  if constexpr (!kAtMost709) c = select(c > 710.0, 710.0, c);
   c = select(c < -708.0, -708.0, c);
   const double fn = c * expc64::kLog2e + expc64::kMagic;
   const double scale = bit_cast<double>((bit_cast<uint64_t>(fn) + 1023) << 52);
-  const double f = fn - expc64::kMagic;
-  double r = c - f * expc64::kLn2Hi;
-  r = r - f * expc64::kLn2Lo;
-  const double r2 = r * r;
+  const double r = exp_reduce(c, fn), r2 = r * r;
   double p = 1.26177193074810590878e-4;
   p = p * r2 + 3.02994407707441961300e-2;
   p = p * r2 + 9.99999999999999999910e-1;
