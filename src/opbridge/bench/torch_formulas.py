@@ -48,12 +48,14 @@ def torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    f32 = torch.float32
+    def acc(dtype: torch.dtype) -> torch.dtype:
+        # The accumulation dtype: float32 for 16-bit inputs, float64 stays float64.
+        return torch.promote_types(dtype, torch.float32)
 
     def rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
-        # (R, 1) float32, no full-size temporary: vector_norm reduces in one pass.
+        # (R, 1) in the accumulation dtype, no full-size temporary: vector_norm reduces in one pass.
         h = x.shape[-1]
-        r: torch.Tensor = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=f32)
+        r: torch.Tensor = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=acc(x.dtype))
         return r.pow_(2).div_(h).add_(eps).rsqrt_()
 
     def rms_into(dst: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> None:
@@ -103,7 +105,8 @@ def torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
 
     def rms_backward_new(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
                          eps: float) -> tuple[torch.Tensor, ...]:
-        xf, gf, wf = x.float(), grad.float(), w.float()
+        a = acc(x.dtype)
+        xf, gf, wf = x.to(a), grad.to(a), w.to(a)
         r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         xhat = xf * r
         gx = gf * wf
@@ -190,7 +193,7 @@ def torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
             lambda x, w, eps, outs: rms_into(outs[0], x, w, eps),
             "F.rms_norm has no out=; composed: vector_norm -> (R,1) rstd, mul(x, rstd, out=buf), buf.mul_(w)",
             "F.rms_norm(x, (H,), w, eps)"),),
-        "rms_norm_backward": (TorchImpl(rms_backward_new, what="float32 formula (no CPU aten kernel)"),),
+        "rms_norm_backward": (TorchImpl(rms_backward_new, what="formula, float32 or wider (no CPU aten kernel)"),),
         "silu_and_mul": (TorchImpl(lambda x: (F.silu(halves(x)[0]) * halves(x)[1],), silu_mul_out,
                                    "silu(a, out=buf) then buf.mul_(b)", "F.silu(a) * b"),),
         "gelu_and_mul": (gelu_mul("none"), gelu_mul("tanh")),
