@@ -28,8 +28,8 @@
 #include <type_traits>
 #include <utility>
 
-// The argument checks, the error stream behind OPB_THROW and OPBRIDGE_EXPORT's
-// typed-call helpers are declared with OPB_RT_ and defined in
+// The messages of the argument checks, the error stream behind OPB_THROW and
+// OPBRIDGE_EXPORT's typed-call helpers are declared with OPB_RT_ and defined in
 // opbridge/runtime_impl.h. A module built by opbridge defines
 // OPB_SEPARATE_RUNTIME and compiles them once (build/templates/runtime.cc);
 // compiled any other way (a bare tvm_ffi.cpp.build, nvcc) they are inline here.
@@ -243,32 +243,103 @@ class ErrorStream {
 #define OPB_THROW(Kind) ::opbridge::detail::ErrorStream(#Kind, __FILE__, __LINE__, TVM_FFI_FUNC_SIG).stream()
 #endif
 
-OPB_RT_ void check_dtype(const char* op, const char* arg, const TensorView& t,
-                         std::initializer_list<DLDataType> allowed);
-OPB_RT_ void check_same_dtype(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
-                              const TensorView& ref);
-OPB_RT_ void check_device(const char* op, const char* arg, const TensorView& t, int device_type);
-OPB_RT_ void check_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
-                               const TensorView& ref);
+// The checks: the test inline (a kernel call runs a dozen of them), the message
+// and the throw out of line (detail::fail_*, compiled once per module).
+namespace detail {
+[[noreturn]] OPB_RT_ void fail_dtype(const char* op, const char* arg, const TensorView& t,
+                                     std::initializer_list<DLDataType> allowed);
+[[noreturn]] OPB_RT_ void fail_same_dtype(const char* op, const char* arg, const TensorView& t,
+                                          const char* ref_arg, const TensorView& ref);
+[[noreturn]] OPB_RT_ void fail_device(const char* op, const char* arg, const TensorView& t, int device_type);
+[[noreturn]] OPB_RT_ void fail_same_device(const char* op, const char* arg, const TensorView& t,
+                                           const char* ref_arg, const TensorView& ref);
+[[noreturn]] OPB_RT_ void fail_ndim(const char* op, const char* arg, const TensorView& t, int ndim);
+[[noreturn]] OPB_RT_ void fail_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim);
+[[noreturn]] OPB_RT_ void fail_size(const char* op, const char* arg, const TensorView& t, int dim,
+                                    int64_t expected, const char* why);
+[[noreturn]] OPB_RT_ void fail_same_shape(const char* op, const char* arg, const TensorView& t,
+                                          const char* ref_arg, const TensorView& ref);
+[[noreturn]] OPB_RT_ void fail_contiguous(const char* op, const char* arg, const TensorView& t);
+[[noreturn]] OPB_RT_ void fail_disjoint(const char* op, const char* arg, const char* other_arg);
+}  // namespace detail
+
+inline void check_dtype(const char* op, const char* arg, const TensorView& t,
+                        std::initializer_list<DLDataType> allowed) {
+  for (DLDataType d : allowed) {
+    if (t.dtype() == d) return;
+  }
+  detail::fail_dtype(op, arg, t, allowed);
+}
+
+inline void check_same_dtype(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                             const TensorView& ref) {
+  if (t.dtype() != ref.dtype()) detail::fail_same_dtype(op, arg, t, ref_arg, ref);
+}
+
+inline void check_device(const char* op, const char* arg, const TensorView& t, int device_type) {
+  if (t.device().device_type != device_type) detail::fail_device(op, arg, t, device_type);
+}
+
+inline void check_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                              const TensorView& ref) {
+  if (t.device().device_type != ref.device().device_type || t.device().device_id != ref.device().device_id) {
+    detail::fail_same_device(op, arg, t, ref_arg, ref);
+  }
+}
+
 // Device checks in one form for a kernel's CPU and GPU twins (the headers
 // under ops/ run them, so both kernels check in the same order): `anchor` is
 // checked with check_device against the kernel's device type first; every
 // other tensor must then be on the CPU too (CPU kernels) or on the anchor's
 // very device, type and id (GPU kernels).
-OPB_RT_ void check_device_like(const char* op, int device_type, const char* arg, const TensorView& t,
-                               const char* anchor_arg, const TensorView& anchor);
-OPB_RT_ void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim);
-OPB_RT_ void check_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim);
-OPB_RT_ void check_size(const char* op, const char* arg, const TensorView& t, int dim, int64_t expected,
-                        const char* why);
-OPB_RT_ void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
-                              const TensorView& ref);
-OPB_RT_ void check_contiguous(const char* op, const char* arg, const TensorView& t);
+inline void check_device_like(const char* op, int device_type, const char* arg, const TensorView& t,
+                              const char* anchor_arg, const TensorView& anchor) {
+  if (device_type == kDLCPU) {
+    check_device(op, arg, t, kDLCPU);
+  } else {
+    check_same_device(op, arg, t, anchor_arg, anchor);
+  }
+}
+
+inline void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  if (t.ndim() != ndim) detail::fail_ndim(op, arg, t, ndim);
+}
+
+inline void check_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  if (t.ndim() < ndim) detail::fail_min_ndim(op, arg, t, ndim);
+}
+
+inline void check_size(const char* op, const char* arg, const TensorView& t, int dim, int64_t expected,
+                       const char* why) {
+  const int d = dim < 0 ? dim + t.ndim() : dim;
+  if (d < 0 || d >= t.ndim() || t.size(d) != expected) detail::fail_size(op, arg, t, dim, expected, why);
+}
+
+inline void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                             const TensorView& ref) {
+  bool same = t.ndim() == ref.ndim();
+  for (int i = 0; same && i < t.ndim(); ++i) same = t.size(i) == ref.size(i);
+  if (!same) detail::fail_same_shape(op, arg, t, ref_arg, ref);
+}
+
+inline void check_contiguous(const char* op, const char* arg, const TensorView& t) {
+  if (!t.IsContiguous()) detail::fail_contiguous(op, arg, t);
+}
+
 // A mutated tensor must not share memory with another argument: the result would
 // depend on the order of a kernel's reads and writes, and validated inputs could
 // change under it. Empty tensors overlap nothing.
-OPB_RT_ void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                            const TensorView& other);
+inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                           const TensorView& other) {
+  auto span = [](const TensorView& v, const char*& begin, const char*& end) {
+    begin = static_cast<const char*>(v.data_ptr()) + v.byte_offset();
+    end = begin + v.numel() * ((v.dtype().bits * v.dtype().lanes + 7) / 8);
+  };
+  const char *b0, *e0, *b1, *e1;
+  span(t, b0, e0);
+  span(other, b1, e1);
+  if (!(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0)) detail::fail_disjoint(op, arg, other_arg);
+}
 
 // The macros stringise the C++ variable name, which by convention is the
 // schema's argument name, so messages match what the Python user wrote.
@@ -430,16 +501,29 @@ OPB_RT_ bool arg_bool(const TVMFFIAny* args, int32_t i, const ExportSite& site);
 // (tvm-ffi's TVM_FFI_SAFE_CALL_END) and returns -1.
 OPB_RT_ int raise_current();
 
+// Argument i as T: the everyday cases inline (a tensor, a Python float or int),
+// every other conversion, and the mismatch error, out of line with tvm-ffi's rules.
 template <typename T>
 inline T arg(const TVMFFIAny* args, int32_t i, const ExportSite& site) {
   constexpr ArgKind kind = arg_kind<T>();
-  if constexpr (kind == ArgKind::kTensor) return arg_tensor(args, i, site);
-  else if constexpr (kind == ArgKind::kOptionalTensor) return arg_optional_tensor(args, i, site);
-  else if constexpr (kind == ArgKind::kFloat64) return arg_float64(args, i, site);
-  else if constexpr (kind == ArgKind::kFloat32) return arg_float32(args, i, site);
-  else if constexpr (kind == ArgKind::kInt64) return arg_int64(args, i, site);
-  else if constexpr (kind == ArgKind::kInt32) return arg_int32(args, i, site);
-  else return arg_bool(args, i, site);
+  const TVMFFIAny& a = args[i];
+  if constexpr (kind == ArgKind::kTensor) {
+    if (a.type_index == kTVMFFIDLTensorPtr) return TensorView(static_cast<DLTensor*>(a.v_ptr));
+    if (a.type_index == kTVMFFITensor) return TensorView(TVMFFITensorGetDLTensorPtr(a.v_obj));
+    return arg_tensor(args, i, site);
+  } else if constexpr (kind == ArgKind::kOptionalTensor) {
+    return arg_optional_tensor(args, i, site);
+  } else if constexpr (kind == ArgKind::kFloat64) {
+    return a.type_index == kTVMFFIFloat ? a.v_float64 : arg_float64(args, i, site);
+  } else if constexpr (kind == ArgKind::kFloat32) {
+    return arg_float32(args, i, site);
+  } else if constexpr (kind == ArgKind::kInt64) {
+    return a.type_index == kTVMFFIInt ? a.v_int64 : arg_int64(args, i, site);
+  } else if constexpr (kind == ArgKind::kInt32) {
+    return arg_int32(args, i, site);
+  } else {
+    return a.type_index == kTVMFFIBool ? a.v_int64 != 0 : arg_bool(args, i, site);
+  }
 }
 
 template <typename... Args, size_t... Is>

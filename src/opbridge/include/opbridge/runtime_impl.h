@@ -1,5 +1,5 @@
-// Bodies of the functions opbridge.h declares with OPB_RT_: the argument
-// checks, the error stream behind OPB_THROW and the typed-call halves of
+// Bodies of the functions opbridge.h declares with OPB_RT_: the failing
+// halves of the argument checks, the error stream behind OPB_THROW and the typed-call halves of
 // OPBRIDGE_EXPORT. Included by opbridge.h itself (inline) unless the module is
 // built by opbridge, which defines OPB_SEPARATE_RUNTIME and compiles this once
 // per module in build/templates/runtime.cc (OPB_RUNTIME_IMPL): each kernel
@@ -38,11 +38,12 @@ OPB_RT_ std::string shape_str(const TensorView& t) {
   return os.str();
 }
 
-OPB_RT_ void check_dtype(const char* op, const char* arg, const TensorView& t,
-                         std::initializer_list<DLDataType> allowed) {
-  for (DLDataType d : allowed) {
-    if (t.dtype() == d) return;
-  }
+namespace detail {
+
+// The failing halves of the checks in opbridge.h: each builds its message and throws.
+
+OPB_RT_ void fail_dtype(const char* op, const char* arg, const TensorView& t,
+                        std::initializer_list<DLDataType> allowed) {
   std::ostringstream os;
   size_t i = 0;
   for (DLDataType d : allowed) {
@@ -53,94 +54,56 @@ OPB_RT_ void check_dtype(const char* op, const char* arg, const TensorView& t,
                        << dtype_name(t.dtype());
 }
 
-OPB_RT_ void check_same_dtype(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+OPB_RT_ void fail_same_dtype(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                             const TensorView& ref) {
+  OPB_THROW(TypeError) << op << ": " << arg << " must have the same dtype as " << ref_arg << " ("
+                       << dtype_name(ref.dtype()) << "), got " << dtype_name(t.dtype());
+}
+
+OPB_RT_ void fail_device(const char* op, const char* arg, const TensorView& t, int device_type) {
+  OPB_THROW(ValueError) << op << ": " << arg << " must be on " << device_name(device_type) << ", got "
+                        << device_name(t.device().device_type);
+}
+
+OPB_RT_ void fail_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
                               const TensorView& ref) {
-  if (t.dtype() != ref.dtype()) {
-    OPB_THROW(TypeError) << op << ": " << arg << " must have the same dtype as " << ref_arg << " ("
-                         << dtype_name(ref.dtype()) << "), got " << dtype_name(t.dtype());
-  }
+  OPB_THROW(ValueError) << op << ": " << arg << " must be on the same device as " << ref_arg << " ("
+                        << device_name(ref.device().device_type) << ":" << ref.device().device_id
+                        << "), got " << device_name(t.device().device_type) << ":" << t.device().device_id;
 }
 
-OPB_RT_ void check_device(const char* op, const char* arg, const TensorView& t, int device_type) {
-  if (t.device().device_type != device_type) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be on " << device_name(device_type) << ", got "
-                          << device_name(t.device().device_type);
-  }
+OPB_RT_ void fail_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  OPB_THROW(ValueError) << op << ": " << arg << " must be " << ndim << "-D, got shape " << shape_str(t);
 }
 
-OPB_RT_ void check_same_device(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
-                               const TensorView& ref) {
-  if (t.device().device_type != ref.device().device_type ||
-      t.device().device_id != ref.device().device_id) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be on the same device as " << ref_arg << " ("
-                          << device_name(ref.device().device_type) << ":" << ref.device().device_id
-                          << "), got " << device_name(t.device().device_type) << ":"
-                          << t.device().device_id;
-  }
+OPB_RT_ void fail_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
+  OPB_THROW(ValueError) << op << ": " << arg << " must have at least " << ndim << " dimension(s), got shape "
+                        << shape_str(t);
 }
 
-OPB_RT_ void check_device_like(const char* op, int device_type, const char* arg, const TensorView& t,
-                               const char* anchor_arg, const TensorView& anchor) {
-  if (device_type == kDLCPU) {
-    check_device(op, arg, t, kDLCPU);
-  } else {
-    check_same_device(op, arg, t, anchor_arg, anchor);
-  }
+OPB_RT_ void fail_size(const char* op, const char* arg, const TensorView& t, int dim, int64_t expected,
+                       const char* why) {
+  OPB_THROW(ValueError) << op << ": " << arg << " must have size " << expected << " in dim " << dim << " ("
+                        << why << "), got shape " << shape_str(t);
 }
 
-OPB_RT_ void check_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
-  if (t.ndim() != ndim) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be " << ndim << "-D, got shape " << shape_str(t);
-  }
+OPB_RT_ void fail_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
+                             const TensorView& ref) {
+  OPB_THROW(ValueError) << op << ": " << arg << " must have the same shape as " << ref_arg << " "
+                        << shape_str(ref) << ", got " << shape_str(t);
 }
 
-OPB_RT_ void check_min_ndim(const char* op, const char* arg, const TensorView& t, int ndim) {
-  if (t.ndim() < ndim) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must have at least " << ndim
-                          << " dimension(s), got shape " << shape_str(t);
-  }
+OPB_RT_ void fail_contiguous(const char* op, const char* arg, const TensorView& t) {
+  OPB_THROW(ValueError) << op << ": " << arg << " must be contiguous, got shape " << shape_str(t)
+                        << " with non-contiguous strides";
 }
 
-OPB_RT_ void check_size(const char* op, const char* arg, const TensorView& t, int dim, int64_t expected,
-                        const char* why) {
-  const int d = dim < 0 ? dim + t.ndim() : dim;
-  if (d < 0 || d >= t.ndim() || t.size(d) != expected) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must have size " << expected << " in dim " << dim
-                          << " (" << why << "), got shape " << shape_str(t);
-  }
+OPB_RT_ void fail_disjoint(const char* op, const char* arg, const char* other_arg) {
+  OPB_THROW(ValueError) << op << ": " << arg << " must not overlap " << other_arg
+                        << " in memory; pass separate tensors";
 }
 
-OPB_RT_ void check_same_shape(const char* op, const char* arg, const TensorView& t, const char* ref_arg,
-                              const TensorView& ref) {
-  bool same = t.ndim() == ref.ndim();
-  for (int i = 0; same && i < t.ndim(); ++i) same = t.size(i) == ref.size(i);
-  if (!same) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must have the same shape as " << ref_arg << " "
-                          << shape_str(ref) << ", got " << shape_str(t);
-  }
-}
-
-OPB_RT_ void check_contiguous(const char* op, const char* arg, const TensorView& t) {
-  if (!t.IsContiguous()) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must be contiguous, got shape " << shape_str(t)
-                          << " with non-contiguous strides";
-  }
-}
-
-OPB_RT_ void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                            const TensorView& other) {
-  auto span = [](const TensorView& v, const char*& begin, const char*& end) {
-    begin = static_cast<const char*>(v.data_ptr()) + v.byte_offset();
-    end = begin + v.numel() * ((v.dtype().bits * v.dtype().lanes + 7) / 8);
-  };
-  const char *b0, *e0, *b1, *e1;
-  span(t, b0, e0);
-  span(other, b1, e1);
-  if (!(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0)) {
-    OPB_THROW(ValueError) << op << ": " << arg << " must not overlap " << other_arg
-                          << " in memory; pass separate tensors";
-  }
-}
+}  // namespace detail
 
 namespace detail {
 
