@@ -25,12 +25,10 @@ kernel is loaded for torch (:func:`kernel_loaded`, from
 line on stderr says so; about a minute of one core, so a user's first call
 does not wait for it; a process that exits first stops the compiler). At the
 next kernel load or op registration after it is done, every op registered so
-far gets native ``AutogradCPU``/``AutogradCUDA`` kernels, which take
-precedence over the Python ``Autograd`` kernel without replacing a kernel
-that may be running (so under ``torch.inference_mode``, which skips autograd,
-that process keeps the Python device kernel); every later process is native
-from the start. :func:`shim` with ``build_now=True`` builds (or waits for)
-it in the foreground, with a progress line. A failed build warns once and
+far gets its native kernels registered over its Python ones (torch keeps
+those listed beneath, so one that is running stays alive); every later
+process is native from the start. :func:`shim` with ``build_now=True``
+builds (or waits for) it in the foreground, with a progress line. A failed build warns once and
 leaves the Python kernels in place. ``OPBRIDGE_TORCH_NATIVE=0`` turns all of
 it off (read when an op is registered).
 
@@ -244,13 +242,13 @@ def register(op: OpDef, kernels: PythonKernels) -> tuple[str, ...] | None:
         _PENDING[op.qualname] = (op, kernels)
         return None
     _flush(sh)
-    return _register(sh, op, kernels, late=False)
+    return _register(sh, op, kernels)
 
 
-def _register(sh: Shim, op: OpDef, kernels: PythonKernels, late: bool) -> tuple[str, ...] | None:
+def _register(sh: Shim, op: OpDef, kernels: PythonKernels) -> tuple[str, ...] | None:
     devices = tuple(d for d in sh.devices if d in kernels.impls)
     spec = {
-        "qualname": op.qualname, "late": late, "devices": list(devices),
+        "qualname": op.qualname, "devices": list(devices),
         "dispatch_arg": op.dispatch_arg, "dtype_arg": op.dtype_arg, "dtypes": list(op.dtypes),
         "n_outputs": op.n_outputs, "like": core.like_indices(op), "rule": kernels.rule,
         "fresh": kernels.fresh, "fresh_min": memory.MIN_BYTES,
@@ -273,7 +271,7 @@ def _flush(sh: Shim) -> None:
     pending = list(_PENDING.values())
     _PENDING.clear()
     for op, kernels in pending:
-        _register(sh, op, kernels, late=True)
+        _register(sh, op, kernels)
 
 
 def kernel_loaded(op: OpDef, device: str, kernel: Any) -> None:

@@ -2,9 +2,10 @@
 //
 // For each op the Python side (native/__init__.py) registers, through opb_register:
 //   * a device kernel (CPU, and CUDA when built with OPB_WITH_CUDA) on the op's backend keys, and
-//   * an autograd kernel, on the Autograd alias key (or, when the op's Python kernels were already
-//     registered before the shim existed, on AutogradCPU/AutogradCUDA, which take precedence over
-//     the Python Autograd kernel without replacing it).
+//   * an autograd kernel, on the Autograd alias key.
+// When the op's Python kernels were registered first (before the shim existed), these go over
+// them: the dispatcher keeps the earlier kernels listed beneath (so one running now stays alive),
+// and its "overriding a previously registered kernel" warning is silenced for these registrations.
 //
 // The native routine handles what the Python kernel (adapters/torch/dispatcher.py, make_impl) does
 // for dense tensors of a declared dtype on one device: outputs are new contiguous tensors
@@ -17,9 +18,9 @@
 // kernel refused can be run again.
 //
 // The autograd kernel hands a call to the Python autograd kernel only when grad mode is on and a
-// tensor argument requires grad; otherwise it runs the native routine directly (when no mode,
-// subclass or functionalization key is left below autograd) or redispatches below autograd, and
-// bumps the version counter of mutated arguments as ADInplaceOrView would.
+// tensor argument requires grad; otherwise it redispatches below autograd (to the device kernel, to
+// a mode's or subclass's handler, or to a kernel someone registered over ours) and bumps the version
+// counter of mutated arguments as ADInplaceOrView would.
 #include "op_state.h"
 #include "python_calls.h"
 
@@ -227,10 +228,7 @@ class DeviceKernel : public c10::OperatorKernel {
 
 class AutogradKernel : public c10::OperatorKernel {
  public:
-  // *direct*: run the native routine itself where a redispatch would reach the backend kernel (the
-  // backend keys hold the Python kernels); else redispatch, so the backend key's kernel (native,
-  // or one registered over it) runs.
-  AutogradKernel(std::shared_ptr<OpState> st, bool direct) : st_(std::move(st)), direct_(direct) {}
+  explicit AutogradKernel(std::shared_ptr<OpState> st) : st_(std::move(st)) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     OpState& st = *st_;
     const size_t n = st.kinds.size();
@@ -247,22 +245,20 @@ class AutogradKernel : public c10::OperatorKernel {
     for (int m : st.mutated) {
       if (args[m].isTensor()) mutated.push_back(args[m].toTensor());
     }
-    const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
-    bool done = false;
-    if (direct_) {  // with nothing but the backend below autograd, a redispatch reaches its kernel
-      const auto next = below.remove(c10::DispatchKey::ADInplaceOrView).highestPriorityTypeId();
-      done = (next == c10::DispatchKey::CPU || next == c10::DispatchKey::CUDA) && RunNative(st, stack);
-    }
-    if (!done) {
+    {
       at::AutoDispatchBelowAutograd guard;
-      op.redispatchBoxed(below, stack);
+      op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
     }
     for (const at::Tensor& t : mutated) torch::autograd::impl::bump_version(t);
   }
 
  private:
   std::shared_ptr<OpState> st_;
-  bool direct_;
+};
+
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
 };
 
 template <typename K>
@@ -318,7 +314,6 @@ PyObject* Register(PyObject* spec_obj) {
   st->fresh_min = Item<int64_t>(spec, "fresh_min");
   st->autograd = spec["autograd"];
   st->autograd_keyset = Item<bool>(spec, "autograd_keyset");
-  const bool late = Item<bool>(spec, "late");
   const auto devices = Item<std::vector<std::string>>(spec, "devices");
   py::dict impls = spec["impl"];
 
@@ -326,20 +321,15 @@ PyObject* Register(PyObject* spec_obj) {
   auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, name.substr(0, colon), std::nullopt,
                                               __FILE__, __LINE__);
   const std::string op_name = name.substr(colon + 2);
+  SilentWarnings silent;  // registering over the op's Python kernels is what we mean to do
+  c10::WarningUtils::WarningHandlerGuard quiet(&silent);
   for (const auto& d : devices) {
     const int dev = d == "cuda" ? kCUDA : kCPU;
     st->impl[dev] = impls[py::str(d)];
-    if (late) {  // the Python kernels stay; these keys take precedence over their Autograd alias
-      const auto key = dev == kCUDA ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU;
-      lib->impl(op_name.c_str(), torch::dispatch(key, Boxed(std::make_unique<AutogradKernel>(st, true))));
-    } else {
-      const auto key = dev == kCUDA ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
-      lib->impl(op_name.c_str(), torch::dispatch(key, Boxed(std::make_unique<DeviceKernel>(st, dev))));
-    }
+    const auto key = dev == kCUDA ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+    lib->impl(op_name.c_str(), torch::dispatch(key, Boxed(std::make_unique<DeviceKernel>(st, dev))));
   }
-  if (!late) {
-    lib->impl(op_name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, Boxed(std::make_unique<AutogradKernel>(st, false))));
-  }
+  lib->impl(op_name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, Boxed(std::make_unique<AutogradKernel>(st))));
   libraries->push_back(std::move(lib));
   states->push_back(st);
   return PyLong_FromVoidPtr(st.get());
