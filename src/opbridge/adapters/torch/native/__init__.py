@@ -171,12 +171,16 @@ def shim(build_now: bool = False) -> Shim | None:
 
     Returns None while it is not available (never built, still building, or failed).
     """
-    global _SHIM, _LOOKED
+    global _SHIM, _LOOKED, _BUILD_FAILED
     if _SHIM is not None:
         return _SHIM
     if not _LOOKED:
         _LOOKED = True
-        path = build.path()
+        try:
+            path = build.path()
+        except OSError:  # an installation without the shim's sources: Python kernels only
+            _BUILD_FAILED = True
+            return None
         if path.exists():
             _SHIM = _load(path)
     if _SHIM is None and _BUILDER is not None and (build_now or not _BUILDER.thread.is_alive()):
