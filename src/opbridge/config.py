@@ -25,6 +25,12 @@ variable                   meaning                                        defaul
                            caller-runs pool: lower p99 beside busy
                            neighbours, slower otherwise); read once per
                            process
+``OPBRIDGE_TORCH_NATIVE``  ``0``: torch ops keep their Python dispatcher  ``1``
+                           kernels (no C++ shim is built or loaded;
+                           :mod:`opbridge.adapters.torch.native`)
+``OPBRIDGE_OBJECT_CACHE_MB`` size bound of the build cache, pruned least   ``1024``
+                           recently used first after a build
+                           (``opbridge cache info|prune``)
 =========================  =============================================  ======================
 
 ``nvcc`` is found on ``PATH``, then under ``$CUDA_HOME`` / ``$CUDA_PATH``.
@@ -97,3 +103,8 @@ def threading() -> str:
 def hugepages() -> bool:
     """Whether fresh CPU outputs get transparent-huge-page advice (``OPBRIDGE_HUGEPAGES``, default on)."""
     return os.environ.get("OPBRIDGE_HUGEPAGES", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def torch_native() -> bool:
+    """Whether torch ops get the native (C++) dispatcher kernels (``OPBRIDGE_TORCH_NATIVE``, default on)."""
+    return os.environ.get("OPBRIDGE_TORCH_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")

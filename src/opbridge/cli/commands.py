@@ -128,7 +128,30 @@ def _cmd_build(args: argparse.Namespace) -> int:
         built += 1
     if built == 0:
         print(f"nothing to build for {args.device}", file=sys.stderr)
+    _build_torch_native()
     return EXIT_OK if ok else EXIT_FAILURE
+
+
+def _build_torch_native() -> None:
+    """Build torch's native dispatcher kernels (one shim per torch version) if torch is installed.
+
+    Otherwise the first process that loads a kernel builds it in the
+    background and runs on the Python kernels meanwhile. A failure only warns:
+    the Python kernels stay in use.
+    """
+    import importlib.util
+
+    from opbridge import config
+
+    if not config.torch_native() or importlib.util.find_spec("torch") is None:
+        return
+    from opbridge.adapters.torch import native
+
+    start = time.monotonic()
+    if native.shim(build_now=True) is None:
+        err("torch native kernels: not available (torch ops keep their Python dispatcher kernels)")
+        return
+    print(f"torch native kernels: {native.build.path()} ({time.monotonic() - start:.2f}s)")
 
 
 def register_build(sub: Any) -> None:

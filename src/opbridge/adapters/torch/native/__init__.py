@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import os
 import sys
 import threading
 import warnings
@@ -132,7 +131,7 @@ _LOADED: dict[tuple[str, str], Any] = {}
 
 def enabled() -> bool:
     """Whether native kernels are used (``OPBRIDGE_TORCH_NATIVE``, default on)."""
-    return os.environ.get("OPBRIDGE_TORCH_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return config.torch_native()
 
 
 def describable(op: OpDef) -> bool:
