@@ -20,6 +20,8 @@ __all__ = ["KNOWN_DEVICES", "build", "build_spec", "exports", "kernel", "load", 
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[str, str], Any] = {}
 _PATHS: dict[tuple[str, str], Path] = {}
+#: (namespace, device) of the modules loaded from an installed AOT build.
+_PREBUILT: set[tuple[str, str]] = set()
 
 
 def _prebuilt_path(lib: Library, device: str) -> Path | None:
@@ -57,8 +59,11 @@ def load(lib: Library, device: str = "cpu") -> Any:
             from opbridge._tvm import tvm_ffi
 
             config.threading()  # a misspelt OPBRIDGE_THREADING fails here, not silently
-            path = _prebuilt_path(lib, device) or build(lib, device)
+            prebuilt = _prebuilt_path(lib, device)
+            path = prebuilt or build(lib, device)
             mod = tvm_ffi().load_module(str(path))
+            if prebuilt is not None:
+                _PREBUILT.add(key)
             _MODULES[key] = mod
             _PATHS[key] = path
     return mod
@@ -71,6 +76,11 @@ def threading_policy(lib: Library) -> str:
     fn = ctypes.CDLL(str(loaded_path(lib, "cpu")))["__opbridge_threading"]
     fn.restype = ctypes.c_int
     return "omp" if fn() == 1 else "pool"
+
+
+def loaded_prebuilt(lib: Library, device: str = "cpu") -> bool:
+    """Whether *lib*'s *device* module was loaded from an installed AOT build (nothing was compiled)."""
+    return (lib.namespace, device) in _PREBUILT
 
 
 def loaded_path(lib: Library, device: str = "cpu") -> Path:

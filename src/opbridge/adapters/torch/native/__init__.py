@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opbridge import config
+from opbridge import config, loader
 from opbridge.adapters.torch.native import build
 from opbridge.call import core, memory
 from opbridge.errors import BuildError
@@ -281,13 +281,16 @@ def kernel_loaded(op: OpDef, device: str, kernel: Any) -> None:
     """*op*'s compiled *device* kernel was loaded: hand it to the native kernels.
 
     Ops registered before the shim existed get their native kernels here
-    once it is built; the first such load starts building it.
+    once it is built; the first such load of a JIT-built library starts
+    building it. A library loaded from an installed AOT build compiles
+    nothing, the shim included (``opbridge build`` builds it).
     """
     _LOADED[(op.qualname, device)] = kernel
     if _PENDING and enabled():
         sh = shim()
         if sh is None:
-            _start_background()
+            if not loader.loaded_prebuilt(op.library, device):
+                _start_background()
         else:
             _flush(sh)
     handle = HANDLES.get(op.qualname)
