@@ -308,7 +308,8 @@ def test_bench_overhead_quick_json(cli_env: dict[str, str]) -> None:
     assert set(doc["stats_us"]) == set(overhead.CANDIDATES)
     for row in doc["stats_us"].values():
         assert {"p20", "p50", "p80"} <= set(row)
-    for key in ("opbridge/torch.add", "torch.ops.opbridge.add/torch.add", "custom_op/torch.add",
+    for key in ("opbridge/torch.add", "torch.ops.opbridge.add/torch.add", "torch.ops.aten.add/torch.add",
+                "custom_op/torch.add",
                 "torch.library.impl/torch.add", "tvm_ffi_raw/torch.add", "np.add/torch.add",
                 "opbridge_numpy/torch.add", "opbridge_numpy/np.add"):
         assert isinstance(doc["ratios"][key], float)

@@ -9,6 +9,8 @@ overhead of each route into it:
 ``torch.add``              the anchor: a native ATen op
 ``opbridge``               ``opbridge.ops.add(x, y)``, the public callable
 ``torch.ops.opbridge.add`` the same op through the torch dispatcher
+``torch.ops.aten.add``     ``torch.ops.aten.add.Tensor``: an ATen op through the
+                           same Python entry, the floor of any ``torch.ops`` call
 ``custom_op``              a ``torch.library.custom_op`` running ``torch.add``
 ``torch.library.impl``     ``Library("...", "DEF")`` + a Python CPU impl
 ``tvm_ffi_raw``            the compiled kernel called directly, output preallocated
@@ -49,6 +51,7 @@ CANDIDATES: dict[str, str] = {
     "torch.add": "torch.add(x, y)",
     "opbridge": "opbridge.ops.add(x, y)  (public callable, eager fast path)",
     "torch.ops.opbridge.add": "torch.ops.opbridge.add(x, y)  (through the dispatcher)",
+    "torch.ops.aten.add": "torch.ops.aten.add.Tensor(x, y)  (ATen through the same entry: the floor of torch.ops)",
     "custom_op": "torch.library.custom_op functional op calling torch.add",
     "torch.library.impl": "torch.library.Library DEF + Python CPU impl calling torch.add, via torch.ops",
     "tvm_ffi_raw": "loader.kernel(add, 'cpu')(out, x, y), out preallocated",
@@ -137,6 +140,7 @@ def _eager_candidates(x: Any, y: Any) -> tuple[dict[str, Callable[[], object]], 
         "torch.add": functools.partial(torch.add, x, y),
         "opbridge": functools.partial(ops.add, x, y),
         "torch.ops.opbridge.add": functools.partial(torch.ops.opbridge.add, x, y),
+        "torch.ops.aten.add": functools.partial(torch.ops.aten.add.Tensor, x, y),
         "custom_op": functools.partial(custom_op, x, y),
     }
     if x.is_cuda:
