@@ -28,6 +28,7 @@ import tvm_ffi  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
 import opbridge  # noqa: E402
+from _hugepages import faults_per_call, thp_skip_reason  # noqa: E402
 from opbridge import ops  # noqa: E402
 from opbridge.adapters import mindspore as adapter  # noqa: E402
 from opbridge.adapters.mindspore import aot, primitive, shim  # noqa: E402
@@ -867,20 +868,6 @@ def test_graph_mode_on_first_use(script: str, tmp_path: Path) -> None:
 # large outputs on huge pages, without a copy (issue 21)
 # ---------------------------------------------------------------------------
 
-_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def _faults_per_call(fn: Callable[..., Any], *args: Any, calls: int = 3) -> float:
-    import resource
-
-    fn(*args)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(calls):
-        out = fn(*args)
-        del out  # freed at once: the next call's output is mapped anew
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
-
-
 @pytest.mark.parametrize("name", ["add", "rms_norm"])
 def test_large_outputs_fault_in_huge_pages_and_alias_the_kernels_buffer(name: str) -> None:
     """A new (4096, 4096) float32 output: ~545 faults per call, not 16,385, and the tensor is the kernel's buffer.
@@ -890,12 +877,9 @@ def test_large_outputs_fault_in_huge_pages_and_alias_the_kernels_buffer(name: st
     with NumPy's advice switched off, shows each output is mapped anew here
     (else the advice cannot be observed and the test skips).
     """
-    try:
-        mode = _THP.read_text().strip()
-    except OSError:
-        pytest.skip(f"no {_THP} (not Linux, or no transparent huge pages)")
-    if "[madvise]" not in mode:
-        pytest.skip(f"transparent huge pages are '{mode}', not [madvise]: the advice changes nothing here")
+    reason = thp_skip_reason()
+    if reason:
+        pytest.skip(reason)
     x = _t(np.ones((4096, 4096), np.float32))
     args = (x, x) if name == "add" else (x, _t(np.ones(4096, np.float32)), 1e-6)
     fn = getattr(ops, name)
@@ -907,13 +891,13 @@ def test_large_outputs_fault_in_huge_pages_and_alias_the_kernels_buffer(name: st
         set_advice = importlib.import_module("numpy.core.multiarray")._set_madvise_hugepage
     was = set_advice(False)
     try:
-        control = _faults_per_call(fn, *args)
+        control = faults_per_call(fn, *args)
     finally:
         set_advice(was)
     if control < 8000:
         pytest.skip(f"this process reuses output memory ({control:.0f} faults for 16,384 pages): the advice "
                     f"cannot be observed")
-    faults = _faults_per_call(fn, *args)
+    faults = faults_per_call(fn, *args)
     assert faults < 4000, f"{name}: {faults:.0f} faults per call ({control:.0f} without NumPy's advice)"
     out = fn(*args)
     assert out.asnumpy()[0, 0] == (2.0 if name == "add" else pytest.approx(1.0, rel=1e-5))

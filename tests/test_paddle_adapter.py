@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import resource
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +21,7 @@ from opbridge import ops
 paddle = pytest.importorskip("paddle")
 
 import opbridge.adapters.paddle as paddle_adapter  # noqa: E402
+from _hugepages import faults_per_call, thp_skip_reason  # noqa: E402
 from opbridge.adapters.paddle import ADAPTER, PaddleStaticError  # noqa: E402
 from opbridge.adapters.paddle import _base as paddle_base  # noqa: E402
 from opbridge.call import core  # noqa: E402
@@ -781,30 +780,6 @@ def test_tensors_on_two_devices_raise_and_write_nothing(lib: opbridge.Library) -
 
 # -- large outputs on huge pages (issue 21) ------------------------------------------------------------
 
-_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def _thp_skip_reason() -> str | None:
-    if os.environ.get("OPBRIDGE_HUGEPAGES") == "0":
-        return "OPBRIDGE_HUGEPAGES=0 turns the advice off"
-    try:
-        mode = _THP.read_text().strip()
-    except OSError:
-        return f"no {_THP} (not Linux, or no transparent huge pages)"
-    if "[madvise]" not in mode:
-        return f"transparent huge pages are '{mode}', not [madvise]: the advice changes nothing here"
-    return None
-
-
-def _faults_per_call(fn: Callable[..., Any], *args: Any, calls: int = 3) -> float:
-    fn(*args)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(calls):
-        out = fn(*args)
-        del out  # freed at once: the next call's output is mapped anew
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
-
-
 @pytest.mark.parametrize("name", ["add", "rms_norm_backward"])
 def test_large_outputs_fault_in_huge_pages(name: str) -> None:
     """A (4096, 4096) float32 output is 16,384 4-KiB pages; advised, it faults ~545 times per call.
@@ -813,16 +788,17 @@ def test_large_outputs_fault_in_huge_pages(name: str) -> None:
     Paddle maps each such output anew here (16,385 faults); without that,
     the advice could not be seen and the test skips.
     """
-    reason = _thp_skip_reason()
+    off = os.environ.get("OPBRIDGE_HUGEPAGES") == "0"
+    reason = "OPBRIDGE_HUGEPAGES=0 turns the advice off" if off else thp_skip_reason()
     if reason:
         pytest.skip(reason)
     x = paddle.ones([4096, 4096])
-    control = _faults_per_call(paddle.add, x, x)
+    control = faults_per_call(paddle.add, x, x)
     if control < 8000:
         pytest.skip(f"Paddle reuses its output memory here ({control:.0f} faults for 16,384 pages): the "
                     f"advice cannot be observed")
     args = {"add": (x, x), "rms_norm_backward": (x, x, paddle.ones([4096]))}[name]
-    per_call = _faults_per_call(ops.LIBRARY.ops[name].call, *args)
+    per_call = faults_per_call(ops.LIBRARY.ops[name].call, *args)
     assert per_call < 4000, (f"{name}: {per_call:.0f} page faults per call ({control:.0f} for paddle.add, "
                              f"without huge-page advice)")
 
@@ -837,8 +813,8 @@ def test_heap_sized_outputs_reuse_memory_like_numpy() -> None:
     Paddle tensor: in-place updates, autograd through the checked path.
     """
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((1024, 4096)).astype(np.float32))
-    control = _faults_per_call(paddle.add, x, x)
-    faults = _faults_per_call(ops.add, x, x)
+    control = faults_per_call(paddle.add, x, x)
+    faults = faults_per_call(ops.add, x, x)
     if control < 2000:
         pytest.skip(f"Paddle reuses its own output memory here ({control:.0f} faults): nothing to compare")
     assert faults < 100, f"{faults:.0f} faults per call ({control:.0f} for paddle.add)"
