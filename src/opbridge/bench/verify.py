@@ -49,6 +49,11 @@ def peer_tolerance(op: Any, dtype: str) -> tuple[float, float]:
     return 2 * rtol, 2 * atol
 
 
+def numel(x: Any) -> int:
+    """Elements of an array (1 for a scalar)."""
+    return int(math.prod(tuple(x.shape))) if hasattr(x, "shape") else 1
+
+
 def reduction_length(result_numel: int, lead_numel: int) -> int:
     """How many input elements each element of a result sums over, at least: ``lead / result``.
 
@@ -126,7 +131,7 @@ def check(op: Any, label: str, name: str, got: Sequence[Any], expected: Sequence
         raise BenchError(f"{label}: {name} gave {len(got)} result(s), opbridge {len(expected)}")
     # A result smaller than the largest one is a sum over the rest (a weight gradient over rows):
     # its tolerance grows with the number of terms, as against the float64 reference.
-    sizes = [int(math.prod(tuple(e.shape))) if hasattr(e, "shape") else 1 for e in expected]
+    sizes = [numel(e) for e in expected]
     lead = max(sizes, default=1)
     tols = [reduction_tolerance(*peer_tolerance(op, dtype), reduction_length(n, lead)) for n in sizes]
     why = mismatch(got, expected, tols, dtype)
@@ -171,9 +176,8 @@ def reference_tolerances(op: Any, dtype: str, expected: Sequence[Any],
     """``(rtol, atol)`` per result against the float64 reference: the op's, grown for reductions."""
     rtol, atol = op.tolerance(dtype)
     lead = args[op.dispatch_arg]
-    lead_numel = int(math.prod(tuple(lead.shape))) if hasattr(lead, "shape") else 1
+    lead_numel = numel(lead)
     out = []
     for e in expected:
-        numel = int(math.prod(tuple(e.shape))) if hasattr(e, "shape") else 1
-        out.append(reduction_tolerance(rtol, atol, reduction_length(numel, lead_numel)))
+        out.append(reduction_tolerance(rtol, atol, reduction_length(numel(e), lead_numel)))
     return out
