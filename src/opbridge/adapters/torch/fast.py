@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opbridge.adapters.torch import calls
+from opbridge.adapters.torch import calls, native
 from opbridge.call import core
 from opbridge.call.callable import install_prelude
 
@@ -144,3 +144,22 @@ def install(op: OpDef, slow: Callable[..., Any]) -> None:
     calls.namespace(op, op.call.__globals__)
     install_prelude(op, "torch", body, {**_PROBES, "_t_slow": slow}, out_prelude=out_prelude(op))
     INSTALLED.add(op.qualname)
+    native.when_native(op, lambda sh, handle: _install_entry(op, sh, handle))
+
+
+def entry_lines(op: OpDef, fn: str, args: list[str], indent: str) -> list[str]:
+    """Lines calling the C entry *fn* first, outside a Dynamo trace, and returning what it handled."""
+    return [f"{indent}if not _t_dyn():", f"{indent}    _t_r = {fn}({', '.join(args)})",
+            f"{indent}    if _t_r is not _t_ni:", f"{indent}        return _t_r"]
+
+
+def _install_entry(op: OpDef, sh: native.Shim, handle: int) -> None:
+    """Put the native shim's C entry in front of *op*'s fast paths (once the op has native kernels)."""
+    names = [a.name for a in op.schema.arguments]
+    body = "\n".join(entry_lines(op, "_t_native", names, "    ")) + "\n" + (prelude(op) or "")
+    ns: dict[str, Any] = {"_t_native": sh.entry(handle), "_t_ni": NotImplemented}
+    out_body = out_prelude(op)
+    if out_body:
+        ns["_t_native_out"] = sh.entry(handle, with_out=True)
+        out_body = "\n".join(entry_lines(op, "_t_native_out", [*names, "out"], " " * 8)) + "\n" + out_body
+    install_prelude(op, "torch", body, ns, out_prelude=out_body)

@@ -99,6 +99,10 @@ class Shim:
         lib.opb_set_kernel.restype = None
         lib.opb_native_calls.argtypes = [ctypes.c_void_p]
         lib.opb_native_calls.restype = ctypes.c_int64
+        lib.opb_entry_calls.argtypes = [ctypes.c_void_p]
+        lib.opb_entry_calls.restype = ctypes.c_int64
+        lib.opb_entry.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.opb_entry.restype = ctypes.py_object
         lib.opb_has_cuda.restype = ctypes.c_int
         self.lib = lib
         self.path = path
@@ -117,6 +121,20 @@ class Shim:
         """How many calls of the op the native kernels completed themselves."""
         return int(self.lib.opb_native_calls(handle))
 
+    def entry(self, handle: int, with_out: bool = False) -> Callable[..., Any]:
+        """The op's C entry for its public callable (``shim.cc``'s ``python_entry.h``).
+
+        A builtin taking the schema's arguments in order (then ``out`` with
+        *with_out*); it returns the op's result, or ``NotImplemented`` having
+        written nothing where the Python fast path must take the call.
+        """
+        fn: Callable[..., Any] = self.lib.opb_entry(handle, int(with_out))
+        return fn
+
+    def entry_calls(self, handle: int) -> int:
+        """How many calls of the op its C entry completed itself."""
+        return int(self.lib.opb_entry_calls(handle))
+
 
 _SHIM: Shim | None = None
 _LOOKED = False
@@ -127,6 +145,8 @@ HANDLES: dict[str, int] = {}
 _PENDING: dict[str, tuple[OpDef, PythonKernels]] = {}
 #: Compiled kernels loaded so far, by (qualname, device); also keeps them alive.
 _LOADED: dict[tuple[str, str], Any] = {}
+#: qualname -> what runs once the op has native kernels (:func:`when_native`).
+_WAITING: dict[str, Callable[[Shim, int], None]] = {}
 
 
 def enabled() -> bool:
@@ -266,7 +286,23 @@ def _register(sh: Shim, op: OpDef, kernels: PythonKernels) -> tuple[str, ...] | 
         k = _LOADED.get((op.qualname, device))
         if k is not None:
             sh.set_kernel(handle, device, k)
+    then = _WAITING.pop(op.qualname, None)
+    if then is not None:
+        then(sh, handle)
     return devices
+
+
+def when_native(op: OpDef, then: Callable[[Shim, int], None]) -> None:
+    """Run ``then(shim, handle)`` once *op* has native kernels: now, or when it gets them.
+
+    It never runs while native kernels are off (``OPBRIDGE_TORCH_NATIVE=0``)
+    or for an op the shim cannot run.
+    """
+    handle = HANDLES.get(op.qualname)
+    if handle is not None and _SHIM is not None:
+        then(_SHIM, handle)
+    elif enabled() and describable(op):
+        _WAITING[op.qualname] = then
 
 
 def _flush(sh: Shim) -> None:
@@ -302,3 +338,9 @@ def native_calls(op: OpDef) -> int | None:
     """How many calls of *op* its native kernels completed (None: it has none)."""
     handle = HANDLES.get(op.qualname)
     return None if handle is None or _SHIM is None else _SHIM.native_calls(handle)
+
+
+def entry_calls(op: OpDef) -> int | None:
+    """How many calls of *op*'s public callable its C entry completed (None: it has none)."""
+    handle = HANDLES.get(op.qualname)
+    return None if handle is None or _SHIM is None else _SHIM.entry_calls(handle)

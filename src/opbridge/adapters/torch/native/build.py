@@ -29,7 +29,7 @@ from opbridge.errors import BuildError
 
 SOURCE = Path(__file__).with_name("shim.cc")
 #: Every file the shim is compiled from (``shim.cc`` includes the headers beside it).
-SOURCES = (SOURCE, SOURCE.with_name("op_state.h"), SOURCE.with_name("python_calls.h"))
+SOURCES = (SOURCE, *(SOURCE.with_name(h) for h in ("op_state.h", "python_calls.h", "kernel_call.h", "python_entry.h")))
 LIB_NAME = "libopbridge_torch_native.so"
 
 

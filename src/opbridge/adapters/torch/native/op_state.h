@@ -37,6 +37,7 @@ struct OpState {
   c10::OperatorHandle op;
   std::vector<Kind> kinds;           // per schema argument
   std::vector<bool> kwarg_only;      // per schema argument
+  std::vector<bool> optional;        // per schema argument: whether it may be None
   std::vector<int> mutated;          // indices of Tensor(a!) arguments
   std::vector<int> returns;          // per return: -1 for a new output, else the aliased argument
   int dispatch_arg = 0;
@@ -53,7 +54,8 @@ struct OpState {
   py::object fresh;                  // huge-page advice for a new CPU output
   std::mutex rule_mutex;
   std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;
-  std::atomic<int64_t> native_calls{0};
+  std::atomic<int64_t> native_calls{0};  // calls the dispatcher's device kernel completed itself
+  std::atomic<int64_t> entry_calls{0};   // calls the public callable's C entry completed itself
 };
 
 constexpr size_t kRuleCacheSize = 256;

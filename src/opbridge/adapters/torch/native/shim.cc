@@ -7,7 +7,7 @@
 // them: the dispatcher keeps the earlier kernels listed beneath (so one running now stays alive),
 // and its "overriding a previously registered kernel" warning is silenced for these registrations.
 //
-// The native routine handles what the Python kernel (adapters/torch/dispatcher.py, make_impl) does
+// The native routine (RunKernel, kernel_call.h) handles what the Python kernel (adapters/torch/dispatcher.py, make_impl) does
 // for dense tensors of a declared dtype on one device: outputs are new contiguous tensors
 // (at::empty) from the `like` rule or from the op's shape rule (asked once per argument signature,
 // then remembered), the compiled tvm-ffi kernel is called in destination-passing style on
@@ -21,14 +21,15 @@
 // tensor argument requires grad; otherwise it redispatches below autograd (to the device kernel, to
 // a mode's or subclass's handler, or to a kernel someone registered over ours) and bumps the version
 // counter of mutated arguments as ADInplaceOrView would.
+//
+// The same kernel call (kernel_call.h) also backs the public callable's C entry (python_entry.h),
+// which opbridge.ops.<op> calls before its Python fast path.
+#include "kernel_call.h"
 #include "op_state.h"
 #include "python_calls.h"
+#include "python_entry.h"
 
 #include <torch/library.h>
-
-#ifdef OPB_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace {
 
@@ -37,40 +38,6 @@ using namespace opbridge_native;
 // Kept for the life of the process: the dispatcher holds raw pointers to registered kernels.
 std::vector<std::shared_ptr<OpState>>* states = new std::vector<std::shared_ptr<OpState>>();
 std::vector<std::unique_ptr<torch::Library>>* libraries = new std::vector<std::unique_ptr<torch::Library>>();
-
-constexpr size_t kRuleCacheSize = 256;
-
-bool DLType(c10::ScalarType t, DLDataType* out) {
-  using S = c10::ScalarType;
-  switch (t) {
-    case S::Float: *out = {kDLFloat, 32, 1}; return true;
-    case S::Double: *out = {kDLFloat, 64, 1}; return true;
-    case S::Half: *out = {kDLFloat, 16, 1}; return true;
-    case S::BFloat16: *out = {kDLBfloat, 16, 1}; return true;
-    case S::Long: *out = {kDLInt, 64, 1}; return true;
-    case S::Int: *out = {kDLInt, 32, 1}; return true;
-    case S::Short: *out = {kDLInt, 16, 1}; return true;
-    case S::Char: *out = {kDLInt, 8, 1}; return true;
-    case S::Byte: *out = {kDLUInt, 8, 1}; return true;
-    case S::Bool: *out = {kDLBool, 8, 1}; return true;
-    default: return false;
-  }
-}
-
-// *t* (dense, on *device*) as the DLTensor *d*, passed as *a*; false for a dtype DLPack cannot name.
-bool View(const at::Tensor& t, DLDevice device, DLTensor* d, TVMFFIAny* a) {
-  if (!DLType(t.scalar_type(), &d->dtype)) return false;
-  d->data = t.data_ptr();
-  d->device = device;
-  d->ndim = static_cast<int32_t>(t.dim());
-  d->shape = const_cast<int64_t*>(t.sizes().data());
-  d->strides = const_cast<int64_t*>(t.strides().data());
-  d->byte_offset = 0;
-  a->type_index = kTVMFFIDLTensorPtr;
-  a->zero_padding = 0;
-  a->v_ptr = d;
-  return true;
-}
 
 bool ScalarTypeOf(const std::string& name, c10::ScalarType* out) {
   static const std::pair<const char*, c10::ScalarType> names[] = {
@@ -88,124 +55,14 @@ bool ScalarTypeOf(const std::string& name, c10::ScalarType* out) {
   return false;
 }
 
-bool Overlap(const at::Tensor& a, const at::Tensor& b) {
-  auto s0 = reinterpret_cast<uintptr_t>(a.data_ptr()), s1 = reinterpret_cast<uintptr_t>(b.data_ptr());
-  auto e0 = s0 + a.nbytes(), e1 = s1 + b.nbytes();
-  return s0 != e0 && s1 != e1 && s1 < e0 && s0 < e1;
-}
-
 // The op on dense arguments of a declared dtype on one device: true when done (results pushed),
 // false when the Python kernel must take the call (the stack is then untouched).
 bool RunNative(OpState& st, torch::jit::Stack* stack) {
   const size_t n = st.kinds.size();
   const c10::IValue* args = &*(stack->end() - n);
-  const c10::IValue& lead_v = args[st.dispatch_arg];
-  if (!lead_v.isTensor() || !args[st.dtype_arg].isTensor()) return false;
-  const at::Tensor& lead = lead_v.toTensor();
-  const int dtype = static_cast<int>(args[st.dtype_arg].toTensor().scalar_type());
-  if (dtype >= 64 || !(st.dtypes >> dtype & 1)) return false;
-  const c10::Device device = lead.device();
-  int dev;
-  DLDevice dl_device;
-  if (device.is_cpu()) {
-    dev = kCPU;
-    dl_device = {kDLCPU, 0};
-#ifdef OPB_WITH_CUDA
-  } else if (device.is_cuda()) {
-    dev = kCUDA;
-    dl_device = {kDLCUDA, device.index()};
-#endif
-  } else {
-    return false;
-  }
-  TVMFFIObjectHandle kernel = st.kernel[dev].load(std::memory_order_acquire);
-  if (kernel == nullptr) return false;
-
-  const size_t n_out = st.n_outputs;
-  c10::SmallVector<TVMFFIAny, 16> ffi(n_out + n);
-  c10::SmallVector<DLTensor, 16> dl(n_out + n);
-  for (size_t i = 0; i < n; ++i) {
-    TVMFFIAny& a = ffi[n_out + i];
-    a.zero_padding = 0;
-    a.v_int64 = 0;
-    const c10::IValue& v = args[i];
-    if (v.isNone()) {
-      a.type_index = kTVMFFINone;
-    } else if (st.kinds[i] == Kind::kTensor) {
-      const at::Tensor& t = v.toTensor();
-      if (!t.defined() || t.device() != device || !t.is_contiguous() || !View(t, dl_device, &dl[n_out + i], &a))
-        return false;
-    } else if (st.kinds[i] == Kind::kFloat) {
-      if (!v.isDouble() && !v.isInt()) return false;
-      a.type_index = kTVMFFIFloat;
-      a.v_float64 = v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
-    } else if (st.kinds[i] == Kind::kInt) {
-      if (!v.isInt()) return false;  // a symbolic int
-      a.type_index = kTVMFFIInt;
-      a.v_int64 = v.toInt();
-    } else {
-      if (!v.isBool()) return false;
-      a.type_index = kTVMFFIBool;
-      a.v_int64 = v.toBool();
-    }
-  }
-  for (int m : st.mutated) {  // the Python kernel names the overlapping pair
-    if (args[m].isNone()) continue;
-    for (size_t j = 0; j < n; ++j) {
-      if (static_cast<int>(j) != m && args[j].isTensor() && Overlap(args[m].toTensor(), args[j].toTensor()))
-        return false;
-    }
-  }
-
-  std::vector<at::Tensor> outs;
-  outs.reserve(n_out);
-  const auto options = at::TensorOptions().device(device);
-  if (!st.like.empty()) {
-    for (int i : st.like) {
-      const at::Tensor& src = args[i].toTensor();
-      outs.push_back(at::empty(src.sizes(), options.dtype(src.scalar_type())));
-    }
-  } else if (n_out) {
-    for (const OutSpec& s : RuleSpecs(st, args)) outs.push_back(at::empty(s.shape, options.dtype(s.dtype)));
-    if (outs.size() != n_out) return false;
-  }
-  for (size_t k = 0; k < n_out; ++k) {
-    const at::Tensor& t = outs[k];
-    if (st.fresh_min && dev == kCPU && static_cast<int64_t>(t.nbytes()) >= st.fresh_min) {
-      py::gil_scoped_acquire gil;
-      st.fresh(py::cast(t));
-    }
-    if (!View(t, dl_device, &dl[k], &ffi[k])) return false;
-  }
-
-  TVMFFIAny result;
-  result.type_index = kTVMFFINone;
-  result.zero_padding = 0;
-  result.v_int64 = 0;
-  int rc;
-#ifdef OPB_WITH_CUDA
-  if (dev == kCUDA) {
-    TVMFFIStreamHandle prev = nullptr;
-    auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-    TVMFFIEnvSetStream(kDLCUDA, device.index(), stream, &prev);
-    rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
-    TVMFFIEnvSetStream(kDLCUDA, device.index(), prev, nullptr);
-  } else {
-    rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
-  }
-#else
-  rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
-#endif
-  if (rc != 0) {  // the Python kernel runs the call again and raises the kernel's own error
-    TVMFFIObjectHandle err = nullptr;
-    TVMFFIErrorMoveFromRaised(&err);
-    if (err != nullptr) TVMFFIObjectDecRef(err);
-    return false;
-  }
-  if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
-
-  std::vector<c10::IValue> returned;
-  returned.reserve(st.returns.size());
+  c10::SmallVector<at::Tensor, 4> outs;
+  if (!RunKernel(st, args, &outs, true)) return false;
+  c10::SmallVector<c10::IValue, 4> returned;
   size_t next = 0;
   for (int r : st.returns) returned.push_back(r < 0 ? c10::IValue(std::move(outs[next++])) : args[r]);
   torch::jit::drop(*stack, n);
@@ -289,6 +146,7 @@ PyObject* Register(PyObject* spec_obj) {
     else throw py::type_error(name + ": argument '" + a.name() + "' has a type the native kernel does not take");
     st->kinds.push_back(kind);
     st->kwarg_only.push_back(a.kwarg_only());
+    st->optional.push_back(a.type()->kind() == c10::TypeKind::OptionalType);
     if (a.alias_info()) {
       if (a.alias_info()->isWrite()) st->mutated.push_back(static_cast<int>(i));
       for (const auto& set : a.alias_info()->beforeSets()) alias_of[set] = static_cast<int>(i);
@@ -362,6 +220,16 @@ __attribute__((visibility("default"))) void opb_set_kernel(void* handle, int dev
 // How many calls of the op the native routine completed.
 __attribute__((visibility("default"))) int64_t opb_native_calls(void* handle) {
   return static_cast<OpState*>(handle)->native_calls.load(std::memory_order_relaxed);
+}
+
+// How many calls of the op the public callable's C entry completed.
+__attribute__((visibility("default"))) int64_t opb_entry_calls(void* handle) {
+  return static_cast<OpState*>(handle)->entry_calls.load(std::memory_order_relaxed);
+}
+
+// The op's C entry for its public callable (see python_entry.h); with *with_out*, the out= one.
+__attribute__((visibility("default"))) PyObject* opb_entry(void* handle, int with_out) {
+  return MakeEntry(static_cast<OpState*>(handle), with_out != 0);
 }
 
 // Whether this shim runs CUDA kernels.

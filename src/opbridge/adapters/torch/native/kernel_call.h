@@ -1,0 +1,169 @@
+// One call of an op's compiled tvm-ffi kernel on dense tensors: what the dispatcher's device kernel
+// (shim.cc) and the public callable's C entry (python_entry.h) both run.
+#pragma once
+
+#include "op_state.h"
+#include "python_calls.h"
+
+#ifdef OPB_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace opbridge_native {
+
+inline bool DLType(c10::ScalarType t, DLDataType* out) {
+  using S = c10::ScalarType;
+  switch (t) {
+    case S::Float: *out = {kDLFloat, 32, 1}; return true;
+    case S::Double: *out = {kDLFloat, 64, 1}; return true;
+    case S::Half: *out = {kDLFloat, 16, 1}; return true;
+    case S::BFloat16: *out = {kDLBfloat, 16, 1}; return true;
+    case S::Long: *out = {kDLInt, 64, 1}; return true;
+    case S::Int: *out = {kDLInt, 32, 1}; return true;
+    case S::Short: *out = {kDLInt, 16, 1}; return true;
+    case S::Char: *out = {kDLInt, 8, 1}; return true;
+    case S::Byte: *out = {kDLUInt, 8, 1}; return true;
+    case S::Bool: *out = {kDLBool, 8, 1}; return true;
+    default: return false;
+  }
+}
+
+// *t* (dense, on *device*) as the DLTensor *d*, passed as *a*; false for a dtype DLPack cannot name.
+inline bool View(const at::Tensor& t, DLDevice device, DLTensor* d, TVMFFIAny* a) {
+  if (!DLType(t.scalar_type(), &d->dtype)) return false;
+  d->data = t.data_ptr();
+  d->device = device;
+  d->ndim = static_cast<int32_t>(t.dim());
+  d->shape = const_cast<int64_t*>(t.sizes().data());
+  d->strides = const_cast<int64_t*>(t.strides().data());
+  d->byte_offset = 0;
+  a->type_index = kTVMFFIDLTensorPtr;
+  a->zero_padding = 0;
+  a->v_ptr = d;
+  return true;
+}
+
+inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
+  auto s0 = reinterpret_cast<uintptr_t>(a.data_ptr()), s1 = reinterpret_cast<uintptr_t>(b.data_ptr());
+  auto e0 = s0 + a.nbytes(), e1 = s1 + b.nbytes();
+  return s0 != e0 && s1 != e1 && s1 < e0 && s0 < e1;
+}
+
+// The op's kernel on *args* (schema order) when they are dense, of a declared dtype and on one
+// device: true when it ran. With *allocate*, the outputs are new and appended to *outs* (the `like`
+// rule or the shape rule); else *outs* holds the caller's (out=), which must be dense and on that
+// device too. False leaves every tensor unwritten: nothing was handled (a kernel not loaded yet,
+// overlapping mutated arguments, a kernel that refused the call: kernels check their arguments
+// before they write), and the caller's slower path runs the call again with its own messages.
+inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl<at::Tensor>* outs, bool allocate) {
+  const size_t n = st.kinds.size();
+  const c10::IValue& lead_v = args[st.dispatch_arg];
+  if (!lead_v.isTensor() || !args[st.dtype_arg].isTensor()) return false;
+  const at::Tensor& lead = lead_v.toTensor();
+  const int dtype = static_cast<int>(args[st.dtype_arg].toTensor().scalar_type());
+  if (dtype >= 64 || !(st.dtypes >> dtype & 1)) return false;
+  const c10::Device device = lead.device();
+  int dev;
+  DLDevice dl_device;
+  if (device.is_cpu()) {
+    dev = kCPU;
+    dl_device = {kDLCPU, 0};
+#ifdef OPB_WITH_CUDA
+  } else if (device.is_cuda()) {
+    dev = kCUDA;
+    dl_device = {kDLCUDA, device.index()};
+#endif
+  } else {
+    return false;
+  }
+  TVMFFIObjectHandle kernel = st.kernel[dev].load(std::memory_order_acquire);
+  if (kernel == nullptr) return false;
+
+  const size_t n_out = st.n_outputs;
+  if (!allocate && outs->size() != n_out) return false;
+  c10::SmallVector<TVMFFIAny, 16> ffi(n_out + n);
+  c10::SmallVector<DLTensor, 16> dl(n_out + n);
+  for (size_t i = 0; i < n; ++i) {
+    TVMFFIAny& a = ffi[n_out + i];
+    a.zero_padding = 0;
+    a.v_int64 = 0;
+    const c10::IValue& v = args[i];
+    if (v.isNone()) {
+      a.type_index = kTVMFFINone;
+    } else if (st.kinds[i] == Kind::kTensor) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined() || t.device() != device || !t.is_contiguous() || !View(t, dl_device, &dl[n_out + i], &a))
+        return false;
+    } else if (st.kinds[i] == Kind::kFloat) {
+      if (!v.isDouble() && !v.isInt()) return false;
+      a.type_index = kTVMFFIFloat;
+      a.v_float64 = v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+    } else if (st.kinds[i] == Kind::kInt) {
+      if (!v.isInt()) return false;  // a symbolic int
+      a.type_index = kTVMFFIInt;
+      a.v_int64 = v.toInt();
+    } else {
+      if (!v.isBool()) return false;
+      a.type_index = kTVMFFIBool;
+      a.v_int64 = v.toBool();
+    }
+  }
+  for (int m : st.mutated) {  // the slower path names the overlapping pair
+    if (args[m].isNone()) continue;
+    for (size_t j = 0; j < n; ++j) {
+      if (static_cast<int>(j) != m && args[j].isTensor() && Overlap(args[m].toTensor(), args[j].toTensor()))
+        return false;
+    }
+  }
+
+  if (allocate) {
+    const auto options = at::TensorOptions().device(device);
+    if (!st.like.empty()) {
+      for (int i : st.like) {
+        const at::Tensor& src = args[i].toTensor();
+        outs->push_back(at::empty(src.sizes(), options.dtype(src.scalar_type())));
+      }
+    } else if (n_out) {
+      for (const OutSpec& s : RuleSpecs(st, args)) outs->push_back(at::empty(s.shape, options.dtype(s.dtype)));
+      if (outs->size() != n_out) return false;
+    }
+  }
+  for (size_t k = 0; k < n_out; ++k) {
+    const at::Tensor& t = (*outs)[k];
+    if (!allocate && (!t.defined() || t.device() != device || !t.is_contiguous())) return false;
+    if (allocate && st.fresh_min && dev == kCPU && static_cast<int64_t>(t.nbytes()) >= st.fresh_min) {
+      py::gil_scoped_acquire gil;
+      st.fresh(py::cast(t));
+    }
+    if (!View(t, dl_device, &dl[k], &ffi[k])) return false;
+  }
+
+  TVMFFIAny result;
+  result.type_index = kTVMFFINone;
+  result.zero_padding = 0;
+  result.v_int64 = 0;
+  int rc;
+#ifdef OPB_WITH_CUDA
+  if (dev == kCUDA) {
+    TVMFFIStreamHandle prev = nullptr;
+    auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    TVMFFIEnvSetStream(kDLCUDA, device.index(), stream, &prev);
+    rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
+    TVMFFIEnvSetStream(kDLCUDA, device.index(), prev, nullptr);
+  } else {
+    rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
+  }
+#else
+  rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
+#endif
+  if (rc != 0) {  // the slower path runs the call again and raises the kernel's own error
+    TVMFFIObjectHandle err = nullptr;
+    TVMFFIErrorMoveFromRaised(&err);
+    if (err != nullptr) TVMFFIObjectDecRef(err);
+    return false;
+  }
+  if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
+  return true;
+}
+
+}  // namespace opbridge_native

@@ -1,0 +1,160 @@
+// The C entry of an op's public callable (opbridge.ops.<op>): the Python fast path's work, without
+// a Python frame, the dispatcher or torch's argument parser.
+//
+// One builtin per op (and one for out=), made by opb_entry; the callable's generated prelude
+// (adapters/torch/fast.py) calls it first with the schema's arguments in order (then `out`). It
+// takes the calls the Python fast path takes: exact torch.Tensor arguments (no subclass, no
+// Parameter) that do not require grad, no torch-function or dispatch mode, functorch transform or
+// JIT tracer active (the fast path's _NO_MODES probes), and, through RunKernel, dense tensors of a
+// declared dtype on one device and a kernel that accepts the call. It runs the kernel into new
+// outputs (or `out`), bumps the version counters of what it mutated and returns the schema's
+// returns. Everything else returns NotImplemented having written nothing, and the callable goes on
+// to the Python fast path, which gives today's results and messages.
+#pragma once
+
+#include "kernel_call.h"
+
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+
+// Declared here: ATen/functorch/DynamicLayer.h includes a header torch does not ship (nlohmann/json).
+namespace at::functorch {
+struct DynamicLayer;
+TORCH_API const std::vector<DynamicLayer>& getDynamicLayerStack();
+}  // namespace at::functorch
+
+namespace opbridge_native {
+
+// The Python fast path's _NO_MODES probes (adapters/torch/fast.py), read in C++.
+inline bool NoModes() {
+  return c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !at::impl::torch_function_mode_enabled() &&
+         at::functorch::getDynamicLayerStack().empty() && !torch::jit::tracer::isTracing();
+}
+
+// *o* is a plain torch.Tensor (`type(o) is torch.Tensor`) that the kernel may see as it is.
+inline const at::Tensor* PlainTensor(PyObject* o) {
+  if (Py_TYPE(o) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(o);
+  if (t.requires_grad() || t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return nullptr;
+  return &t;
+}
+
+// Argument *i* as the IValue the kernel call takes; false where the Python path must take it.
+inline bool FromPython(const OpState& st, size_t i, PyObject* o, c10::SmallVectorImpl<c10::IValue>* args) {
+  if (o == Py_None) {
+    if (!st.optional[i]) return false;
+    args->emplace_back();
+    return true;
+  }
+  switch (st.kinds[i]) {
+    case Kind::kTensor: {
+      const at::Tensor* t = PlainTensor(o);
+      if (t == nullptr) return false;
+      args->emplace_back(*t);
+      return true;
+    }
+    case Kind::kFloat:
+      if (!PyFloat_CheckExact(o)) return false;
+      args->emplace_back(PyFloat_AS_DOUBLE(o));
+      return true;
+    case Kind::kInt: {
+      if (!PyLong_CheckExact(o)) return false;
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow != 0) return false;
+      args->emplace_back(static_cast<int64_t>(v));
+      return true;
+    }
+    case Kind::kBool:
+      if (!PyBool_Check(o)) return false;
+      args->emplace_back(o == Py_True);
+      return true;
+  }
+  return false;
+}
+
+// Writing an inference tensor outside inference mode raises after the write on the Python path.
+inline bool Writable(const at::Tensor& t) { return !t.is_inference() || c10::InferenceMode::is_enabled(); }
+
+inline PyObject* NotHandled() { Py_RETURN_NOTIMPLEMENTED; }
+
+inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bool with_out) {
+  const size_t n = st.kinds.size();
+  if (static_cast<size_t>(nargs) != n + (with_out ? 1 : 0) || !NoModes()) return NotHandled();
+  c10::SmallVector<c10::IValue, 8> args;
+  for (size_t i = 0; i < n; ++i) {
+    if (!FromPython(st, i, pyargs[i], &args)) return NotHandled();
+  }
+  c10::SmallVector<at::Tensor, 4> outs;
+  if (with_out) {
+    const at::Tensor* out = PlainTensor(pyargs[n]);
+    if (out == nullptr || !Writable(*out)) return NotHandled();
+    outs.push_back(*out);
+  }
+  for (int m : st.mutated) {
+    if (args[m].isTensor() && !Writable(args[m].toTensor())) return NotHandled();
+  }
+  try {
+    if (!RunKernel(st, args.data(), &outs, !with_out)) return NotHandled();
+  } catch (py::error_already_set& e) {  // the shape rule's error: raised as the Python fast path raises it
+    if (e.matches(PyExc_TypeError)) return NotHandled();  // which sends a TypeError to the dispatcher
+    e.restore();
+    return nullptr;
+  } catch (const std::exception&) {  // e.g. the allocator's: the Python path raises its own
+    return NotHandled();
+  }
+  for (int m : st.mutated) {  // what the dispatcher's ADInplaceOrView kernel would do
+    if (args[m].isTensor()) torch::autograd::impl::bump_version(args[m].toTensor());
+  }
+  st.entry_calls.fetch_add(1, std::memory_order_relaxed);
+  if (with_out) {
+    torch::autograd::impl::bump_version(outs[0]);
+    return Py_NewRef(pyargs[n]);
+  }
+  size_t next = 0;
+  auto result = [&](int r) { return r < 0 ? THPVariable_Wrap(std::move(outs[next++])) : Py_NewRef(pyargs[r]); };
+  const size_t n_returns = st.returns.size();
+  if (n_returns == 0) Py_RETURN_NONE;
+  if (n_returns == 1) return result(st.returns[0]);
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(n_returns));
+  if (tuple == nullptr) return nullptr;
+  for (size_t k = 0; k < n_returns; ++k) {
+    PyObject* v = result(st.returns[k]);
+    if (v == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(k), v);
+  }
+  return tuple;
+}
+
+// `self` is a capsule holding the op's state (kept for the life of the process by shim.cc).
+inline PyObject* Entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return Call(*static_cast<OpState*>(PyCapsule_GetPointer(self, nullptr)), args, nargs, false);
+}
+
+inline PyObject* EntryOut(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return Call(*static_cast<OpState*>(PyCapsule_GetPointer(self, nullptr)), args, nargs, true);
+}
+
+inline PyMethodDef entry_def = {
+    "opbridge_native_entry", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Entry)), METH_FASTCALL,
+    "The op on its schema's arguments in order; NotImplemented where the Python path must take the call."};
+inline PyMethodDef entry_out_def = {
+    "opbridge_native_entry_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(EntryOut)),
+    METH_FASTCALL, "The op on its schema's arguments in order, then out=; NotImplemented as for the entry."};
+
+// A new builtin calling the op of *st* (with *with_out*, the out= one).
+inline PyObject* MakeEntry(OpState* st, bool with_out) {
+  PyObject* capsule = PyCapsule_New(st, nullptr, nullptr);
+  if (capsule == nullptr) return nullptr;
+  PyObject* fn = PyCFunction_NewEx(with_out ? &entry_out_def : &entry_def, capsule, nullptr);
+  Py_DECREF(capsule);
+  return fn;
+}
+
+}  // namespace opbridge_native
