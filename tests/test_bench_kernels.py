@@ -115,7 +115,7 @@ def test_float64_beside_float32(tmp_path: Path) -> None:
     assert "float64" in kernels.DTYPES
     argv = ["bench", "kernels", "--quick", "--ops", "add,gelu", "--sizes", "3x130,64x4096",
             "--dtypes", "float32,float64", "--rounds", "2", "--target-ms", "0.2", "--stream-n", "65536",
-            "--no-memory", "--no-plots", "--local-stream-mib", "0", "--out", str(tmp_path)]
+            "--no-memory", "--no-plots", "--out", str(tmp_path)]  # the default --local-stream-mib
     result = kernels.run(build_parser().parse_args(argv))
     rows = {(c["op"], c["size"], c["dtype"]): c for c in result["cases"]}
     assert set(rows) == {(o, s, d) for o in ("add", "gelu") for s in ("3x130", "64x4096")
@@ -129,14 +129,57 @@ def test_float64_beside_float32(tmp_path: Path) -> None:
     for op, by_size in table.items():
         r = by_size["64x4096"]
         ours = {d: rows[(op, "64x4096", d)]["candidates"][kernels.OURS_OUT] for d in ("float32", "float64")}
-        assert r["ceiling"] == "local"
+        assert r["ceiling"] == "local"  # every row >= 1 MiB: a copy of its own bytes, timed beside it
         assert r["float32"] == ours["float32"]["frac_stream_copy_local"]
         assert r["float64"] == ours["float64"]["frac_stream_copy_local"]
         assert r["ratio"] == pytest.approx(r["float64"] / r["float32"], rel=1e-2)
+        for d in ("float32", "float64"):
+            case = rows[(op, "64x4096", d)]
+            copy = case["stream_copy_local"]
+            assert r["ceiling_bytes"][d] == copy["bytes"] and 0 <= case["bytes"]["total"] - copy["bytes"] < 8
+            assert r["ceiling_gbps"][d] == copy["gbps"] > 0
+            assert case["cache_copies"] == {}
+    for d in ("float32", "float64"):  # below 1 MiB: copies on 1 and N threads (the small ceiling) instead
+        assert rows[("add", "3x130", d)]["stream_copy_local"] is None and rows[("add", "3x130", d)]["cache_copies"]
     text = kernels.format_text(result)
     assert "float64 beside float32" in text and "gelu 64x4096 float64" in text
+    assert "local copy 2.0 / 4.0 MiB" in text  # gelu 64x4096: 1 MiB read + 1 MiB written in float32
     with open(result["files"]["csv"], newline="") as f:
         assert {r["dtype"] for r in csv.DictReader(f)} == {"float32", "float64"}
+
+
+def _fake_case(dtype: str, total: int, ours_us: float, copy_us: float | None) -> dict[str, Any]:
+    """A result record with made-up timings: opbridge's into-buffer row and, if *copy_us*, a local copy."""
+    g = kernels.text.sig(total / ours_us / 1e3)
+    row: dict[str, Any] = {"p50_us": ours_us, "gbps": g, "frac_stream_copy": kernels.text.sig(g / 10.0)}
+    copy = None
+    if copy_us is not None:
+        moved = total - total % 8
+        copy = {"p50_us": copy_us, "bytes": moved, "gbps": kernels.text.sig(moved / copy_us / 1e3)}
+        row["frac_stream_copy_local"] = kernels.text.sig(g / copy["gbps"])
+    return {"op": "add", "size": "odd", "dtype": dtype, "bytes": {"total": total},
+            "candidates": {kernels.OURS_OUT: row}, "stream_copy_local": copy}
+
+
+def test_float64_table_uses_each_cases_own_copy() -> None:
+    """The unfair case of issue 19: float32 in cache looks faster than the run's (DRAM) copy, float64
+    (twice the bytes) does not. Against copies of their own bytes both score the same."""
+    total = 3 * 257 * 5125 * 4  # add, odd, float32: 15 MiB, in an L3 of 32 MiB; not a multiple of 8
+    # float32 at 20 GB/s beside an in-cache copy at 20 GB/s; float64 at 10 GB/s beside a copy at 10 GB/s
+    c32 = _fake_case("float32", total, total / 20e3, total / 20e3)
+    c64 = _fake_case("float64", 2 * total, 2 * total / 10e3, 2 * total / 10e3)
+    run_only = kernels.text.float64_vs_float32([
+        {**c, "candidates": {kernels.OURS_OUT: {k: v for k, v in c["candidates"][kernels.OURS_OUT].items()
+                                                if k != "frac_stream_copy_local"}}, "stream_copy_local": None}
+        for c in (c32, c64)])["add"]["odd"]
+    assert run_only["ceiling"] == "run" and run_only["ratio"] == pytest.approx(0.5, rel=1e-3)  # the unfair one
+    assert "ceiling_bytes" not in run_only
+    r = kernels.text.float64_vs_float32([c32, c64])["add"]["odd"]
+    assert r["ceiling"] == "local" and r["ratio"] == pytest.approx(1.0, rel=1e-3)
+    assert r["float32"] == pytest.approx(1.0, rel=1e-3) and r["float64"] == pytest.approx(1.0, rel=1e-3)
+    assert r["ceiling_bytes"] == {"float32": total - total % 8, "float64": 2 * total}
+    assert r["ceiling_gbps"] == {d: c["stream_copy_local"]["gbps"] for d, c in (("float32", c32), ("float64", c64))}
+    assert set(kernels.text.CEILINGS) == {"local", "run"}
 
 
 def test_memory_section(result: dict[str, Any]) -> None:

@@ -44,6 +44,14 @@ class Settings:
     out: Path
 
 
+#: Cases moving at least this many bytes time a copy of their own byte count interleaved with their
+#: candidates (``--local-stream-mib``), and their fractions of the copy ceiling are against it: the
+#: copy sees the same cache residency and the same moment's load. The float64-vs-float32 table
+#: starts at this size (:data:`opbridge.bench.kernels.text.FLOAT64_MIN_BYTES`), so each of its
+#: rows has that local ceiling: a 16 MiB float32 case whose bytes fit in L3 is not judged
+#: against DRAM bandwidth while its float64 twin (twice the bytes) falls out of the cache.
+LOCAL_CEILING_BYTES = 1 << 20
+
 FULL: dict[str, float] = {"rounds": 30, "min_rounds": 7, "target_ms": 20.0, "case_budget_s": 12.0, "stream_rounds": 10}
 QUICK: dict[str, float] = {"rounds": 7, "min_rounds": 3, "target_ms": 5.0, "case_budget_s": 1.5, "stream_rounds": 5}
 
@@ -80,9 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     parser.add_argument("--stream-n", type=int, metavar="N", default=None,
                         help=f"STREAM floats per array (default {DEFAULT_N}, {QUICK_N} with --quick)")
-    parser.add_argument("--local-stream-mib", type=float, metavar="MIB", default=32.0,
+    parser.add_argument("--local-stream-mib", type=float, metavar="MIB", default=LOCAL_CEILING_BYTES / 2**20,
                         help="cases moving at least MIB MiB also time a STREAM copy of their own byte count, "
-                             "interleaved with the candidates (default 32: beyond the L3 cache)")
+                             "interleaved with the candidates, and their fractions of the copy ceiling are "
+                             f"against it (default {LOCAL_CEILING_BYTES / 2**20:g}: every row of the float64 "
+                             "vs float32 table); smaller cases time copies on 1 and N threads instead")
     parser.add_argument("--threads", type=int, metavar="N", default=None,
                         help="STREAM threads (default: torch's intra-op threads)")
     parser.add_argument("--out", metavar="DIR", default=None,

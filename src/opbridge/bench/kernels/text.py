@@ -13,6 +13,7 @@ from opbridge.bench.candidates import (
     OURS_OUT,
     REF,
 )
+from opbridge.bench.kernels.options import LOCAL_CEILING_BYTES
 from opbridge.bench.report import files_line, fmt_x, sig
 
 #: ours -> the competitors it is compared with (same mode)
@@ -79,8 +80,15 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
             "small_ceiling_vs_eager": ceiling, "float64_vs_float32": float64_vs_float32(cases)}
 
 
-#: float64 is compared with float32 at sizes whose float32 case moves at least this many bytes.
-FLOAT64_MIN_BYTES = 1 << 20
+#: float64 is compared with float32 at sizes whose float32 case moves at least this many bytes: those
+#: that time a copy of their own bytes by default (the local copy ceiling).
+FLOAT64_MIN_BYTES = LOCAL_CEILING_BYTES
+#: What each ``"ceiling"`` of the float64-vs-float32 table means.
+CEILINGS = {
+    "local": "a STREAM copy of the case's own bytes (run's threads), timed interleaved with its candidates",
+    "run": "the run's STREAM copy (large arrays, before and after the cases): --local-stream-mib was "
+           "raised above this case's bytes",
+}
 
 
 def _ours(case: dict[str, Any]) -> dict[str, Any] | None:
@@ -93,11 +101,16 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     """``{op: {size: {...}}}``: opbridge's fraction of the copy ceiling in float64 over float32's.
 
     float64 moves twice float32's bytes, so the fair measure is the fraction
-    of STREAM copy, not the time: a kernel as memory-bound in float64 as in
-    float32 scores 1. Only sizes whose float32 case moves at least
-    :data:`FLOAT64_MIN_BYTES`. The fractions are against the interleaved copy
-    of each case's own bytes where both cases timed one (``"ceiling":
-    "local"``), else against the run's STREAM copy (``"run"``).
+    of a copy ceiling, not the time: a kernel as memory-bound in float64 as
+    in float32 scores 1. Only sizes whose float32 case moves at least
+    :data:`FLOAT64_MIN_BYTES`. Each dtype's fraction is against the copy of
+    its own case's bytes timed interleaved with it (``"ceiling": "local"``;
+    ``"ceiling_bytes"`` and ``"ceiling_gbps"`` per dtype say which copy),
+    so a float32 case in cache is judged against an in-cache copy, and its
+    float64 twin, twice the bytes, against a copy of twice the bytes. Where
+    a case timed no such copy (``--local-stream-mib`` above its bytes) both
+    fall back to the run's STREAM copy (``"ceiling": "run"``); see
+    :data:`CEILINGS`.
     """
     by = {(c["op"], c["size"], c["dtype"]): c for c in cases}
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -108,11 +121,15 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
         r32, r64 = _ours(c32), _ours(c64)
         if r32 is None or r64 is None:
             continue
-        key = "frac_stream_copy_local" if "frac_stream_copy_local" in r32 and "frac_stream_copy_local" in r64 \
-            else "frac_stream_copy"
-        out.setdefault(op, {})[size] = {
-            "float32": r32[key], "float64": r64[key], "ratio": sig(r64[key] / r32[key]),
-            "ceiling": "local" if key == "frac_stream_copy_local" else "run"}
+        local = all("frac_stream_copy_local" in r for r in (r32, r64))
+        key = "frac_stream_copy_local" if local else "frac_stream_copy"
+        row: dict[str, Any] = {"float32": r32[key], "float64": r64[key], "ratio": sig(r64[key] / r32[key]),
+                               "ceiling": "local" if local else "run"}
+        if local:
+            pair = {"float32": c32["stream_copy_local"], "float64": c64["stream_copy_local"]}
+            row["ceiling_bytes"] = {d: cp["bytes"] for d, cp in pair.items()}
+            row["ceiling_gbps"] = {d: cp["gbps"] for d, cp in pair.items()}
+        out.setdefault(op, {})[size] = row
     return out
 
 
@@ -171,15 +188,22 @@ def format_text(result: dict[str, Any]) -> str:
                                                     for n in (OURS_OUT, EAGER_OUT, COMPILE_OUT)))
         lines.append("")
     if sm.get("float64_vs_float32"):
-        lines.append("float64 beside float32, opbridge into a buffer / in place: fraction of the copy ceiling "
-                     "(interleaved copy of the same bytes, or * the run's STREAM copy), and float64's over "
-                     f"float32's (sizes moving >= {FLOAT64_MIN_BYTES >> 20} MiB in float32):")
-        lines.append(f"  {'op':<22} {'size':<8} {'float32':>8} {'float64':>8} {'ratio':>6}")
+        lines.append("float64 beside float32, opbridge into a buffer / in place: fraction of the copy ceiling, "
+                     "and float64's over float32's (sizes moving >= "
+                     f"{FLOAT64_MIN_BYTES / 2**20:g} MiB in float32); ceiling: {CEILINGS['local']} (its MiB and "
+                     f"GB/s, float32 / float64), or * {CEILINGS['run']}:")
+        lines.append(f"  {'op':<22} {'size':<8} {'float32':>8} {'float64':>8} {'ratio':>6}  ceiling")
         for op, by_size in sm["float64_vs_float32"].items():
             for sz, r in by_size.items():
                 mark = "" if r["ceiling"] == "local" else "*"
+                if r["ceiling"] == "local":
+                    mib, gb = r["ceiling_bytes"], r["ceiling_gbps"]
+                    where = (f"local copy {mib['float32'] / 2**20:.1f} / {mib['float64'] / 2**20:.1f} MiB at "
+                             f"{gb['float32']:.1f} / {gb['float64']:.1f} GB/s")
+                else:
+                    where = "the run's STREAM copy"
                 lines.append(f"  {op:<22} {sz:<8} {r['float32']:>7.2f}{mark:1} {r['float64']:>7.2f}{mark:1} "
-                             f"{r['ratio']:>6.2f}")
+                             f"{r['ratio']:>6.2f}  {where}")
         lines.append("")
     if sm["large_new_speedup_vs_eager"]:
         lines.append("large, new output: opbridge speed-up vs torch eager (in-place ops: their in-place call):")
