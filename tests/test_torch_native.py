@@ -209,11 +209,15 @@ def test_ops_registered_before_the_shim_existed_turn_native_once_it_is_built(
     ns = getattr(torch.ops, lib.namespace)
     assert op.qualname in native._PENDING and native.native_calls(op) is None  # Python kernels only
     x = torch.randn(5)
+    _same(op.call(x), 2 * x)  # installs the Python fast path; its C entry must wait for the shim
+    assert "_t_native" not in op.call.__globals__
     _same(ns.twice(x), 2 * x)  # the first kernel load starts building the shim beside the program
     assert native._BUILDER is not None and op.qualname in native._PENDING
     native._BUILDER.thread.join()
     _same(ns.thrice(x), 3 * x)  # the next kernel load finds it built: both ops turn native
     assert not native._PENDING and native.native_calls(op) == 0
+    _same(op.call(x), 2 * x)  # the public callable now enters the shim first
+    assert native.entry_calls(op) == 1 and native.native_calls(op) == 0
     _same(ns.twice(x), 2 * x)
     _same(ns.thrice(x), 3 * x)
     assert native.native_calls(op) == 1 and native.native_calls(lib.ops["thrice"]) == 1
@@ -232,16 +236,18 @@ from opbridge.adapters.torch import native
 x = torch.ones(4)
 for _ in range(3):
     assert torch.equal(torch.ops.opbridge.add(x, x), 2 * x)
-print(native.native_calls(ops.add.opdef))
+for _ in range(3):
+    assert torch.equal(ops.add(x, x), 2 * x)
+print(native.native_calls(ops.add.opdef), native.entry_calls(ops.add.opdef), "_t_native" in ops.add.__globals__)
 """
 
 
-@pytest.mark.parametrize(("setting", "expected"), [("0", "None"), ("1", "2")])
-def test_setting_turns_native_kernels_off(setting: str, expected: str) -> None:
+@pytest.mark.parametrize(("setting", "expected"), [("0", ["None", "None", "False"]), ("1", ["3", "2", "True"])])
+def test_setting_turns_native_kernels_and_the_c_entry_off(setting: str, expected: list[str]) -> None:
     env = {**os.environ, "OPBRIDGE_TORCH_NATIVE": setting}
     done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
                           check=True, timeout=300)
-    assert done.stdout.split()[-1] == expected
+    assert done.stdout.split()[-3:] == expected  # ops.add's first call resolves through torch.ops
 
 
 def test_importing_builds_nothing(tmp_path: Any) -> None:

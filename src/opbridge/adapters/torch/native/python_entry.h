@@ -15,7 +15,6 @@
 #include "kernel_call.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
@@ -76,8 +75,10 @@ inline bool FromPython(const OpState& st, size_t i, PyObject* o, c10::SmallVecto
   return false;
 }
 
-// Writing an inference tensor outside inference mode raises after the write on the Python path.
-inline bool Writable(const at::Tensor& t) { return !t.is_inference() || c10::InferenceMode::is_enabled(); }
+// torch.autograd.graph.increment_version (the Python fast path's): inference tensors have no counter.
+inline void Bump(const at::Tensor& t) {
+  if (!t.is_inference()) torch::autograd::impl::bump_version(t);
+}
 
 inline PyObject* NotHandled() { Py_RETURN_NOTIMPLEMENTED; }
 
@@ -91,11 +92,8 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
   c10::SmallVector<at::Tensor, 4> outs;
   if (with_out) {
     const at::Tensor* out = PlainTensor(pyargs[n]);
-    if (out == nullptr || !Writable(*out)) return NotHandled();
+    if (out == nullptr) return NotHandled();
     outs.push_back(*out);
-  }
-  for (int m : st.mutated) {
-    if (args[m].isTensor() && !Writable(args[m].toTensor())) return NotHandled();
   }
   try {
     if (!RunKernel(st, args.data(), &outs, !with_out)) return NotHandled();
@@ -107,11 +105,11 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
     return NotHandled();
   }
   for (int m : st.mutated) {  // what the dispatcher's ADInplaceOrView kernel would do
-    if (args[m].isTensor()) torch::autograd::impl::bump_version(args[m].toTensor());
+    if (args[m].isTensor()) Bump(args[m].toTensor());
   }
   st.entry_calls.fetch_add(1, std::memory_order_relaxed);
   if (with_out) {
-    torch::autograd::impl::bump_version(outs[0]);
+    Bump(outs[0]);
     return Py_NewRef(pyargs[n]);
   }
   size_t next = 0;
