@@ -148,8 +148,13 @@ def install(op: OpDef, slow: Callable[..., Any]) -> None:
 
 
 def entry_lines(op: OpDef, fn: str, args: list[str], indent: str) -> list[str]:
-    """Lines calling the C entry *fn* first, outside a Dynamo trace, and returning what it handled."""
-    return [f"{indent}if not _t_dyn():", f"{indent}    _t_r = {fn}({', '.join(args)})",
+    """Lines calling the C entry *fn* first, outside a Dynamo trace, and returning what it handled.
+
+    Only for a plain tensor first: other frameworks' arrays, which share the
+    callable, pay one type test for it.
+    """
+    lead = op.schema.arguments[op.dispatch_arg].name
+    return [f"{indent}if type({lead}) is _T and not _t_dyn():", f"{indent}    _t_r = {fn}({', '.join(args)})",
             f"{indent}    if _t_r is not _t_ni:", f"{indent}        return _t_r"]
 
 
