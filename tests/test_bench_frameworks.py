@@ -228,3 +228,31 @@ def test_parity_targets_and_table() -> None:
     text = "\n".join(parity.format_table([ok, slow, {**base, "framework": "paddle", "error": "boom"}]))
     assert "MISS: > 1.15x NumPy, slower than XLA's fusion" in text and "ERROR: boom" in text
     assert "0/544/16385" in text
+
+
+def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row records threads, CPUs and load; the table says which rows ran oversubscribed."""
+    from opbridge.bench import parity
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (row,) = parity.measure("numpy", rounds=1, number=1, target_s=1e-4, budget_s=1e-3, ops=("add",),
+                            shapes=((8, 64),), dtypes=("float32",))
+    assert row["omp_num_threads"] == "1" and row["cpus"] >= 1
+    assert {"loadavg_before", "loadavg_after"} <= set(row)
+    (csv,) = parity.csv_rows([row])
+    assert csv["omp_num_threads"] == "1" and csv["cpus"] == row["cpus"]
+
+    base = {"framework": "mindspore", "op": "add", "shape": [1024, 4096], "dtype": "float32",
+            "baseline": "numpy", "stats_us": {k: {"p50": 1000.0} for k in ("numpy", "framework")},
+            "faults_per_call": {"numpy": 0, "framework": 0}, "framework_over_numpy": 2.5,
+            "omp_num_threads": None, "cpus": 2}
+    calm = {**base, "loadavg_before": 0.5, "loadavg_after": 1.2}
+    busy = {**base, "loadavg_before": 1.5, "loadavg_after": 5.25}
+    assert not parity.oversubscribed(calm) and parity.oversubscribed(busy)
+    assert not parity.oversubscribed({**base, "loadavg_before": None, "loadavg_after": None})
+    assert not any("load average" in line for line in parity.format_table([calm]))
+    text = "\n".join(parity.format_table([calm, busy]))
+    assert "1 of 2 rows were timed with the 1-minute load average above the 2 usable CPUs (up to 5.25)" in text
+    assert "OMP_NUM_THREADS=1 gives ratios that hold under load" in text
+    assert "kernels ran with OMP_NUM_THREADS" not in text
+    assert "kernels ran with OMP_NUM_THREADS=1" in "\n".join(parity.format_table([{**calm, "omp_num_threads": "1"}]))

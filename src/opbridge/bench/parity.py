@@ -27,6 +27,15 @@ framework path's result must match the NumPy path's within the op's declared
 tolerance for the dtype, else the row is an error and is not timed; the
 native formula's largest difference from it is reported, not required.
 
+Each row also records the kernels' thread setting (``OMP_NUM_THREADS``), the
+usable CPUs and the 1-minute load average before and after it
+(:func:`load_context`). Where the load exceeded the CPUs the table says so:
+a parallel kernel's fork-join then waits for whichever of its threads the
+scheduler parked, milliseconds at a time, and that lottery, not the adapter,
+sets the medians (measured on the 2-core box at load 4-6: a 0.5 ms add at
+2-13 ms on every path, ratios anywhere in 0.3-3.6x). ``OMP_NUM_THREADS=1``
+removes the join and gives ratios that hold under load.
+
 :data:`TARGET_NUMPY` and, under JAX, ``framework <= native`` are the targets
 of issue 21; :func:`misses` lists the rows that miss them.
 """
@@ -34,6 +43,7 @@ of issue 21; :func:`misses` lists the rows that miss them.
 from __future__ import annotations
 
 import functools
+import os
 import resource
 import sys
 from collections.abc import Callable, Sequence
@@ -54,7 +64,7 @@ CSV_FIELDS = ("framework", "op", "shape", "dtype", "baseline", "numpy_us", "fram
               "framework_over_numpy", "framework_over_numpy_p20", "framework_over_numpy_fw_memory",
               "framework_over_native", "faults_numpy",
               "faults_framework", "faults_native", "rounds", "number", "verified", "native_max_abs_diff",
-              "native_unavailable", "error")
+              "native_unavailable", "error", "omp_num_threads", "cpus", "loadavg_before", "loadavg_after")
 
 FRAMEWORK_PATH = {
     "numpy": None,
@@ -236,12 +246,38 @@ def _check(op: str, dtype: str, got: Any, want: Any) -> str:
     return f"framework path = NumPy path within rtol={rtol}, atol={atol}"
 
 
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - no load average on this platform
+        return None
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def load_context() -> dict[str, Any]:
+    """What a row's timings ran beside: ``omp_num_threads`` (None: OpenMP's default), ``cpus``, ``loadavg_before``."""
+    return {"omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpus": _cpus(), "loadavg_before": _load()}
+
+
+def oversubscribed(row: dict[str, Any]) -> bool:
+    """Whether *row* was timed with the 1-minute load average above its usable CPUs."""
+    loads = [x for x in (row.get("loadavg_before"), row.get("loadavg_after")) if x is not None]
+    return bool(loads) and "cpus" in row and max(loads) > row["cpus"]
+
+
 def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, rounds: int,
                 number: int, target_s: float, budget_s: float) -> dict[str, Any]:
     """Verify and time one parity row in this process (see the module docstring)."""
     import numpy as np
 
-    row: dict[str, Any] = {"framework": framework, "op": op, "shape": list(shape), "dtype": dtype}
+    row: dict[str, Any] = {"framework": framework, "op": op, "shape": list(shape), "dtype": dtype,
+                           **load_context()}
     raw = _inputs(op, shape)
     base_fw, row["baseline"] = _baseline(framework, dtype)
     fw_arrays = Arrays(framework)
@@ -293,6 +329,7 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
         # the fastest fifth of the samples: less disturbed by other load (a stalled helper thread)
         row["framework_over_numpy_p20"] = ratio(stats, "framework", "numpy", "p20")
     row["faults_per_call"] = {k: round(faults_per_call(f), 1) for k, f in fns.items()}
+    row["loadavg_after"] = _load()
     return row
 
 
@@ -341,6 +378,7 @@ def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "rounds": r.get("rounds"), "number": r.get("number"), "verified": r.get("verified"),
             "native_max_abs_diff": r.get("native_max_abs_diff"),
             "native_unavailable": r.get("native_unavailable"), "error": r.get("error"),
+            **{k: r.get(k) for k in ("omp_num_threads", "cpus", "loadavg_before", "loadavg_after")},
         })
     return out
 
@@ -381,4 +419,20 @@ def format_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         if "native_unavailable" in r:
             notes.add(f"{r['framework']} {r['dtype']} {r['op']}: no own formula ({r['native_unavailable']})")
     lines += [f"  note: {n}" for n in sorted(notes)]
+    lines += _load_notes(rows)
     return lines
+
+
+def _load_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Notes on the kernels' threads and on rows timed beside more work than the CPUs could run."""
+    timed = [r for r in rows if "error" not in r and "cpus" in r]
+    threads = sorted({str(r.get("omp_num_threads")) for r in timed if r.get("omp_num_threads")})
+    out = [f"  note: kernels ran with OMP_NUM_THREADS={'/'.join(threads)}"] if threads else []
+    over = [r for r in timed if oversubscribed(r)]
+    if over:
+        peak = max(x for r in over for x in (r.get("loadavg_before"), r.get("loadavg_after")) if x is not None)
+        out.append(f"  note: {len(over)} of {len(timed)} rows were timed with the 1-minute load average above "
+                   f"the {over[0]['cpus']} usable CPUs (up to {peak:g}): a parallel kernel's join then waits for "
+                   f"a descheduled thread, on every path alike, and that sets their medians more than any "
+                   f"adapter does; OMP_NUM_THREADS=1 gives ratios that hold under load")
+    return out
