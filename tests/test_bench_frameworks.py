@@ -245,6 +245,7 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
     base = {"framework": "mindspore", "op": "add", "shape": [1024, 4096], "dtype": "float32",
             "baseline": "numpy", "stats_us": {k: {"p50": 1000.0} for k in ("numpy", "framework")},
             "faults_per_call": {"numpy": 0, "framework": 0}, "framework_over_numpy": 2.5,
+            "framework_over_numpy_p20": 1.04,
             "omp_num_threads": None, "cpus": 2}
     calm = {**base, "loadavg_before": 0.5, "loadavg_after": 1.2}
     busy = {**base, "loadavg_before": 1.5, "loadavg_after": 5.25}
@@ -254,5 +255,6 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
     text = "\n".join(parity.format_table([calm, busy]))
     assert "1 of 2 rows were timed with the 1-minute load average above the 2 usable CPUs (up to 5.25)" in text
     assert "OMP_NUM_THREADS=1 gives ratios that hold under load" in text
+    assert "2.50x   1.04x" in text  # fw/np of the medians, then of the fastest fifth (p20)
     assert "kernels ran with OMP_NUM_THREADS" not in text
     assert "kernels ran with OMP_NUM_THREADS=1" in "\n".join(parity.format_table([{**calm, "omp_num_threads": "1"}]))
