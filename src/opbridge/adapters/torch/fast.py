@@ -17,6 +17,13 @@ kernel would.
 Every attribute read costs tens of nanoseconds per call, so the path
 reads what it must and lets the kernel check the rest (shapes, the other
 arguments' dtypes and devices, contiguity), raising before it writes.
+
+Once the op has native kernels (:mod:`.native`), the callable first hands a
+plain tensor call to the shim's C entry, which makes the same checks in C++
+(no Python frame, no argument parser, outputs allocated with ``at::empty``)
+and answers ``NotImplemented`` for whatever it leaves to this path: about
+0.8 times ``torch.add`` per call where this path costs 1.9 times. Inside a Dynamo
+trace it is skipped (Dynamo traces the callable as the dispatcher call).
 """
 
 from __future__ import annotations

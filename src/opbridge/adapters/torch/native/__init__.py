@@ -32,6 +32,16 @@ builds (or waits for) it in the foreground, with a progress line. A failed build
 leaves the Python kernels in place. ``OPBRIDGE_TORCH_NATIVE=0`` turns all of
 it off (read when an op is registered).
 
+The public callable's C entry
+-----------------------------
+The shim also makes one builtin per op (and one for ``out=``,
+:meth:`Shim.entry`) that ``opbridge.ops.<op>`` calls before its Python fast
+path (:mod:`..fast`) once the op has native kernels (:func:`when_native`):
+for plain tensors, outside any mode, transform or tracer, it runs the same
+kernel call as the device kernel (``kernel_call.h``) with no Python frame,
+dispatcher or argument parser, and returns ``NotImplemented`` for anything
+else, so the Python path takes the call with today's results and messages.
+
 Ops with an argument type other than ``Tensor``, ``Tensor?``, ``int``,
 ``float``, ``bool`` (optional or not), or returns other than tensors, keep
 their Python kernels.
