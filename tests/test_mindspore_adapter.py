@@ -237,6 +237,41 @@ def test_outputs_are_mindspore_tensors_in_the_kernels_memory() -> None:
     assert tvm_ffi.from_dlpack(bf.to_dlpack()).data_ptr() == bf.data_ptr()
 
 
+@pytest.mark.parametrize("name", ["add", "rms_norm"])
+def test_eager_call_waits_once_and_hands_the_kernel_the_inputs_memory(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: no copy, no DLPack export, no ``asnumpy`` and one pipeline wait on the PyNative path.
+
+    The kernel sees the inputs' own addresses and writes the returned tensor's
+    memory; MindSpore's ``to_dlpack`` / ``asnumpy`` (copies or per-tensor
+    waits) are never called.
+    """
+    from opbridge import loader
+    from opbridge.adapters.mindspore import eager
+
+    op = getattr(ops, name).opdef
+    seen: list[list[int]] = []
+    real = loader.kernel(op, "cpu")
+
+    def recording(*args: Any) -> Any:
+        seen.append([a.ctypes.data for a in args if isinstance(a, np.ndarray)])
+        return real(*args)
+
+    waits: list[None] = []
+    monkeypatch.setattr(loader, "kernel", lambda o, device: recording if o is op else real)
+    monkeypatch.setattr(eager, "sync", lambda: waits.append(None))
+    for method in ("to_dlpack", "asnumpy"):
+        def refuse(self: Any, *a: Any, _m: str = method, **k: Any) -> Any:
+            raise AssertionError(f"the eager path called Tensor.{_m}")
+        monkeypatch.setattr(Tensor, method, refuse)
+    fn = eager.make_eager(op)
+    x = _t(np.random.default_rng(0).standard_normal((64, 256)))
+    args = (x, _t(np.ones((64, 256)))) if name == "add" else (x, _t(np.ones(256)), 1e-6)
+    out = fn(*args)
+    assert len(waits) == 1 and len(seen) == 1
+    assert seen[0] == [out.data_ptr(), *(a.data_ptr() for a in args if isinstance(a, Tensor))]
+
+
 def test_inputs_produced_by_queued_mindspore_ops() -> None:
     """PyNative runs MindSpore ops asynchronously; the kernel must see their results."""
     a = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
