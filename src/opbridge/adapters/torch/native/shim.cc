@@ -7,11 +7,12 @@
 // them: the dispatcher keeps the earlier kernels listed beneath (so one running now stays alive),
 // and its "overriding a previously registered kernel" warning is silenced for these registrations.
 //
-// The native routine (RunKernel, kernel_call.h) handles what the Python kernel (adapters/torch/dispatcher.py, make_impl) does
-// for dense tensors of a declared dtype on one device: outputs are new contiguous tensors
-// (at::empty) from the `like` rule or from the op's shape rule (asked once per argument signature,
-// then remembered), the compiled tvm-ffi kernel is called in destination-passing style on
-// DLTensor views, and outputs and aliased arguments are packed onto the schema's returns.
+// The native routine (RunKernel, kernel_call.h) handles what the Python kernel
+// (adapters/torch/dispatcher.py, make_impl) does for dense tensors of a declared dtype on one
+// device: outputs are new contiguous tensors (at::empty) from the `like` rule or from the op's
+// shape rule (asked once per argument signature, then remembered), the compiled tvm-ffi kernel is
+// called in destination-passing style on DLTensor views, and outputs and aliased arguments are
+// packed onto the schema's returns.
 // Anything else (a strided tensor, an undeclared dtype, mixed devices, overlapping mutated
 // arguments, a kernel not loaded yet, a kernel error) is handed to the Python kernel, which gives
 // today's results and messages; kernels check their arguments before they write, so a call the
