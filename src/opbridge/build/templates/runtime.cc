@@ -1,6 +1,8 @@
 // Compiled once into every opbridge module: the argument checks, the error
-// stream behind OPB_THROW and OPBRIDGE_EXPORT's typed-call helpers, which the
-// module's other translation units (built with OPB_SEPARATE_RUNTIME) only
-// declare. See opbridge/runtime_impl.h.
+// stream behind OPB_THROW, OPBRIDGE_EXPORT's typed-call helpers and the
+// machinery that runs parallel_for's chunks, which the module's other
+// translation units (built with OPB_SEPARATE_RUNTIME) only declare. See
+// opbridge/runtime_impl.h and opbridge/parallel_impl.h.
 #define OPB_RUNTIME_IMPL
 #include <opbridge/opbridge.h>
+#include <opbridge/parallel.h>

@@ -1,5 +1,6 @@
-// opbridge shared CPU math: vectorisable float32 approximations, the ISA
-// dispatch attribute for hot loops, and the row/chunk parallel loop.
+// opbridge shared CPU math: vectorisable float32 approximations and the ISA
+// dispatch attribute for hot loops (the row/chunk parallel loop, parallel_for,
+// is in parallel.h, which this includes).
 //
 // Everything here is meant to be called from inside `#pragma omp simd` loops,
 // so the functions are branch-free (selects only) and always inlined: a call
@@ -7,20 +8,12 @@
 #pragma once
 
 #include <opbridge/opbridge.h>
-#include <opbridge/threading.h>
+#include <opbridge/parallel.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <cstdint>
-#include <mutex>
-#include <thread>
 #include <type_traits>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -36,9 +29,13 @@
 // helper that owns a whole loop (a row range or a chunk), not on per-element math.
 // A build for this machine only (the JIT build, compiled with -march=native)
 // defines OPB_NATIVE_ISA: one code path instead of three, compiled for the CPU
-// it runs on, which the clones would pick anyway.
+// it runs on, which the clones would pick anyway. It keeps the clones' one
+// property that matters for build time: the function is not inlined into its
+// caller (GCC would otherwise compile the same loop twice, once inlined into
+// the single-threaded call and once for the parallel chunks: rotary_embedding's
+// object 114 -> 79 KB).
 #if defined(OPB_NATIVE_ISA)
-#define OPB_TARGET_CLONES
+#define OPB_TARGET_CLONES __attribute__((noinline))
 #elif defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
 #define OPB_TARGET_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -638,194 +635,6 @@ OPB_ALWAYS_INLINE void map2(T* out, const T* x, const T* y, int64_t n, F&& f, bo
   } else {  // double and the integers: f in compute_t<T> = T
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) out[i] = from_compute<T>(f(to_compute(x[i]), to_compute(y[i])));
-  }
-}
-
-// How many threads parallel_for uses for n items of work_per_item units each:
-// one below kParallelGrain units of work (waking a helper costs more than it
-// saves), else OpenMP's thread count (OMP_NUM_THREADS is honoured).
-inline int parallel_threads(int64_t n, int64_t work_per_item) {
-#ifdef _OPENMP
-  if (n > 1 && n * std::max<int64_t>(work_per_item, 1) >= kParallelGrain) {
-    return std::max(omp_get_max_threads(), 1);
-  }
-#endif
-  (void)n;
-  (void)work_per_item;
-  return 1;
-}
-
-namespace detail {
-
-// A caller-runs thread pool. A job is split into chunks; the calling thread
-// claims and runs chunks itself and the workers help if the scheduler lets
-// them in time. The caller only ever waits for chunks a running worker has
-// already claimed, never for a worker to wake up: beside a busy process a
-// parked OpenMP worker costs milliseconds per fork-join, this costs at most
-// one chunk. Claims carry the job's generation, so a worker that wakes late
-// can never run a chunk of the next job with the previous job's function.
-class Pool {
- public:
-  static Pool& Get() {
-    static Pool* pool = new Pool();  // leaked on purpose: no joins at exit
-    return *pool;
-  }
-
-  int threads() const { return nworkers_ + 1; }
-
-  // Runs body(chunk) for chunk in [0, nchunks), each exactly once; helpers
-  // are limited to the first `helpers` workers.
-  template <typename Body>
-  void Run(int64_t nchunks, int helpers, Body& body) {
-    if (in_pool_ || nworkers_ == 0 || nchunks <= 1) {  // nested or single: stay on this thread
-      for (int64_t c = 0; c < nchunks; ++c) body(c);
-      return;
-    }
-    std::lock_guard<std::mutex> serial(run_mu_);
-    Thunk thunk = [](void* b, int64_t c) { (*static_cast<Body*>(b))(c); };
-    uint64_t gen;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      gen = ++generation_;
-      body_ = &body;
-      thunk_ = thunk;
-      nchunks_ = nchunks;
-      helpers_ = helpers;
-      done_.store(0, std::memory_order_relaxed);
-      next_.store(gen << kIndexBits, std::memory_order_release);
-    }
-    cv_.notify_all();
-    in_pool_ = true;
-    int64_t mine = 0;
-    for (int64_t c; (c = Claim(gen, nchunks)) >= 0; ++mine) thunk(&body, c);
-    in_pool_ = false;
-    done_.fetch_add(mine, std::memory_order_acq_rel);
-    while (done_.load(std::memory_order_acquire) < nchunks) std::this_thread::yield();
-  }
-
- private:
-  using Thunk = void (*)(void*, int64_t);
-  static constexpr int kIndexBits = 40;
-
-  Pool() {
-#ifdef _OPENMP
-    nworkers_ = std::max(omp_get_max_threads(), 1) - 1;
-#else
-    nworkers_ = std::max(int(std::thread::hardware_concurrency()), 1) - 1;
-#endif
-    for (int i = 0; i < nworkers_; ++i) std::thread([this, i] { Work(i + 1); }).detach();
-  }
-
-  int64_t Claim(uint64_t gen, int64_t nchunks) {
-    uint64_t v = next_.load(std::memory_order_acquire);
-    while ((v >> kIndexBits) == gen && int64_t(v & ((uint64_t(1) << kIndexBits) - 1)) < nchunks) {
-      if (next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) {
-        return int64_t(v & ((uint64_t(1) << kIndexBits) - 1));
-      }
-    }
-    return -1;
-  }
-
-  void Work(int id) {
-    in_pool_ = true;
-    uint64_t seen = 0;
-    for (;;) {
-      uint64_t gen;
-      void* body;
-      Thunk thunk;
-      int64_t nchunks;
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return generation_ != seen; });
-        seen = gen = generation_;
-        if (id >= helpers_) continue;
-        body = body_;
-        thunk = thunk_;
-        nchunks = nchunks_;
-      }
-      int64_t mine = 0;
-      for (int64_t c; (c = Claim(gen, nchunks)) >= 0; ++mine) thunk(body, c);
-      if (mine) done_.fetch_add(mine, std::memory_order_acq_rel);
-    }
-  }
-
-  int nworkers_ = 0;
-  std::mutex run_mu_, mu_;
-  std::condition_variable cv_;
-  uint64_t generation_ = 0;
-  void* body_ = nullptr;
-  Thunk thunk_ = nullptr;
-  int64_t nchunks_ = 0;
-  int helpers_ = 0;
-  std::atomic<uint64_t> next_{0};
-  std::atomic<int64_t> done_{0};
-  static thread_local bool in_pool_;
-};
-
-inline thread_local bool Pool::in_pool_ = false;
-
-}  // namespace detail
-
-// Chunks per thread for f(begin, end): enough that a thread the scheduler
-// parks only delays a small share of the work.
-constexpr int kChunksPerThread = 4;
-
-// Which threads run the chunks of a parallel job (opbridge::threading(),
-// threading.h; OPBRIDGE_THREADING=omp|pool, default omp). Measured on this
-// 2-core box, 1024x1024 float32 into a buffer, interleaved with torch.add:
-//  - OpenMP team (default). In a PyTorch process it is torch's own team:
-//    torch ships libgomp.so.1 and loads it globally, so our libgomp.so.1
-//    dependency binds to it, and its workers, spinning after every torch op,
-//    pick our chunks up at once. Quiet machine: add / gelu / rms_norm p50
-//    0.24 / 0.29 / 0.16 ms, p99 0.35 / 0.44 / 0.27 ms. 4096x4096 rms_norm
-//    right after a torch op: 5.8 ms, vs 8.4 ms on the pool, which has to fight
-//    torch's spinning workers for the cores. Under jax.jit (quiet) it ran at
-//    0.33-0.73x XLA's own time, the pool at 0.61-0.90x. Dynamic claiming means
-//    a late thread delays the job by the join only, not by a share of the
-//    work; but beside a busy process the join waits for a descheduled team
-//    thread: p99 8-12 ms -- as for torch's own add (12 ms) under that load.
-//  - Caller-runs pool (above). The caller never waits for a thread to be
-//    scheduled: beside a busy process p99 1.7-4 ms, but p50 is 1.3-1.7x the
-//    team's (the helper rarely gets a core in time), and in a torch process
-//    torch's own ops suffer (torch.add p50 0.22 -> 3.2 ms beside the busy
-//    process). For latency-critical work beside busy neighbours.
-template <typename Body>
-inline void run_chunks(int64_t nchunks, int nt, Body& body) {
-#ifdef _OPENMP
-  if (threading() == Threading::kOpenMP) {
-    std::atomic<int64_t> next{0};
-#pragma omp parallel num_threads(nt)
-    {
-      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < nchunks;) body(c);
-    }
-    return;
-  }
-#endif
-  detail::Pool::Get().Run(nchunks, nt, body);
-}
-
-template <typename F>
-inline void parallel_for(int64_t n, int64_t work_per_item, F&& f) {
-  if (n <= 0) return;
-  const int nt = parallel_threads(n, work_per_item);
-  if constexpr (std::is_invocable_v<F&, int64_t, int64_t, int>) {
-    // f takes a partition index (per-partition partial sums): exactly nt fixed
-    // partitions, each run by whichever thread claims it, so the reduction
-    // order -- and the result -- does not depend on scheduling.
-    auto body = [&](int64_t t) {
-      const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
-      if (begin < end) f(begin, end, int(t));
-    };
-    if (nt == 1) return body(0);
-    run_chunks(nt, nt, body);
-  } else {
-    if (nt == 1) return f(int64_t(0), n);
-    const int64_t chunks = std::min<int64_t>(n, int64_t(nt) * kChunksPerThread);
-    auto body = [&](int64_t c) {
-      const int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
-      if (begin < end) f(begin, end);
-    };
-    run_chunks(chunks, nt, body);
   }
 }
 

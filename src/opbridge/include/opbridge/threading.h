@@ -1,5 +1,5 @@
 // Which threads run the chunks of a parallel CPU kernel; see parallel_for in
-// math.h for the two policies and their measured trade-off. Kept free of
+// parallel.h for the two policies and their measured trade-off. Kept free of
 // tvm-ffi includes: the generated exports translation unit includes it to
 // publish the policy to the Python loader.
 #pragma once
