@@ -133,6 +133,8 @@ def test_float64_beside_float32(tmp_path: Path) -> None:
         assert r["float32"] == ours["float32"]["frac_stream_copy_local"]
         assert r["float64"] == ours["float64"]["frac_stream_copy_local"]
         assert r["ratio"] == pytest.approx(r["float64"] / r["float32"], rel=1e-2)
+        assert r["ratio_p20"] == pytest.approx(ours["float64"]["frac_stream_copy_local_p20"]
+                                               / ours["float32"]["frac_stream_copy_local_p20"], rel=1e-2)
         for d in ("float32", "float64"):
             case = rows[(op, "64x4096", d)]
             copy = case["stream_copy_local"]
@@ -148,6 +150,20 @@ def test_float64_beside_float32(tmp_path: Path) -> None:
         assert {r["dtype"] for r in csv.DictReader(f)} == {"float32", "float64"}
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_local_ceiling_copies_every_element(threads: int) -> None:
+    """The chunked copy timed beside each case copies all of an odd-sized array (chunks cover [0, n))."""
+    import numpy as np
+
+    from opbridge.bench import stream
+
+    k = stream.kernels()
+    for n in (1, 7, 5125, 3 * 65536 + 11):
+        a, c = np.arange(n, dtype=np.float32), np.full(n, -1.0, dtype=np.float32)
+        k["copy_chunked"](c, a, threads)
+        assert (c == a).all(), n
+
+
 def _fake_case(dtype: str, total: int, ours_us: float, copy_us: float | None) -> dict[str, Any]:
     """A result record with made-up timings: opbridge's into-buffer row and, if *copy_us*, a local copy."""
     g = kernels.text.sig(total / ours_us / 1e3)
@@ -156,7 +172,7 @@ def _fake_case(dtype: str, total: int, ours_us: float, copy_us: float | None) ->
     if copy_us is not None:
         moved = total - total % 8
         copy = {"p50_us": copy_us, "bytes": moved, "gbps": kernels.text.sig(moved / copy_us / 1e3)}
-        row["frac_stream_copy_local"] = kernels.text.sig(g / copy["gbps"])
+        row["frac_stream_copy_local"] = row["frac_stream_copy_local_p20"] = kernels.text.sig(g / copy["gbps"])
     return {"op": "add", "size": "odd", "dtype": dtype, "bytes": {"total": total},
             "candidates": {kernels.OURS_OUT: row}, "stream_copy_local": copy}
 
@@ -170,12 +186,13 @@ def test_float64_table_uses_each_cases_own_copy() -> None:
     c64 = _fake_case("float64", 2 * total, 2 * total / 10e3, 2 * total / 10e3)
     run_only = kernels.text.float64_vs_float32([
         {**c, "candidates": {kernels.OURS_OUT: {k: v for k, v in c["candidates"][kernels.OURS_OUT].items()
-                                                if k != "frac_stream_copy_local"}}, "stream_copy_local": None}
+                                                if not k.startswith("frac_stream_copy_local")}},
+         "stream_copy_local": None}
         for c in (c32, c64)])["add"]["odd"]
     assert run_only["ceiling"] == "run" and run_only["ratio"] == pytest.approx(0.5, rel=1e-3)  # the unfair one
-    assert "ceiling_bytes" not in run_only
+    assert "ceiling_bytes" not in run_only and "ratio_p20" not in run_only
     r = kernels.text.float64_vs_float32([c32, c64])["add"]["odd"]
-    assert r["ceiling"] == "local" and r["ratio"] == pytest.approx(1.0, rel=1e-3)
+    assert r["ceiling"] == "local" and r["ratio"] == r["ratio_p20"] == pytest.approx(1.0, rel=1e-3)
     assert r["float32"] == pytest.approx(1.0, rel=1e-3) and r["float64"] == pytest.approx(1.0, rel=1e-3)
     assert r["ceiling_bytes"] == {"float32": total - total % 8, "float64": 2 * total}
     assert r["ceiling_gbps"] == {d: c["stream_copy_local"]["gbps"] for d, c in (("float32", c32), ("float64", c64))}

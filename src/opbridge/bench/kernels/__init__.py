@@ -36,21 +36,24 @@ counts (rows gathered from a table, not the table); GB/s is bytes over the
 median time. Two fractions of STREAM copy are reported: against the copy
 bandwidth of :mod:`opbridge.bench.stream` measured (on 256 MiB arrays) at
 the start and the end of this run, and -- for cases moving 1 MiB or more
-(``--local-stream-mib``) -- against a STREAM copy of the case's own byte
-count timed interleaved with its candidates (the local copy ceiling), which
-sees the same cache residency and the same moment's load (an L3 may hold a
-16 MiB case, and much of a 64 MiB one). The summary's float64-vs-float32
-table compares each dtype's local fraction, so a float32 case in cache is
-not judged against DRAM bandwidth while its float64 twin, twice the bytes,
-falls out of the cache; each row names its ceiling. A fraction can
-exceed 1: STREAM counts no write-allocate traffic, so a copy into a
-separate array really moves 3 bytes per 2 counted, while an op that
-writes lines it has just read (in place, e.g. ``fused_add_rms_norm``)
-moves only what is counted. Cases below that size time instead
-a copy of their own byte count on one thread and on the run's threads, both
-called through tvm-ffi like the kernels: the faster of the two is what
-merely moving those bytes costs, so torch eager's time over it is the
-largest speed-up over eager that the hardware leaves room for (the summary's
+(``--local-stream-mib``) -- against a copy of the case's own byte count
+timed interleaved with its candidates (the local copy ceiling), which sees
+the same cache residency and the same moment's load (an L3 may hold a
+16 MiB case, and much of a 64 MiB one). That copy is split into chunks
+claimed as threads arrive, as the kernels split their work
+(``parallel_for``), not into STREAM's static halves, which wait for a
+descheduled thread. The summary's float64-vs-float32 table compares each
+dtype's local fraction, so a float32 case in cache is not judged against
+DRAM bandwidth while its float64 twin, twice the bytes, falls out of the
+cache; each row names its ceiling. A fraction can exceed 1: STREAM counts
+no write-allocate traffic, so a copy into a separate array really moves 3
+bytes per 2 counted, while an op that writes lines it has just read (in
+place, e.g. ``fused_add_rms_norm``) or with streaming stores moves only
+what is counted. Cases below that size time instead a copy of their own
+byte count on one thread and on the run's threads, both called through
+tvm-ffi like the kernels: the faster of the two is what merely moving
+those bytes costs, so torch eager's time over it is the largest speed-up
+over eager that the hardware leaves room for (the summary's
 ``small_ceiling_vs_eager``; for float32 ``add`` at (8, 4096) it is below 2).
 Speed-ups are the competitor's median over ours in the same mode (> 1:
 opbridge is faster); an op that mutates in place has only its in-place

@@ -85,7 +85,8 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
 FLOAT64_MIN_BYTES = LOCAL_CEILING_BYTES
 #: What each ``"ceiling"`` of the float64-vs-float32 table means.
 CEILINGS = {
-    "local": "a STREAM copy of the case's own bytes (run's threads), timed interleaved with its candidates",
+    "local": "a copy of the case's own bytes (run's threads, split into chunks as the kernels split their work), "
+             "timed interleaved with its candidates",
     "run": "the run's STREAM copy (large arrays, before and after the cases): --local-stream-mib was "
            "raised above this case's bytes",
 }
@@ -105,7 +106,9 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     in float32 scores 1. Only sizes whose float32 case moves at least
     :data:`FLOAT64_MIN_BYTES`. Each dtype's fraction is against the copy of
     its own case's bytes timed interleaved with it (``"ceiling": "local"``;
-    ``"ceiling_bytes"`` and ``"ceiling_gbps"`` per dtype say which copy),
+    ``"ceiling_bytes"`` and ``"ceiling_gbps"`` per dtype say which copy;
+    ``"ratio_p20"`` is the ratio from the p20 times, which a busy machine
+    disturbs less than the medians),
     so a float32 case in cache is judged against an in-cache copy, and its
     float64 twin, twice the bytes, against a copy of twice the bytes. Where
     a case timed no such copy (``--local-stream-mib`` above its bytes) both
@@ -125,7 +128,8 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
         key = "frac_stream_copy_local" if local else "frac_stream_copy"
         row: dict[str, Any] = {"float32": r32[key], "float64": r64[key], "ratio": sig(r64[key] / r32[key]),
                                "ceiling": "local" if local else "run"}
-        if local:
+        if local:  # the same from the p20s: less of the time a busy machine takes away
+            row["ratio_p20"] = sig(r64["frac_stream_copy_local_p20"] / r32["frac_stream_copy_local_p20"])
             pair = {"float32": c32["stream_copy_local"], "float64": c64["stream_copy_local"]}
             row["ceiling_bytes"] = {d: cp["bytes"] for d, cp in pair.items()}
             row["ceiling_gbps"] = {d: cp["gbps"] for d, cp in pair.items()}
@@ -134,7 +138,8 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
 
 
 CSV_FIELDS = ("op", "size", "shape", "dtype", "candidate", "mode", "p20_us", "p50_us", "p80_us", "rounds",
-              "number", "bytes", "gbps", "frac_stream_copy", "frac_stream_copy_local", "opbridge_speedup",
+              "number", "bytes", "gbps", "frac_stream_copy", "frac_stream_copy_local", "frac_stream_copy_local_p20",
+              "opbridge_speedup",
               "vs_ours", "what")
 
 
@@ -150,6 +155,7 @@ def csv_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                          "rounds": r["rounds"], "number": r["number"], "bytes": c["bytes"]["total"],
                          "gbps": r["gbps"], "frac_stream_copy": r["frac_stream_copy"],
                          "frac_stream_copy_local": r.get("frac_stream_copy_local", ""),
+                         "frac_stream_copy_local_p20": r.get("frac_stream_copy_local_p20", ""),
                          "opbridge_speedup": sp.get("speedup", ""), "vs_ours": sp.get("ours", ""),
                          "what": r["what"]})
     return rows
@@ -189,10 +195,10 @@ def format_text(result: dict[str, Any]) -> str:
         lines.append("")
     if sm.get("float64_vs_float32"):
         lines.append("float64 beside float32, opbridge into a buffer / in place: fraction of the copy ceiling, "
-                     "and float64's over float32's (sizes moving >= "
+                     "and float64's over float32's (in brackets: from the p20 times; sizes moving >= "
                      f"{FLOAT64_MIN_BYTES / 2**20:g} MiB in float32); ceiling: {CEILINGS['local']} (its MiB and "
                      f"GB/s, float32 / float64), or * {CEILINGS['run']}:")
-        lines.append(f"  {'op':<22} {'size':<8} {'float32':>8} {'float64':>8} {'ratio':>6}  ceiling")
+        lines.append(f"  {'op':<22} {'size':<8} {'float32':>8} {'float64':>8} {'ratio':>6} {'(p20)':>6}  ceiling")
         for op, by_size in sm["float64_vs_float32"].items():
             for sz, r in by_size.items():
                 mark = "" if r["ceiling"] == "local" else "*"
@@ -202,8 +208,9 @@ def format_text(result: dict[str, Any]) -> str:
                              f"{gb['float32']:.1f} / {gb['float64']:.1f} GB/s")
                 else:
                     where = "the run's STREAM copy"
+                p20 = f"({r['ratio_p20']:.2f})" if "ratio_p20" in r else ""
                 lines.append(f"  {op:<22} {sz:<8} {r['float32']:>7.2f}{mark:1} {r['float64']:>7.2f}{mark:1} "
-                             f"{r['ratio']:>6.2f}  {where}")
+                             f"{r['ratio']:>6.2f} {p20:>6}  {where}")
         lines.append("")
     if sm["large_new_speedup_vs_eager"]:
         lines.append("large, new output: opbridge speed-up vs torch eager (in-place ops: their in-place call):")
