@@ -234,13 +234,15 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
     """Each row records threads, CPUs and load; the table says which rows ran oversubscribed."""
     from opbridge.bench import parity
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read by OpenMP at load: the kernels keep their count
     (row,) = parity.measure("numpy", rounds=1, number=1, target_s=1e-4, budget_s=1e-3, ops=("add",),
                             shapes=((8, 64),), dtypes=("float32",))
-    assert row["omp_num_threads"] == "1" and row["cpus"] >= 1
+    assert row["omp_num_threads"] == "3" and row["cpus"] >= 1
+    assert row["kernel_threads"] is None or row["kernel_threads"] >= 1
     assert {"loadavg_before", "loadavg_after"} <= set(row)
     (csv,) = parity.csv_rows([row])
-    assert csv["omp_num_threads"] == "1" and csv["cpus"] == row["cpus"]
+    assert csv["omp_num_threads"] == "3" and csv["cpus"] == row["cpus"]
+    assert csv["kernel_threads"] == row["kernel_threads"]
 
     base = {"framework": "mindspore", "op": "add", "shape": [1024, 4096], "dtype": "float32",
             "baseline": "numpy", "stats_us": {k: {"p50": 1000.0} for k in ("numpy", "framework")},
@@ -256,5 +258,8 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
     assert "1 of 2 rows were timed with the 1-minute load average above the 2 usable CPUs (up to 5.25)" in text
     assert "OMP_NUM_THREADS=1 gives ratios that hold under load" in text
     assert "2.50x   1.04x" in text  # fw/np of the medians, then of the fastest fifth (p20)
-    assert "kernels ran with OMP_NUM_THREADS" not in text
-    assert "kernels ran with OMP_NUM_THREADS=1" in "\n".join(parity.format_table([{**calm, "omp_num_threads": "1"}]))
+    assert "kernel threads" not in text
+    threads = [{**calm, "kernel_threads": 1}, {**busy, "kernel_threads": 2}, {**calm, "framework": "jax",
+                                                                               "kernel_threads": 2}]
+    assert "kernel threads (OpenMP, as the kernels see it): mindspore 1/2, jax 2" in "\n".join(
+        parity.format_table(threads))

@@ -29,7 +29,9 @@ framework path's result must match the NumPy path's within the op's declared
 tolerance for the dtype, else the row is an error and is not timed; the
 native formula's largest difference from it is reported, not required.
 
-Each row also records the kernels' thread setting (``OMP_NUM_THREADS``), the
+Each row also records the kernels' OpenMP thread count (as they see it:
+:func:`kernel_threads`) and ``OMP_NUM_THREADS`` (Paddle sets it to 1 in its
+process after OpenMP has read it, so it is not what the kernels use), the
 usable CPUs and the 1-minute load average before and after it
 (:func:`load_context`). Where the load exceeded the CPUs the table says so:
 a parallel kernel's fork-join then waits for whichever of its threads the
@@ -44,6 +46,7 @@ of issue 21; :func:`misses` lists the rows that miss them.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import resource
@@ -66,7 +69,8 @@ CSV_FIELDS = ("framework", "op", "shape", "dtype", "baseline", "numpy_us", "fram
               "framework_over_numpy", "framework_over_numpy_p20", "framework_over_numpy_fw_memory",
               "framework_over_native", "faults_numpy",
               "faults_framework", "faults_native", "rounds", "number", "verified", "native_max_abs_diff",
-              "native_unavailable", "error", "omp_num_threads", "cpus", "loadavg_before", "loadavg_after")
+              "native_unavailable", "error", "kernel_threads", "omp_num_threads", "cpus", "loadavg_before",
+              "loadavg_after")
 
 FRAMEWORK_PATH = {
     "numpy": None,
@@ -262,9 +266,28 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+def kernel_threads() -> int | None:
+    """``omp_get_max_threads()`` of the OpenMP runtime the kernels call, or None where none is loaded.
+
+    The kernels resolve OpenMP's symbols in the process's global scope first
+    (torch's bundled libgomp, Paddle's libiomp5), else from their own
+    ``libgomp.so.1``; the lookup here follows the same order and never loads a
+    runtime of its own.
+    """
+    try:
+        fn = ctypes.CDLL(None).omp_get_max_threads
+    except AttributeError:
+        try:
+            fn = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD).omp_get_max_threads
+        except (OSError, AttributeError):
+            return None
+    return int(fn())
+
+
 def load_context() -> dict[str, Any]:
-    """What a row's timings ran beside: ``omp_num_threads`` (None: OpenMP's default), ``cpus``, ``loadavg_before``."""
-    return {"omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpus": _cpus(), "loadavg_before": _load()}
+    """What a row's timings ran with and beside: kernel threads, ``OMP_NUM_THREADS``, CPUs, load before."""
+    return {"kernel_threads": kernel_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "cpus": _cpus(), "loadavg_before": _load()}
 
 
 def oversubscribed(row: dict[str, Any]) -> bool:
@@ -380,7 +403,7 @@ def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "rounds": r.get("rounds"), "number": r.get("number"), "verified": r.get("verified"),
             "native_max_abs_diff": r.get("native_max_abs_diff"),
             "native_unavailable": r.get("native_unavailable"), "error": r.get("error"),
-            **{k: r.get(k) for k in ("omp_num_threads", "cpus", "loadavg_before", "loadavg_after")},
+            **{k: r.get(k) for k in ("kernel_threads", "omp_num_threads", "cpus", "loadavg_before", "loadavg_after")},
         })
     return out
 
@@ -430,8 +453,12 @@ def format_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 def _load_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Notes on the kernels' threads and on rows timed beside more work than the CPUs could run."""
     timed = [r for r in rows if "error" not in r and "cpus" in r]
-    threads = sorted({str(r.get("omp_num_threads")) for r in timed if r.get("omp_num_threads")})
-    out = [f"  note: kernels ran with OMP_NUM_THREADS={'/'.join(threads)}"] if threads else []
+    threads: dict[str, set[int]] = {}
+    for r in timed:
+        if r.get("kernel_threads") is not None:
+            threads.setdefault(r["framework"], set()).add(r["kernel_threads"])
+    out = ["  note: kernel threads (OpenMP, as the kernels see it): " + ", ".join(
+        f"{fw} {'/'.join(map(str, sorted(n)))}" for fw, n in threads.items())] if threads else []
     over = [r for r in timed if oversubscribed(r)]
     if over:
         peak = max(x for r in over for x in (r.get("loadavg_before"), r.get("loadavg_after")) if x is not None)
