@@ -33,12 +33,15 @@ Each row also records the kernels' OpenMP thread count (as they see it:
 :func:`kernel_threads`) and ``OMP_NUM_THREADS`` (Paddle sets it to 1 in its
 process after OpenMP has read it, so it is not what the kernels use), the
 usable CPUs and the 1-minute load average before and after it
-(:func:`load_context`). Where the load exceeded the CPUs the table says so:
-a parallel kernel's fork-join then waits for whichever of its threads the
-scheduler parked, milliseconds at a time, and that lottery, not the adapter,
-sets the medians (measured on the 2-core box at load 4-6: a 0.5 ms add at
-2-13 ms on every path, ratios anywhere in 0.3-3.6x). ``OMP_NUM_THREADS=1``
-removes the join and gives ratios that hold under load.
+(:func:`load_context`). Where the load exceeded the CPUs the table says so.
+There, OpenMP's default wait (active: a thread that reaches the join spins)
+decides the medians on every path alike: with one of the 2 cores taken by
+another process, the kernel's two threads share the other, the spinning one
+can hold it for whole scheduler slices (the likely mechanism: the wait is
+quantised), and a 0.8 ms ``add`` at (1024, 4096)
+takes 8.00 ms per call, NumPy path included (p10 to p90 7.98-8.01 ms).
+``OMP_WAIT_POLICY=passive`` (read when OpenMP loads) gave 0.85 ms,
+``OPBRIDGE_THREADING=pool`` 0.78 ms, ``OMP_NUM_THREADS=1`` 0.78 ms.
 
 :data:`TARGET_NUMPY` and, under JAX, ``framework <= native`` are the targets
 of issue 21; :func:`misses` lists the rows that miss them.
@@ -463,7 +466,7 @@ def _load_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     if over:
         peak = max(x for r in over for x in (r.get("loadavg_before"), r.get("loadavg_after")) if x is not None)
         out.append(f"  note: {len(over)} of {len(timed)} rows were timed with the 1-minute load average above "
-                   f"the {over[0]['cpus']} usable CPUs (up to {peak:g}): a parallel kernel's join then waits for "
-                   f"a descheduled thread, on every path alike, and that sets their medians more than any "
-                   f"adapter does; OMP_NUM_THREADS=1 gives ratios that hold under load")
+                   f"the {over[0]['cpus']} usable CPUs (up to {peak:g}): a kernel's OpenMP join then waits out "
+                   f"scheduler slices on every path alike, which sets their medians more than any adapter "
+                   f"does; OMP_WAIT_POLICY=passive (or OMP_NUM_THREADS=1) gives ratios that hold under load")
     return out
