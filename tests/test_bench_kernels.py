@@ -140,6 +140,7 @@ def test_float64_beside_float32(tmp_path: Path) -> None:
             copy = case["stream_copy_local"]
             assert r["ceiling_bytes"][d] == copy["bytes"] and 0 <= case["bytes"]["total"] - copy["bytes"] < 8
             assert r["ceiling_gbps"][d] == copy["gbps"] > 0
+            assert r["ceiling_kind"] == copy["kind"] == "copy"  # add and gelu write a new array
             assert case["cache_copies"] == {}
     for d in ("float32", "float64"):  # below 1 MiB: copies on 1 and N threads (the small ceiling) instead
         assert rows[("add", "3x130", d)]["stream_copy_local"] is None and rows[("add", "3x130", d)]["cache_copies"]
@@ -162,6 +163,25 @@ def test_the_local_ceiling_copies_every_element(threads: int) -> None:
         a, c = np.arange(n, dtype=np.float32), np.full(n, -1.0, dtype=np.float32)
         k["copy_chunked"](c, a, threads)
         assert (c == a).all(), n
+        k["update_chunked"](c, 2.0, threads)
+        assert (c == 2 * a).all(), n
+
+
+def test_an_op_that_updates_in_place_gets_an_in_place_ceiling(tmp_path: Path) -> None:
+    """fused_add_rms_norm overwrites its input and residual: its local ceiling updates one array of
+    half the copy's footprint in place (the same bytes moved), so an L3 cannot hold the op and not it."""
+    if "fused_add_rms_norm" not in LIBRARY.ops:
+        pytest.skip("fused_add_rms_norm is not declared")
+    argv = ["bench", "kernels", "--quick", "--ops", "fused_add_rms_norm", "--sizes", "64x4096",
+            "--dtypes", "float32,float64", "--rounds", "2", "--target-ms", "0.2", "--stream-n", "65536",
+            "--no-memory", "--no-plots", "--out", str(tmp_path)]
+    result = kernels.run(build_parser().parse_args(argv))
+    for c in result["cases"]:
+        assert c["stream_copy_local"]["kind"] == "in place"
+        assert 0 <= c["bytes"]["total"] - c["stream_copy_local"]["bytes"] < 8
+    r = result["summary"]["float64_vs_float32"]["fused_add_rms_norm"]["64x4096"]
+    assert r["ceiling"] == "local" and r["ceiling_kind"] == "in place"
+    assert "local in-place update" in kernels.format_text(result)
 
 
 def _fake_case(dtype: str, total: int, ours_us: float, copy_us: float | None) -> dict[str, Any]:
@@ -171,7 +191,7 @@ def _fake_case(dtype: str, total: int, ours_us: float, copy_us: float | None) ->
     copy = None
     if copy_us is not None:
         moved = total - total % 8
-        copy = {"p50_us": copy_us, "bytes": moved, "gbps": kernels.text.sig(moved / copy_us / 1e3)}
+        copy = {"p50_us": copy_us, "bytes": moved, "gbps": kernels.text.sig(moved / copy_us / 1e3), "kind": "copy"}
         row["frac_stream_copy_local"] = row["frac_stream_copy_local_p20"] = kernels.text.sig(g / copy["gbps"])
     return {"op": "add", "size": "odd", "dtype": dtype, "bytes": {"total": total},
             "candidates": {kernels.OURS_OUT: row}, "stream_copy_local": copy}

@@ -15,7 +15,9 @@ array element read or written once, no write-allocate traffic.
 
 ``copy_chunked`` is the copy split as opbridge's kernels split their work
 (``parallel_for``'s chunks, claimed as threads arrive), the local ceiling
-``bench kernels`` times beside each case; it is not part of :func:`measure`.
+``bench kernels`` times beside each case; ``update_chunked`` (``a[i] = s *
+a[i]``, split the same way) is that ceiling for ops that update their
+arguments in place. Neither is part of :func:`measure`.
 
 The source is ``stream_kernels.cc`` beside this module, shipped in the
 wheel as package data (``bench/*.cc``) and read at build time.
@@ -61,7 +63,7 @@ def library() -> Any:
 def kernels() -> dict[str, Any]:
     """``{name: compiled tvm-ffi function}`` of the STREAM kernels (built on first use)."""
     mod = library().module("cpu")
-    return {name: mod[f"stream_{name}_cpu"] for name in ("fill", "copy_chunked", *KERNELS)}
+    return {name: mod[f"stream_{name}_cpu"] for name in ("fill", "copy_chunked", "update_chunked", *KERNELS)}
 
 
 def measure(n: int = DEFAULT_N, *, threads: int = 2, rounds: int = 10) -> dict[str, Any]:

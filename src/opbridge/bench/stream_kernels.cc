@@ -67,6 +67,32 @@ void stream_copy_chunked_cpu(TensorView c, TensorView a, int64_t threads) {
 }
 OPBRIDGE_EXPORT(stream_copy_chunked_cpu);
 
+// a[i] = s * a[i], split as stream_copy_chunked: the ceiling of an op that
+// updates its arguments in place (fused_add_rms_norm, rotary_embedding). It
+// moves what a copy of half as many elements per array would (each value
+// read and written once), over half the copy's footprint and without the
+// copy's write-allocate traffic, as such an op does; beside a copy, a case
+// whose footprint fits in L3 while the copy's does not would look faster
+// than its ceiling. Call it with s = 1 to leave the values as they are.
+void stream_update_chunked_cpu(TensorView a, double s, int64_t threads) {
+  const int64_t n = a.numel();
+  float* __restrict x = f32("stream_update_chunked", a, n);
+  const float k = float(s);
+  const int nt = team(threads);
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(nt) * opbridge::kChunksPerThread));
+  auto body = [&](int64_t c) {
+    const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) x[i] = k * x[i];
+  };
+  if (nt == 1) {
+    for (int64_t c = 0; c < chunks; ++c) body(c);
+  } else {
+    opbridge::detail::run_chunks(chunks, nt, body);
+  }
+}
+OPBRIDGE_EXPORT(stream_update_chunked_cpu);
+
 void stream_scale_cpu(TensorView b, TensorView c, double s, int64_t threads) {
   const int64_t n = c.numel();
   float* __restrict y = f32("stream_scale", b, n);

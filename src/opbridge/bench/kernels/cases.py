@@ -145,13 +145,20 @@ def _restorer(op: Any, args: Sequence[Any]) -> Callable[[], None]:
     return restore
 
 
-def _local_copy(total_bytes: int, threads: int) -> tuple[Callable[[], Any], int]:
+#: What the local ceiling of a case does: copy into another array, or update one array in place.
+COPY, IN_PLACE = "copy", "in place"
+
+
+def _local_copy(total_bytes: int, threads: int, kind: str = COPY) -> tuple[Callable[[], Any], int]:
     """A copy moving *total_bytes* (read + write), to time beside a case's candidates.
 
     The copy is split into chunks as opbridge's kernels split their work
     (``stream_copy_chunked``), so it waits for a descheduled thread no more
-    than they do. Returns the call and the bytes it moves: two float32
-    arrays of ``total_bytes // 8`` elements, so up to 7 bytes fewer than
+    than they do. *kind* :data:`IN_PLACE` updates one array in place instead
+    (``stream_update_chunked``: each value read and written once, half the
+    footprint, no write-allocate traffic), the ceiling of an op that updates
+    its arguments in place. Returns the call and the bytes it moves: arrays
+    of ``total_bytes // 8`` float32 elements, so up to 7 bytes fewer than
     asked.
     """
     import numpy as np
@@ -160,8 +167,11 @@ def _local_copy(total_bytes: int, threads: int) -> tuple[Callable[[], Any], int]
 
     k = stream.kernels()
     n = max(1, total_bytes // 8)
-    a, c = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+    a = np.empty(n, dtype=np.float32)
     k["fill"](a, 1.0, threads)
+    if kind == IN_PLACE:
+        return functools.partial(k["update_chunked"], a, 1.0, threads), 8 * n
+    c = np.empty(n, dtype=np.float32)
     k["fill"](c, 0.0, threads)
     return functools.partial(k["copy_chunked"], c, a, threads), 8 * n
 
@@ -206,8 +216,11 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
     bound = {c.name: c.bind(pristine)[0] for c in cands}
     local = moved["total"] >= s.local_stream_bytes
     copy_bytes: dict[str, int] = {}
-    if local:  # the same bytes copied by STREAM, interleaved with the candidates: drift hits both alike
-        bound[STREAM_LOCAL], copy_bytes[STREAM_LOCAL] = _local_copy(moved["total"], s.threads)
+    # An op whose results all overwrite its arguments touches each line once, read then written:
+    # its ceiling updates one array in place (the same footprint), not a copy into a second one.
+    kind = COPY if op.n_outputs else IN_PLACE
+    if local:  # the same bytes moved, interleaved with the candidates: drift hits both alike
+        bound[STREAM_LOCAL], copy_bytes[STREAM_LOCAL] = _local_copy(moved["total"], s.threads, kind)
     # In cache, a copy of the same bytes on one thread and on the run's threads: how fast any kernel
     # that must move these bytes could be (the ceiling of a speed-up over torch, see _summary).
     copy_threads = {} if local else {f"cache_copy_{t}t": t for t in sorted({1, s.threads})}
@@ -245,7 +258,7 @@ def run_case(case: CaseSpec, s: Settings) -> dict[str, Any]:
         "op": op.name, "size": case.size_name, "rows_cols": list(case.size), "dtype": dtype, "shapes": shape,
         "bytes": moved, "torch_variant": impl.label if impl is not None else "", "candidates": results,
         "skipped": skipped, "compile": compile_info,
-        "stream_copy_local": dict(copy_row(STREAM_LOCAL), threads=s.threads) if local else None,
+        "stream_copy_local": dict(copy_row(STREAM_LOCAL), threads=s.threads, kind=kind) if local else None,
         "cache_copies": {name: dict(copy_row(name), threads=t) for name, t in copy_threads.items()},
     }
 

@@ -85,8 +85,9 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
 FLOAT64_MIN_BYTES = LOCAL_CEILING_BYTES
 #: What each ``"ceiling"`` of the float64-vs-float32 table means.
 CEILINGS = {
-    "local": "a copy of the case's own bytes (run's threads, split into chunks as the kernels split their work), "
-             "timed interleaved with its candidates",
+    "local": "a copy of the case's own bytes (an in-place update of one array for ops that update their "
+             "arguments in place; run's threads, split into chunks as the kernels split their work), timed "
+             "interleaved with its candidates",
     "run": "the run's STREAM copy (large arrays, before and after the cases): --local-stream-mib was "
            "raised above this case's bytes",
 }
@@ -106,7 +107,9 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     in float32 scores 1. Only sizes whose float32 case moves at least
     :data:`FLOAT64_MIN_BYTES`. Each dtype's fraction is against the copy of
     its own case's bytes timed interleaved with it (``"ceiling": "local"``;
-    ``"ceiling_bytes"`` and ``"ceiling_gbps"`` per dtype say which copy;
+    ``"ceiling_bytes"`` and ``"ceiling_gbps"`` per dtype say which copy,
+    ``"ceiling_kind"`` whether it copies or, for an op that updates its
+    arguments in place, updates one array in place;
     ``"ratio_p20"`` is the ratio from the p20 times, which a busy machine
     disturbs less than the medians),
     so a float32 case in cache is judged against an in-cache copy, and its
@@ -133,6 +136,7 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
             pair = {"float32": c32["stream_copy_local"], "float64": c64["stream_copy_local"]}
             row["ceiling_bytes"] = {d: cp["bytes"] for d, cp in pair.items()}
             row["ceiling_gbps"] = {d: cp["gbps"] for d, cp in pair.items()}
+            row["ceiling_kind"] = pair["float32"]["kind"]
         out.setdefault(op, {})[size] = row
     return out
 
@@ -204,7 +208,8 @@ def format_text(result: dict[str, Any]) -> str:
                 mark = "" if r["ceiling"] == "local" else "*"
                 if r["ceiling"] == "local":
                     mib, gb = r["ceiling_bytes"], r["ceiling_gbps"]
-                    where = (f"local copy {mib['float32'] / 2**20:.1f} / {mib['float64'] / 2**20:.1f} MiB at "
+                    what = "copy" if r["ceiling_kind"] == "copy" else "in-place update"
+                    where = (f"local {what} {mib['float32'] / 2**20:.1f} / {mib['float64'] / 2**20:.1f} MiB at "
                              f"{gb['float32']:.1f} / {gb['float64']:.1f} GB/s")
                 else:
                     where = "the run's STREAM copy"
