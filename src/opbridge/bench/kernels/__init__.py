@@ -45,11 +45,15 @@ claimed as threads arrive, as the kernels split their work
 descheduled thread. The summary's float64-vs-float32 table compares each
 dtype's local fraction, so a float32 case in cache is not judged against
 DRAM bandwidth while its float64 twin, twice the bytes, falls out of the
-cache; each row names its ceiling. A fraction can exceed 1: STREAM counts
-no write-allocate traffic, so a copy into a separate array really moves 3
+cache; each row names its ceiling. An op whose results all overwrite its
+arguments (``fused_add_rms_norm``, ``rotary_embedding``) is judged instead
+against an in-place update of one array moving the same bytes: its own
+footprint, half a copy's. A fraction can exceed 1: STREAM counts no
+write-allocate traffic, so a copy into a separate array really moves 3
 bytes per 2 counted, while an op that writes lines it has just read (in
-place, e.g. ``fused_add_rms_norm``) or with streaming stores moves only
-what is counted. Cases below that size time instead a copy of their own
+place) or with streaming stores moves only what is counted; the run's
+STREAM fraction of an in-place op, and the local one of an op with
+streaming stores, can so reach 1.5. Cases below that size time instead a copy of their own
 byte count on one thread and on the run's threads, both called through
 tvm-ffi like the kernels: the faster of the two is what merely moving
 those bytes costs, so torch eager's time over it is the largest speed-up
