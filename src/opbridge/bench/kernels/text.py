@@ -106,17 +106,16 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     of a copy ceiling, not the time: a kernel as memory-bound in float64 as
     in float32 scores 1. Only sizes whose float32 case moves at least
     :data:`FLOAT64_MIN_BYTES`. Each dtype's fraction is against the copy of
-    its own case's bytes timed interleaved with it (``"ceiling": "local"``;
-    ``"ceiling_bytes"`` and ``"ceiling_gbps"`` per dtype say which copy,
-    ``"ceiling_kind"`` whether it copies or, for an op that updates its
-    arguments in place, updates one array in place;
-    ``"ratio_p20"`` is the ratio from the p20 times, which a busy machine
-    disturbs less than the medians),
+    its own case's bytes timed interleaved with it (``"ceiling": "local"``),
     so a float32 case in cache is judged against an in-cache copy, and its
-    float64 twin, twice the bytes, against a copy of twice the bytes. Where
-    a case timed no such copy (``--local-stream-mib`` above its bytes) both
-    fall back to the run's STREAM copy (``"ceiling": "run"``); see
-    :data:`CEILINGS`.
+    float64 twin, twice the bytes, against a copy of twice the bytes.
+    ``"ceiling_bytes"`` and ``"ceiling_gbps"`` (per dtype) say which copy,
+    ``"ceiling_kind"`` whether it copies or, for an op that updates its
+    arguments in place, updates one array in place; ``"ratio_p20"`` is the
+    ratio from the p20 times, which a busy machine disturbs less than the
+    medians. Where a case timed no such copy (``--local-stream-mib`` above
+    its bytes) both fall back to the run's STREAM copy (``"ceiling":
+    "run"``); see :data:`CEILINGS`.
     """
     by = {(c["op"], c["size"], c["dtype"]): c for c in cases}
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -143,8 +142,7 @@ def float64_vs_float32(cases: list[dict[str, Any]]) -> dict[str, dict[str, dict[
 
 CSV_FIELDS = ("op", "size", "shape", "dtype", "candidate", "mode", "p20_us", "p50_us", "p80_us", "rounds",
               "number", "bytes", "gbps", "frac_stream_copy", "frac_stream_copy_local", "frac_stream_copy_local_p20",
-              "opbridge_speedup",
-              "vs_ours", "what")
+              "opbridge_speedup", "vs_ours", "what")
 
 
 def csv_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
