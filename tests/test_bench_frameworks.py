@@ -263,3 +263,28 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
                                                                                "kernel_threads": 2}]
     assert "kernel threads (OpenMP, as the kernels see it): mindspore 1/2, jax 2" in "\n".join(
         parity.format_table(threads))
+
+
+def test_parity_sizes_each_candidates_samples_itself() -> None:
+    """A slow candidate (the framework's own formula) no longer cuts every sample to one call."""
+    import time
+
+    from opbridge.bench import parity
+
+    calls = {"fast": 0, "slow": 0}
+
+    def fast() -> None:
+        calls["fast"] += 1
+
+    def slow() -> None:
+        calls["slow"] += 1
+        time.sleep(0.005)
+
+    stats, rounds, number = parity.calibrated_each({"fast": fast, "slow": slow}, target_s=0.002, rounds=3,
+                                                   min_rounds=3, budget_s=1.0, max_calls=50)
+    assert rounds == 3 and number["slow"] == 1 and number["fast"] > 1
+    assert calls == {"fast": 3 + 3 * number["fast"], "slow": 3 + 3}  # 3 probe calls, then the rounds
+    assert set(stats) == {"fast", "slow"} and all(s["rounds"] == 3 for s in stats.values())
+    (row,) = parity.csv_rows([{"framework": "numpy", "op": "add", "shape": [8, 64], "dtype": "float32",
+                               "baseline": "numpy", "number": {"numpy": 40, "native": 1}}])
+    assert row["number"] == "numpy=40 native=1"

@@ -2,7 +2,7 @@
 
 Each framework's worker (:mod:`opbridge.bench.fw_worker`, one process per
 framework) times, for every op of :data:`OPS` at :data:`SHAPES` in float32
-and bfloat16, three candidates interleaved (:func:`opbridge.bench.timing.calibrated`):
+and bfloat16, three candidates interleaved (:func:`opbridge.bench.parity_timing.calibrated_each`):
 
 =========  ======================================================================
 numpy      ``opbridge.ops.<op>`` on NumPy arrays, a new output per call: the
@@ -30,10 +30,10 @@ tolerance for the dtype, else the row is an error and is not timed; the
 native formula's largest difference from it is reported, not required.
 
 Each row also records the kernels' OpenMP thread count (as they see it:
-:func:`kernel_threads`) and ``OMP_NUM_THREADS`` (Paddle sets it to 1 in its
+:func:`opbridge.bench.parity_timing.kernel_threads`) and ``OMP_NUM_THREADS`` (Paddle sets it to 1 in its
 process after OpenMP has read it, so it is not what the kernels use), the
 usable CPUs and the 1-minute load average before and after it
-(:func:`load_context`). Where the load exceeded the CPUs the table says so.
+(:func:`opbridge.bench.parity_timing.load_context`). Where the load exceeded the CPUs the table says so.
 There, OpenMP's default wait (active: a thread that reaches the join spins)
 decides the medians on every path alike: with one of the 2 cores taken by
 another process, the kernel's two threads share the other, the spinning one
@@ -49,16 +49,15 @@ of issue 21; :func:`misses` lists the rows that miss them.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import os
 import resource
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opbridge.bench.natives import natives
-from opbridge.bench.timing import calibrated, ratio
+from opbridge.bench.parity_timing import calibrated_each, load_context, oversubscribed, row_load
+from opbridge.bench.timing import ratio
 
 OPS = ("add", "gelu", "rms_norm")
 SHAPES: tuple[tuple[int, int], ...] = ((1024, 4096), (4096, 4096))
@@ -255,50 +254,6 @@ def _check(op: str, dtype: str, got: Any, want: Any) -> str:
     return f"framework path = NumPy path within rtol={rtol}, atol={atol}"
 
 
-def _load() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover - no load average on this platform
-        return None
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def kernel_threads() -> int | None:
-    """``omp_get_max_threads()`` of the OpenMP runtime the kernels call, or None where none is loaded.
-
-    The kernels resolve OpenMP's symbols in the process's global scope first
-    (torch's bundled libgomp, Paddle's libiomp5), else from their own
-    ``libgomp.so.1``; the lookup here follows the same order and never loads a
-    runtime of its own.
-    """
-    try:
-        fn = ctypes.CDLL(None).omp_get_max_threads
-    except AttributeError:
-        try:
-            fn = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD).omp_get_max_threads
-        except (OSError, AttributeError):
-            return None
-    return int(fn())
-
-
-def load_context() -> dict[str, Any]:
-    """What a row's timings ran with and beside: kernel threads, ``OMP_NUM_THREADS``, CPUs, load before."""
-    return {"kernel_threads": kernel_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "cpus": _cpus(), "loadavg_before": _load()}
-
-
-def oversubscribed(row: dict[str, Any]) -> bool:
-    """Whether *row* was timed with the 1-minute load average above its usable CPUs."""
-    loads = [x for x in (row.get("loadavg_before"), row.get("loadavg_after")) if x is not None]
-    return bool(loads) and "cpus" in row and max(loads) > row["cpus"]
-
-
 def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, rounds: int,
                 number: int, target_s: float, budget_s: float) -> dict[str, Any]:
     """Verify and time one parity row in this process (see the module docstring)."""
@@ -344,8 +299,8 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
         desc["native"] = f"{framework}'s own {op} (opbridge.bench.natives)"
     except Exception as e:
         row["native_unavailable"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-    stats, n_rounds, n = calibrated(fns, target_s=target_s, rounds=rounds, min_rounds=min(rounds, 5),
-                                    budget_s=budget_s, max_calls=number)
+    stats, n_rounds, n = calibrated_each(fns, target_s=target_s, rounds=rounds, min_rounds=min(rounds, 5),
+                                         budget_s=budget_s, max_calls=number)
     row.update({"stats_us": stats, "rounds": n_rounds, "number": n})
     mine_key = "framework" if "framework" in fns else "numpy"
     if "native" in fns and mine_key in fns:
@@ -357,7 +312,7 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
         # the fastest fifth of the samples: less disturbed by other load (a stalled helper thread)
         row["framework_over_numpy_p20"] = ratio(stats, "framework", "numpy", "p20")
     row["faults_per_call"] = {k: round(faults_per_call(f), 1) for k, f in fns.items()}
-    row["loadavg_after"] = _load()
+    row["loadavg_after"] = row_load()
     return row
 
 
@@ -403,12 +358,17 @@ def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "framework_over_numpy_fw_memory": r.get("framework_over_numpy_fw_memory"),
             "framework_over_native": r.get("framework_over_native", r.get("numpy_over_native")),
             **{f"faults_{k}": fl.get(k) for k in ("numpy", "framework", "native")},
-            "rounds": r.get("rounds"), "number": r.get("number"), "verified": r.get("verified"),
+            "rounds": r.get("rounds"), "number": _number(r.get("number")), "verified": r.get("verified"),
             "native_max_abs_diff": r.get("native_max_abs_diff"),
             "native_unavailable": r.get("native_unavailable"), "error": r.get("error"),
             **{k: r.get(k) for k in ("kernel_threads", "omp_num_threads", "cpus", "loadavg_before", "loadavg_after")},
         })
     return out
+
+
+def _number(n: Any) -> Any:
+    """Calls per sample for the CSV: ``name=n`` per candidate (a plain count from older documents)."""
+    return " ".join(f"{k}={v}" for k, v in n.items()) if isinstance(n, dict) else n
 
 
 def _ms(st: dict[str, Any], key: str) -> str:
