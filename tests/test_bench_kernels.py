@@ -141,9 +141,10 @@ def test_float64_beside_float32(tmp_path: Path) -> None:
             assert r["ceiling_bytes"][d] == copy["bytes"] and 0 <= case["bytes"]["total"] - copy["bytes"] < 8
             assert r["ceiling_gbps"][d] == copy["gbps"] > 0
             assert r["ceiling_kind"] == copy["kind"] == "copy"  # add and gelu write a new array
-            assert case["cache_copies"] == {}
+            assert case["cache_copies"] == {} and case["own_inputs"]  # like the copy, no input shared in cache
     for d in ("float32", "float64"):  # below 1 MiB: copies on 1 and N threads (the small ceiling) instead
-        assert rows[("add", "3x130", d)]["stream_copy_local"] is None and rows[("add", "3x130", d)]["cache_copies"]
+        small = rows[("add", "3x130", d)]
+        assert small["stream_copy_local"] is None and small["cache_copies"] and not small["own_inputs"]
     text = kernels.format_text(result)
     assert "float64 beside float32" in text and "gelu 64x4096 float64" in text
     assert "local copy 2.0 / 4.0 MiB" in text  # gelu 64x4096: 1 MiB read + 1 MiB written in float32

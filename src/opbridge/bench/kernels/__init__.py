@@ -42,10 +42,13 @@ the same cache residency and the same moment's load (an L3 may hold a
 16 MiB case, and much of a 64 MiB one). That copy is split into chunks
 claimed as threads arrive, as the kernels split their work
 (``parallel_for``), not into STREAM's static halves, which wait for a
-descheduled thread. The summary's float64-vs-float32 table compares each
-dtype's local fraction, so a float32 case in cache is not judged against
-DRAM bandwidth while its float64 twin, twice the bytes, falls out of the
-cache; each row names its ceiling. An op whose results all overwrite its
+descheduled thread; and as the copy reads its own array, each candidate of
+such a case reads its own copy of the inputs (``own_inputs``), so none
+finds inputs in L3 that another has just read. The summary's
+float64-vs-float32 table compares each dtype's local fraction, so a
+float32 case in cache is not judged against DRAM bandwidth while its
+float64 twin, twice the bytes, falls out of the cache; each row names its
+ceiling. An op whose results all overwrite its
 arguments (``fused_add_rms_norm``, ``rotary_embedding``) is judged instead
 against an in-place update of one array moving the same bytes: its own
 footprint, half a copy's. A fraction can exceed 1: STREAM counts no
