@@ -237,6 +237,8 @@ def _baseline(framework: str, dtype: str) -> tuple[str | None, str | None]:
 
         if importlib.util.find_spec("torch") is not None:
             return "torch", "torch CPU path (NumPy has no bfloat16 without ml_dtypes)"
+    if framework == "mindspore":  # its rows never use torch as the reference path
+        return None, "none: NumPy has no bfloat16 without ml_dtypes (pip install ml_dtypes)"
     return None, "none: NumPy has no bfloat16 without ml_dtypes, and no torch in this environment"
 
 
