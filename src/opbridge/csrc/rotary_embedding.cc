@@ -78,11 +78,13 @@ OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* ca
 // than the float32 one (issue 19). The positions are random, so no hardware prefetcher sees
 // the next row (1 KiB in float64) coming: each token began with its row's misses. One thread,
 // interleaved in one process with an in-place ceiling and a third sweep over other buffers
-// (as `bench kernels` interleaves its candidates; 9 runs of 30-120 rounds, mean fraction of
-// the ceiling): 257 x 5120 (40 + 10 heads) 0.81 -> 0.88, 4096 x 4096 0.76 -> 0.85. A
-// distance of 4 KiB instead of 2 KiB measured the same (0.88, 0.85), 3 KiB lower (0.83, 0.80).
+// (as `bench kernels` interleaves its candidates; mean fraction of the ceiling over 5 runs of
+// 30-120 rounds, 257 x 5120 (40 + 10 heads) timed as 3 calls in a row, 4096 x 4096 as one):
+// 2 KiB ahead 0.76, 0.79; 2 KiB and the row 0.82, 0.81; 4 KiB and the row (kept) 0.86, 0.87
+// (ahead of 2 KiB and the row in all 10 runs; in 9 earlier runs, the odd case timed one call
+// at a time, the two were level at 0.88, 0.85); 6 KiB and the row 0.89, 0.84.
 // The other types keep rotary_tokens as it was.
-constexpr int64_t kPrefetchAhead = 2048;
+constexpr int64_t kPrefetchAhead = 4096;
 
 OPB_ALWAYS_INLINE void prefetch_ahead(const double* head, int64_t head_size) {
   const char* p = reinterpret_cast<const char*>(head) + kPrefetchAhead;
