@@ -256,6 +256,17 @@ def test_doctor_json(cli_env: dict[str, str]) -> None:
     assert isinstance(doc["cuda_gpu"]["present"], bool)
     assert doc["nvcc"]["path"] is None or doc["nvcc"]["version"]
     assert doc["ascend"]["found"] in (True, False)
+    native = doc["torch_native"]
+    if doc["frameworks"]["torch"]["installed"]:
+        # The module's private cache: the shim is not there unless a test built it.
+        assert native["path"].startswith(cli_env["OPBRIDGE_CACHE_DIR"]), native
+        assert native["state"] == "built" if native["built"] else native["state"].startswith("not built yet")
+
+
+def test_doctor_says_when_the_torch_native_kernels_are_off(cli_env: dict[str, str]) -> None:
+    pytest.importorskip("torch")
+    proc = run_cli({**cli_env, "OPBRIDGE_TORCH_NATIVE": "0"}, "doctor")
+    assert "torch shim  off (OPBRIDGE_TORCH_NATIVE=0)" in proc.stdout, proc.stdout
 
 
 def test_doctor_text_reports_an_unsafe_cache(cli_env: dict[str, str], tmp_path: Path) -> None:

@@ -21,7 +21,12 @@ print(sorted(n for n in dir(torch.ops.opbridge) if not n.startswith("_"))[:3])
 """
 
 
-@pytest.mark.parametrize("imports", ["import opbridge\nimport torch", "import torch\nimport opbridge"])
+@pytest.mark.parametrize("imports", [
+    "import opbridge\nimport torch", "import torch\nimport opbridge",
+    # torch imported from inside the torch adapter's own import (as `opbridge doctor`'s probe does):
+    # its import hook must not ask the half-imported adapter for ADAPTER
+    "import opbridge.adapters.torch\nimport torch", "from opbridge.adapters.torch.native import build\nimport torch",
+])
 def test_importing_opbridge_registers_builtins_with_torch_without_building(imports: str, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     env = {"OPBRIDGE_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin"}

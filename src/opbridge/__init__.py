@@ -52,7 +52,8 @@ def _register_builtins_with_torch() -> None:
     importlib.import_module("opbridge.ops")
     from opbridge.call import dispatch
 
-    dispatch.adapter("torch")  # registers every op declared before torch was imported too
+    if not dispatch.initializing("opbridge.adapters.torch"):  # else its import registers them when it ends
+        dispatch.adapter("torch")  # registers every op declared before torch was imported too
 
 
 _imports.after_import("torch", _register_builtins_with_torch)

@@ -53,6 +53,12 @@ def framework_of(x: Any) -> str | None:
     return FRAMEWORK_OF_MODULE.get(type(x).__module__.partition(".")[0])
 
 
+def initializing(module_name: str) -> bool:
+    """Whether module *module_name* is being imported right now (in ``sys.modules``, not yet executed)."""
+    module = sys.modules.get(module_name)
+    return module is not None and bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
 def adapter(name: str) -> Adapter:
     """Import (once) and return the adapter called *name*."""
     ad = _LOADED.get(name)
@@ -111,10 +117,12 @@ def on_declared(lib: Library) -> None:
     (idempotent).
     """
     for framework in DECLARE_TIME_ADAPTERS:
-        module = sys.modules.get(framework)
-        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        if sys.modules.get(framework) is None or initializing(framework) or initializing(
+                f"opbridge.adapters.{framework}"):
             # Not imported, or still being imported (Paddle imports torch part-way through its
-            # own import, which runs torch's hooks): its adapter registers everything when first used.
+            # own import, which runs torch's hooks; `import opbridge.adapters.torch` before torch
+            # runs them inside the adapter's import): the adapter registers everything declared
+            # when its import finishes or when it is first used.
             continue
         already = f"opbridge.adapters.{framework}" in sys.modules
         ad = adapter(framework)

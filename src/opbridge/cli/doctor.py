@@ -1,8 +1,8 @@
-"""``opbridge doctor``: the toolchain, GPUs, the JIT cache and the installed frameworks.
+"""``opbridge doctor``: the toolchain, GPUs, the JIT cache, the installed frameworks and torch's native kernels.
 
 Nothing here imports a framework or ``tvm_ffi`` (which imports torch when it is
-installed): versions come from distribution metadata and tools are probed as
-subprocesses.
+installed): versions come from distribution metadata, and tools (and where the
+torch native shim is cached, which needs torch) are probed as subprocesses.
 """
 
 from __future__ import annotations
@@ -134,6 +134,30 @@ def _ascend() -> dict[str, Any]:
     return {"found": False, "path": None, "detail": "not found"}
 
 
+#: Run in a subprocess (it imports torch): where this Python's torch native shim is cached, and whether it is there.
+_TORCH_NATIVE_PROBE = ("from opbridge.adapters.torch.native import build; p = build.path(); "
+                       "print(p); print(int(p.is_file()))")
+
+
+def _torch_native(torch_installed: bool) -> dict[str, Any]:
+    """The torch native kernels (``adapters/torch/native``): built, not built yet, or turned off."""
+    if not torch_installed:
+        return {"state": "no torch", "path": None, "built": False}
+    if not config.torch_native():
+        return {"state": "off (OPBRIDGE_TORCH_NATIVE=0): torch.ops runs the Python kernels", "path": None,
+                "built": False}
+    rc, out = _probe([sys.executable, "-c", _TORCH_NATIVE_PROBE])
+    lines = out.splitlines()
+    if rc != 0 or len(lines) < 2:
+        return {"state": f"unknown: {lines[-1] if lines else 'the probe printed nothing'}", "path": None,
+                "built": False}
+    built = lines[-1] == "1"
+    state = ("built" if built else
+             "not built yet: `opbridge build` compiles it (about a minute); the first kernel load also "
+             "starts it in the background, and until then torch.ops runs the Python kernels")
+    return {"state": state, "path": lines[-2], "built": built}
+
+
 def _frameworks() -> dict[str, dict[str, Any]]:
     from opbridge.bench.timing import dist_version
 
@@ -149,6 +173,7 @@ def doctor_report() -> dict[str, Any]:
     cxx = _tool(config.cxx())
     ninja = _tool(_ninja_exe())
     tvm = _tvm_ffi()
+    frameworks = _frameworks()
     return {
         "ok": bool(cxx["ok"] and ninja["ok"] and tvm["ok"]),
         "python": {"version": platform.python_version(), "executable": sys.executable},
@@ -160,7 +185,8 @@ def doctor_report() -> dict[str, Any]:
         "cuda_gpu": _cuda_gpu(),
         "ascend": _ascend(),
         "cache": _cache(),
-        "frameworks": _frameworks(),
+        "frameworks": frameworks,
+        "torch_native": _torch_native(frameworks["torch"]["installed"]),
     }
 
 
@@ -187,6 +213,9 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"      {cache['error']}")
     for name, fw in r["frameworks"].items():
         lines.append(f"{mark(fw['installed'])} {name:<11} {fw['version'] or 'not installed'}")
+    native = r["torch_native"]
+    where = f" ({native['path']})" if native["built"] else ""
+    lines.append(f"{mark(native['built'])} torch shim  {native['state']}{where}")
     verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
     lines.append(verdict)
     return lines
@@ -205,8 +234,8 @@ def register(sub: Any) -> None:
     """Add ``opbridge doctor`` to the subcommands *sub*."""
     p = sub.add_parser("doctor", help="check the toolchain and installed frameworks",
                        description="Report Python, opbridge and tvm-ffi versions, the C++ compiler, ninja, "
-                                   "nvcc, CUDA GPUs, Ascend CANN, the JIT cache and installed frameworks "
-                                   "(without importing them). Exits 1 unless the core toolchain (C++ "
-                                   "compiler, ninja, tvm-ffi) is usable.")
+                                   "nvcc, CUDA GPUs, Ascend CANN, the JIT cache, installed frameworks "
+                                   "(without importing them) and whether torch's native kernels are built. "
+                                   "Exits 1 unless the core toolchain (C++ compiler, ninja, tvm-ffi) is usable.")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_cmd_doctor)
