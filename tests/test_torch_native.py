@@ -25,8 +25,8 @@ from opbridge.testing.generate import make_cases
 BUILTINS = list(ops.LIBRARY.ops.values())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def shim() -> native.Shim:
+def built_shim() -> native.Shim:
+    """The native shim, built now, with every built-in kernel handed to it (skips where it cannot be)."""
     if not native.enabled():
         pytest.skip("OPBRIDGE_TORCH_NATIVE=0")
     sh = native.shim(build_now=True)
@@ -35,6 +35,11 @@ def shim() -> native.Shim:
     for op in BUILTINS:  # kernels handed to the native routine (and any pending op registered)
         calls.kernel(op, "cpu")
     return sh
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shim() -> native.Shim:
+    return built_shim()
 
 
 def _tensors(op: opbridge.OpDef, case: dict[str, Any], dtype: str) -> list[Any]:

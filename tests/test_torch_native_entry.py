@@ -17,25 +17,19 @@ from typing import Any
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import opbridge
 import opbridge.ops as ops
-from opbridge.adapters.torch import calls, native
+from opbridge.adapters.torch import native
 from opbridge.testing.generate import make_cases
-from test_torch_native import BUILTINS, _clone, _same, _tensors
+from test_torch_adapter import RecordingMode
+from test_torch_native import BUILTINS, _clone, _same, _tensors, built_shim
 
 
 @pytest.fixture(scope="module", autouse=True)
 def shim() -> native.Shim:
-    if not native.enabled():
-        pytest.skip("OPBRIDGE_TORCH_NATIVE=0")
-    sh = native.shim(build_now=True)
-    if sh is None:
-        pytest.skip("the native shim could not be built here (no compiler?)")
+    sh = built_shim()
     x = torch.ones(4)
-    for op in BUILTINS:
-        calls.kernel(op, "cpu")
     ops.add(x, x)  # installs add's fast path, and with it the entry
     return sh
 
@@ -156,16 +150,6 @@ class _Seen(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Dispatched(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 FALLBACKS: dict[str, Callable[[], Any]] = {
     "strided": lambda: ops.add(torch.randn(4, 8)[:, ::2], torch.randn(4, 4)),
     "requires_grad": lambda: ops.rms_norm(torch.randn(3, 8, requires_grad=True), torch.randn(8)),
@@ -207,9 +191,9 @@ def test_modes_and_transforms_see_the_call() -> None:
     with _Seen() as seen:
         _same(ops.add(x, y), x + y)
     assert any("opbridge.add" in n for n in seen.names)
-    with _Dispatched() as dispatched:
+    with RecordingMode() as dispatched:
         _same(ops.add(x, y), x + y)
-    assert any("opbridge.add" in n for n in dispatched.names)
+    assert any("opbridge.add" in n for n in dispatched.seen)
     _same(torch.vmap(ops.add)(x.reshape(2, 2), y.reshape(2, 2)), (x + y).reshape(2, 2))
     traced = torch.jit.trace(lambda a, b: ops.add(a, b), (x, y), check_trace=False)
     assert "opbridge::add" in str(traced.graph)
