@@ -38,8 +38,8 @@ class Pool {
 
   int threads() const { return nworkers_ + 1; }
 
-  // Runs body(chunk) for chunk in [0, nchunks), each exactly once; helpers
-  // are limited to the first `helpers` workers.
+  // Runs thunk(body, chunk) for chunk in [0, nchunks), each exactly once;
+  // helpers are limited to the first `helpers` workers.
   void Run(int64_t nchunks, int helpers, void* body, ChunkFn thunk) {
     if (in_pool_ || nworkers_ == 0 || nchunks <= 1) {  // nested or single: stay on this thread
       for (int64_t c = 0; c < nchunks; ++c) thunk(body, c);
@@ -67,7 +67,6 @@ class Pool {
   }
 
  private:
-  using Thunk = ChunkFn;
   static constexpr int kIndexBits = 40;
 
   Pool() {
@@ -95,7 +94,7 @@ class Pool {
     for (;;) {
       uint64_t gen;
       void* body;
-      Thunk thunk;
+      ChunkFn thunk;
       int64_t nchunks;
       {
         std::unique_lock<std::mutex> lk(mu_);
@@ -117,7 +116,7 @@ class Pool {
   std::condition_variable cv_;
   uint64_t generation_ = 0;
   void* body_ = nullptr;
-  Thunk thunk_ = nullptr;
+  ChunkFn thunk_ = nullptr;
   int64_t nchunks_ = 0;
   int helpers_ = 0;
   std::atomic<uint64_t> next_{0};
@@ -126,10 +125,6 @@ class Pool {
 };
 
 OPB_RT_THREAD_LOCAL bool Pool::in_pool_ = false;
-
-}  // namespace detail
-
-namespace detail {
 
 OPB_RT_ void run_chunks(int64_t nchunks, int nt, void* body, ChunkFn fn) {
 #ifdef _OPENMP
