@@ -1,10 +1,10 @@
 // STREAM kernels for `opbridge bench kernels` (built by opbridge/bench/stream.py).
-// Static schedule everywhere, so every kernel touches the pages its thread
-// first touched in stream_fill_cpu.
+// Static schedule everywhere but the *_chunked ceilings (split as the kernels
+// split their work, see below), so every STREAM kernel touches the pages its
+// thread first touched in stream_fill_cpu.
 #include <opbridge/opbridge.h>
 #include <opbridge/parallel.h>
 
-#include <algorithm>
 #include <omp.h>
 
 namespace {
@@ -52,18 +52,10 @@ void stream_copy_chunked_cpu(TensorView c, TensorView a, int64_t threads) {
   const int64_t n = a.numel();
   float* __restrict z = f32("stream_copy_chunked", c, n);
   const float* __restrict x = f32("stream_copy_chunked", a, n);
-  const int nt = team(threads);
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(nt) * opbridge::kChunksPerThread));
-  auto body = [&](int64_t k) {
-    const int64_t lo = n * k / chunks, hi = n * (k + 1) / chunks;
+  opbridge::parallel_chunks(n, team(threads), [&](int64_t lo, int64_t hi) {
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) z[i] = x[i];
-  };
-  if (nt == 1) {
-    for (int64_t k = 0; k < chunks; ++k) body(k);
-  } else {
-    opbridge::detail::run_chunks(chunks, nt, body);
-  }
+  });
 }
 OPBRIDGE_EXPORT(stream_copy_chunked_cpu);
 
@@ -78,18 +70,10 @@ void stream_update_chunked_cpu(TensorView a, double s, int64_t threads) {
   const int64_t n = a.numel();
   float* __restrict x = f32("stream_update_chunked", a, n);
   const float k = float(s);
-  const int nt = team(threads);
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(nt) * opbridge::kChunksPerThread));
-  auto body = [&](int64_t c) {
-    const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+  opbridge::parallel_chunks(n, team(threads), [&](int64_t lo, int64_t hi) {
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) x[i] = k * x[i];
-  };
-  if (nt == 1) {
-    for (int64_t c = 0; c < chunks; ++c) body(c);
-  } else {
-    opbridge::detail::run_chunks(chunks, nt, body);
-  }
+  });
 }
 OPBRIDGE_EXPORT(stream_update_chunked_cpu);
 

@@ -74,6 +74,21 @@ inline void run_chunks(int64_t nchunks, int nt, Body& body) {
 
 }  // namespace detail
 
+// f(begin, end) over [0, n) on nt threads: the calling thread alone for nt == 1, else
+// nt * kChunksPerThread chunks claimed as threads arrive (parallel_for's split, for a caller
+// that chose the thread count itself).
+template <typename F>
+inline void parallel_chunks(int64_t n, int nt, F&& f) {
+  if (n <= 0) return;
+  if (nt == 1) return f(int64_t(0), n);
+  const int64_t chunks = std::min<int64_t>(n, int64_t(nt) * kChunksPerThread);
+  auto body = [&](int64_t c) {
+    const int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+    if (begin < end) f(begin, end);
+  };
+  detail::run_chunks(chunks, nt, body);
+}
+
 template <typename F>
 inline void parallel_for(int64_t n, int64_t work_per_item, F&& f) {
   if (n <= 0) return;
@@ -89,13 +104,7 @@ inline void parallel_for(int64_t n, int64_t work_per_item, F&& f) {
     if (nt == 1) return body(0);
     detail::run_chunks(nt, nt, body);
   } else {
-    if (nt == 1) return f(int64_t(0), n);
-    const int64_t chunks = std::min<int64_t>(n, int64_t(nt) * kChunksPerThread);
-    auto body = [&](int64_t c) {
-      const int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
-      if (begin < end) f(begin, end);
-    };
-    detail::run_chunks(chunks, nt, body);
+    parallel_chunks(n, nt, f);
   }
 }
 
