@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
-from opbridge.bench.timing import calls_per_sample, interleaved, summary
+from opbridge.bench.timing import calls_per_sample, interleaved, probe_times, summary
 
 
 def _repeat(fn: Callable[[], Any], n: int) -> None:
@@ -35,13 +33,7 @@ def calibrated_each(fns: dict[str, Callable[[], Any]], *, target_s: float, round
     fw/np 1.18-1.22 with shared calls per sample, 1.07 per candidate.
     Returns ``(summary, rounds, {name: calls per sample})``.
     """
-    probes: dict[str, float] = {}
-    for name, f in fns.items():
-        for i in range(3):  # a warm-up, then the faster of two (one call can stall on a busy machine)
-            start = time.perf_counter()
-            f()
-            if i:
-                probes[name] = min(probes.get(name, math.inf), time.perf_counter() - start)
+    probes = probe_times(fns)
     cap = min(max_calls or 10_000, 10_000)
     calls = {name: calls_per_sample(target_s, p, cap) for name, p in probes.items()}
     per_round = sum(calls[k] * probes[k] for k in fns)

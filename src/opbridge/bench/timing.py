@@ -154,6 +154,26 @@ def calls_per_sample(target_s: float, slowest_s: float, cap: int = 10_000) -> in
     return max(1, min(cap, round(target_s / max(slowest_s, 1e-9))))
 
 
+def probe_times(fns: Mapping[str, Callable[[], object]],
+                before: Callable[[], object] | None = None) -> dict[str, float]:
+    """Seconds per call of each of *fns*: a warm-up call, then the faster of two timed calls.
+
+    A first call may load or compile, and a call on a busy machine may
+    stall; either would make samples sized by it too small. *before*
+    (untimed) precedes each call, as in :func:`interleaved`.
+    """
+    probes: dict[str, float] = {}
+    for n, f in fns.items():
+        for i in range(3):
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            f()
+            if i:
+                probes[n] = min(probes.get(n, math.inf), time.perf_counter() - start)
+    return probes
+
+
 def calibrated(fns: Mapping[str, Callable[[], object]], *, target_s: float, rounds: int, min_rounds: int,
                budget_s: float, max_calls: int = 0,
                before: Callable[[], object] | None = None) -> tuple[dict[str, dict[str, float]], int, int]:
@@ -172,15 +192,7 @@ def calibrated(fns: Mapping[str, Callable[[], object]], *, target_s: float, roun
     tuple
         ``(summary, rounds, number)``.
     """
-    probes: dict[str, float] = {}
-    for n, f in fns.items():
-        for i in range(3):  # a warm-up, then the faster of two: one call can stall on a busy machine
-            if before is not None:
-                before()
-            start = time.perf_counter()
-            f()
-            if i:
-                probes[n] = min(probes.get(n, math.inf), time.perf_counter() - start)
+    probes = probe_times(fns, before)
     number = calls_per_sample(target_s, max(probes.values()), min(max_calls or 10_000, 10_000))
     per_round = number * sum(probes.values())
     n_rounds = max(min_rounds, min(rounds, int(budget_s / max(per_round, 1e-9))))
