@@ -1,4 +1,4 @@
-"""Huge-page advice on fresh CPU outputs (opbridge.memory).
+"""Huge-page advice on fresh CPU outputs (opbridge.call.memory); the pool is tests/test_host_buffers.py.
 
 The advice is visible in ``/proc/self/smaps`` as the ``hg`` VmFlag of the
 mapping that holds the output: deterministic, whether or not the kernel then
@@ -56,18 +56,22 @@ def test_new_large_outputs_are_advised(call: str) -> None:
     assert torch.equal(out, x + x)
 
 
-@needs_madvise_thp
-def test_small_outputs_and_caller_buffers_get_no_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_outputs_and_caller_buffers_do_not_come_from_the_pool() -> None:
     from opbridge import ops
 
-    calls: list[int] = []
-    monkeypatch.setattr(memory, "advise_fresh", lambda ptr, nbytes: calls.append(nbytes) or True)
+    ops.add(torch.ones(8), torch.ones(8))  # the module that registers the pool is loaded
+    before = memory.host_stats()
+    assert before is not None
     ops.gelu(torch.ones(8, 4096))  # 128 KiB: below MIN_BYTES
     x = torch.ones(1024, 2048)
     ops.add(x, x, out=torch.empty_like(x))  # the caller's memory is left as it is
-    assert calls == []
-    ops.add(x, x)
-    assert calls == [x.nbytes]
+    after = memory.host_stats()
+    assert after is not None
+    assert (after["mapped"], after["reused"]) == (before["mapped"], before["reused"])
+    y = ops.add(x, x)
+    after = memory.host_stats()
+    assert after is not None and after["mapped"] + after["reused"] == before["mapped"] + before["reused"] + 1
+    assert y.data_ptr() % (2 << 20) == 0
 
 
 @needs_madvise_thp

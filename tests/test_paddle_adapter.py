@@ -804,12 +804,24 @@ def test_large_outputs_fault_in_huge_pages(name: str) -> None:
 
 
 
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_large_outputs_come_from_the_pool(dt: str) -> None:
+    """4 MiB and more: 2 MiB-aligned, and a freed output's buffer is the next one's (tests/test_host_buffers.py)."""
+    x = paddle.ones([1024, 2048], dtype=dt)
+    ops.gelu(x)
+    first = ops.gelu(x)
+    p = first.data_ptr()
+    assert p % (2 << 20) == 0
+    del first
+    assert ops.gelu(x).data_ptr() == p
+
+
 def test_heap_sized_outputs_reuse_memory_like_numpy() -> None:
-    """A new (1024, 4096) float32 output (16 MiB) is NumPy memory the malloc heap reuses: no faults per call.
+    """A new (1024, 4096) float32 output (16 MiB) is memory the pool reuses: no faults per call.
 
     Paddle's own allocator maps such a buffer anew per call (the control,
-    ``paddle.add``: ~4,097 faults); opbridge's output is a NumPy buffer shared
-    through DLPack, as cheap as the NumPy path's. The result is an ordinary
+    ``paddle.add``: ~4,097 faults); opbridge's output is a buffer of its pool
+    shared through DLPack, as cheap as the NumPy path's. The result is an ordinary
     Paddle tensor: in-place updates, autograd through the checked path.
     """
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((1024, 4096)).astype(np.float32))

@@ -19,6 +19,12 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_HUGEPAGES``     ``0``: no transparent-huge-page advice on      ``1``
                            fresh CPU outputs of 4 MiB and more
                            (:mod:`opbridge.call.memory`); read once per process
+``OPBRIDGE_OUTPUT_CACHE_MB`` bound of the pool that recycles freed CPU   ``256``
+                           outputs of 4 MiB and more (``0``: no
+                           recycling; :mod:`opbridge.call.memory`); read
+                           once per process
+``OPBRIDGE_OUTPUT_CACHE_IDLE_MS`` a recycled buffer unused this long goes     ``1000``
+                           back to the OS
 ``OPBRIDGE_THREADING``     which threads run a parallel CPU kernel:       ``omp``
                            ``omp`` (the process's OpenMP team; torch's
                            own in a torch process) or ``pool`` (a private
@@ -88,7 +94,13 @@ THREADING_CHOICES = ("omp", "pool")
 
 
 def threading() -> str:
-    """The CPU threading policy (``OPBRIDGE_THREADING``: ``omp``, the default, or ``pool``).
+    """The CPU threading policy (``OPBRIDGE_OUTPUT_CACHE_MB`` bound of the pool that recycles freed CPU   ``256``
+                           outputs of 4 MiB and more (``0``: no
+                           recycling; :mod:`opbridge.call.memory`); read
+                           once per process
+``OPBRIDGE_OUTPUT_CACHE_IDLE_MS`` a recycled buffer unused this long goes     ``1000``
+                           back to the OS
+``OPBRIDGE_THREADING``: ``omp``, the default, or ``pool``).
 
     The kernels read the variable themselves, once per process; this accessor
     exists so that a misspelt value fails loudly when a module is loaded
@@ -103,6 +115,18 @@ def threading() -> str:
 def hugepages() -> bool:
     """Whether fresh CPU outputs get transparent-huge-page advice (``OPBRIDGE_HUGEPAGES``, default on)."""
     return os.environ.get("OPBRIDGE_HUGEPAGES", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def output_cache_bytes() -> int:
+    """Bytes the pool of freed large CPU outputs may hold (``OPBRIDGE_OUTPUT_CACHE_MB``, default 256)."""
+    raw = os.environ.get("OPBRIDGE_OUTPUT_CACHE_MB", "").strip()
+    return (int(raw) if raw.isdigit() else 256) << 20
+
+
+def output_cache_idle_ms() -> int:
+    """How long a recycled output buffer may sit unused (``OPBRIDGE_OUTPUT_CACHE_IDLE_MS``, default 1000)."""
+    raw = os.environ.get("OPBRIDGE_OUTPUT_CACHE_IDLE_MS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1000
 
 
 def torch_native() -> bool:

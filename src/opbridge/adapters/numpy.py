@@ -2,7 +2,9 @@
 
 Non-contiguous arrays are accepted: they reach the kernel as one contiguous
 copy each, and a mutated one is written back in place after the kernel
-(:func:`opbridge.call.core.dense_args`). New outputs are contiguous.
+(:func:`opbridge.call.core.dense_args`). New outputs are contiguous; those
+of 4 MiB and more come from opbridge's pool of recycled, huge-page buffers
+(:func:`opbridge.call.memory.host_ndarray`).
 
 bfloat16 arrays (``ml_dtypes.bfloat16``, the type JAX uses) are accepted
 where the op declares bfloat16. NumPy's DLPack export refuses that dtype, so
@@ -25,7 +27,7 @@ import numpy as np
 
 from opbridge import loader
 from opbridge._tvm import tvm_ffi
-from opbridge.call import core
+from opbridge.call import core, memory
 from opbridge.call.callable import install_prelude
 
 if TYPE_CHECKING:
@@ -50,7 +52,14 @@ def _dtype_name(a: np.ndarray) -> str:
 
 
 def _empty(shape: tuple[int, ...], dtype: Any, lead: Any) -> np.ndarray:
-    return np.empty(shape, _np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype))
+    d = _np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    a = memory.host_ndarray(shape, d)  # 4 MiB and more: opbridge's recycled, huge-page buffers
+    return np.empty(shape, d) if a is None else a
+
+
+def _empty_like(x: np.ndarray) -> np.ndarray:
+    a = memory.host_ndarray(x.shape, x.dtype)
+    return np.empty_like(x) if a is None else a
 
 
 # DLPack's DLTensor starts {void* data; int32 device_type, device_id; int32 ndim; uint8 code, ...}.
@@ -127,7 +136,8 @@ def _fast_prelude(op: OpDef) -> str | None:
         conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
     slow = f"_np_slow({', '.join(names)})"
     lines = [f"    if {' and '.join(conds)}:", "        try:"]
-    lines += [f"            {s}" for s in core.alloc_source(op, names, outs, "_np_empty_like({x})", "")]
+    lines += [f"            {s}" for s in core.alloc_source(
+        op, names, outs, "(_np_empty_like({x}) if {x}.nbytes < _np_hmin else _np_large_like({x}))", "")]
     lines += [f"            _np_k({', '.join([*outs, *names])})",
               "        except (TypeError, ValueError, BufferError):", f"            return {slow}"]
     lines += core.returns_source(op, names, outs, "        ")
@@ -157,7 +167,8 @@ class NumpyAdapter:
         prelude = _fast_prelude(op)
         if prelude is not None:
             install_prelude(op, "numpy", prelude, {
-                "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern, "_np_slow": call,
+                "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern,
+                "_np_hmin": memory.MIN_BYTES, "_np_large_like": _empty_like, "_np_slow": call,
                 "_np_dts": core.framework_dtypes(op, _np_dtype),
                 "_pack": lambda a, o: core.pack_results(op, a, o),
             })

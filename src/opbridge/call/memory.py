@@ -21,9 +21,11 @@ memory synchronously; ``OPBRIDGE_HUGEPAGES=0`` turns the advice off.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from opbridge import config
 
@@ -58,13 +60,110 @@ def advise_fresh(ptr: int, nbytes: int) -> bool:
     given. Never raises: a refused ``madvise`` leaves the buffer as it was.
     The environment and the THP mode are read on the first call of the process.
     """
-    global _madvise, _resolved
-    if nbytes < MIN_BYTES:
+    if nbytes < MIN_BYTES or not advise_enabled():
         return False
-    if not _resolved:
-        _madvise, _resolved = _load(), True
-    if _madvise is None:
-        return False
+    assert _madvise is not None
     start = (ptr + _HUGE - 1) & ~(_HUGE - 1)
     end = (ptr + nbytes) & ~(_HUGE - 1)
     return end > start and _madvise(start, end - start, _MADV_HUGEPAGE) == 0
+
+
+# --- large outputs from opbridge's pool (include/opbridge/host_buffers_impl.h) -------------------
+
+_EMPTY = "opbridge.host_buffers.v1.empty"
+_host: list[Any] = []  # [empty] once a loaded module has registered the pool and it is configured
+
+
+def _host_fn() -> Any | None:
+    """The pool's ``empty``, configured on first sight; None until a module providing it is loaded."""
+    if _host:
+        return _host[0]
+    from opbridge._tvm import tvm_ffi
+
+    ffi = tvm_ffi()
+    empty = ffi.get_global_func(_EMPTY, allow_missing=True)
+    if empty is None:  # no module loaded yet, or only modules built before the pool existed
+        return None
+    ffi.get_global_func("opbridge.host_buffers.v1.configure")(
+        advise_enabled(), config.output_cache_bytes(), config.output_cache_idle_ms())
+    _host.append(empty)
+    return empty
+
+
+def host_ready() -> bool:
+    """Whether the pool is there (a loaded module registered it); configures it on first sight."""
+    return (_host[0] if _host else _host_fn()) is not None
+
+
+def advise_enabled() -> bool:
+    """Whether fresh large outputs get huge-page advice in this process (read once)."""
+    global _madvise, _resolved
+    if not _resolved:
+        _madvise, _resolved = _load(), True
+    return _madvise is not None
+
+
+def host_empty(shape: tuple[int, ...], dtype: str, nbytes: int) -> Any | None:
+    """A new CPU buffer from opbridge's pool for an output of *nbytes* >= :data:`MIN_BYTES`, else None.
+
+    Returns a ``tvm_ffi.Tensor`` of *shape* and *dtype* (a tvm-ffi dtype
+    string) that any framework takes through DLPack without a copy; its
+    memory goes back to the pool when the last framework array on it dies.
+    The buffer is 2 MiB-aligned and a whole number of huge pages (advised
+    under the rules above), and a recently freed buffer of the same size is
+    reused, not mapped and zeroed again (``OPBRIDGE_OUTPUT_CACHE_MB``,
+    default 256; ``0`` turns recycling off). None for a small output, before
+    any opbridge module is loaded, or with modules built before the pool
+    existed: the caller then allocates as it always has.
+    """
+    if nbytes < MIN_BYTES:
+        return None
+    empty = _host[0] if _host else _host_fn()
+    return None if empty is None else empty(shape, dtype)
+
+
+def host_stats() -> dict[str, int] | None:
+    """The pool's counters (bytes and buffers cached, reused, newly mapped, released idle, live); None without it."""
+    if _host_fn() is None:
+        return None
+    from opbridge._tvm import tvm_ffi
+
+    vals = list(tvm_ffi().get_global_func("opbridge.host_buffers.v1.stats")())
+    return dict(zip(("cached_bytes", "cached", "reused", "mapped", "released_idle", "live"), vals, strict=True))
+
+
+def host_trim() -> None:
+    """Give every cached output buffer back to the OS now (a no-op without the pool)."""
+    if _host_fn() is not None:
+        from opbridge._tvm import tvm_ffi
+
+        tvm_ffi().get_global_func("opbridge.host_buffers.v1.trim")()
+
+
+class _HostArray:
+    """Holds a pool buffer (a ``tvm_ffi.Tensor``) and describes it to NumPy as writable memory.
+
+    Not ``numpy.from_dlpack``: before NumPy 2 it marks what it imports
+    read-only, and it refuses dtypes it does not know (ml_dtypes' bfloat16).
+    """
+
+    __slots__ = ("__array_interface__", "buffer")
+
+    def __init__(self, buffer: Any, shape: tuple[int, ...], typestr: str) -> None:
+        self.buffer = buffer
+        self.__array_interface__ = {"data": (buffer.data_ptr(), False), "shape": shape, "typestr": typestr,
+                                    "version": 3}
+
+
+def host_ndarray(shape: tuple[int, ...], dtype: Any) -> Any | None:
+    """:func:`host_empty` as a writable ``numpy.ndarray`` of *shape* and NumPy *dtype*; None as there."""
+    import numpy as np
+
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < MIN_BYTES:
+        return None
+    t = host_empty(shape, f"uint{8 * dtype.itemsize}", nbytes)
+    if t is None:
+        return None
+    a = np.asarray(_HostArray(t, shape, f"<u{dtype.itemsize}"))
+    return a if a.dtype == dtype else a.view(dtype)

@@ -32,6 +32,7 @@ from mindspore import Tensor
 from mindspore.graph.api import _pynative_executor
 
 from opbridge._tvm import tvm_ffi
+from opbridge.call import memory
 
 #: MindSpore dtype -> NumPy dtype of a view of its memory (bfloat16 as its bits)
 NUMPY: dict[Any, np.dtype[Any]] = {
@@ -144,15 +145,22 @@ def alloc(shape: Sequence[int], dtype: Any) -> tuple[Tensor, Any]:
     npd = NUMPY.get(dtype)
     if npd is None:
         raise TypeError(f"opbridge: cannot allocate a MindSpore output of dtype {dtype}")
+    shape = tuple(shape)
     if dtype == ms.bfloat16:
         bf16 = _numpy_bfloat16()
         if bf16 is not None:
-            out = np.empty(tuple(shape), bf16)
+            out = _empty(shape, bf16)
             return Tensor.from_numpy(out), as_bfloat16(out.view(npd))
-        buf = np.empty(tuple(shape), npd)
+        buf = _empty(shape, np.dtype(npd))
         return Tensor.from_numpy(buf).view(ms.bfloat16), as_bfloat16(buf)
-    buf = np.empty(tuple(shape), npd)
+    buf = _empty(shape, np.dtype(npd))
     return Tensor.from_numpy(buf), buf
+
+
+def _empty(shape: tuple[int, ...], d: np.dtype) -> np.ndarray:
+    """A new NumPy buffer; from opbridge's pool of recycled, huge-page buffers at 4 MiB and more."""
+    a = memory.host_ndarray(shape, d)
+    return np.empty(shape, d) if a is None else a
 
 
 def span(t: Tensor) -> tuple[int, int]:

@@ -3,8 +3,8 @@
 Eager (dygraph), :mod:`.eager`
     tvm-ffi takes ``paddle.Tensor`` directly (DLPack exchange): a call is one
     contiguous allocation per new output (on the dispatching tensor's place;
-    a large CPU one on NumPy memory that the malloc heap reuses below 32 MiB,
-    else advised onto huge pages: :func:`._base.large_empty`) and the kernel
+    a large CPU one from opbridge's pool of recycled, huge-page buffers:
+    :func:`._base.large_empty`) and the kernel
     call, with no copies. CPU tensors run the CPU kernel through a function generated per
     op; GPU tensors run the CUDA kernel on Paddle's current stream, where the
     build has CUDA; another device, or tensors on two, raise a clear error

@@ -12,9 +12,9 @@ Allocation
     (:func:`opbridge.call.core.alloc_outputs`). Paddle maps a large CPU
     buffer anew for each call, and its first write would otherwise fault once
     per 4 KiB page (16,385 faults at (4096, 4096) float32): a new CPU output
-    of 4 MiB or more gets transparent-huge-page advice before the kernel
-    writes it (:func:`fresh`, :mod:`opbridge.call.memory`), or, below 32 MiB,
-    lives in NumPy memory that the malloc heap reuses (:func:`large_empty`).
+    of 4 MiB or more comes from opbridge's pool of recycled, huge-page
+    buffers (:func:`large_empty`, :mod:`opbridge.call.memory`), or, without
+    it, gets huge-page advice before the kernel writes it (:func:`fresh`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ with warnings.catch_warnings():
     # Paddle warns at import when ccache is missing (it matters only for its own C++ extensions).
     warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
     import paddle
-import numpy as np
 from paddle import _C_ops
 from paddle.utils.dlpack import from_dlpack as _from_dlpack
 
@@ -105,37 +104,28 @@ def fresh(t: Any) -> None:
     memory.advise_fresh(t.data_ptr(), math.prod(t.shape) * t.element_size())
 
 
-#: Paddle dtypes whose large new CPU outputs live in NumPy-allocated memory (:func:`large_empty`).
-_HOST_NUMPY = {paddle.float32: np.float32, paddle.float64: np.float64, paddle.float16: np.float16,
-               paddle.int32: np.int32, paddle.int64: np.int64, paddle.int16: np.int16, paddle.int8: np.int8,
-               paddle.uint8: np.uint8, paddle.bool: np.bool_}
-#: glibc's largest reusable allocation (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): above it every buffer,
-#: NumPy's too, is a fresh mapping, so Paddle's own (advised) buffer is as good and cheaper.
-_HEAP_MAX = 32 << 20
+#: Byte size of each Paddle dtype an output may have.
+_ITEMSIZE = {paddle.float32: 4, paddle.float64: 8, paddle.float16: 2, paddle.bfloat16: 2, paddle.int64: 8,
+             paddle.int32: 4, paddle.int16: 2, paddle.int8: 1, paddle.uint8: 1, paddle.bool: 1}
 
 
 def large_empty(shape: Sequence[int], d: Any) -> Any | None:
-    """A new CPU tensor on NumPy memory for an output of 4 MiB to 32 MiB; None for any other output.
+    """A new CPU tensor of 4 MiB or more from opbridge's pool; None for any other output, or without it.
 
     Paddle maps a large CPU buffer anew for each call and unmaps it when it
-    is freed, so each call's output is fresh memory whose first write faults
-    into the OS: at (1024, 4096) float32, 520 faults per call even on huge
-    pages, where the NumPy path's buffer comes back from the malloc heap
-    with none (``ops.gelu`` was 2.1x the NumPy path in ``bench frameworks
-    --parity``; 1.03x this way). Such an output is therefore a NumPy buffer
-    shared with Paddle through DLPack (no copy; the tensor keeps it alive,
-    and NumPy advises it onto huge pages itself). From 32 MiB (glibc's
-    largest reusable allocation) every buffer, NumPy's too, is a fresh
-    mapping, so Paddle's own advised buffer is as good; bfloat16 has no
-    NumPy dtype.
+    is freed, so each call's output would be fresh memory whose first write
+    faults into the OS (at (1024, 4096) float32, 520 faults per call even on
+    huge pages; ``ops.gelu`` was 2.1x the NumPy path in ``bench frameworks
+    --parity``). The pool's buffer (:func:`opbridge.call.memory.host_empty`:
+    recycled, 2 MiB-aligned huge pages) is shared with Paddle through DLPack,
+    no copy; it goes back to the pool when the tensor dies.
     """
-    npd = _HOST_NUMPY.get(d)
-    if npd is None:
+    size = _ITEMSIZE.get(d)
+    if size is None:
         return None
-    nbytes = math.prod(shape) * np.dtype(npd).itemsize
-    if nbytes < memory.MIN_BYTES or nbytes >= _HEAP_MAX:
-        return None
-    return _from_dlpack(np.empty(tuple(shape), npd))
+    shape = tuple(shape)
+    t = memory.host_empty(shape, str(d).rpartition(".")[2], math.prod(shape) * size)
+    return None if t is None else _from_dlpack(t)
 
 
 def large_like(x: Any) -> Any:

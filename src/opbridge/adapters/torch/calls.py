@@ -13,6 +13,7 @@ copies mutated arguments back, so dense calls pay nothing for it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,12 +74,34 @@ def ordered(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[An
 
 def new_empty(shape: tuple[int, ...], dtype: Any, lead: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor on *lead*'s device (the ``empty`` of :func:`opbridge.call.core.alloc_outputs`)."""
-    return torch.empty(shape, dtype=to_dtype(dtype), device=lead.device)
+    dt = to_dtype(dtype)
+    if lead.device.type == "cpu" and math.prod(shape) * dt.itemsize >= memory.MIN_BYTES:
+        return large_empty(shape, dt)
+    return torch.empty(shape, dtype=dt, device=lead.device)
 
 
 def fresh(t: torch.Tensor) -> None:
     """Huge-page advice for a new CPU output before the kernel first writes it (:mod:`opbridge.call.memory`)."""
     memory.advise_fresh(t.data_ptr(), t.nbytes)
+
+
+def large_empty(shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
+    """A new CPU tensor of 4 MiB or more from opbridge's pool (:func:`opbridge.call.memory.host_empty`).
+
+    Recycled, 2 MiB-aligned huge pages, shared through DLPack; where the pool
+    is not there (modules built before it), ``torch.empty`` with huge-page advice.
+    """
+    t = memory.host_empty(shape, str(dt)[6:], math.prod(shape) * dt.itemsize)
+    if t is not None:
+        return torch.from_dlpack(t)
+    out = torch.empty(shape, dtype=dt)
+    fresh(out)
+    return out
+
+
+def large_like(x: torch.Tensor) -> torch.Tensor:
+    """:func:`large_empty` shaped and typed like *x*."""
+    return large_empty(tuple(x.shape), x.dtype)
 
 
 def check_devices(op: OpDef, args: Sequence[Any], outs: Sequence[Any] = ()) -> None:
@@ -133,19 +156,22 @@ def rule_alloc(op: OpDef, on_device: bool) -> Callable[..., list[torch.Tensor]]:
     key = ", ".join(f"a[{i}].shape, a[{i}].dtype" if a.type.is_tensor and not a.type.optional
                     else f"_sig(a[{i}])" if a.type.is_tensor else f"a[{i}]"
                     for i, a in enumerate(op.schema.arguments))
-    cache: dict[Any, list[tuple[Any, torch.dtype]]] = {}
+    cache: dict[Any, list[tuple[Any, torch.dtype, bool]]] = {}  # shape, dtype, from the pool
 
     def miss(k: Any, a: Sequence[Any], **device: Any) -> list[torch.Tensor]:
         got = [(tuple(s.shape), to_dtype(s.dtype)) for s in op.output_specs(a)]
+        got = [(shape, dt, not on_device and math.prod(shape) * dt.itemsize >= memory.MIN_BYTES)
+               for shape, dt in got]
         try:
             if len(cache) >= ALLOC_CACHE_SIZE:
                 cache.clear()
             cache[k] = got
         except TypeError:  # an unhashable scalar
             pass
-        return [torch.empty(shape, dtype=dt, **device) for shape, dt in got]
+        return [large_empty(shape, dt) if big else torch.empty(shape, dtype=dt, **device)
+                for shape, dt, big in got]
 
-    ns: dict[str, Any] = {"_cache": cache, "_miss": miss, "_empty": torch.empty,
+    ns: dict[str, Any] = {"_cache": cache, "_miss": miss, "_empty": torch.empty, "_large": large_empty,
                           "_sig": lambda t: None if t is None else (t.shape, t.dtype)}
     params, dev = ("a, device", ", device=device") if on_device else ("a", "")
     src = (f"def alloc({params}):\n"
@@ -156,7 +182,7 @@ def rule_alloc(op: OpDef, on_device: bool) -> Callable[..., list[torch.Tensor]]:
            "        got = None\n"
            "    if got is None:\n"
            f"        return _miss(k, a{dev})\n"
-           f"    return [_empty(shape, dtype=dt{dev}) for shape, dt in got]\n")
+           f"    return [_large(shape, dt) if big else _empty(shape, dtype=dt{dev}) for shape, dt, big in got]\n")
     compile_source(src, f"<opbridge {op.qualname} torch alloc>", ns)
     alloc: Callable[..., list[torch.Tensor]] = ns["alloc"]
     return alloc
@@ -168,8 +194,8 @@ def kernel_lines(op: OpDef, device: str, names: Sequence[str], outs: Sequence[st
 
     The alias check (mutating ops); with *allocate*, the new outputs
     (``like`` ones as ``empty_like`` of the dense input they copy, so
-    contiguous; others from the shape rule) and huge-page advice for them on
-    CPU; then the call of ``_t_k_<device>``. On CUDA the call runs with
+    contiguous; others from the shape rule; on the CPU those of 4 MiB and
+    more from opbridge's pool, :func:`large_empty`); then the call of ``_t_k_<device>``. On CUDA the call runs with
     torch's current stream of the dispatching tensor's device published to
     tvm-ffi, read from torch's raw handle: no Python stream object, no host
     synchronisation, so it is safe under CUDA graph capture.
@@ -180,9 +206,9 @@ def kernel_lines(op: OpDef, device: str, names: Sequence[str], outs: Sequence[st
     lines = alias.replace("_alias((", "_t_alias((").splitlines()
     if allocate:
         rule = "_t_alloc({args})" if device == "cpu" else f"_t_alloc_dev({{args}}, {lead}.device)"
-        lines += core.alloc_source(op, names, outs, "_t_empty_like({x})", rule)
-        if device == "cpu":
-            lines += [f"if {o}.nbytes >= _t_hmin: _t_fresh({o})" for o in outs]
+        new_like = ("(_t_empty_like({x}) if {x}.nbytes < _t_hmin else _t_large_like({x}))" if device == "cpu"
+                    else "_t_empty_like({x})")
+        lines += core.alloc_source(op, names, outs, new_like, rule)
     call = f"_t_k_{device}({', '.join([*outs, *names])})"
     if device == "cpu":
         lines.append(call)
@@ -258,7 +284,7 @@ _NAMES: dict[str, Any] = {
     "_T": torch.Tensor,
     "_t_empty_like": torch.empty_like,
     "_t_hmin": memory.MIN_BYTES,
-    "_t_fresh": fresh,
+    "_t_large_like": large_like,
     "_t_set_stream": _set_stream,
     "_t_raw_stream": getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda),
 }

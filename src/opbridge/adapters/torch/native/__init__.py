@@ -329,9 +329,12 @@ def kernel_loaded(op: OpDef, device: str, kernel: Any) -> None:
     Ops registered before the shim existed get their native kernels here
     once it is built; the first such load of a JIT-built library starts
     building it. A library loaded from an installed AOT build compiles
-    nothing, the shim included (``opbridge build`` builds it).
+    nothing, the shim included (``opbridge build`` builds it). The pool of
+    large output buffers that the loaded module brings is configured here,
+    before the native kernels first allocate from it.
     """
     _LOADED[(op.qualname, device)] = kernel
+    memory.host_ready()
     if _PENDING and enabled():
         sh = shim()
         if sh is None:

@@ -43,6 +43,55 @@ inline bool View(const at::Tensor& t, DLDevice device, DLTensor* d, TVMFFIAny* a
   return true;
 }
 
+// opbridge's pool of large CPU output buffers (include/opbridge/host_buffers_impl.h), which the
+// first opbridge module loaded registers; nullptr until then, or with modules built before it.
+struct HostApi {
+  int64_t version;
+  void* (*alloc)(size_t nbytes);
+  void (*release)(void* p, size_t nbytes);
+};
+
+inline const HostApi* GetHostApi() {
+  static std::atomic<const HostApi*> api{nullptr};
+  const HostApi* got = api.load(std::memory_order_acquire);
+  if (got) return got;
+  TVMFFIObjectHandle fn = nullptr;
+  const TVMFFIByteArray name{"opbridge.host_buffers.v1.api", sizeof("opbridge.host_buffers.v1.api") - 1};
+  if (TVMFFIFunctionGetGlobal(&name, &fn) != 0 || !fn) return nullptr;
+  TVMFFIAny result;
+  result.type_index = kTVMFFINone;
+  result.zero_padding = 0;
+  result.v_int64 = 0;
+  const int rc = TVMFFIFunctionCall(fn, nullptr, 0, &result);
+  TVMFFIObjectDecRef(fn);
+  if (rc != 0 || result.type_index != kTVMFFIInt) return nullptr;
+  got = reinterpret_cast<const HostApi*>(result.v_int64);
+  if (got->version < 1) return nullptr;
+  api.store(got, std::memory_order_release);
+  return got;
+}
+
+// A new contiguous output. On the CPU, one of at least st.fresh_min bytes comes from the pool
+// (recycled, 2 MiB-aligned huge pages) when it is there, else from at::empty with huge-page
+// advice (*advised* says whether that is still due).
+inline at::Tensor NewOutput(const OpState& st, at::IntArrayRef sizes, const at::TensorOptions& options,
+                            bool cpu, bool* advise) {
+  *advise = false;
+  if (cpu && st.fresh_min) {
+    const int64_t nbytes = c10::multiply_integers(sizes) * static_cast<int64_t>(options.dtype().itemsize());
+    if (nbytes >= st.fresh_min) {
+      if (const HostApi* api = GetHostApi()) {
+        const size_t n = static_cast<size_t>(nbytes);
+        if (void* p = api->alloc(n)) {
+          return at::from_blob(p, sizes, [api, n](void* q) { api->release(q, n); }, options);
+        }
+      }
+      *advise = true;
+    }
+  }
+  return at::empty(sizes, options);
+}
+
 inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
   auto s0 = reinterpret_cast<uintptr_t>(a.data_ptr()), s1 = reinterpret_cast<uintptr_t>(b.data_ptr());
   auto e0 = s0 + a.nbytes(), e1 = s1 + b.nbytes();
@@ -116,22 +165,29 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
     }
   }
 
+  uint32_t advise = 0;  // bit per output: a large CPU one from at::empty, to advise before writing
   if (allocate) {
     const auto options = at::TensorOptions().device(device);
+    const bool cpu = dev == kCPU;
+    bool a = false;
     if (!st.like.empty()) {
       for (int i : st.like) {
         const at::Tensor& src = args[i].toTensor();
-        outs->push_back(at::empty(src.sizes(), options.dtype(src.scalar_type())));
+        outs->push_back(NewOutput(st, src.sizes(), options.dtype(src.scalar_type()), cpu, &a));
+        advise |= static_cast<uint32_t>(a) << (outs->size() - 1);
       }
     } else if (n_out) {
-      for (const OutSpec& s : RuleSpecs(st, args)) outs->push_back(at::empty(s.shape, options.dtype(s.dtype)));
+      for (const OutSpec& s : RuleSpecs(st, args)) {
+        outs->push_back(NewOutput(st, s.shape, options.dtype(s.dtype), cpu, &a));
+        advise |= static_cast<uint32_t>(a) << (outs->size() - 1);
+      }
       if (outs->size() != n_out) return false;
     }
   }
   for (size_t k = 0; k < n_out; ++k) {
     const at::Tensor& t = (*outs)[k];
     if (!allocate && (!t.defined() || t.device() != device || !t.is_contiguous())) return false;
-    if (allocate && st.fresh_min && dev == kCPU && static_cast<int64_t>(t.nbytes()) >= st.fresh_min) {
+    if (k < 32 && (advise >> k & 1u)) {
       py::gil_scoped_acquire gil;
       st.fresh(py::cast(t));
     }
