@@ -914,3 +914,42 @@ def test_cuda_content_error_surfaces_as_on_cpu(sync: str, monkeypatch: pytest.Mo
         with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="rotary_embedding: positions"):
             f(*args).block_until_ready()
             f(*args).block_until_ready()  # without sync checks: raised by the next call
+
+
+# -- large eager outputs from opbridge's pool (issue 21) ------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["add", "rms_norm", "silu_and_mul"])
+def test_large_eager_outputs_come_from_the_pool(name: str) -> None:
+    """Eager calls with 4 MiB+ CPU outputs: the kernel writes a pool buffer that JAX takes without a copy.
+
+    Aligned to 2 MiB, recycled once freed, and equal to the jitted call (which
+    XLA allocates for, as under any user's jax.jit).
+    """
+    from opbridge.call import memory
+
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((1024, 2048)).astype(np.float32))
+    w = jnp.ones(2048, jnp.float32)
+    args = {"add": (x, x), "rms_norm": (x, w), "silu_and_mul": (jnp.concatenate([x, x], axis=1),)}[name]
+    fn = getattr(ops, name)
+    fn(*args)
+    first = fn(*args)
+    p = first.unsafe_buffer_pointer()
+    assert p % (2 << 20) == 0
+    expected = np.asarray(jax.jit(fn)(*args))
+    np.testing.assert_array_equal(np.asarray(first), expected)
+    reused = memory.host_stats()["reused"]  # type: ignore[index]
+    del first
+    second = fn(*args)
+    assert second.unsafe_buffer_pointer() == p
+    assert memory.host_stats()["reused"] == reused + 1  # type: ignore[index]
+    np.testing.assert_array_equal(np.asarray(second), expected)
+
+
+def test_large_eager_calls_keep_grad_mutation_and_dtype_errors() -> None:
+    x = jnp.ones((1024, 2048), jnp.float32)
+    g = jax.grad(lambda a: ops.gelu(a).sum())(x)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(lambda a: jax.nn.gelu(a).sum())(x)),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match=r"add: x must have dtype"):
+        ops.add(jnp.ones((1024, 2048), jnp.int8), jnp.ones((1024, 2048), jnp.int8))

@@ -10,8 +10,9 @@ numpy      ``opbridge.ops.<op>`` on NumPy arrays, a new output per call: the
            ml_dtypes is missing, the torch-CPU path if torch is installed,
            else none, and the row says which)
 framework  ``opbridge.ops.<op>`` on the framework's arrays: torch eager, JAX
-           inside ``jax.jit`` (``block_until_ready``), Paddle eager, MindSpore
-           PyNative followed by ``mindspore.runtime.synchronize()``
+           inside ``jax.jit`` (``block_until_ready``) and, as rows of their own
+           (``jax eager``), eagerly, Paddle eager, MindSpore PyNative followed
+           by ``mindspore.runtime.synchronize()``
 native     the framework's own formula (:mod:`opbridge.bench.natives`; under
            JAX, XLA's fusion of it inside ``jax.jit``)
 =========  ======================================================================
@@ -78,6 +79,7 @@ FRAMEWORK_PATH = {
     "numpy": None,
     "torch": "opbridge.ops.{op}(*torch tensors)",
     "jax": "jax.jit(lambda *a: opbridge.ops.{op}(*a))(...).block_until_ready()",
+    "jax eager": "opbridge.ops.{op}(*jax arrays).block_until_ready(), not under jax.jit",
     "paddle": "opbridge.ops.{op}(*paddle tensors), eager",
     "mindspore": "opbridge.ops.{op}(*mindspore tensors), PyNative; mindspore.runtime.synchronize()",
 }
@@ -111,7 +113,7 @@ class Arrays:
     """Converts float32 NumPy inputs into one framework's arrays of a dtype, and results back."""
 
     def __init__(self, framework: str) -> None:
-        self.framework = framework
+        self.framework = framework.split()[0]  # "jax eager": JAX's arrays
 
     def to(self, a: Any, dtype: str) -> Any:
         """The float32 array *a* as *dtype* in this framework (rounded to nearest even for bfloat16)."""
@@ -208,6 +210,8 @@ def framework_call(framework: str, op: str, args: Sequence[Any]) -> Callable[[],
         scalars = [a for a in args if isinstance(a, float)]
         jitted = jax.jit(lambda *t: fn(*t, *scalars))
         return functools.partial(_block, jitted, *tensors)
+    if framework == "jax eager":
+        return functools.partial(_block, fn, *args)
     call = functools.partial(fn, *args)
     sync = _sync(framework)
     return call if sync is None else functools.partial(_synced, call, sync)
@@ -293,7 +297,7 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
         row["error"] = f"{type(e).__name__}: {e}"
         return row
     try:  # the framework's own formula may not exist for this dtype (Paddle's CPU kernels and bfloat16)
-        native = natives(framework)[op](fw_args)
+        native = natives(fw_arrays.framework)[op](fw_args)
         theirs = Arrays.numpy(native())
         if mine is not None:
             row["native_max_abs_diff"] = float(np.max(np.abs(theirs - mine)))
@@ -321,14 +325,15 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
 def measure(framework: str, *, rounds: int, number: int, target_s: float, budget_s: float,
             ops: Sequence[str] = OPS, shapes: Sequence[tuple[int, int]] = SHAPES,
             dtypes: Sequence[str] = DTYPES) -> list[dict[str, Any]]:
-    """Every parity row of *framework*, in this process."""
+    """Every parity row of *framework*, in this process (JAX: under ``jax.jit``, then eager)."""
     rows = []
-    for shape in shapes:
-        for dtype in dtypes:
-            for op in ops:
-                _progress(framework, f"parity {op} {shape[0]}x{shape[1]} {dtype}")
-                rows.append(measure_row(framework, op, shape, dtype, rounds=rounds, number=number,
-                                        target_s=target_s, budget_s=budget_s))
+    for label in (framework, "jax eager") if framework == "jax" else (framework,):
+        for shape in shapes:
+            for dtype in dtypes:
+                for op in ops:
+                    _progress(framework, f"parity {label} {op} {shape[0]}x{shape[1]} {dtype}")
+                    rows.append(measure_row(label, op, shape, dtype, rounds=rounds, number=number,
+                                            target_s=target_s, budget_s=budget_s))
     return rows
 
 

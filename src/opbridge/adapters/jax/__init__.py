@@ -78,7 +78,9 @@ Checks
     ``jax_enable_x64`` (JAX narrows them to 32 bits otherwise).
 
 Eager calls on concrete arrays dispatch one ``jax.jit``-compiled executable,
-cached per op and static arguments.
+cached per op and static arguments; one whose outputs are large CPU arrays
+runs the kernel directly into buffers of opbridge's pool, shared with JAX
+through DLPack (:meth:`.variant.Variant.eager`).
 """
 
 from __future__ import annotations
@@ -202,8 +204,8 @@ class _JaxOp:
         if any(isinstance(t, jax.core.Tracer) for t in ts):
             return var.fn(*ts)
         if all(t is not None for t in ts) and all(type(args[i]) is not list for i in self.scalar_idx):
-            self.fast[tuple(x for i in self.scalar_idx for x in (args[i], type(args[i])))] = var.jitted
-        return var.jitted(*ts)
+            self.fast[tuple(x for i in self.scalar_idx for x in (args[i], type(args[i])))] = var.eager
+        return var.eager(*ts)
 
     def pack(self, full: list[Any], new: list[Any], muts: dict[int, Any]) -> Any:
         """Results as documented: declared returns, preceded by mutated values for mutating ops.
