@@ -109,3 +109,29 @@ def test_misspelt_policy_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.threading() == "pool"
     monkeypatch.delenv("OPBRIDGE_THREADING")
     assert config.threading() == "omp"
+
+
+_FORK = r"""
+import os, sys
+import numpy as np
+import opbridge.ops as ops
+
+x = np.ones((1024, 2048), np.float32)  # above the parallel grain: the parent's OpenMP team runs
+ops.add(x, x)
+pid = os.fork()
+if pid == 0:
+    y = ops.add(x, x)  # a parallel kernel in the child: GNU OpenMP would wait here for dead threads
+    os._exit(0 if float(y[-1, -1]) == 2.0 else 1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+@pytest.mark.parametrize("policy", ["omp", "pool"])
+def test_forked_child_runs_parallel_kernels(policy: str) -> None:
+    """A child forked after a parallel kernel (a multiprocessing or DataLoader worker) runs kernels."""
+    env = {**os.environ, "OPBRIDGE_THREADING": policy, "OMP_NUM_THREADS": "2"}
+    r = subprocess.run([sys.executable, "-c", _FORK], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0"]

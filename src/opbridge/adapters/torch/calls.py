@@ -93,7 +93,7 @@ def large_empty(shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
     """
     t = memory.host_empty(shape, str(dt)[6:], math.prod(shape) * dt.itemsize)
     if t is not None:
-        return torch.from_dlpack(t)
+        return torch.utils.dlpack.from_dlpack(t)
     out = torch.empty(shape, dtype=dt)
     fresh(out)
     return out
@@ -159,9 +159,9 @@ def rule_alloc(op: OpDef, on_device: bool) -> Callable[..., list[torch.Tensor]]:
     cache: dict[Any, list[tuple[Any, torch.dtype, bool]]] = {}  # shape, dtype, from the pool
 
     def miss(k: Any, a: Sequence[Any], **device: Any) -> list[torch.Tensor]:
-        got = [(tuple(s.shape), to_dtype(s.dtype)) for s in op.output_specs(a)]
+        specs = [(tuple(s.shape), to_dtype(s.dtype)) for s in op.output_specs(a)]
         got = [(shape, dt, not on_device and math.prod(shape) * dt.itemsize >= memory.MIN_BYTES)
-               for shape, dt in got]
+               for shape, dt in specs]
         try:
             if len(cache) >= ALLOC_CACHE_SIZE:
                 cache.clear()

@@ -13,6 +13,10 @@
 #include <mutex>
 #include <thread>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
+
 #if defined(OPB_SEPARATE_RUNTIME) && !defined(__CUDACC__)
 #define OPB_RT_THREAD_LOCAL thread_local
 #else
@@ -126,9 +130,26 @@ class Pool {
 
 OPB_RT_THREAD_LOCAL bool Pool::in_pool_ = false;
 
+// GNU OpenMP does not survive fork(): in a child of a process whose OpenMP
+// team has run, the next parallel region waits for threads that no longer
+// exist (a multiprocessing or DataLoader worker forked after an opbridge call
+// hung at its first parallel kernel). A child forked after this module was
+// loaded therefore runs OpenMP-policy loops on its one thread; the
+// caller-runs pool needs nothing (its caller runs every chunk a dead worker
+// cannot claim).
+inline std::atomic<bool> forked_child{false};
+inline void MarkForkedChild() { forked_child.store(true, std::memory_order_relaxed); }
+#if defined(__unix__) || defined(__APPLE__)
+inline const bool fork_guard = (pthread_atfork(nullptr, nullptr, &MarkForkedChild), true);
+#endif
+
 OPB_RT_ void run_chunks(int64_t nchunks, int nt, void* body, ChunkFn fn) {
 #ifdef _OPENMP
   if (threading() == Threading::kOpenMP) {
+    if (forked_child.load(std::memory_order_relaxed)) {
+      for (int64_t c = 0; c < nchunks; ++c) fn(body, c);
+      return;
+    }
     std::atomic<int64_t> next{0};
 #pragma omp parallel num_threads(nt)
     {
