@@ -6,8 +6,9 @@
 // (float64 in double) with the formulas and clamps of opbridge/activation_math.h (those of the CPU
 // kernels' activations.h, with expf), so CPU and CUDA results agree to rounding. vLLM rounds act(a) to
 // the input dtype before the multiply; this keeps it in float32.
-// One block per row (grid-stride over rows); 128-bit accesses when d and the
-// pointers allow.
+// Rows over blockIdx.x and, when they are few, each row's columns over
+// blockIdx.y too (cu::Context::rows_launch), both grid-stride; 128-bit
+// accesses when d and the pointers allow.
 #include <opbridge/activation_math.h>
 #include <opbridge/cuda.h>
 #include <opbridge/ops/activation_and_mul.h>
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(1024)
     const T* xa = x + r * 2 * d;
     const T* xb = xa + d;
     T* o = out + r * d;
-    for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) {
+    for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < dv; i += int64_t(blockDim.x) * gridDim.y) {
       const cu::Vec<T, N> av = cu::load<N>(xa + i * N);
       const cu::Vec<T, N> bv = cu::load<N>(xb + i * N);
       cu::Vec<T, N> ov;
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(1024)
     const T* g = grad + r * d;
     T* ga = grad_x + r * 2 * d;
     T* gb = ga + d;
-    for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) {
+    for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < dv; i += int64_t(blockDim.x) * gridDim.y) {
       const cu::Vec<T, N> av = cu::load<N>(xa + i * N);
       const cu::Vec<T, N> bv = cu::load<N>(xb + i * N);
       const cu::Vec<T, N> gv = cu::load<N>(g + i * N);
@@ -80,8 +81,6 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX)); }
-
 template <typename Act>
 void act_and_mul(const char* op, TensorView out, TensorView x) {
   const int64_t d = opbridge::activation_and_mul::check_forward(op, kDLCUDA, out, x);
@@ -95,9 +94,11 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
     T* o = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
     if (cu::can_vectorize<T>(d, o, a)) {
-      act_and_mul_kernel<V, T, Act><<<row_grid(rows), cu::row_threads(d / V), 0, ctx.stream>>>(o, a, rows, d);
+      const auto l = ctx.rows_launch(rows, d / V);
+      act_and_mul_kernel<V, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(o, a, rows, d);
     } else {
-      act_and_mul_kernel<1, T, Act><<<row_grid(rows), cu::row_threads(d), 0, ctx.stream>>>(o, a, rows, d);
+      const auto l = ctx.rows_launch(rows, d);
+      act_and_mul_kernel<1, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(o, a, rows, d);
     }
     ctx.check_launch();
   });
@@ -117,11 +118,11 @@ void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, Te
     const T* g = opbridge::data_ptr<const T>(grad);
     const T* a = opbridge::data_ptr<const T>(x);
     if (cu::can_vectorize<T>(d, gx, g, a)) {
-      act_and_mul_backward_kernel<V, T, Act>
-          <<<row_grid(rows), cu::row_threads(d / V), 0, ctx.stream>>>(gx, g, a, rows, d);
+      const auto l = ctx.rows_launch(rows, d / V);
+      act_and_mul_backward_kernel<V, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(gx, g, a, rows, d);
     } else {
-      act_and_mul_backward_kernel<1, T, Act>
-          <<<row_grid(rows), cu::row_threads(d), 0, ctx.stream>>>(gx, g, a, rows, d);
+      const auto l = ctx.rows_launch(rows, d);
+      act_and_mul_backward_kernel<1, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(gx, g, a, rows, d);
     }
     ctx.check_launch();
   });

@@ -107,6 +107,12 @@ inline void throw_cuda_error(const char* op, const char* what, cudaError_t err) 
 // device, stream, launch checks
 // ---------------------------------------------------------------------------
 
+// Threads per block for one row of `units` vector units: a multiple of 32.
+inline int row_threads(int64_t units, int max_threads = 1024) {
+  const int64_t t = (units + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<int64_t>(t, 32, max_threads));
+}
+
 constexpr int kMaxDevices = 64;
 
 inline int multiprocessor_count(const char* op, int device) {
@@ -156,6 +162,27 @@ class Context {
   unsigned grid_for(int64_t units, int threads, int blocks_per_sm = 8) const {
     const int64_t needed = (std::max<int64_t>(units, 1) + threads - 1) / threads;
     return static_cast<unsigned>(std::min<int64_t>(needed, int64_t(num_sms()) * blocks_per_sm));
+  }
+
+  // A launch for a per-row loop over `units` work items per row (blockIdx.x:
+  // rows, grid-stride; blockIdx.y: column blocks, grid-stride). While the rows
+  // fill the GPU, one block of up to 1024 threads per row; a few long rows (a
+  // decode step's 1-8 rows of 14336 columns) split their columns into blocks
+  // of up to 256 threads over gridDim.y, about blocks_per_sm blocks per SM in
+  // all, instead of leaving all but a few SMs idle.
+  struct RowLaunch {
+    dim3 grid;
+    int threads;
+  };
+  RowLaunch rows_launch(int64_t rows, int64_t units, int blocks_per_sm = 4) const {
+    const unsigned grid_rows = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), INT32_MAX));
+    const int64_t target = int64_t(num_sms()) * blocks_per_sm;
+    if (rows >= target / 2) return {dim3(grid_rows, 1, 1), row_threads(units)};
+    const int threads = row_threads(units, 256);
+    const int64_t per_row = (std::max<int64_t>(units, 1) + threads - 1) / threads;
+    const int64_t want = (target + rows - 1) / std::max<int64_t>(rows, 1);
+    const int64_t split = std::clamp<int64_t>(std::min(per_row, want), 1, 65535);
+    return {dim3(grid_rows, static_cast<unsigned>(split), 1), threads};
   }
 
   cudaStream_t stream = nullptr;
@@ -360,12 +387,6 @@ __device__ __forceinline__ V block_sum(V v, V* scratch) {
   }
   __syncthreads();
   return scratch[0];
-}
-
-// Threads per block for one row of `units` vector units: a multiple of 32.
-inline int row_threads(int64_t units, int max_threads = 1024) {
-  const int64_t t = (units + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, max_threads));
 }
 
 // ---------------------------------------------------------------------------
