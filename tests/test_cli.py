@@ -269,6 +269,16 @@ def test_doctor_says_when_the_torch_native_kernels_are_off(cli_env: dict[str, st
     assert "torch shim  off (OPBRIDGE_TORCH_NATIVE=0)" in proc.stdout, proc.stdout
 
 
+def test_doctor_says_what_large_outputs_get(cli_env: dict[str, str]) -> None:
+    proc = run_cli({**cli_env, "OPBRIDGE_OUTPUT_CACHE_MB": "64", "OPBRIDGE_OUTPUT_CACHE_IDLE_MS": "250"}, "doctor")
+    assert "outputs     4 MiB and more: 2 MiB-aligned, recycled, up to 64 MiB held, released after 250 ms" in (
+        proc.stdout), proc.stdout
+    proc = run_cli({**cli_env, "OPBRIDGE_OUTPUT_CACHE_MB": "0", "OPBRIDGE_HUGEPAGES": "0"}, "doctor", "--json")
+    out = json.loads(proc.stdout)["outputs"]
+    assert out["recycling"] is False and out["cache_bytes"] == 0
+    assert "not recycled (OPBRIDGE_OUTPUT_CACHE_MB=0)" in out["state"] and "advice off" in out["pages"]
+
+
 def test_doctor_text_reports_an_unsafe_cache(cli_env: dict[str, str], tmp_path: Path) -> None:
     cache = tmp_path / "shared"
     cache.mkdir()

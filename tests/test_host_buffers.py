@@ -195,3 +195,22 @@ def test_forked_child_starts_with_its_own_pool() -> None:
     print(os.waitstatus_to_exitcode(status), memory.host_stats()["cached"])
     """)
     assert out.split() == ["0", "1"]
+
+
+@pytest.mark.parametrize("path", ["entry", "strided"])
+def test_torch_pool_outputs_have_ordinary_storage(path: str) -> None:
+    """A pool-backed torch output behaves as torch.empty's: its storage can grow (resize_) and shrink."""
+    torch = pytest.importorskip("torch")
+    from opbridge.adapters.torch import native
+
+    x = torch.ones(SHAPE)
+    opbridge.ops.add(x, x)
+    if native.shim(build_now=True) is None:
+        pytest.skip("no torch native shim here (no compiler): outputs are DLPack-shared, of fixed size")
+    y = opbridge.ops.add(x, x) if path == "entry" else opbridge.ops.add(x.t(), x.t())
+    assert y.data_ptr() % HUGE == 0
+    y.resize_(2 * y.numel())  # grows: a new allocation through the pool's allocator
+    y[-1] = 7.0
+    assert y.numel() == 2 * SHAPE[0] * SHAPE[1] and float(y[0]) == 2.0 and float(y[-1]) == 7.0
+    y.resize_(8)
+    assert float(y[0]) == 2.0

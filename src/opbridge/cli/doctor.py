@@ -158,6 +158,29 @@ def _torch_native(torch_installed: bool) -> dict[str, Any]:
     return {"state": state, "path": lines[-2], "built": built}
 
 
+def _outputs() -> dict[str, Any]:
+    """What a large new CPU output gets (:mod:`opbridge.call.memory`): recycling bounds and huge pages."""
+    from opbridge.call import memory
+
+    cache_mb = config.output_cache_bytes() >> 20
+    if not config.hugepages():
+        pages = "huge-page advice off (OPBRIDGE_HUGEPAGES=0)"
+    elif memory._load() is not None:
+        pages = "huge pages advised (THP in [madvise] mode)"
+    else:
+        try:
+            mode = memory._THP_MODE.read_text().strip()
+        except OSError:
+            mode = "not available"
+        pages = f"no huge-page advice (transparent huge pages: {mode})"
+    recycling = (f"recycled, up to {cache_mb} MiB held, released after "
+                 f"{config.output_cache_idle_ms()} ms unused" if cache_mb else
+                 "not recycled (OPBRIDGE_OUTPUT_CACHE_MB=0)")
+    return {"min_bytes": memory.MIN_BYTES, "cache_bytes": config.output_cache_bytes(),
+            "idle_ms": config.output_cache_idle_ms(), "recycling": bool(cache_mb), "pages": pages,
+            "state": f"{memory.MIN_BYTES >> 20} MiB and more: 2 MiB-aligned, {recycling}; {pages}"}
+
+
 def _frameworks() -> dict[str, dict[str, Any]]:
     from opbridge.bench.timing import dist_version
 
@@ -187,6 +210,7 @@ def doctor_report() -> dict[str, Any]:
         "cache": _cache(),
         "frameworks": frameworks,
         "torch_native": _torch_native(frameworks["torch"]["installed"]),
+        "outputs": _outputs(),
     }
 
 
@@ -216,6 +240,7 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     native = r["torch_native"]
     where = f" ({native['path']})" if native["built"] else ""
     lines.append(f"{mark(native['built'])} torch shim  {native['state']}{where}")
+    lines.append(f"    outputs     {r['outputs']['state']}")
     verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
     lines.append(verdict)
     return lines

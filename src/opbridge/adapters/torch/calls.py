@@ -88,9 +88,16 @@ def fresh(t: torch.Tensor) -> None:
 def large_empty(shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
     """A new CPU tensor of 4 MiB or more from opbridge's pool (:func:`opbridge.call.memory.host_empty`).
 
-    Recycled, 2 MiB-aligned huge pages, shared through DLPack; where the pool
-    is not there (modules built before it), ``torch.empty`` with huge-page advice.
+    Recycled, 2 MiB-aligned huge pages. Through the native shim where it is
+    loaded (an ordinary storage that ``resize_`` can grow), else shared
+    through DLPack (a storage of fixed size); where the pool is not there
+    (modules built before it), ``torch.empty`` with huge-page advice.
     """
+    sh = native.loaded()
+    if sh is not None:
+        out = sh.pool_empty(shape, dt)
+        if out is not None:
+            return out  # type: ignore[no-any-return]
     t = memory.host_empty(shape, str(dt)[6:], math.prod(shape) * dt.itemsize)
     if t is not None:
         return torch.utils.dlpack.from_dlpack(t)

@@ -114,6 +114,8 @@ class Shim:
         lib.opb_entry.argtypes = [ctypes.c_void_p, ctypes.c_int]
         lib.opb_entry.restype = ctypes.py_object
         lib.opb_has_cuda.restype = ctypes.c_int
+        lib.opb_pool_empty.argtypes = [ctypes.py_object, ctypes.py_object]
+        lib.opb_pool_empty.restype = ctypes.py_object
         self.lib = lib
         self.path = path
         self.devices = ("cpu", "cuda") if lib.opb_has_cuda() else ("cpu",)
@@ -126,6 +128,10 @@ class Shim:
     def set_kernel(self, handle: int, device: str, kernel: Any) -> None:
         """Hand *kernel* (a ``tvm_ffi.Function``) to the op's native kernels for *device*."""
         self.lib.opb_set_kernel(handle, _DEVICE_INDEX[device], kernel.__chandle__())
+
+    def pool_empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new contiguous CPU tensor on a pool buffer, with a resizable storage; None without the pool."""
+        return self.lib.opb_pool_empty(shape, dtype)
 
     def native_calls(self, handle: int) -> int:
         """How many calls of the op the native kernels completed themselves."""
@@ -193,6 +199,11 @@ class _Background:
 
 
 _BUILDER: _Background | None = None
+
+
+def loaded() -> Shim | None:
+    """The shim if this process has loaded it (no lookup, no build)."""
+    return _SHIM
 
 
 def shim(build_now: bool = False) -> Shim | None:

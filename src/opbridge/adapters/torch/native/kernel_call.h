@@ -71,21 +71,58 @@ inline const HostApi* GetHostApi() {
   return got;
 }
 
+// A c10::Allocator over the pool, so a pool-backed output has an ordinary, resizable storage (a
+// resize_ that grows it allocates through here again). Requests below the pool's 4 MiB threshold
+// (a resize that shrinks, say) go to torch's own CPU allocator.
+class PoolAllocator final : public c10::Allocator {
+ public:
+  PoolAllocator(const HostApi* api, int64_t min_bytes) : api_(api), min_(min_bytes) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    if (static_cast<int64_t>(n) < min_) return c10::GetCPUAllocator()->allocate(n);
+    void* p = api_->alloc(n);
+    TORCH_CHECK(p, "opbridge: out of memory allocating ", n, " bytes for an output");
+    return {p, new Block{api_, p, n}, &Release, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  struct Block {
+    const HostApi* api;
+    void* p;
+    size_t n;
+  };
+  static void Release(void* ctx) {
+    auto* b = static_cast<Block*>(ctx);
+    b->api->release(b->p, b->n);
+    delete b;
+  }
+  const HostApi* api_;
+  int64_t min_;
+};
+
+// The pool's 4 MiB threshold (opbridge.call.memory.MIN_BYTES).
+constexpr int64_t kPoolMinBytes = int64_t{4} << 20;
+
+// A new contiguous CPU tensor on a pool buffer (one allocator: one pool per process).
+inline at::Tensor PoolEmpty(const HostApi* api, at::IntArrayRef sizes, at::ScalarType dtype) {
+  static PoolAllocator allocator(api, kPoolMinBytes);
+  return at::Tensor(at::detail::empty_generic(sizes, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                              std::nullopt));
+}
+
 // A new contiguous output. On the CPU, one of at least st.fresh_min bytes comes from the pool
 // (recycled, 2 MiB-aligned huge pages) when it is there, else from at::empty with huge-page
-// advice (*advised* says whether that is still due).
+// advice (*advise* says whether that is still due).
 inline at::Tensor NewOutput(const OpState& st, at::IntArrayRef sizes, const at::TensorOptions& options,
                             bool cpu, bool* advise) {
   *advise = false;
   if (cpu && st.fresh_min) {
     const int64_t nbytes = c10::multiply_integers(sizes) * static_cast<int64_t>(options.dtype().itemsize());
     if (nbytes >= st.fresh_min) {
-      if (const HostApi* api = GetHostApi()) {
-        const size_t n = static_cast<size_t>(nbytes);
-        if (void* p = api->alloc(n)) {
-          return at::from_blob(p, sizes, [api, n](void* q) { api->release(q, n); }, options);
-        }
-      }
+      if (const HostApi* api = GetHostApi()) return PoolEmpty(api, sizes, options.dtype().toScalarType());
       *advise = true;
     }
   }

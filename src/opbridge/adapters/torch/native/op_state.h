@@ -4,7 +4,8 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/accumulate.h>
 #include <c10/core/GradMode.h>
 #include <dlpack/dlpack.h>

@@ -233,6 +233,23 @@ __attribute__((visibility("default"))) PyObject* opb_entry(void* handle, int wit
   return MakeEntry(static_cast<OpState*>(handle), with_out != 0);
 }
 
+// A new contiguous CPU tensor of *shape* (a tuple) and *dtype* (a torch.dtype) on a buffer of opbridge's
+// pool, with a resizable storage; None where the pool is not there.
+__attribute__((visibility("default"))) PyObject* opb_pool_empty(PyObject* shape, PyObject* dtype) {
+  try {
+    const HostApi* api = GetHostApi();
+    if (!api) Py_RETURN_NONE;
+    const auto sizes = py::cast<std::vector<int64_t>>(py::handle(shape));
+    const auto dt = py::cast<at::ScalarType>(py::handle(dtype));
+    return py::cast(PoolEmpty(api, sizes, dt)).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
 // Whether this shim runs CUDA kernels.
 __attribute__((visibility("default"))) int opb_has_cuda() {
 #ifdef OPB_WITH_CUDA
