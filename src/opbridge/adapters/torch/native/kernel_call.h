@@ -116,16 +116,21 @@ inline at::Tensor PoolEmpty(const HostApi* api, at::IntArrayRef sizes, at::Scala
 // A new contiguous output. On the CPU, one of at least st.fresh_min bytes comes from the pool
 // (recycled, 2 MiB-aligned huge pages) when it is there, else from at::empty with huge-page
 // advice (*advise* says whether that is still due).
+// The large-output half of NewOutput, out of line so the small-output path stays short.
+[[gnu::noinline, gnu::cold]] inline at::Tensor NewLargeOutput(at::IntArrayRef sizes, const at::TensorOptions& options,
+                                                               bool* advise) {
+  if (const HostApi* api = GetHostApi()) return PoolEmpty(api, sizes, options.dtype().toScalarType());
+  *advise = true;
+  return at::empty(sizes, options);
+}
+
+// A new contiguous output of *nbytes*. On the CPU, one of at least st.fresh_min bytes comes from the
+// pool (recycled, 2 MiB-aligned huge pages) when it is there, else from at::empty with huge-page
+// advice (*advise* says whether that is still due).
 inline at::Tensor NewOutput(const OpState& st, at::IntArrayRef sizes, const at::TensorOptions& options,
-                            bool cpu, bool* advise) {
+                            int64_t nbytes, bool cpu, bool* advise) {
   *advise = false;
-  if (cpu && st.fresh_min) {
-    const int64_t nbytes = c10::multiply_integers(sizes) * static_cast<int64_t>(options.dtype().itemsize());
-    if (nbytes >= st.fresh_min) {
-      if (const HostApi* api = GetHostApi()) return PoolEmpty(api, sizes, options.dtype().toScalarType());
-      *advise = true;
-    }
-  }
+  if (cpu && st.fresh_min && nbytes >= st.fresh_min) return NewLargeOutput(sizes, options, advise);
   return at::empty(sizes, options);
 }
 
@@ -210,12 +215,13 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
     if (!st.like.empty()) {
       for (int i : st.like) {
         const at::Tensor& src = args[i].toTensor();
-        outs->push_back(NewOutput(st, src.sizes(), options.dtype(src.scalar_type()), cpu, &a));
+        outs->push_back(NewOutput(st, src.sizes(), options.dtype(src.scalar_type()), src.nbytes(), cpu, &a));
         advise |= static_cast<uint32_t>(a) << (outs->size() - 1);
       }
     } else if (n_out) {
       for (const OutSpec& s : RuleSpecs(st, args)) {
-        outs->push_back(NewOutput(st, s.shape, options.dtype(s.dtype), cpu, &a));
+        outs->push_back(NewOutput(st, s.shape, options.dtype(s.dtype),
+                                  c10::multiply_integers(s.shape) * int64_t(c10::elementSize(s.dtype)), cpu, &a));
         advise |= static_cast<uint32_t>(a) << (outs->size() - 1);
       }
       if (outs->size() != n_out) return false;
