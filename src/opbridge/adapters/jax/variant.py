@@ -24,11 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from opbridge import loader
+from opbridge._codegen import compile_source
 from opbridge.adapters.jax import targets
 from opbridge.call import core, memory
 
 if TYPE_CHECKING:
     from opbridge.adapters.jax import _JaxOp
+
+#: Fewest elements of a dispatching array whose call may have pool-sized (4 MiB+) outputs.
+MIN_POOL_ELEMENTS = memory.MIN_BYTES // 8
 
 #: Largest total size (inputs + outputs) of a trace-time dry run of the kernel.
 DRY_RUN_MAX_BYTES = 256 << 20
@@ -103,14 +107,23 @@ class Variant:
         self.jitted = jax.jit(self.fn)
         self.lead = jop.tensor_idx.index(op.dispatch_arg) if op.dispatch_arg in jop.tensor_idx else None
         self.poolable = not self.mutated and op.n_outputs > 0 and self.lead is not None
+        #: What an eager call on concrete arrays runs: the jitted executable, or (poolable ops) a
+        #: function generated per variant that sends calls with large outputs to _pooled first.
+        self.eager: Callable[..., Any] = self._eager_source() if self.poolable else self.jitted
 
-    def eager(self, *ts: Any) -> Any:
-        """A call on concrete arrays: large CPU outputs from opbridge's pool, anything else jitted."""
-        if self.poolable and ts[self.lead].nbytes >= memory.MIN_BYTES:  # type: ignore[index]
-            got = self._pooled(ts)
-            if got is not None:
-                return got
-        return self.jitted(*ts)
+    def _eager_source(self) -> Callable[..., Any]:
+        slots = [f"t{i}" for i in range(len(self.jop.tensor_idx))]
+        params = ", ".join(slots)
+        src = (f"def eager({params}):\n"
+               f"    if t{self.lead}.size >= _min:\n"
+               f"        got = _pooled(({params},))\n"
+               f"        if got is not None:\n"
+               f"            return got\n"
+               f"    return _jitted({params})\n")
+        ns: dict[str, Any] = {"_min": MIN_POOL_ELEMENTS, "_pooled": self._pooled, "_jitted": self.jitted}
+        compile_source(src, f"<opbridge jax eager {self.op.qualname}>", ns)
+        fn: Callable[..., Any] = ns["eager"]
+        return fn
 
     def _pooled(self, ts: Sequence[Any]) -> Any | None:
         """The kernel on *ts* into pool buffers (None: an output is small or not on the CPU, or no pool)."""
