@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -151,14 +152,16 @@ def alloc(shape: Sequence[int], dtype: Any) -> tuple[Tensor, Any]:
         if bf16 is not None:
             out = _empty(shape, bf16)
             return Tensor.from_numpy(out), as_bfloat16(out.view(npd))
-        buf = _empty(shape, np.dtype(npd))
+        buf = _empty(shape, npd)
         return Tensor.from_numpy(buf).view(ms.bfloat16), as_bfloat16(buf)
-    buf = _empty(shape, np.dtype(npd))
+    buf = _empty(shape, npd)
     return Tensor.from_numpy(buf), buf
 
 
 def _empty(shape: tuple[int, ...], d: np.dtype) -> np.ndarray:
     """A new NumPy buffer; from opbridge's pool of recycled, huge-page buffers at 4 MiB and more."""
+    if math.prod(shape) * d.itemsize < memory.MIN_BYTES:
+        return np.empty(shape, d)
     a = memory.host_ndarray(shape, d)
     return np.empty(shape, d) if a is None else a
 
