@@ -193,7 +193,7 @@ def test_text_report(quick_result: dict[str, Any]) -> None:
 
 def test_parity_rows_numpy_and_torch() -> None:
     """``--parity`` rows (issue 21): verified, timed, faults counted; bfloat16 NumPy arrays via ml_dtypes."""
-    from opbridge.bench import parity
+    from opbridge.bench import parity, parity_report
 
     pytest.importorskip("torch")
     for fw in ("numpy", "torch"):
@@ -210,12 +210,12 @@ def test_parity_rows_numpy_and_torch() -> None:
         bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
         want = "numpy (ml_dtypes bfloat16)" if importlib.util.find_spec("ml_dtypes") else "torch CPU path"
         assert all(r["baseline"].startswith(want) for r in bf16), [r["baseline"] for r in bf16]
-        assert len(parity.csv_rows(rows)) == 6
-        assert all(set(c) == set(parity.CSV_FIELDS) for c in parity.csv_rows(rows))
+        assert len(parity_report.csv_rows(rows)) == 6
+        assert all(set(c) == set(parity_report.CSV_FIELDS) for c in parity_report.csv_rows(rows))
 
 
 def test_parity_targets_and_table() -> None:
-    from opbridge.bench import parity
+    from opbridge.bench import parity, parity_report
 
     base = {"op": "add", "shape": [1024, 4096], "dtype": "float32", "baseline": "numpy",
             "stats_us": {k: {"p50": 1000.0} for k in ("numpy", "framework", "native")},
@@ -223,16 +223,16 @@ def test_parity_targets_and_table() -> None:
     ok = {**base, "framework": "jax", "framework_over_numpy": 1.1, "framework_over_native": 0.9}
     slow = {**base, "framework": "jax", "framework_over_numpy": 1.2, "framework_over_native": 1.3}
     paddle_slow_native = {**base, "framework": "paddle", "framework_over_numpy": 1.0, "framework_over_native": 2}
-    assert parity.misses(ok) == [] and parity.misses(paddle_slow_native) == []
-    assert parity.misses(slow) == [f"> {parity.TARGET_NUMPY}x NumPy", "slower than XLA's fusion"]
-    text = "\n".join(parity.format_table([ok, slow, {**base, "framework": "paddle", "error": "boom"}]))
+    assert parity_report.misses(ok) == [] and parity_report.misses(paddle_slow_native) == []
+    assert parity_report.misses(slow) == [f"> {parity.TARGET_NUMPY}x NumPy", "slower than XLA's fusion"]
+    text = "\n".join(parity_report.format_table([ok, slow, {**base, "framework": "paddle", "error": "boom"}]))
     assert "MISS: > 1.15x NumPy, slower than XLA's fusion" in text and "ERROR: boom" in text
     assert "0/544/16385" in text
 
 
 def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each row records threads, CPUs and load; the table says which rows ran oversubscribed."""
-    from opbridge.bench import parity
+    from opbridge.bench import parity, parity_report
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read by OpenMP at load: the kernels keep their count
     (row,) = parity.measure("numpy", rounds=1, number=1, target_s=1e-4, budget_s=1e-3, ops=("add",),
@@ -240,7 +240,7 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
     assert row["omp_num_threads"] == "3" and row["cpus"] >= 1
     assert row["kernel_threads"] is None or row["kernel_threads"] >= 1
     assert {"loadavg_before", "loadavg_after"} <= set(row)
-    (csv,) = parity.csv_rows([row])
+    (csv,) = parity_report.csv_rows([row])
     assert csv["omp_num_threads"] == "3" and csv["cpus"] == row["cpus"]
     assert csv["kernel_threads"] == row["kernel_threads"]
 
@@ -251,10 +251,10 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
             "omp_num_threads": None, "cpus": 2}
     calm = {**base, "loadavg_before": 0.5, "loadavg_after": 1.2}
     busy = {**base, "loadavg_before": 1.5, "loadavg_after": 5.25}
-    assert not parity.oversubscribed(calm) and parity.oversubscribed(busy)
-    assert not parity.oversubscribed({**base, "loadavg_before": None, "loadavg_after": None})
-    assert not any("load average" in line for line in parity.format_table([calm]))
-    text = "\n".join(parity.format_table([calm, busy]))
+    assert not parity_report.oversubscribed(calm) and parity_report.oversubscribed(busy)
+    assert not parity_report.oversubscribed({**base, "loadavg_before": None, "loadavg_after": None})
+    assert not any("load average" in line for line in parity_report.format_table([calm]))
+    text = "\n".join(parity_report.format_table([calm, busy]))
     assert "1 of 2 rows were timed with the 1-minute load average above the 2 usable CPUs (up to 5.25)" in text
     assert "OMP_WAIT_POLICY=passive (or OMP_NUM_THREADS=1) gives ratios that hold under load" in text
     assert "2.50x   1.04x" in text  # fw/np of the medians, then of the fastest fifth (p20)
@@ -262,14 +262,14 @@ def test_parity_rows_say_what_they_ran_beside(monkeypatch: pytest.MonkeyPatch) -
     threads = [{**calm, "kernel_threads": 1}, {**busy, "kernel_threads": 2}, {**calm, "framework": "jax",
                                                                                "kernel_threads": 2}]
     assert "kernel threads (OpenMP, as the kernels see it): mindspore 1/2, jax 2" in "\n".join(
-        parity.format_table(threads))
+        parity_report.format_table(threads))
 
 
 def test_parity_sizes_each_candidates_samples_itself() -> None:
     """A slow candidate (the framework's own formula) no longer cuts every sample to one call."""
     import time
 
-    from opbridge.bench import parity
+    from opbridge.bench import parity, parity_report
 
     calls = {"fast": 0, "slow": 0}
 
@@ -285,6 +285,6 @@ def test_parity_sizes_each_candidates_samples_itself() -> None:
     assert rounds == 3 and number["slow"] == 1 and number["fast"] > 1
     assert calls == {"fast": 3 + 3 * number["fast"], "slow": 3 + 3}  # 3 probe calls, then the rounds
     assert set(stats) == {"fast", "slow"} and all(s["rounds"] == 3 for s in stats.values())
-    (row,) = parity.csv_rows([{"framework": "numpy", "op": "add", "shape": [8, 64], "dtype": "float32",
-                               "baseline": "numpy", "number": {"numpy": 40, "native": 1}}])
+    (row,) = parity_report.csv_rows([{"framework": "numpy", "op": "add", "shape": [8, 64], "dtype": "float32",
+                                      "baseline": "numpy", "number": {"numpy": 40, "native": 1}}])
     assert row["number"] == "numpy=40 native=1"

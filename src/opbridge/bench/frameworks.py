@@ -58,7 +58,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError, fw_builds, parity, subproc
+from opbridge.bench import BenchError, fw_builds, parity_report, subproc
 from opbridge.bench.report import files_line, say, write_json, write_results
 from opbridge.bench.timing import dist_version, machine_info
 
@@ -295,12 +295,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if settings["parity_row_s"] is not None:
         result["parity"] = [r for d in result["frameworks"].values() for r in d.get("parity", [])]
         result["parity_misses"] = [f"{r['framework']} {r['op']} {'x'.join(map(str, r['shape']))} {r['dtype']}: "
-                                   f"{', '.join(parity.misses(r))}" for r in result["parity"] if parity.misses(r)]
+                                   f"{', '.join(parity_report.misses(r))}"
+                                   for r in result["parity"] if parity_report.misses(r)]
     if args.out:
-        rows = (parity.csv_rows(result["parity"]) if "parity" in result else
+        rows = (parity_report.csv_rows(result["parity"]) if "parity" in result else
                 [{"framework": fw, "section": k, "ratio": v} for fw, d in result["ratios"].items()
                  for k, v in d.items()])
-        fields = parity.CSV_FIELDS if "parity" in result else ("framework", "section", "ratio")
+        fields = parity_report.CSV_FIELDS if "parity" in result else ("framework", "section", "ratio")
         result["files"] = write_results(result, Path(args.out), fields, rows, None, bench="frameworks")
         write_json(result, result["files"]["json"])
     return result
@@ -379,7 +380,7 @@ def format_text(result: dict[str, Any]) -> str:
     lines.append("")
     lines += fw_builds.format_builds(result["builds"])
     if "parity" in result:
-        lines += ["", *parity.format_table(result["parity"])]
+        lines += ["", *parity_report.format_table(result["parity"])]
         lines.append(f"  rows missing a target: {len(result['parity_misses'])} of {len(result['parity'])}")
     if "files" in result:
         lines += ["", files_line(result["files"])]
