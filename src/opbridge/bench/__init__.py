@@ -43,6 +43,7 @@ BENCHES: dict[str, str] = {
     "latency": "opbridge.bench.latency",
     "gpu": "opbridge.bench.gpu",
     "frameworks": "opbridge.bench.frameworks",
+    "outputs": "opbridge.bench.outputs",
 }
 
 
