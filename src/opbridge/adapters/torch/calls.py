@@ -3,8 +3,8 @@
 The dispatcher's kernels (:mod:`.dispatcher`) and the dispatcher-free fast
 path (:mod:`.fast`) are generated per op from the same lines
 (:func:`kernel_lines`): the alias check of mutating ops, the outputs
-(:func:`opbridge.call.core.alloc_source`), huge-page advice for new CPU
-outputs, and the kernel call, which on CUDA publishes torch's current stream
+(:func:`opbridge.call.core.alloc_source`; large new CPU ones from
+opbridge's pool, :func:`large_empty`), and the kernel call, which on CUDA publishes torch's current stream
 of the tensor's device to tvm-ffi around the call. Both assume dense inputs
 and let the kernel's ``ValueError`` ("x must be contiguous") send strided
 calls to :func:`strided_call`, which runs the kernel on dense copies and

@@ -88,7 +88,9 @@ class PythonKernels:
         For an op whose shape rule is not ``like``: the argument tuple to one
         ``meta`` tensor per output (asked once per argument signature).
     fresh
-        Huge-page advice for a new CPU output of at least :data:`opbridge.call.memory.MIN_BYTES`.
+        Huge-page advice for a new CPU output of at least :data:`opbridge.call.memory.MIN_BYTES`,
+        where the pool is not there (modules built before it); with it, such outputs come from
+        the pool (``kernel_call.h``'s ``PoolAllocator``).
     """
 
     impls: dict[str, Callable[..., Any]]
