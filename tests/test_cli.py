@@ -277,6 +277,9 @@ def test_doctor_says_what_large_outputs_get(cli_env: dict[str, str]) -> None:
     out = json.loads(proc.stdout)["outputs"]
     assert out["recycling"] is False and out["cache_bytes"] == 0
     assert "not recycled (OPBRIDGE_OUTPUT_CACHE_MB=0)" in out["state"] and "advice off" in out["pages"]
+    proc = run_cli({**cli_env, "OPBRIDGE_OUTPUT_CACHE_MB": "lots"}, "doctor")
+    assert "--  outputs     misconfigured: OPBRIDGE_OUTPUT_CACHE_MB must be a whole number" in proc.stdout, (
+        proc.stdout)
 
 
 def test_doctor_text_reports_an_unsafe_cache(cli_env: dict[str, str], tmp_path: Path) -> None:

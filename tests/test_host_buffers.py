@@ -144,6 +144,14 @@ def test_output_cache_mb_0_turns_recycling_off() -> None:
     assert out.split() == ["0", "0", "0"]  # still aligned; nothing kept, nothing reused
 
 
+def test_a_misspelt_setting_is_an_error_at_the_first_large_output() -> None:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_PRELUDE + """
+    opbridge.ops.add(x, x)
+    """)], capture_output=True, text=True, env={**os.environ, "OPBRIDGE_OUTPUT_CACHE_MB": "256MB"}, timeout=300)
+    assert r.returncode != 0
+    assert "OPBRIDGE_OUTPUT_CACHE_MB must be a whole number (of MiB; 0 turns recycling off), got '256MB'" in r.stderr
+
+
 def test_cache_is_bounded_and_drops_the_oldest() -> None:
     out = _run(_PRELUDE + """
     ys = [opbridge.ops.add(x, x) for _ in range(4)]  # 4 x 8 MiB

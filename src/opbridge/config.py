@@ -94,13 +94,7 @@ THREADING_CHOICES = ("omp", "pool")
 
 
 def threading() -> str:
-    """The CPU threading policy (``OPBRIDGE_OUTPUT_CACHE_MB`` bound of the pool that recycles freed CPU   ``256``
-                           outputs of 4 MiB and more (``0``: no
-                           recycling; :mod:`opbridge.call.memory`); read
-                           once per process
-``OPBRIDGE_OUTPUT_CACHE_IDLE_MS`` a recycled buffer unused this long goes     ``1000``
-                           back to the OS
-``OPBRIDGE_THREADING``: ``omp``, the default, or ``pool``).
+    """The CPU threading policy (``OPBRIDGE_THREADING``: ``omp``, the default, or ``pool``).
 
     The kernels read the variable themselves, once per process; this accessor
     exists so that a misspelt value fails loudly when a module is loaded
@@ -117,16 +111,30 @@ def hugepages() -> bool:
     return os.environ.get("OPBRIDGE_HUGEPAGES", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _whole(name: str, default: int, what: str) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"{name} must be a whole number ({what}), got {raw!r}")
+    return int(raw)
+
+
 def output_cache_bytes() -> int:
-    """Bytes the pool of freed large CPU outputs may hold (``OPBRIDGE_OUTPUT_CACHE_MB``, default 256)."""
-    raw = os.environ.get("OPBRIDGE_OUTPUT_CACHE_MB", "").strip()
-    return (int(raw) if raw.isdigit() else 256) << 20
+    """Bytes the pool of freed large CPU outputs may hold (``OPBRIDGE_OUTPUT_CACHE_MB``, default 256).
+
+    A value that is not a whole number of MiB raises ValueError, when the
+    pool is first configured (the first large output) or by ``opbridge doctor``.
+    """
+    return _whole("OPBRIDGE_OUTPUT_CACHE_MB", 256, "of MiB; 0 turns recycling off") << 20
 
 
 def output_cache_idle_ms() -> int:
     """How long a recycled output buffer may sit unused (``OPBRIDGE_OUTPUT_CACHE_IDLE_MS``, default 1000)."""
-    raw = os.environ.get("OPBRIDGE_OUTPUT_CACHE_IDLE_MS", "").strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else 1000
+    ms = _whole("OPBRIDGE_OUTPUT_CACHE_IDLE_MS", 1000, "of milliseconds, at least 1")
+    if ms < 1:
+        raise ValueError(f"OPBRIDGE_OUTPUT_CACHE_IDLE_MS must be at least 1, got {ms}")
+    return ms
 
 
 def torch_native() -> bool:

@@ -162,7 +162,11 @@ def _outputs() -> dict[str, Any]:
     """What a large new CPU output gets (:mod:`opbridge.call.memory`): recycling bounds and huge pages."""
     from opbridge.call import memory
 
-    cache_mb = config.output_cache_bytes() >> 20
+    try:
+        cache_mb = config.output_cache_bytes() >> 20
+        idle_ms = config.output_cache_idle_ms()
+    except ValueError as e:
+        return {"min_bytes": memory.MIN_BYTES, "error": str(e), "state": f"misconfigured: {e}"}
     if not config.hugepages():
         pages = "huge-page advice off (OPBRIDGE_HUGEPAGES=0)"
     elif memory._load() is not None:
@@ -173,11 +177,10 @@ def _outputs() -> dict[str, Any]:
         except OSError:
             mode = "not available"
         pages = f"no huge-page advice (transparent huge pages: {mode})"
-    recycling = (f"recycled, up to {cache_mb} MiB held, released after "
-                 f"{config.output_cache_idle_ms()} ms unused" if cache_mb else
+    recycling = (f"recycled, up to {cache_mb} MiB held, released after {idle_ms} ms unused" if cache_mb else
                  "not recycled (OPBRIDGE_OUTPUT_CACHE_MB=0)")
-    return {"min_bytes": memory.MIN_BYTES, "cache_bytes": config.output_cache_bytes(),
-            "idle_ms": config.output_cache_idle_ms(), "recycling": bool(cache_mb), "pages": pages,
+    return {"min_bytes": memory.MIN_BYTES, "cache_bytes": cache_mb << 20,
+            "idle_ms": idle_ms, "recycling": bool(cache_mb), "pages": pages,
             "state": f"{memory.MIN_BYTES >> 20} MiB and more: 2 MiB-aligned, {recycling}; {pages}"}
 
 
@@ -240,7 +243,8 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     native = r["torch_native"]
     where = f" ({native['path']})" if native["built"] else ""
     lines.append(f"{mark(native['built'])} torch shim  {native['state']}{where}")
-    lines.append(f"    outputs     {r['outputs']['state']}")
+    out = r["outputs"]
+    lines.append(f"{'-- ' if 'error' in out else '   '} outputs     {out['state']}")
     verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
     lines.append(verdict)
     return lines
