@@ -288,3 +288,13 @@ def test_parity_sizes_each_candidates_samples_itself() -> None:
     (row,) = parity_report.csv_rows([{"framework": "numpy", "op": "add", "shape": [8, 64], "dtype": "float32",
                                       "baseline": "numpy", "number": {"numpy": 40, "native": 1}}])
     assert row["number"] == "numpy=40 native=1"
+
+
+def test_parity_notes_jitted_jax_against_a_fresh_numpy_output() -> None:
+    from opbridge.bench import parity_report
+
+    rows = [{"framework": "jax", "shape": [4096, 4096], "framework_over_numpy_fresh": r} for r in (0.97, 1.04)]
+    rows.append({"framework": "torch", "shape": [4096, 4096]})
+    (line,) = parity_report._fresh_notes(rows)
+    assert "jax under jax.jit at 4096x4096 / the NumPy path with a fresh np.empty output" in line
+    assert line.endswith("0.97-1.04x")

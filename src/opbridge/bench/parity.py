@@ -213,6 +213,23 @@ def framework_call(framework: str, op: str, args: Sequence[Any]) -> Callable[[],
     return call if sync is None else functools.partial(_synced, call, sync)
 
 
+def _fresh_call(op: str, args: Sequence[Any]) -> Any:
+    """``opbridge.ops.<op>`` on NumPy *args* into a new ``np.empty`` output with huge-page advice.
+
+    How the NumPy path allocated before opbridge's pool, and how XLA allocates
+    a jitted program's outputs: fresh memory the kernel's first write faults in.
+    """
+    import numpy as np
+
+    from opbridge import ops
+    from opbridge.call import memory
+
+    x = args[0]
+    out = np.empty_like(x)
+    memory.advise_fresh(out.ctypes.data, out.nbytes)
+    return getattr(ops, op)(*args, out=out)
+
+
 def _inputs(op: str, shape: tuple[int, int]) -> list[Any]:
     import numpy as np
 
@@ -283,6 +300,10 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
             fns["numpy_fw_memory"] = framework_call("numpy", op, views)
             desc["numpy_fw_memory"] = (f"opbridge.ops.{op}(*NumPy views of the {framework} inputs' own memory): "
                                        f"the NumPy path without the difference in input memory")
+        if framework == "jax" and base_fw == "numpy":  # XLA allocates: the NumPy path on fresh memory too
+            fns["numpy_fresh"] = functools.partial(_fresh_call, op, b_args)
+            desc["numpy_fresh"] = (f"opbridge.ops.{op}(*NumPy arrays, out=np.empty + huge-page advice): the "
+                                   f"NumPy path with a fresh output, as XLA gives a jitted program")
     row["candidates"] = desc
     try:
         ref = Arrays.numpy(fns["numpy"]()) if "numpy" in fns else None
@@ -309,6 +330,8 @@ def measure_row(framework: str, op: str, shape: tuple[int, int], dtype: str, *, 
         row[f"{mine_key}_over_native"] = ratio(stats, mine_key, "native")
     if "numpy_fw_memory" in fns:
         row["framework_over_numpy_fw_memory"] = ratio(stats, "framework", "numpy_fw_memory")
+    if "numpy_fresh" in fns:
+        row["framework_over_numpy_fresh"] = ratio(stats, "framework", "numpy_fresh")
     if "framework" in fns and "numpy" in fns:
         row["framework_over_numpy"] = ratio(stats, "framework", "numpy")
         # the fastest fifth of the samples: less disturbed by other load (a stalled helper thread)
