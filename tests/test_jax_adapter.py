@@ -953,3 +953,56 @@ def test_large_eager_calls_keep_grad_mutation_and_dtype_errors() -> None:
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError, match=r"add: x must have dtype"):
         ops.add(jnp.ones((1024, 2048), jnp.int8), jnp.ones((1024, 2048), jnp.int8))
+
+
+# -- out=: the result in the caller's (donated) buffer --------------------------------------------
+
+
+def test_out_eager_donates_the_buffer_and_returns_the_result_in_it() -> None:
+    x = jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4)
+    o = jnp.zeros((3, 4), jnp.float32)
+    p = o.unsafe_buffer_pointer()
+    y = ops.add(x, x, out=o)
+    np.testing.assert_array_equal(np.asarray(y), 2 * np.asarray(x))
+    assert y.unsafe_buffer_pointer() == p and o.is_deleted()
+
+
+@pytest.mark.parametrize("donate", [True, False])
+def test_out_under_jit(donate: bool) -> None:
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32))
+    w = jnp.ones(32, jnp.float32)
+    f = jax.jit(lambda a, b, o: ops.rms_norm(a, b, out=o), donate_argnums=(2,) if donate else ())
+    o = jnp.zeros_like(x)
+    p = o.unsafe_buffer_pointer()
+    y = f(x, w, o)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(ops.rms_norm(x, w)), rtol=1e-6)
+    if donate:  # XLA wrote the result where o was
+        assert y.unsafe_buffer_pointer() == p and o.is_deleted()
+    else:  # XLA copied o first: o is intact
+        assert not o.is_deleted() and float(jnp.abs(o).max()) == 0.0
+
+
+def test_out_with_a_shape_rule_and_errors() -> None:
+    x = jnp.ones((4, 16), jnp.float32)
+    y = ops.silu_and_mul(x, out=jnp.zeros((4, 8), jnp.float32))
+    np.testing.assert_allclose(np.asarray(y), np.asarray(ops.silu_and_mul(x)), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"silu_and_mul: out has shape \(4, 16\) and dtype float32, but the "
+                                         r"output has shape \(4, 8\)"):
+        ops.silu_and_mul(x, out=jnp.zeros((4, 16), jnp.float32))
+    with pytest.raises(TypeError, match=r"add: out\[0\] must be an array of the same framework"):
+        ops.add(x, x, out=np.zeros((4, 16), np.float32))
+
+
+def test_large_out_under_jit_needs_no_fresh_memory() -> None:
+    """The point of out= under jax.jit: a donated output buffer is reused, so no page faults per call."""
+    import resource
+
+    x = jnp.ones((1024, 2048), jnp.float32)
+    f = jax.jit(lambda a, o: ops.add(a, a, out=o), donate_argnums=1)
+    z = f(x, jnp.zeros_like(x))
+    z = f(x, z).block_until_ready()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        z = f(x, z).block_until_ready()
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3 < 50
+    assert float(z[0, 0]) == 2.0

@@ -79,6 +79,12 @@ Checks
     the kernel's message, on the CPU and the GPU alike. float64 and int64 need
     ``jax_enable_x64`` (JAX narrows them to 32 bits otherwise).
 
+``out=``
+    Computes the result in the caller's array's buffer, which is donated
+    (:mod:`.out`): eagerly always, under ``jax.jit`` when the caller donates
+    it; the array passed as ``out`` is then deleted and the returned array
+    is the result.
+
 Eager calls on concrete arrays dispatch one ``jax.jit``-compiled executable,
 cached per op and static arguments; one whose outputs are large CPU arrays
 runs the kernel directly into buffers of opbridge's pool, shared with JAX
@@ -97,6 +103,7 @@ import numpy as np
 
 from opbridge._codegen import compile_source
 from opbridge.adapters.jax import targets
+from opbridge.adapters.jax.out import OutVariant
 from opbridge.adapters.jax.targets import LOCK as _LOCK
 from opbridge.adapters.jax.targets import REGISTERED as _REGISTERED  # noqa: F401  (targets by name)
 from opbridge.adapters.jax.targets import target_name
@@ -152,6 +159,7 @@ class _JaxOp:
         self.mutated_idx = [i for i, a in enumerate(args) if a.is_mutated]
         self.optional_idx = [i for i, a in enumerate(args) if a.type.optional]
         self.variants: dict[Any, Variant] = {}
+        self.out_variants: dict[Any, OutVariant] = {}
         #: (scalar, type(scalar), ...) -> jitted call, for concrete arrays with every tensor present
         self.fast: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
@@ -195,6 +203,27 @@ class _JaxOp:
                 if var is None:
                     var = self.variants[key] = Variant(self, statics)
         return var
+
+    def with_out(self, args: Sequence[Any], outs: Sequence[Any]) -> Any:
+        """``out=``: the result computed in the donated buffers of *outs* (:mod:`.out`)."""
+        op = self.op
+        if self.mutated_idx:
+            raise TypeError(f"{op.name}: out= is not supported for ops that mutate their arguments under JAX "
+                            f"(they return the new values)")
+        for i, o in enumerate(outs):
+            if not isinstance(o, jax.Array):
+                raise TypeError(f"{op.name}: out[{i}] must be a jax.Array, got {type(o).__name__}")
+        var = self.variant(args)  # checks the arguments, caches the plain variant (its `full`)
+        key = (tuple((_key_part(args[i]), type(args[i])) for i in self.scalar_idx),
+               tuple(args[i] is None for i in self.optional_idx))
+        with _LOCK:
+            ov = self.out_variants.get(key)
+            if ov is None:
+                ov = self.out_variants[key] = OutVariant(self, var.statics, var.full)
+        ts = [args[i] for i in self.tensor_idx]
+        if any(isinstance(t, jax.core.Tracer) for t in (*ts, *outs)):
+            return ov.forward(*ts, *outs)
+        return ov.jitted(*ts, *outs)
 
     def general(self, *args: Any) -> Any:
         """Any call: checks, then the custom_vjp function (tracers) or its jitted executable."""
@@ -256,12 +285,20 @@ class JaxAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         """The call for *op* on arrays of *array_type* (a concrete array or a tracer type)."""
-        with _LOCK:
-            jop = _OPS.get(op.qualname)
-            if jop is None or jop.op is not op:
-                jop = _OPS[op.qualname] = _JaxOp(op)
         concrete = array_type if not issubclass(array_type, jax.core.Tracer) else type(jnp.zeros(()))
-        return jop.make_call(concrete)
+        return _jop(op).make_call(concrete)
+
+    def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+        """``out=``: the result in the (donated) buffers of *outs*; see :mod:`opbridge.adapters.jax.out`."""
+        return _jop(op).with_out(args, outs)
+
+
+def _jop(op: OpDef) -> _JaxOp:
+    with _LOCK:
+        jop = _OPS.get(op.qualname)
+        if jop is None or jop.op is not op:
+            jop = _OPS[op.qualname] = _JaxOp(op)
+    return jop
 
 
 _OPS: dict[str, _JaxOp] = {}

@@ -125,8 +125,12 @@ def _gpu_kernel(op: OpDef) -> Any | None:
         return None
 
 
-def register(op: OpDef, name: str, plan: Sequence[int], direct: bool, arg_spec: list[str]) -> str:
+def register(op: OpDef, name: str, plan: Sequence[int], direct: bool, arg_spec: list[str],
+             fresh_outputs: bool = True) -> str:
     """Register *op*'s handlers as target *name* once per process; return the name used.
+
+    With *fresh_outputs* false (results aliased to caller buffers, ``out=``)
+    the handler gives no huge-page advice: the buffers are not new.
 
     *plan* maps the kernel's arguments to XLA's (``-1``: None), *direct* says
     it is the identity. A name taken by another OpDef (a library declared
@@ -139,7 +143,7 @@ def register(op: OpDef, name: str, plan: Sequence[int], direct: bool, arg_spec: 
             n += 1
             name = f"{base}.{n}"
         if name not in REGISTERED:
-            cpu = _handler(loader.kernel(op, "cpu"), plan, direct, op.n_outputs)
+            cpu = _handler(loader.kernel(op, "cpu"), plan, direct, op.n_outputs if fresh_outputs else 0)
             capsules = {"cpu": jax_tvm_ffi.register_ffi_target(name, cpu, arg_spec, platform="cpu")}
             if "cuda" in op.kernels and cuda_available():
                 kernel = _gpu_kernel(op)

@@ -1,0 +1,85 @@
+"""``out=`` on JAX arrays: the op's result computed in the caller's buffer, which is donated.
+
+JAX arrays are immutable, so ``ops.<op>(..., out=o)`` cannot change ``o``.
+It returns the op's result computed in ``o``'s memory instead: the custom
+call takes ``o`` as an extra operand aliased to its output
+(``input_output_aliases``; the kernel only writes it), so XLA puts the
+result where ``o`` was whenever ``o`` is donated:
+
+- an eager call donates ``o`` itself: afterwards ``o`` is deleted, as any
+  donated array, and the returned array lives in its buffer;
+- under a caller's ``jax.jit``, when the caller donates the array passed as
+  ``out`` (``donate_argnums``); otherwise XLA copies it first, and the call
+  costs what a call without ``out=`` costs.
+
+A large output then needs no new memory: under ``jax.jit`` XLA maps every
+program output afresh, and the OS zeroes it on the kernel's first write
+(``add`` at (4096, 4096) float32: 545 page faults per call even on huge
+pages). ``out`` must have the output's shape and dtype (a ValueError says
+which); ops that mutate their arguments refuse ``out=``, and the call is not
+differentiable (use the op without ``out=`` under ``jax.grad``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from opbridge.adapters.jax import targets
+from opbridge.adapters.jax.variant import _jnp_dtype, _sds, dtype_name
+from opbridge.call import core
+
+if TYPE_CHECKING:
+    from opbridge.adapters.jax import _JaxOp
+
+
+class OutVariant:
+    """One (op, static arguments, None pattern) combination called with ``out=``."""
+
+    def __init__(self, jop: _JaxOp, statics: dict[int, Any], full_of: Any) -> None:
+        op = self.op = jop.op
+        args = op.schema.arguments
+        self.jop = jop
+        self.full_of = full_of  # tensor slots -> schema-ordered arguments (the plain variant's `full`)
+        present = self.present = [i for i in jop.tensor_idx if statics[i] is not None]
+        attr_idx = [i for i in jop.scalar_idx if statics[i] is not None]
+        self.attrs = {args[i].name: statics[i] for i in attr_idx}
+        n_out = op.n_outputs
+        # incoming order on the handler side: rets, args (the present tensors, then the outs), attrs
+        where = {i: n_out + j for j, i in enumerate(present)}
+        for j, i in enumerate(attr_idx):
+            where[i] = n_out + len(present) + n_out + j
+        plan = list(range(n_out)) + [where.get(i, -1) for i in range(len(args))]
+        mask = "".join("1" if statics[i] is not None else "0" for i in jop.optional_idx)
+        arg_spec = ["rets", "args", *(f"attrs.{args[i].name}" for i in attr_idx)]
+        self.target = targets.register(op, targets.target_name(op, f"o{mask}"), plan, False, arg_spec,
+                                       fresh_outputs=False)
+        self.aliases = {len(present) + k: k for k in range(n_out)}
+        n_slots = len(jop.tensor_idx)
+        self.jitted = jax.jit(self.forward, donate_argnums=tuple(range(n_slots, n_slots + n_out)))
+
+    def forward(self, *slots: Any) -> Any:
+        """The custom call on tensor slots then the outs (arrays or tracers)."""
+        op = self.op
+        n = len(self.jop.tensor_idx)
+        ts, outs = slots[:n], slots[n:]
+        full = self.full_of(ts)
+        core.check_lead_dtype(op, full, dtype_name)
+        specs = core.alloc_outputs(op, full, lambda shape, dt, lead: (tuple(int(d) for d in shape),
+                                                                       _jnp_dtype(op, dt)))
+        check_outs(op, outs, specs)
+        call = jax.ffi.ffi_call(self.target, [_sds(s, d) for s, d in specs], vmap_method="sequential",
+                                input_output_aliases=self.aliases)
+        res = call(*(full[i] for i in self.present), *outs, **self.attrs)
+        return self.jop.pack(full, list(res), {})
+
+
+def check_outs(op: Any, outs: Sequence[Any], specs: Sequence[tuple[tuple[int, ...], Any]]) -> None:
+    """Raise ValueError unless each out array has its output's shape and dtype."""
+    for k, (o, (shape, dt)) in enumerate(zip(outs, specs, strict=True)):
+        if tuple(o.shape) != shape or o.dtype != dt:
+            name = "out" if len(specs) == 1 else f"out[{k}]"
+            raise ValueError(f"{op.name}: {name} has shape {tuple(o.shape)} and dtype {o.dtype}, but the output "
+                             f"has shape {shape} and dtype {dt}")
