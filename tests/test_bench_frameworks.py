@@ -293,8 +293,10 @@ def test_parity_sizes_each_candidates_samples_itself() -> None:
 def test_parity_notes_jitted_jax_against_a_fresh_numpy_output() -> None:
     from opbridge.bench import parity_report
 
-    rows = [{"framework": "jax", "shape": [4096, 4096], "framework_over_numpy_fresh": r} for r in (0.97, 1.04)]
+    rows = [{"framework": "jax", "shape": [4096, 4096], "framework_over_numpy_fresh": r,
+             "framework_out_over_numpy": r + 0.01} for r in (0.97, 1.04)]
     rows.append({"framework": "torch", "shape": [4096, 4096]})
-    (line,) = parity_report._fresh_notes(rows)
-    assert "jax under jax.jit at 4096x4096 / the NumPy path with a fresh np.empty output" in line
-    assert line.endswith("0.97-1.04x")
+    fresh, donated = parity_report._fresh_notes(rows)
+    assert "jax under jax.jit at 4096x4096 / the NumPy path with a fresh np.empty output" in fresh
+    assert fresh.endswith("0.97-1.04x")
+    assert "with out= a donated array (no fresh output) / the NumPy path: 0.98-1.05x" in donated

@@ -14,7 +14,7 @@ from opbridge.bench.parity_timing import oversubscribed
 
 CSV_FIELDS = ("framework", "op", "shape", "dtype", "baseline", "numpy_us", "framework_us", "native_us",
               "framework_over_numpy", "framework_over_numpy_p20", "framework_over_numpy_fw_memory",
-              "framework_over_numpy_fresh", "framework_over_native", "faults_numpy",
+              "framework_over_numpy_fresh", "framework_out_over_numpy", "framework_over_native", "faults_numpy",
               "faults_framework", "faults_native", "rounds", "number", "verified", "native_max_abs_diff",
               "native_unavailable", "error", "kernel_threads", "omp_num_threads", "cpus", "loadavg_before",
               "loadavg_after")
@@ -44,6 +44,7 @@ def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "framework_over_numpy_p20": r.get("framework_over_numpy_p20"),
             "framework_over_numpy_fw_memory": r.get("framework_over_numpy_fw_memory"),
             "framework_over_numpy_fresh": r.get("framework_over_numpy_fresh"),
+            "framework_out_over_numpy": r.get("framework_out_over_numpy"),
             "framework_over_native": r.get("framework_over_native", r.get("numpy_over_native")),
             **{f"faults_{k}": fl.get(k) for k in ("numpy", "framework", "native")},
             "rounds": r.get("rounds"), "number": _number(r.get("number")), "verified": r.get("verified"),
@@ -106,12 +107,16 @@ def _fresh_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Under jax.jit XLA allocates each output fresh: the jitted path against the NumPy path on fresh memory."""
     out = []
     for shape in sorted({tuple(r["shape"]) for r in rows}):
-        got = [r["framework_over_numpy_fresh"] for r in rows
-               if r["framework"] == "jax" and tuple(r["shape"]) == shape and "framework_over_numpy_fresh" in r]
+        jax_rows = [r for r in rows if r["framework"] == "jax" and tuple(r["shape"]) == shape]
+        got = [r["framework_over_numpy_fresh"] for r in jax_rows if "framework_over_numpy_fresh" in r]
         if got:
             out.append(f"  note: jax under jax.jit at {shape[0]}x{shape[1]} / the NumPy path with a fresh np.empty "
                        f"output (how XLA allocates a jitted program's outputs, and NumPy's before the pool): "
                        f"{min(got):.2f}-{max(got):.2f}x")
+        donated = [r["framework_out_over_numpy"] for r in jax_rows if "framework_out_over_numpy" in r]
+        if donated:
+            out.append(f"  note: jax under jax.jit at {shape[0]}x{shape[1]} with out= a donated array (no fresh "
+                       f"output) / the NumPy path: {min(donated):.2f}-{max(donated):.2f}x")
     return out
 
 
