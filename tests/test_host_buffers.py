@@ -222,3 +222,54 @@ def test_torch_pool_outputs_have_ordinary_storage(path: str) -> None:
     assert y.numel() == 2 * SHAPE[0] * SHAPE[1] and float(y[0]) == 2.0 and float(y[-1]) == 7.0
     y.resize_(8)
     assert float(y[0]) == 2.0
+
+
+def test_fuzzed_allocations_never_overlap_and_keep_their_contents() -> None:
+    """Random interleavings of allocations and frees, with a cache smaller than the live set.
+
+    Live buffers never overlap, each keeps the bytes written to it until it is
+    freed, a reused buffer is one that was freed, and every buffer is back once
+    all are freed. A fresh process, so the pool's bounds can be set freely.
+    """
+    pytest.importorskip("hypothesis")
+    _run("""
+    import numpy as np
+    from hypothesis import given, settings, strategies as st, HealthCheck
+    from opbridge.call import memory
+    import opbridge
+    x = np.ones(8, np.float32); opbridge.ops.add(x, x)  # load the module that registers the pool
+    MiB = 1 << 20
+
+    ops = st.lists(st.tuples(st.sampled_from(["alloc", "free"]), st.sampled_from([4, 5, 6, 8, 12]),
+                             st.integers(0, 1 << 30)), min_size=1, max_size=40)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(ops)
+    def check(steps):
+        live = {}  # id -> (array, start, end, stamp)
+        freed = set()
+        for n, (kind, mib, pick) in enumerate(steps):
+            if kind == "alloc" or not live:
+                a = memory.host_ndarray((mib * MiB // 4,), np.dtype(np.float32))
+                start = a.ctypes.data
+                end = start + a.nbytes
+                assert start % (2 * MiB) == 0
+                for b, s, e, _ in live.values():
+                    assert end <= s or e <= start, "two live buffers overlap"
+                b = None
+                a[:1024] = n; a[-1024:] = n
+                live[n] = (a, start, end, n)
+            else:
+                key = sorted(live)[pick % len(live)]
+                a, s, e, stamp = live.pop(key)
+                assert (a[:1024] == stamp).all() and (a[-1024:] == stamp).all(), "a live buffer was overwritten"
+                freed.add(s)
+                del a
+        live.clear()
+        a = b = None  # the loop's own names held the last arrays
+        s = memory.host_stats()
+        assert s["live"] == 0 and s["cached_bytes"] <= 24 * MiB, s
+
+    check()
+    print("ok")
+    """, OPBRIDGE_OUTPUT_CACHE_MB="24", OPBRIDGE_OUTPUT_CACHE_IDLE_MS="60000")
