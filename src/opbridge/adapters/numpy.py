@@ -4,7 +4,9 @@ Non-contiguous arrays are accepted: they reach the kernel as one contiguous
 copy each, and a mutated one is written back in place after the kernel
 (:func:`opbridge.call.core.dense_args`). New outputs are contiguous; those
 of 4 MiB and more come from opbridge's pool of recycled, huge-page buffers
-(:func:`opbridge.call.memory.host_ndarray`).
+(:func:`opbridge.call.memory.host_ndarray`). Such an array does not own its
+memory (``flags.owndata`` is False, as for a view; the pool owns it), so the
+in-place ``ndarray.resize`` refuses it; ``np.resize`` and copies work.
 
 bfloat16 arrays (``ml_dtypes.bfloat16``, the type JAX uses) are accepted
 where the op declares bfloat16. NumPy's DLPack export refuses that dtype, so
