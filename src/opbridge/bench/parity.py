@@ -25,7 +25,11 @@ MindSpore's buffers lie in 4 KiB pages, NumPy's large ones in 2 MiB pages
 (``/proc/self/smaps``: 14 of 16 MiB against none), which costs the same
 kernel a few per cent (``add`` at (1024, 4096), one kernel thread, its CPU
 time: 1-7%); and each candidate's minor page faults per call
-(``resource.getrusage``, counted after timing over a few untimed calls). The
+(``resource.getrusage``, counted after timing over a few untimed calls).
+Jitted JAX rows time two more: the NumPy path into a fresh ``np.empty``
+output (``numpy_fresh``: XLA allocates a jitted program's outputs afresh,
+where the NumPy path recycles) and the jitted op with ``out=`` a donated
+array (``framework_out``: no fresh output; its result is checked too). The
 framework path's result must match the NumPy path's within the op's declared
 tolerance for the dtype, else the row is an error and is not timed; the
 native formula's largest difference from it is reported, not required.
