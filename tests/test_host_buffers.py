@@ -273,3 +273,13 @@ def test_fuzzed_allocations_never_overlap_and_keep_their_contents() -> None:
     check()
     print("ok")
     """, OPBRIDGE_OUTPUT_CACHE_MB="24", OPBRIDGE_OUTPUT_CACHE_IDLE_MS="60000")
+
+
+def test_torch_compile_and_meta_tensors_with_large_outputs() -> None:
+    """Fake and meta outputs never come from the pool (a fake tensor has no address to advise)."""
+    torch = pytest.importorskip("torch")
+    x, w = torch.randn(SHAPE), torch.ones(SHAPE[1])
+    f = torch.compile(lambda a, b: opbridge.ops.rms_norm(opbridge.ops.gelu(a), b) + 1, fullgraph=True)
+    torch.testing.assert_close(f(x, w), opbridge.ops.rms_norm(opbridge.ops.gelu(x), w) + 1)
+    m = opbridge.ops.add(x.to("meta"), x.to("meta"))
+    assert m.device.type == "meta" and m.shape == x.shape

@@ -72,6 +72,11 @@ def ordered(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[An
     return [*args, *(kwargs[a.name] if a.name in kwargs else a.default for a in rest)]
 
 
+def fake_empty(shape: tuple[int, ...], dtype: Any, lead: torch.Tensor) -> torch.Tensor:
+    """:func:`new_empty` for fake and meta tensors: ``torch.empty`` only (no pool, no address to advise)."""
+    return torch.empty(shape, dtype=to_dtype(dtype), device=lead.device)
+
+
 def new_empty(shape: tuple[int, ...], dtype: Any, lead: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor on *lead*'s device (the ``empty`` of :func:`opbridge.call.core.alloc_outputs`)."""
     dt = to_dtype(dtype)

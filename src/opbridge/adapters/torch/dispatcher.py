@@ -74,7 +74,7 @@ def make_fake(op: OpDef) -> Callable[..., Any]:
         calls.check_devices(op, full)
         if not (op.n_outputs or op.schema.returns):
             return None
-        return core.pack_results(op, full, core.alloc_outputs(op, full, calls.new_empty))
+        return core.pack_results(op, full, core.alloc_outputs(op, full, calls.fake_empty))
 
     return fake
 
