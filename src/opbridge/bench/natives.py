@@ -72,15 +72,26 @@ def _paddle() -> dict[str, Factory]:
     }
 
 
+def mindspore_sync() -> Callable[[], Any]:
+    """Wait for MindSpore PyNative's queued kernels.
+
+    ``_pynative_executor.sync``, what the MindSpore adapter waits with: on a
+    CPU-only build ``mindspore.runtime.synchronize()`` logs "[ERROR] ... CPU
+    device is not supported" and returns without waiting.
+    """
+    from mindspore.graph.api import _pynative_executor
+
+    sync: Callable[[], Any] = _pynative_executor.sync
+    return sync
+
+
 def _mindspore() -> dict[str, Factory]:
     from mindspore import ops
 
     def rms(x: Any, w: Any, eps: float) -> Any:
         return x * ops.rsqrt(ops.mean(x * x, -1, True) + eps) * w
 
-    import mindspore as ms
-
-    sync = ms.runtime.synchronize
+    sync = mindspore_sync()
 
     def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
         # PyNative queues kernels and returns at once; wait for the result, as opbridge's call does.

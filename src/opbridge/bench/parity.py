@@ -12,7 +12,8 @@ numpy      ``opbridge.ops.<op>`` on NumPy arrays, a new output per call: the
 framework  ``opbridge.ops.<op>`` on the framework's arrays: torch eager, JAX
            inside ``jax.jit`` (``block_until_ready``) and, as rows of their own
            (``jax eager``), eagerly, Paddle eager, MindSpore PyNative followed
-           by ``mindspore.runtime.synchronize()``
+           by ``_pynative_executor.sync()``
+           (:func:`opbridge.bench.natives.mindspore_sync`)
 native     the framework's own formula (:mod:`opbridge.bench.natives`; under
            JAX, XLA's fusion of it inside ``jax.jit``)
 =========  ======================================================================
@@ -62,7 +63,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opbridge.bench.natives import natives
+from opbridge.bench.natives import mindspore_sync, natives
 from opbridge.bench.parity_timing import calibrated_each, load_context, row_load
 from opbridge.bench.timing import ratio
 
@@ -81,7 +82,7 @@ FRAMEWORK_PATH = {
     "jax": "jax.jit(lambda *a: opbridge.ops.{op}(*a))(...).block_until_ready()",
     "jax eager": "opbridge.ops.{op}(*jax arrays).block_until_ready(), not under jax.jit",
     "paddle": "opbridge.ops.{op}(*paddle tensors), eager",
-    "mindspore": "opbridge.ops.{op}(*mindspore tensors), PyNative; mindspore.runtime.synchronize()",
+    "mindspore": "opbridge.ops.{op}(*mindspore tensors), PyNative; _pynative_executor.sync()",
 }
 
 
@@ -180,12 +181,7 @@ class Arrays:
 
 
 def _sync(framework: str) -> Callable[[], Any] | None:
-    if framework != "mindspore":
-        return None
-    import mindspore as ms
-
-    sync: Callable[[], Any] = ms.runtime.synchronize
-    return sync
+    return mindspore_sync() if framework == "mindspore" else None
 
 
 def _synced(fn: Callable[[], Any], sync: Callable[[], Any]) -> Any:
