@@ -250,7 +250,7 @@ def test_fuzzed_allocations_never_overlap_and_keep_their_contents() -> None:
         freed = set()
         for n, (kind, mib, pick) in enumerate(steps):
             if kind == "alloc" or not live:
-                a = memory.host_ndarray((mib * MiB // 4,), np.dtype(np.float32))
+                a = memory.empty_ndarray((mib * MiB // 4,), np.dtype(np.float32))
                 start = a.ctypes.data
                 end = start + a.nbytes
                 assert start % (2 * MiB) == 0

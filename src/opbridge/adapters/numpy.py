@@ -4,7 +4,7 @@ Non-contiguous arrays are accepted: they reach the kernel as one contiguous
 copy each, and a mutated one is written back in place after the kernel
 (:func:`opbridge.call.core.dense_args`). New outputs are contiguous; those
 of 4 MiB and more come from opbridge's pool of recycled, huge-page buffers
-(:func:`opbridge.call.memory.host_ndarray`). Such an array does not own its
+(:func:`opbridge.call.memory.empty_ndarray`). Such an array does not own its
 memory (``flags.owndata`` is False, as for a view; the pool owns it), so the
 in-place ``ndarray.resize`` refuses it; ``np.resize`` and copies work.
 
@@ -54,14 +54,11 @@ def _dtype_name(a: np.ndarray) -> str:
 
 
 def _empty(shape: tuple[int, ...], dtype: Any, lead: Any) -> np.ndarray:
-    d = _np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-    a = memory.host_ndarray(shape, d)  # 4 MiB and more: opbridge's recycled, huge-page buffers
-    return np.empty(shape, d) if a is None else a
+    return memory.empty_ndarray(shape, _np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype))
 
 
 def _empty_like(x: np.ndarray) -> np.ndarray:
-    a = memory.host_ndarray(x.shape, x.dtype)
-    return np.empty_like(x) if a is None else a
+    return memory.empty_ndarray(x.shape, x.dtype)
 
 
 # DLPack's DLTensor starts {void* data; int32 device_type, device_id; int32 ndim; uint8 code, ...}.

@@ -2,7 +2,7 @@
 
 Every framework whose outputs opbridge allocates takes a new CPU output of
 :data:`MIN_BYTES` or more from one pool per process (:func:`host_empty`,
-:func:`host_ndarray`; the pool itself is C++, ``include/opbridge/host_buffers_impl.h``):
+:func:`empty_ndarray`; the pool itself is C++, ``include/opbridge/host_buffers_impl.h``):
 2 MiB-aligned and a whole number of huge pages, and, once freed, handed to
 the next output of its size, so the OS neither maps nor zeroes it again
 (``opbridge bench outputs``: 1.7-3.6x faster at (4096, 4096) than the
@@ -38,6 +38,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from opbridge import config
 
@@ -82,29 +84,32 @@ def advise_fresh(ptr: int, nbytes: int) -> bool:
 
 # --- large outputs from opbridge's pool (include/opbridge/host_buffers_impl.h) -------------------
 
-_EMPTY = "opbridge.host_buffers.v1.empty"
+_POOL = "opbridge.host_buffers.v1."  # the prefix of the pool's tvm-ffi globals
 _host: list[Any] = []  # [empty] once a loaded module has registered the pool and it is configured
+
+
+def _pool_fn(name: str) -> Any:
+    """The pool's global function *name* (``empty``, ``configure``, ``stats``, ``trim``), None if not registered."""
+    from opbridge._tvm import tvm_ffi
+
+    return tvm_ffi().get_global_func(_POOL + name, allow_missing=True)
 
 
 def _host_fn() -> Any | None:
     """The pool's ``empty``, configured on first sight; None until a module providing it is loaded."""
     if _host:
         return _host[0]
-    from opbridge._tvm import tvm_ffi
-
-    ffi = tvm_ffi()
-    empty = ffi.get_global_func(_EMPTY, allow_missing=True)
+    empty = _pool_fn("empty")
     if empty is None:  # no module loaded yet, or only modules built before the pool existed
         return None
-    ffi.get_global_func("opbridge.host_buffers.v1.configure")(
-        advise_enabled(), config.output_cache_bytes(), config.output_cache_idle_ms())
+    _pool_fn("configure")(advise_enabled(), config.output_cache_bytes(), config.output_cache_idle_ms())
     _host.append(empty)
     return empty
 
 
 def host_ready() -> bool:
     """Whether the pool is there (a loaded module registered it); configures it on first sight."""
-    return (_host[0] if _host else _host_fn()) is not None
+    return _host_fn() is not None
 
 
 def advise_enabled() -> bool:
@@ -130,7 +135,7 @@ def host_empty(shape: tuple[int, ...], dtype: str, nbytes: int) -> Any | None:
     """
     if nbytes < MIN_BYTES:
         return None
-    empty = _host[0] if _host else _host_fn()
+    empty = _host_fn()
     return None if empty is None else empty(shape, dtype)
 
 
@@ -138,18 +143,14 @@ def host_stats() -> dict[str, int] | None:
     """The pool's counters (bytes and buffers cached, reused, newly mapped, released idle, live); None without it."""
     if _host_fn() is None:
         return None
-    from opbridge._tvm import tvm_ffi
-
-    vals = list(tvm_ffi().get_global_func("opbridge.host_buffers.v1.stats")())
+    vals = list(_pool_fn("stats")())
     return dict(zip(("cached_bytes", "cached", "reused", "mapped", "released_idle", "live"), vals, strict=True))
 
 
 def host_trim() -> None:
     """Give every cached output buffer back to the OS now (a no-op without the pool)."""
     if _host_fn() is not None:
-        from opbridge._tvm import tvm_ffi
-
-        tvm_ffi().get_global_func("opbridge.host_buffers.v1.trim")()
+        _pool_fn("trim")()
 
 
 class _HostArray:
@@ -167,15 +168,17 @@ class _HostArray:
                                     "version": 3}
 
 
-def host_ndarray(shape: tuple[int, ...], dtype: Any) -> Any | None:
-    """:func:`host_empty` as a writable ``numpy.ndarray`` of *shape* and NumPy *dtype*; None as there."""
-    import numpy as np
+def empty_ndarray(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new C-contiguous ``numpy.ndarray`` of *shape* and NumPy *dtype*, uninitialised.
 
+    Of :data:`MIN_BYTES` and more, a writable view of a :func:`host_empty`
+    buffer (the pool owns the memory: ``flags.owndata`` is False) where the
+    pool is there; otherwise, and below that size, ``numpy.empty``.
+    """
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < MIN_BYTES:
-        return None
-    t = host_empty(shape, f"uint{8 * dtype.itemsize}", nbytes)
-    if t is None:
-        return None
-    a = np.asarray(_HostArray(t, shape, f"<u{dtype.itemsize}"))
-    return a if a.dtype == dtype else a.view(dtype)
+    if nbytes >= MIN_BYTES:
+        t = host_empty(shape, f"uint{8 * dtype.itemsize}", nbytes)
+        if t is not None:
+            a: np.ndarray = np.asarray(_HostArray(t, shape, f"<u{dtype.itemsize}"))
+            return a if a.dtype == dtype else a.view(dtype)
+    return np.empty(shape, dtype)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -131,7 +130,8 @@ def _numpy_bfloat16() -> np.dtype[Any] | None:
         import ml_dtypes
     except ImportError:
         return None
-    return np.dtype(ml_dtypes.bfloat16)
+    bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return bf16
 
 
 def alloc(shape: Sequence[int], dtype: Any) -> tuple[Tensor, Any]:
@@ -150,20 +150,12 @@ def alloc(shape: Sequence[int], dtype: Any) -> tuple[Tensor, Any]:
     if dtype == ms.bfloat16:
         bf16 = _numpy_bfloat16()
         if bf16 is not None:
-            out = _empty(shape, bf16)
+            out = memory.empty_ndarray(shape, bf16)
             return Tensor.from_numpy(out), as_bfloat16(out.view(npd))
-        buf = _empty(shape, npd)
+        buf = memory.empty_ndarray(shape, npd)
         return Tensor.from_numpy(buf).view(ms.bfloat16), as_bfloat16(buf)
-    buf = _empty(shape, npd)
+    buf = memory.empty_ndarray(shape, npd)
     return Tensor.from_numpy(buf), buf
-
-
-def _empty(shape: tuple[int, ...], d: np.dtype) -> np.ndarray:
-    """A new NumPy buffer; from opbridge's pool of recycled, huge-page buffers at 4 MiB and more."""
-    if math.prod(shape) * d.itemsize < memory.MIN_BYTES:
-        return np.empty(shape, d)
-    a = memory.host_ndarray(shape, d)
-    return np.empty(shape, d) if a is None else a
 
 
 def span(t: Tensor) -> tuple[int, int]:
