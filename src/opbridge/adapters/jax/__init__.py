@@ -183,10 +183,14 @@ class _JaxOp:
                                 f"jax.jit(..., static_argnums=...)")
         core.validate_args(op, args, _is_array, "a jax.Array")
 
+    def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """A variant's key: the static arguments' values and types, and which optionals are None."""
+        return (tuple((_key_part(args[i]), type(args[i])) for i in self.scalar_idx),
+                tuple(args[i] is None for i in self.optional_idx))
+
     def variant(self, args: Sequence[Any]) -> Variant:
         """The variant for these arguments' static values and None pattern (checked when new)."""
-        key = (tuple((_key_part(args[i]), type(args[i])) for i in self.scalar_idx),
-               tuple(args[i] is None for i in self.optional_idx))
+        key = self.key(args)
         try:
             var = self.variants.get(key)
         except TypeError:  # unhashable: a traced value in a static slot, a nested list
@@ -214,8 +218,7 @@ class _JaxOp:
             if not isinstance(o, jax.Array):
                 raise TypeError(f"{op.name}: out[{i}] must be a jax.Array, got {type(o).__name__}")
         var = self.variant(args)  # checks the arguments, caches the plain variant (its `full`)
-        key = (tuple((_key_part(args[i]), type(args[i])) for i in self.scalar_idx),
-               tuple(args[i] is None for i in self.optional_idx))
+        key = self.key(args)
         with _LOCK:
             ov = self.out_variants.get(key)
             if ov is None:

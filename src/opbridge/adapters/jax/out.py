@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from opbridge.adapters.jax import targets
-from opbridge.adapters.jax.variant import _jnp_dtype, _sds, dtype_name
+from opbridge.adapters.jax.variant import _sds, dtype_name, output_specs
 from opbridge.call import core
 
 if TYPE_CHECKING:
@@ -67,8 +67,7 @@ class OutVariant:
         ts, outs = slots[:n], slots[n:]
         full = self.full_of(ts)
         core.check_lead_dtype(op, full, dtype_name)
-        specs = core.alloc_outputs(op, full, lambda shape, dt, lead: (tuple(int(d) for d in shape),
-                                                                       _jnp_dtype(op, dt)))
+        specs = output_specs(op, full)
         check_outs(op, outs, specs)
         call = jax.ffi.ffi_call(self.target, [_sds(s, d) for s, d in specs], vmap_method="sequential",
                                 input_output_aliases=self.aliases)

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from opbridge import loader
-from opbridge._codegen import compile_source
 from opbridge.adapters.jax import targets
 from opbridge.call import core, memory
 
@@ -70,6 +69,12 @@ def _jnp_dtype(op: Any, d: Any) -> Any:
     return dt
 
 
+def output_specs(op: Any, full: Sequence[Any]) -> list[tuple[tuple[int, ...], Any]]:
+    """``(shape, JAX dtype)`` of each new output of a call of *op* on schema-ordered *full*."""
+    return core.alloc_outputs(op, full, lambda shape, dt, lead: (tuple(int(d) for d in shape),
+                                                                  _jnp_dtype(op, dt)))
+
+
 class Variant:
     """One (op, static arguments, None pattern) combination: target, custom_vjp function, jitted call."""
 
@@ -107,23 +112,18 @@ class Variant:
         self.jitted = jax.jit(self.fn)
         self.lead = jop.tensor_idx.index(op.dispatch_arg) if op.dispatch_arg in jop.tensor_idx else None
         self.poolable = not self.mutated and op.n_outputs > 0 and self.lead is not None
-        #: What an eager call on concrete arrays runs: the jitted executable, or (poolable ops) a
-        #: function generated per variant that sends calls with large outputs to _pooled first.
-        self.eager: Callable[..., Any] = self._eager_source() if self.poolable else self.jitted
 
-    def _eager_source(self) -> Callable[..., Any]:
-        slots = [f"t{i}" for i in range(len(self.jop.tensor_idx))]
-        params = ", ".join(slots)
-        src = (f"def eager({params}):\n"
-               f"    if t{self.lead}.size >= _min:\n"
-               f"        got = _pooled(({params},))\n"
-               f"        if got is not None:\n"
-               f"            return got\n"
-               f"    return _jitted({params})\n")
-        ns: dict[str, Any] = {"_min": MIN_POOL_ELEMENTS, "_pooled": self._pooled, "_jitted": self.jitted}
-        compile_source(src, f"<opbridge jax eager {self.op.qualname}>", ns)
-        fn: Callable[..., Any] = ns["eager"]
-        return fn
+    def eager(self, *ts: Any) -> Any:
+        """A call on concrete arrays that is not on the fast path: large CPU outputs from the pool, else jitted.
+
+        Calls on small arrays go straight to the jitted executable from the
+        op's generated call (its ``.size`` test); this runs on the checked path.
+        """
+        if self.poolable and ts[self.lead].size >= MIN_POOL_ELEMENTS:  # type: ignore[index]
+            got = self._pooled(ts)
+            if got is not None:
+                return got
+        return self.jitted(*ts)
 
     def _pooled(self, ts: Sequence[Any]) -> Any | None:
         """The kernel on *ts* into pool buffers (None: an output is small or not on the CPU, or no pool)."""
@@ -136,8 +136,7 @@ class Variant:
         op = self.op
         full = self.full(ts)
         core.check_lead_dtype(op, full, dtype_name)
-        specs = core.alloc_outputs(op, full, lambda shape, dt, lead: (tuple(int(d) for d in shape),
-                                                                       _jnp_dtype(op, dt)))
+        specs = output_specs(op, full)
         bufs = []
         for shape, dt in specs:
             b = memory.host_empty(shape, dt.name, math.prod(shape) * dt.itemsize)
@@ -181,8 +180,7 @@ class Variant:
         op = self.op
         full = self.full(ts)
         core.check_lead_dtype(op, full, dtype_name)
-        specs = core.alloc_outputs(op, full, lambda shape, dt, lead: (tuple(int(d) for d in shape),
-                                                                       _jnp_dtype(op, dt)))
+        specs = output_specs(op, full)
         self._dry_run(full, specs)
         shapes = [*specs, *((tuple(full[i].shape), full[i].dtype) for i in self.mutated)]
         outs: list[Any] = []
