@@ -24,12 +24,13 @@
 //
 // Globals (prefix opbridge.host_buffers.v1.):
 //   empty(shape, dtype) -> Tensor      a new buffer, freed into the pool
-//   api() -> int                       address of the Api table below
+//   api() -> int                       address of the Api table (host_buffers.h)
 //   configure(advise, cache_bytes, idle_ms)
 //   stats() -> [cached bytes, cached buffers, reused, mapped, released idle, live]
 //   trim()                             every cached buffer back to the OS now
 #pragma once
 
+#include <opbridge/host_buffers.h>
 #include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/function.h>
@@ -52,13 +53,6 @@ namespace opbridge {
 namespace host_buffers {
 
 constexpr size_t kHuge = size_t{2} << 20;
-
-// What torch's native shim calls (no Python, no tvm-ffi object per buffer).
-struct Api {
-  int64_t version;
-  void* (*alloc)(size_t nbytes);             // nullptr when out of memory
-  void (*release)(void* p, size_t nbytes);   // nbytes as given to alloc
-};
 
 inline size_t Rounded(size_t n) { return (n + kHuge - 1) / kHuge * kHuge; }
 
@@ -241,8 +235,7 @@ inline const Api* GetApi() {
 // Registers the globals unless a module loaded earlier did; the registering
 // module is never unloaded (its code frees every buffer it handed out).
 inline void RegisterOnce() {
-  static const char kProbe[] = "opbridge.host_buffers.v1.api";
-  if (tvm::ffi::Function::GetGlobal(kProbe).has_value()) return;
+  if (tvm::ffi::Function::GetGlobal(kApiGlobal).has_value()) return;
 #if defined(__linux__)
   Dl_info info;
   if (dladdr(reinterpret_cast<void*>(&ApiAlloc), &info) && info.dli_fname) {
@@ -251,21 +244,21 @@ inline void RegisterOnce() {
   pthread_atfork(&Pool::BeforeFork, &Pool::AfterForkParent, &Pool::AfterForkChild);
 #endif
   using tvm::ffi::Function;
-  Function::SetGlobal("opbridge.host_buffers.v1.empty",
+  Function::SetGlobal(OPB_HOST_BUFFERS_GLOBAL("empty"),
                       Function::FromTyped([](tvm::ffi::Shape shape, DLDataType dtype) {
                         return tvm::ffi::Tensor::FromNDAlloc(NDAlloc(), shape, dtype, DLDevice{kDLCPU, 0});
                       }));
-  Function::SetGlobal("opbridge.host_buffers.v1.configure",
+  Function::SetGlobal(OPB_HOST_BUFFERS_GLOBAL("configure"),
                       Function::FromTyped([](bool advise, int64_t cache_bytes, int64_t idle_ms) {
                         Pool::Instance()->Configure(advise, cache_bytes, idle_ms);
                       }));
-  Function::SetGlobal("opbridge.host_buffers.v1.stats", Function::FromTyped([]() {
+  Function::SetGlobal(OPB_HOST_BUFFERS_GLOBAL("stats"), Function::FromTyped([]() {
                         tvm::ffi::Array<int64_t> out;
                         for (int64_t v : Pool::Instance()->Stats()) out.push_back(v);
                         return out;
                       }));
-  Function::SetGlobal("opbridge.host_buffers.v1.trim", Function::FromTyped([]() { Pool::Instance()->Trim(); }));
-  Function::SetGlobal(kProbe, Function::FromTyped([]() { return reinterpret_cast<int64_t>(GetApi()); }));
+  Function::SetGlobal(OPB_HOST_BUFFERS_GLOBAL("trim"), Function::FromTyped([]() { Pool::Instance()->Trim(); }));
+  Function::SetGlobal(kApiGlobal, Function::FromTyped([]() { return reinterpret_cast<int64_t>(GetApi()); }));
 }
 
 }  // namespace host_buffers

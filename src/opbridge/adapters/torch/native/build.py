@@ -28,8 +28,11 @@ from opbridge.build.progress import Progress, first_errors
 from opbridge.errors import BuildError
 
 SOURCE = Path(__file__).with_name("shim.cc")
+#: opbridge's headers; the shim includes only ``opbridge/host_buffers.h`` (the pool's interface).
+INCLUDE_DIR = Path(__file__).resolve().parents[3] / "include"
 #: Every file the shim is compiled from (``shim.cc`` includes the headers beside it).
-SOURCES = (SOURCE, *(SOURCE.with_name(h) for h in ("op_state.h", "python_calls.h", "kernel_call.h", "python_entry.h")))
+SOURCES = (SOURCE, *(SOURCE.with_name(h) for h in ("op_state.h", "python_calls.h", "kernel_call.h", "python_entry.h")),
+           INCLUDE_DIR / "opbridge" / "host_buffers.h")
 LIB_NAME = "libopbridge_torch_native.so"
 
 
@@ -70,7 +73,7 @@ def command(output: Path) -> list[str]:
     tvm_lib = Path(libinfo.find_libtvm_ffi())
     torch_lib = Path(torch.__file__).parent / "lib"
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"],
-                libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
+                libinfo.find_include_path(), libinfo.find_dlpack_include_path(), INCLUDE_DIR]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [config.cxx(), "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes), str(SOURCE), "-o", str(output),

@@ -43,20 +43,16 @@ inline bool View(const at::Tensor& t, DLDevice device, DLTensor* d, TVMFFIAny* a
   return true;
 }
 
-// opbridge's pool of large CPU output buffers (include/opbridge/host_buffers_impl.h), which the
-// first opbridge module loaded registers; nullptr until then, or with modules built before it.
-struct HostApi {
-  int64_t version;
-  void* (*alloc)(size_t nbytes);
-  void (*release)(void* p, size_t nbytes);
-};
+// opbridge's pool of large CPU output buffers (include/opbridge/host_buffers.h), which the first
+// opbridge module loaded registers; nullptr until then, or with modules built before it.
+using HostApi = opbridge::host_buffers::Api;
 
 inline const HostApi* GetHostApi() {
   static std::atomic<const HostApi*> api{nullptr};
   const HostApi* got = api.load(std::memory_order_acquire);
   if (got) return got;
   TVMFFIObjectHandle fn = nullptr;
-  const TVMFFIByteArray name{"opbridge.host_buffers.v1.api", sizeof("opbridge.host_buffers.v1.api") - 1};
+  const TVMFFIByteArray name{opbridge::host_buffers::kApiGlobal, sizeof(opbridge::host_buffers::kApiGlobal) - 1};
   if (TVMFFIFunctionGetGlobal(&name, &fn) != 0 || !fn) return nullptr;
   TVMFFIAny result;
   result.type_index = kTVMFFINone;
@@ -103,19 +99,13 @@ class PoolAllocator final : public c10::Allocator {
   int64_t min_;
 };
 
-// The pool's 4 MiB threshold (opbridge.call.memory.MIN_BYTES).
-constexpr int64_t kPoolMinBytes = int64_t{4} << 20;
-
 // A new contiguous CPU tensor on a pool buffer (one allocator: one pool per process).
 inline at::Tensor PoolEmpty(const HostApi* api, at::IntArrayRef sizes, at::ScalarType dtype) {
-  static PoolAllocator allocator(api, kPoolMinBytes);
+  static PoolAllocator allocator(api, opbridge::host_buffers::kMinBytes);
   return at::Tensor(at::detail::empty_generic(sizes, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
                                               std::nullopt));
 }
 
-// A new contiguous output. On the CPU, one of at least st.fresh_min bytes comes from the pool
-// (recycled, 2 MiB-aligned huge pages) when it is there, else from at::empty with huge-page
-// advice (*advise* says whether that is still due).
 // The large-output half of NewOutput, out of line so the small-output path stays short.
 [[gnu::noinline, gnu::cold]] inline at::Tensor NewLargeOutput(at::IntArrayRef sizes, const at::TensorOptions& options,
                                                                bool* advise) {

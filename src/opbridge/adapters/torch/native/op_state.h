@@ -9,6 +9,7 @@
 #include <c10/util/accumulate.h>
 #include <c10/core/GradMode.h>
 #include <dlpack/dlpack.h>
+#include <opbridge/host_buffers.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <tvm/ffi/c_api.h>
