@@ -62,6 +62,17 @@ def _faults(fn: Callable[[], Any]) -> float:
     return round((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / _FAULT_CALLS, 1)
 
 
+def advised_empty_like(like: Any) -> Any:
+    """A new ``np.empty_like`` buffer with huge-page advice on its aligned interior: NumPy outputs before the pool."""
+    import numpy as np
+
+    from opbridge.call import memory
+
+    out = np.empty_like(like)
+    memory.advise_fresh(out.ctypes.data, out.nbytes)
+    return out
+
+
 class _NumPy:
     name = "numpy"
 
@@ -81,11 +92,7 @@ class _NumPy:
         return x, w
 
     def empty(self, like: Any) -> Any:
-        from opbridge.call import memory
-
-        out = self.np.empty_like(like)
-        memory.advise_fresh(out.ctypes.data, out.nbytes)
-        return out
+        return advised_empty_like(like)
 
     def aligned(self, like: Any) -> Any:
         from opbridge.call import memory

@@ -240,15 +240,10 @@ def _fresh_call(op: str, args: Sequence[Any]) -> Any:
     How the NumPy path allocated before opbridge's pool, and how XLA allocates
     a jitted program's outputs: fresh memory the kernel's first write faults in.
     """
-    import numpy as np
-
     from opbridge import ops
-    from opbridge.call import memory
+    from opbridge.bench.outputs import advised_empty_like
 
-    x = args[0]
-    out = np.empty_like(x)
-    memory.advise_fresh(out.ctypes.data, out.nbytes)
-    return getattr(ops, op)(*args, out=out)
+    return getattr(ops, op)(*args, out=advised_empty_like(args[0]))
 
 
 def _inputs(op: str, shape: tuple[int, int]) -> list[Any]:

@@ -169,7 +169,7 @@ def _outputs() -> dict[str, Any]:
         return {"min_bytes": memory.MIN_BYTES, "error": str(e), "state": f"misconfigured: {e}"}
     if not config.hugepages():
         pages = "huge-page advice off (OPBRIDGE_HUGEPAGES=0)"
-    elif memory._load() is not None:
+    elif memory.advise_enabled():
         pages = "huge pages advised (THP in [madvise] mode)"
     else:
         try:

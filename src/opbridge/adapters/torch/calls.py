@@ -4,11 +4,12 @@ The dispatcher's kernels (:mod:`.dispatcher`) and the dispatcher-free fast
 path (:mod:`.fast`) are generated per op from the same lines
 (:func:`kernel_lines`): the alias check of mutating ops, the outputs
 (:func:`opbridge.call.core.alloc_source`; large new CPU ones from
-opbridge's pool, :func:`large_empty`), and the kernel call, which on CUDA publishes torch's current stream
-of the tensor's device to tvm-ffi around the call. Both assume dense inputs
-and let the kernel's ``ValueError`` ("x must be contiguous") send strided
-calls to :func:`strided_call`, which runs the kernel on dense copies and
-copies mutated arguments back, so dense calls pay nothing for it.
+opbridge's pool, :func:`large_empty`), and the kernel call, which on CUDA
+publishes torch's current stream of the tensor's device to tvm-ffi around
+the call. Both assume dense inputs and let the kernel's ``ValueError`` ("x
+must be contiguous") send strided calls to :func:`strided_call`, which runs
+the kernel on dense copies and copies mutated arguments back, so dense
+calls pay nothing for it.
 """
 
 from __future__ import annotations
@@ -77,10 +78,15 @@ def fake_empty(shape: tuple[int, ...], dtype: Any, lead: torch.Tensor) -> torch.
     return torch.empty(shape, dtype=to_dtype(dtype), device=lead.device)
 
 
+def _pool_sized(shape: tuple[int, ...], dt: torch.dtype) -> bool:
+    """Whether a new CPU output of *shape* and *dt* is large enough for opbridge's pool (:func:`large_empty`)."""
+    return math.prod(shape) * dt.itemsize >= memory.MIN_BYTES
+
+
 def new_empty(shape: tuple[int, ...], dtype: Any, lead: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor on *lead*'s device (the ``empty`` of :func:`opbridge.call.core.alloc_outputs`)."""
     dt = to_dtype(dtype)
-    if lead.device.type == "cpu" and math.prod(shape) * dt.itemsize >= memory.MIN_BYTES:
+    if lead.device.type == "cpu" and _pool_sized(shape, dt):
         return large_empty(shape, dt)
     return torch.empty(shape, dtype=dt, device=lead.device)
 
@@ -172,8 +178,7 @@ def rule_alloc(op: OpDef, on_device: bool) -> Callable[..., list[torch.Tensor]]:
 
     def miss(k: Any, a: Sequence[Any], **device: Any) -> list[torch.Tensor]:
         specs = [(tuple(s.shape), to_dtype(s.dtype)) for s in op.output_specs(a)]
-        got = [(shape, dt, not on_device and math.prod(shape) * dt.itemsize >= memory.MIN_BYTES)
-               for shape, dt in specs]
+        got = [(shape, dt, not on_device and _pool_sized(shape, dt)) for shape, dt in specs]
         try:
             if len(cache) >= ALLOC_CACHE_SIZE:
                 cache.clear()
@@ -207,7 +212,8 @@ def kernel_lines(op: OpDef, device: str, names: Sequence[str], outs: Sequence[st
     The alias check (mutating ops); with *allocate*, the new outputs
     (``like`` ones as ``empty_like`` of the dense input they copy, so
     contiguous; others from the shape rule; on the CPU those of 4 MiB and
-    more from opbridge's pool, :func:`large_empty`); then the call of ``_t_k_<device>``. On CUDA the call runs with
+    more from opbridge's pool, :func:`large_empty`); then the call of
+    ``_t_k_<device>``. On CUDA the call runs with
     torch's current stream of the dispatching tensor's device published to
     tvm-ffi, read from torch's raw handle: no Python stream object, no host
     synchronisation, so it is safe under CUDA graph capture.
