@@ -6,9 +6,11 @@
 // (float64 in double) with the formulas and clamps of opbridge/activation_math.h (those of the CPU
 // kernels' activations.h, with expf), so CPU and CUDA results agree to rounding. vLLM rounds act(a) to
 // the input dtype before the multiply; this keeps it in float32.
-// Rows over blockIdx.x and, when they are few, each row's columns over
-// blockIdx.y too (cu::Context::rows_launch), both grid-stride; 128-bit
-// accesses when d and the pointers allow.
+// One chunk of kGatedThreads column units of one row per block
+// (cu::Context::rows_grid: chunks over blockIdx.x, rows over blockIdx.y,
+// grid-stride past 65535 rows), so a decode step's 1-8 rows spread over as
+// many SMs as 4096 rows do; 128-bit accesses when d and the pointers allow.
+// Small blocks keep occupancy high whatever the register count.
 #include <opbridge/activation_math.h>
 #include <opbridge/cuda.h>
 #include <opbridge/ops/activation_and_mul.h>
@@ -31,53 +33,55 @@ struct GeluTanh {
   template <typename C> __device__ static C grad(C a) { return am::gelu_tanh_grad<Math>(a); }
 };
 
+constexpr int kGatedThreads = 128;
+
 template <int N, typename T, typename Act>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kGatedThreads)
     act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows, int64_t d) {
   const int64_t dv = d / N;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  const int64_t i = int64_t(blockIdx.x) * kGatedThreads + threadIdx.x;
+  if (i >= dv) return;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const T* xa = x + r * 2 * d;
     const T* xb = xa + d;
     T* o = out + r * d;
-    for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < dv; i += int64_t(blockDim.x) * gridDim.y) {
-      const cu::Vec<T, N> av = cu::load<N>(xa + i * N);
-      const cu::Vec<T, N> bv = cu::load<N>(xb + i * N);
-      cu::Vec<T, N> ov;
+    const cu::Vec<T, N> av = cu::load<N>(xa + i * N);
+    const cu::Vec<T, N> bv = cu::load<N>(xb + i * N);
+    cu::Vec<T, N> ov;
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        ov.v[k] = cu::from_compute<T>(Act::act(cu::to_compute(av.v[k])) * cu::to_compute(bv.v[k]));
-      }
-      cu::store<N>(o + i * N, ov);
+    for (int k = 0; k < N; ++k) {
+      ov.v[k] = cu::from_compute<T>(Act::act(cu::to_compute(av.v[k])) * cu::to_compute(bv.v[k]));
     }
+    cu::store<N>(o + i * N, ov);
   }
 }
 
 template <int N, typename T, typename Act>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kGatedThreads)
     act_and_mul_backward_kernel(T* __restrict__ grad_x, const T* __restrict__ grad,
                                 const T* __restrict__ x, int64_t rows, int64_t d) {
   const int64_t dv = d / N;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  const int64_t i = int64_t(blockIdx.x) * kGatedThreads + threadIdx.x;
+  if (i >= dv) return;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const T* xa = x + r * 2 * d;
     const T* xb = xa + d;
     const T* g = grad + r * d;
     T* ga = grad_x + r * 2 * d;
     T* gb = ga + d;
-    for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < dv; i += int64_t(blockDim.x) * gridDim.y) {
-      const cu::Vec<T, N> av = cu::load<N>(xa + i * N);
-      const cu::Vec<T, N> bv = cu::load<N>(xb + i * N);
-      const cu::Vec<T, N> gv = cu::load<N>(g + i * N);
-      cu::Vec<T, N> dav, dbv;
+    const cu::Vec<T, N> av = cu::load<N>(xa + i * N);
+    const cu::Vec<T, N> bv = cu::load<N>(xb + i * N);
+    const cu::Vec<T, N> gv = cu::load<N>(g + i * N);
+    cu::Vec<T, N> dav, dbv;
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const auto a = cu::to_compute(av.v[k]);
-        const auto gk = cu::to_compute(gv.v[k]);
-        dav.v[k] = cu::from_compute<T>(gk * cu::to_compute(bv.v[k]) * Act::grad(a));
-        dbv.v[k] = cu::from_compute<T>(gk * Act::act(a));
-      }
-      cu::store<N>(ga + i * N, dav);
-      cu::store<N>(gb + i * N, dbv);
+    for (int k = 0; k < N; ++k) {
+      const auto a = cu::to_compute(av.v[k]);
+      const auto gk = cu::to_compute(gv.v[k]);
+      dav.v[k] = cu::from_compute<T>(gk * cu::to_compute(bv.v[k]) * Act::grad(a));
+      dbv.v[k] = cu::from_compute<T>(gk * Act::act(a));
     }
+    cu::store<N>(ga + i * N, dav);
+    cu::store<N>(gb + i * N, dbv);
   }
 }
 
@@ -94,11 +98,11 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
     T* o = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
     if (cu::can_vectorize<T>(d, o, a)) {
-      const auto l = ctx.rows_launch(rows, d / V);
-      act_and_mul_kernel<V, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(o, a, rows, d);
+      act_and_mul_kernel<V, T, Act><<<ctx.rows_grid(rows, d / V, kGatedThreads), kGatedThreads, 0, ctx.stream>>>(
+          o, a, rows, d);
     } else {
-      const auto l = ctx.rows_launch(rows, d);
-      act_and_mul_kernel<1, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(o, a, rows, d);
+      act_and_mul_kernel<1, T, Act><<<ctx.rows_grid(rows, d, kGatedThreads), kGatedThreads, 0, ctx.stream>>>(
+          o, a, rows, d);
     }
     ctx.check_launch();
   });
@@ -118,11 +122,11 @@ void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, Te
     const T* g = opbridge::data_ptr<const T>(grad);
     const T* a = opbridge::data_ptr<const T>(x);
     if (cu::can_vectorize<T>(d, gx, g, a)) {
-      const auto l = ctx.rows_launch(rows, d / V);
-      act_and_mul_backward_kernel<V, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(gx, g, a, rows, d);
+      act_and_mul_backward_kernel<V, T, Act>
+          <<<ctx.rows_grid(rows, d / V, kGatedThreads), kGatedThreads, 0, ctx.stream>>>(gx, g, a, rows, d);
     } else {
-      const auto l = ctx.rows_launch(rows, d);
-      act_and_mul_backward_kernel<1, T, Act><<<l.grid, l.threads, 0, ctx.stream>>>(gx, g, a, rows, d);
+      act_and_mul_backward_kernel<1, T, Act>
+          <<<ctx.rows_grid(rows, d, kGatedThreads), kGatedThreads, 0, ctx.stream>>>(gx, g, a, rows, d);
     }
     ctx.check_launch();
   });

@@ -3,8 +3,11 @@
 //   residual = input + residual              (rounded to the dtype)
 //   input    = rms_norm(residual, weight, eps)
 // The norm is taken of the *rounded* sum, the value the caller gets back in
-// residual. One block per row; 128-bit accesses when H and the pointers allow.
+// residual. One block per row; 128-bit accesses when H and the pointers allow;
+// rows that fit in a block's registers run cuda_norm.h's cached kernel (one
+// memory round trip per row), longer ones the two-pass form below.
 #include <opbridge/cuda.h>
+#include <opbridge/cuda_norm.h>
 #include <opbridge/ops/fused_add_rms_norm.h>
 
 namespace {
@@ -50,6 +53,26 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// fused_add_rms_norm's rows for cuda_norm.h: input + residual, rounded to the
+// dtype and written back to residual (input is then overwritten with the norm
+// by the same thread, after this read).
+template <int N, typename T>
+struct SumRows {
+  const T* input;
+  T* residual;
+  int64_t H;
+  __device__ cu::Vec<T, N> load(int64_t r, int i) const {
+    const int64_t at = r * H + int64_t(i) * N;
+    const cu::Vec<T, N> a = cu::load<N>(input + at);
+    const cu::Vec<T, N> b = cu::load<N>(residual + at);
+    cu::Vec<T, N> z;
+#pragma unroll
+    for (int k = 0; k < N; ++k) z.v[k] = cu::from_compute<T>(cu::to_compute(a.v[k]) + cu::to_compute(b.v[k]));
+    cu::store<N>(residual + at, z);
+    return z;
+  }
+};
+
 }  // namespace
 
 void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView weight, double eps) {
@@ -68,8 +91,10 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, in, res, w)) {
-      fused_add_rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(in, res, w, rows, H,
-                                                                                   C(eps));
+      if (!cu::launch_rms_rows_cached<V>(ctx, in, SumRows<V, T>{in, res, H}, w, rows, H, C(eps))) {
+        fused_add_rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(in, res, w, rows, H,
+                                                                                     C(eps));
+      }
     } else {
       fused_add_rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(in, res, w, rows, H,
                                                                                C(eps));

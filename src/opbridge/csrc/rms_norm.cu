@@ -1,9 +1,12 @@
 // rms_norm over the last dim H and its backward on CUDA.
 //   y = x * r * w,  r = 1 / sqrt(mean(x^2) + eps)
 // One block per row (grid-stride over rows), 128-bit accesses when H and the
-// pointers allow, fp32 block reductions (fp64 for float64). Each row is read twice; the second
-// read hits L1/L2, so DRAM traffic stays one read + one write.
+// pointers allow, fp32 block reductions (fp64 for float64).
+// Forward: rows that fit in a block's registers run cuda_norm.h's cached
+// kernel (one memory round trip per row); longer rows the two-pass form
+// below, whose second read hits L1/L2.
 #include <opbridge/cuda.h>
+#include <opbridge/cuda_norm.h>
 #include <opbridge/ops/rms_norm.h>
 
 namespace {
@@ -42,6 +45,14 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restr
     }
   }
 }
+
+// rms_norm's rows for cuda_norm.h: x itself.
+template <int N, typename T>
+struct RowsOf {
+  const T* __restrict__ x;
+  int64_t H;
+  __device__ cu::Vec<T, N> load(int64_t r, int i) const { return cu::load<N>(x + r * H + int64_t(i) * N); }
+};
 
 // With gw_i = g_i w_i:  dx = r gw - x r^3 mean(gw x),  dw = sum over rows of g x r.
 // Block b accumulates its rows' g x r into partial[b, :] in fp32 (each column
@@ -137,7 +148,9 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, y, a, w)) {
-      rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
+      if (!cu::launch_rms_rows_cached<V>(ctx, y, RowsOf<V, T>{a, H}, w, rows, H, C(eps))) {
+        rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
+      }
     } else {
       rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
     }

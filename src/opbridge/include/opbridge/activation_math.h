@@ -1,8 +1,9 @@
 // The activation math of gelu, silu_and_mul and gelu_and_mul (values and
 // derivatives) written once for the CUDA kernels (float32 and float64). C is
-// the compute type (float or double); M supplies M::exp and
+// the compute type (float or double); M supplies M::exp, M::div(a, b) and
 // M::clamp_below(v, lo) (max(v, lo) that keeps NaN), so each form picks its
-// own exp and clamp (expf / exp on CUDA).
+// own exp, division and clamp (cuda.h's Math: the approximate float forms,
+// exact double ones).
 //
 // The CPU kernels use activations.h: the same formulas, in float32 with the
 // cheaper exp_for_logistic and hand-written AVX2 forms (its header comment
@@ -33,7 +34,7 @@ struct Logistic {
 template <typename M, typename C>
 OPB_HOST_DEVICE Logistic<C> logistic(C z) {
   const C e = M::exp(-M::clamp_below(z, C(-80)));
-  const C s = C(1) / (C(1) + e);
+  const C s = M::div(C(1), C(1) + e);
   return {s, e * s};
 }
 
@@ -53,7 +54,7 @@ OPB_HOST_DEVICE C gelu_neg_z(C x) {
 // silu(x) = x / (1 + e^-x).
 template <typename M, typename C>
 OPB_HOST_DEVICE C silu(C x) {
-  return x / (C(1) + M::exp(-x));
+  return M::div(x, C(1) + M::exp(-x));
 }
 
 // s (1 + x (1 - s)), x clamped at -80 as a whole (true value < 1.5e-33 there).
@@ -67,7 +68,7 @@ OPB_HOST_DEVICE C silu_grad(C x) {
 // gelu, tanh approximation, as x sigmoid(z) = x / (1 + e^-z).
 template <typename M, typename C>
 OPB_HOST_DEVICE C gelu_tanh(C x) {
-  return x / (C(1) + M::exp(gelu_neg_z(x)));
+  return M::div(x, C(1) + M::exp(gelu_neg_z(x)));
 }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx, x clamped at -10 (z = -87.3; true
@@ -86,7 +87,7 @@ OPB_HOST_DEVICE C gelu_tanh_backward(C g, C x) {
   const C x2 = x * x;
   const C z = M::clamp_below(C(2) * C(kSqrt2OverPi) * x * (C(1) + C(kGeluCoeff) * x2), C(-80));
   const C e = M::exp(-z);
-  const C s = C(1) / (C(1) + e);
+  const C s = M::div(C(1), C(1) + e);
   const C dz = C(2) * C(kSqrt2OverPi) * (C(1) + C(3) * C(kGeluCoeff) * x2);
   return g * (s + x * dz * (e * s) * s);
 }

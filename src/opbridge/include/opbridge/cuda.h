@@ -127,6 +127,22 @@ inline int multiprocessor_count(const char* op, int device) {
   return n;
 }
 
+// Blocks of `threads` threads of `kernel` that one multiprocessor runs at once
+// (registers and shared memory permitting), read once through the occupancy
+// API and kept in `cache`, a static of the caller's template instantiation.
+// A grid-stride kernel launched with num_sms * this many blocks runs in one
+// full wave: a fixed blocks-per-SM guess leaves a partly filled second wave
+// whenever the kernel's register count allows fewer.
+template <typename Kernel>
+int resident_blocks(const char* op, Kernel kernel, int threads, std::atomic<int>& cache) {
+  int n = cache.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  OPB_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+  n = std::max(n, 1);
+  cache.store(n, std::memory_order_relaxed);
+  return n;
+}
+
 // The per-call launch context. Constructing it is the first CUDA call a kernel
 // makes: it makes `t`'s device current for the call (a framework's "current
 // device" need not be the tensor's) and reads the stream the framework set
@@ -148,6 +164,7 @@ class Context {
   }
 
   int device() const { return device_; }
+  const char* op() const { return op_; }
   int num_sms() const { return multiprocessor_count(op_, device_); }
 
   // Raises RuntimeError if the launch just made failed (bad configuration,
@@ -157,32 +174,15 @@ class Context {
     if (err != cudaSuccess) throw_cuda_error(op_, "kernel launch", err);
   }
 
-  // Grid size for a grid-stride loop over `units` work items with `threads`
-  // per block: enough blocks to fill every SM, no more than there is work for.
-  unsigned grid_for(int64_t units, int threads, int blocks_per_sm = 8) const {
-    const int64_t needed = (std::max<int64_t>(units, 1) + threads - 1) / threads;
-    return static_cast<unsigned>(std::min<int64_t>(needed, int64_t(num_sms()) * blocks_per_sm));
-  }
-
-  // A launch for a per-row loop over `units` work items per row (blockIdx.x:
-  // rows, grid-stride; blockIdx.y: column blocks, grid-stride). While the rows
-  // fill the GPU, one block of up to 1024 threads per row; a few long rows (a
-  // decode step's 1-8 rows of 14336 columns) split their columns into blocks
-  // of up to 256 threads over gridDim.y, about blocks_per_sm blocks per SM in
-  // all, instead of leaving all but a few SMs idle.
-  struct RowLaunch {
-    dim3 grid;
-    int threads;
-  };
-  RowLaunch rows_launch(int64_t rows, int64_t units, int blocks_per_sm = 4) const {
-    const unsigned grid_rows = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), INT32_MAX));
-    const int64_t target = int64_t(num_sms()) * blocks_per_sm;
-    if (rows >= target / 2) return {dim3(grid_rows, 1, 1), row_threads(units)};
-    const int threads = row_threads(units, 256);
-    const int64_t per_row = (std::max<int64_t>(units, 1) + threads - 1) / threads;
-    const int64_t want = (target + rows - 1) / std::max<int64_t>(rows, 1);
-    const int64_t split = std::clamp<int64_t>(std::min(per_row, want), 1, 65535);
-    return {dim3(grid_rows, static_cast<unsigned>(split), 1), threads};
+  // A launch for a row-wise loop: blockIdx.x over blocks of `threads` work
+  // items of a row (`units` per row), blockIdx.y over rows (grid-stride past
+  // 65535). Every block gets one chunk of one row, so few long rows (a decode
+  // step's 1-8 rows of 14336 columns) spread over as many SMs as many short
+  // ones do, and there is no grid-stride tail inside a row.
+  dim3 rows_grid(int64_t rows, int64_t units, int threads) const {
+    const int64_t chunks = (std::max<int64_t>(units, 1) + threads - 1) / threads;
+    return dim3(static_cast<unsigned>(std::min<int64_t>(chunks, INT32_MAX)),
+                static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)), 1);
   }
 
   cudaStream_t stream = nullptr;
@@ -279,11 +279,20 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// The math policy of opbridge/activation_math.h on CUDA: CUDA's own exp, and
-// max(v, lo) that keeps NaN (fmaxf would replace it by lo).
+// The math policy of opbridge/activation_math.h on CUDA. float: the hardware's
+// approximate exp and division (__expf: ex2.approx after one multiply, within
+// 2 + 1.16|x| ulp, about 6e-6 relative at |x| = 80 and under 1e-6 for |x| < 8;
+// __fdividef: 2 ulp for divisors up to 2^126, 0 beyond, where every quotient
+// here is below 1e-36), as Triton's and Inductor's sigmoid: the IEEE forms
+// cost about 25 instructions more per element, which made the 16-bit gated
+// activations and gelu compute-bound on an H200 (0.67-0.70 of copy bandwidth).
+// double: exp and IEEE division. clamp_below is max(v, lo) that keeps NaN
+// (fmaxf would replace it by lo).
 struct Math {
-  __host__ __device__ static float exp(float x) { return expf(x); }
-  __host__ __device__ static double exp(double x) { return ::exp(x); }
+  __device__ static float exp(float x) { return __expf(x); }
+  __device__ static double exp(double x) { return ::exp(x); }
+  __device__ static float div(float a, float b) { return __fdividef(a, b); }
+  __device__ static double div(double a, double b) { return a / b; }
   template <typename C>
   __host__ __device__ static C clamp_below(C v, C lo) {
     return v < lo ? lo : v;
@@ -393,23 +402,35 @@ __device__ __forceinline__ V block_sum(V v, V* scratch) {
 // elementwise maps: out[i] = f(a[i]) or f(a[i], b[i]) over flat arrays
 // ---------------------------------------------------------------------------
 //
-// A grid-stride loop over N-element vectors, then the n % N tail element by
-// element. out may be exactly a or b (in place): each element is read before
-// it is written, by the same thread.
+// A grid-stride loop over N-element vectors, kMapUnroll of them per thread
+// and step (all loads issued before the first use), then the n % N tail
+// element by element. The grid is one full wave (resident_blocks per SM).
+// out may be exactly a or b (in place): each element is read before it is
+// written, by the same thread.
 
 constexpr int kMapThreads = 256;
+constexpr int kMapUnroll = 2;
 
 template <int N, typename T, typename F>
 __global__ void __launch_bounds__(kMapThreads) map1_kernel(T* out, const T* __restrict__ a, int64_t n, F f) {
   const int64_t nv = n / N;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t i = first; i < nv; i += step) {
-    const Vec<T, N> va = load<N>(a + i * N);
-    Vec<T, N> vo;
+  for (int64_t base = first; base < nv; base += step * kMapUnroll) {
+    Vec<T, N> va[kMapUnroll];
 #pragma unroll
-    for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va.v[k])));
-    store<N>(out + i * N, vo);
+    for (int u = 0; u < kMapUnroll; ++u) {
+      if (base + u * step < nv) va[u] = load<N>(a + (base + u * step) * N);
+    }
+#pragma unroll
+    for (int u = 0; u < kMapUnroll; ++u) {
+      if (base + u * step < nv) {
+        Vec<T, N> vo;
+#pragma unroll
+        for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va[u].v[k])));
+        store<N>(out + (base + u * step) * N, vo);
+      }
+    }
   }
   for (int64_t i = nv * N + first; i < n; i += step) out[i] = from_compute<T>(f(to_compute(a[i])));
 }
@@ -420,17 +441,38 @@ __global__ void __launch_bounds__(kMapThreads)
   const int64_t nv = n / N;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t i = first; i < nv; i += step) {
-    const Vec<T, N> va = load<N>(a + i * N);
-    const Vec<T, N> vb = load<N>(b + i * N);
-    Vec<T, N> vo;
+  for (int64_t base = first; base < nv; base += step * kMapUnroll) {
+    Vec<T, N> va[kMapUnroll], vb[kMapUnroll];
 #pragma unroll
-    for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va.v[k]), to_compute(vb.v[k])));
-    store<N>(out + i * N, vo);
+    for (int u = 0; u < kMapUnroll; ++u) {
+      if (base + u * step < nv) {
+        va[u] = load<N>(a + (base + u * step) * N);
+        vb[u] = load<N>(b + (base + u * step) * N);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kMapUnroll; ++u) {
+      if (base + u * step < nv) {
+        Vec<T, N> vo;
+#pragma unroll
+        for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va[u].v[k]), to_compute(vb[u].v[k])));
+        store<N>(out + (base + u * step) * N, vo);
+      }
+    }
   }
   for (int64_t i = nv * N + first; i < n; i += step) {
     out[i] = from_compute<T>(f(to_compute(a[i]), to_compute(b[i])));
   }
+}
+
+// Blocks for a map over `units` vectors: one full wave of `kernel`, no more
+// than the work needs.
+template <typename Kernel>
+unsigned map_grid(const char* op, const Context& ctx, Kernel kernel, int64_t units, std::atomic<int>& cache) {
+  const int64_t per_block = int64_t(kMapThreads) * kMapUnroll;
+  const int64_t needed = (std::max<int64_t>(units, 1) + per_block - 1) / per_block;
+  const int64_t wave = int64_t(ctx.num_sms()) * resident_blocks(op, kernel, kMapThreads, cache);
+  return static_cast<unsigned>(std::min(needed, wave));
 }
 
 // out = f(a), 128-bit accesses when every pointer is 16-byte aligned.
@@ -438,10 +480,13 @@ template <typename T, typename F>
 void map(const Context& ctx, T* out, const T* a, int64_t n, F f) {
   if (n == 0) return;
   constexpr int V = kVec<T>;
+  static std::atomic<int> resident_vec{0}, resident_one{0};
   if (can_vectorize<T>(0, out, a)) {
-    map1_kernel<V><<<ctx.grid_for(n / V, kMapThreads), kMapThreads, 0, ctx.stream>>>(out, a, n, f);
+    const unsigned grid = map_grid(ctx.op(), ctx, map1_kernel<V, T, F>, n / V, resident_vec);
+    map1_kernel<V><<<grid, kMapThreads, 0, ctx.stream>>>(out, a, n, f);
   } else {
-    map1_kernel<1><<<ctx.grid_for(n, kMapThreads), kMapThreads, 0, ctx.stream>>>(out, a, n, f);
+    const unsigned grid = map_grid(ctx.op(), ctx, map1_kernel<1, T, F>, n, resident_one);
+    map1_kernel<1><<<grid, kMapThreads, 0, ctx.stream>>>(out, a, n, f);
   }
   ctx.check_launch();
 }
@@ -451,10 +496,13 @@ template <typename T, typename F>
 void map(const Context& ctx, T* out, const T* a, const T* b, int64_t n, F f) {
   if (n == 0) return;
   constexpr int V = kVec<T>;
+  static std::atomic<int> resident_vec{0}, resident_one{0};
   if (can_vectorize<T>(0, out, a, b)) {
-    map2_kernel<V><<<ctx.grid_for(n / V, kMapThreads), kMapThreads, 0, ctx.stream>>>(out, a, b, n, f);
+    const unsigned grid = map_grid(ctx.op(), ctx, map2_kernel<V, T, F>, n / V, resident_vec);
+    map2_kernel<V><<<grid, kMapThreads, 0, ctx.stream>>>(out, a, b, n, f);
   } else {
-    map2_kernel<1><<<ctx.grid_for(n, kMapThreads), kMapThreads, 0, ctx.stream>>>(out, a, b, n, f);
+    const unsigned grid = map_grid(ctx.op(), ctx, map2_kernel<1, T, F>, n, resident_one);
+    map2_kernel<1><<<grid, kMapThreads, 0, ctx.stream>>>(out, a, b, n, f);
   }
   ctx.check_launch();
 }
