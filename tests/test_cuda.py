@@ -414,10 +414,12 @@ def test_cuda_matches_cpu(gpu: Any, name: str, dtype: str) -> None:
             _assert_same(op, dtype, got, want, f"{name} {dtype} case {i} offset {offset}")
 
 
-# (rows, H): every launch form of the row kernels. Forward: rows cached in registers with 1, 2 or 4
-# 128-bit units per thread and blocks of 256 or more threads, and the two-pass form for longer rows
-# (H = 20000). Backward: the cached persistent kernel with several rows per block (5000 x 256) and
-# 2 or 4 units per thread (4096, 8192), and the global-partial form (9000, 20000).
+# (rows, H): every launch form of the row kernels. Forward: rows cached in registers with 1 to 8
+# 128-bit units per thread (rms_norm, blocks of up to 256 threads) or up to 4 units and blocks of up
+# to 1024 threads (fused_add_rms_norm at 9000 and 8192), and the two-pass form for longer rows
+# (rms_norm float32 at 9000; both at 20000). Backward: the cached persistent kernel with several rows
+# per block (5000 x 256) and 2 or 4 units per thread (4096, 8192), and the global-partial form
+# (9000, 20000).
 ROW_SHAPES = [(300, 9000), (5000, 256), (64, 4096), (40, 8192), (6, 20000)]
 
 

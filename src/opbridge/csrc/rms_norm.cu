@@ -107,14 +107,17 @@ __global__ void __launch_bounds__(kBackwardThreads)
   }
 }
 
-// The backward for rows that fit in registers (cuda_norm.h's unit rule, blocks
-// of up to kBackwardThreads): a persistent grid, one full wave; each thread
+// The backward for rows that fit in registers (cuda_norm.h's RowsByThreads
+// units, blocks of up to kBackwardThreads): a persistent grid, one full wave; each thread
 // loads its units of the weight once, keeps its columns' running sums of
 // g x r in registers across the block's rows, and writes them to
 // partial[block] once at the end. The form above adds each row into partial
 // in global memory (a read and a write of H floats per row, more bytes than
 // the row itself for the 16-bit types: 0.20 of copy bandwidth for bfloat16
 // at 8192 x 8192 on an H200). Same sums in the same order per column.
+template <int N>
+using Backward = cu::RowsByThreads<N>;  // units per thread; blocks capped at kBackwardThreads
+
 template <int N, int K, typename T, typename C = opbridge::compute_t<T>>
 __global__ void __launch_bounds__(kBackwardThreads)
     rms_norm_backward_cached_kernel(T* grad_x, C* __restrict__ partial, const T* __restrict__ grad,
@@ -229,7 +232,7 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, y, a, w)) {
-      if (!cu::launch_rms_rows_cached<V>(ctx, y, RowsOf<V, T>{a, H}, w, rows, H, C(eps))) {
+      if (!cu::launch_rms_rows_cached<cu::RowsByUnits, V>(ctx, y, RowsOf<V, T>{a, H}, w, rows, H, C(eps))) {
         rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
       }
     } else {
@@ -258,12 +261,12 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
     const bool vec = cu::can_vectorize<T>(H, dx, g, a, w);
-    const int units = vec ? cu::cached_units<V>(H / V, kBackwardThreads) : 0;
+    const int units = vec ? cu::cached_units<Backward<V>>(H / V, kBackwardThreads) : 0;
     if (units > 0) {
       // One full wave of the cached kernel; each block owns one row of partial dw.
       const int threads = cu::row_threads((H / V + units - 1) / units, kBackwardThreads);
       int64_t grid = 0;
-      cu::with_units<V>(units, [&](auto k_const) {
+      cu::with_units<Backward<V>::kMaxUnits>(units, [&](auto k_const) {
         constexpr int K = decltype(k_const)::value;
         static cu::ResidentCache resident = {};
         const auto kernel = rms_norm_backward_cached_kernel<V, K, T>;
@@ -271,7 +274,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
       });
       cu::Scratch partial(op, ctx, size_t(grid) * size_t(H) * sizeof(C));
       if (grid > 0) {
-        cu::with_units<V>(units, [&](auto k_const) {
+        cu::with_units<Backward<V>::kMaxUnits>(units, [&](auto k_const) {
           constexpr int K = decltype(k_const)::value;
           rms_norm_backward_cached_kernel<V, K><<<unsigned(grid), threads, 0, ctx.stream>>>(
               dx, partial.as<C>(), g, a, w, rows, H, C(eps));
