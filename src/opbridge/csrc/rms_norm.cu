@@ -262,42 +262,35 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     const T* w = opbridge::data_ptr<const T>(weight);
     const bool vec = cu::can_vectorize<T>(H, dx, g, a, w);
     const int units = vec ? cu::cached_units<Backward<V>>(H / V, kBackwardThreads) : 0;
+    // Blocks of the main kernel, each owning one row of partial dw (fp32, fp64 for float64):
+    // one full wave of the cached kernel where rows fit, else enough two-pass blocks to fill the GPU.
+    int threads = 0;
+    int64_t grid = 0;
     if (units > 0) {
-      // One full wave of the cached kernel; each block owns one row of partial dw.
-      const int threads = cu::row_threads((H / V + units - 1) / units, kBackwardThreads);
-      int64_t grid = 0;
+      threads = cu::row_threads((H / V + units - 1) / units, kBackwardThreads);
       cu::with_units<Backward<V>::kMaxUnits>(units, [&](auto k_const) {
         constexpr int K = decltype(k_const)::value;
         static cu::ResidentCache resident = {};
         const auto kernel = rms_norm_backward_cached_kernel<V, K, T>;
         grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * cu::resident_blocks(op, kernel, threads, resident));
       });
-      cu::Scratch partial(op, ctx, size_t(grid) * size_t(H) * sizeof(C));
-      if (grid > 0) {
+    } else {
+      threads = cu::row_threads(vec ? H / V : H, kBackwardThreads);
+      grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * (2048 / threads));
+    }
+    cu::Scratch partial(op, ctx, size_t(grid) * size_t(H) * sizeof(C));
+    if (grid > 0) {
+      C* part = partial.as<C>();
+      if (units > 0) {
         cu::with_units<Backward<V>::kMaxUnits>(units, [&](auto k_const) {
           constexpr int K = decltype(k_const)::value;
           rms_norm_backward_cached_kernel<V, K><<<unsigned(grid), threads, 0, ctx.stream>>>(
-              dx, partial.as<C>(), g, a, w, rows, H, C(eps));
+              dx, part, g, a, w, rows, H, C(eps));
         });
-        ctx.check_launch();
-      }
-      const dim3 block(kColumns, kColumnGroups);
-      column_sum_kernel<T><<<unsigned((H + kColumns - 1) / kColumns), block, 0, ctx.stream>>>(
-          dw, partial.as<const C>(), grid, H);
-      ctx.check_launch();
-      return;
-    }
-    const int threads = vec ? cu::row_threads(H / V, kBackwardThreads) : cu::row_threads(H, kBackwardThreads);
-    // Enough blocks to fill the GPU; each owns one row of partial dw (fp32, fp64 for float64).
-    const int64_t grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * (2048 / threads));
-    cu::Scratch partial(op, ctx, size_t(grid) * size_t(H) * sizeof(C));
-    if (grid > 0) {
-      if (vec) {
-        rms_norm_backward_kernel<V><<<unsigned(grid), threads, 0, ctx.stream>>>(
-            dx, partial.as<C>(), g, a, w, rows, H, C(eps));
+      } else if (vec) {
+        rms_norm_backward_kernel<V><<<unsigned(grid), threads, 0, ctx.stream>>>(dx, part, g, a, w, rows, H, C(eps));
       } else {
-        rms_norm_backward_kernel<1><<<unsigned(grid), threads, 0, ctx.stream>>>(
-            dx, partial.as<C>(), g, a, w, rows, H, C(eps));
+        rms_norm_backward_kernel<1><<<unsigned(grid), threads, 0, ctx.stream>>>(dx, part, g, a, w, rows, H, C(eps));
       }
       ctx.check_launch();
     }
