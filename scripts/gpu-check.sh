@@ -6,9 +6,12 @@
 #
 #   scripts/gpu-check.sh            # uses $PYTHON, else .venv/bin/python, else python3
 #   GPU_CHECK_QUICK=0 scripts/gpu-check.sh   # the full bench gpu run instead of --quick
+#   GPU_CHECK_WHEELS=DIR scripts/gpu-check.sh  # first install DIR/*.whl (no index, no deps) into a
+#                                  # temporary directory on PYTHONPATH: tvm-ffi, jax-tvm-ffi or
+#                                  # liger-kernel on a machine without network
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -17,6 +20,12 @@ export OPBRIDGE_CACHE_DIR=${OPBRIDGE_CACHE_DIR:-$PWD/.cache/opbridge} OPBRIDGE_N
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   echo "gpu-check: no CUDA GPU visible to $PY (torch.cuda.is_available() is False); nothing to check"
   exit 0
+fi
+if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
+  SITE=$(mktemp -d)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$GPU_CHECK_WHEELS"/*.whl \
+    || { echo "gpu-check: installing the wheels in $GPU_CHECK_WHEELS failed"; exit 1; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
