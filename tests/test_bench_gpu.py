@@ -129,9 +129,54 @@ def test_liger_is_optional() -> None:
     from opbridge.bench.gpu import peers
 
     if peers.liger_missing() is None:
-        assert set(peers.liger_impls()) == {"rms_norm", "silu_and_mul"}
+        assert set(peers.liger_impls()) == set(peers.LIGER_OPS)
     else:
         assert peers.liger_impls() == {} and "pip install liger-kernel" in peers.liger_missing()
+
+
+def test_liger_candidates_call_its_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a stand-in liger_kernel: each op's candidate calls its Function with Liger's arguments, the
+    gated ops with the two halves as separate contiguous tensors made before the timed call."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from opbridge.bench.gpu import peers
+
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    for op, path in peers.LIGER_OPS.items():
+        parts = path.split(".")
+        for i in range(1, len(parts)):
+            name = ".".join(parts[:i])
+            if name not in sys.modules or not hasattr(sys.modules[name], "_opb_fake"):
+                mod = types.ModuleType(name)
+                mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+                mod._opb_fake = True  # type: ignore[attr-defined]
+                monkeypatch.setitem(sys.modules, name, mod)
+        def apply(*a: Any, _op: str = op) -> tuple[Any, ...]:
+            calls.append((_op, a))
+            return (a[0],)
+
+        fn = type(parts[-1], (), {"apply": staticmethod(apply)})
+        setattr(sys.modules[".".join(parts[:-1])], parts[-1], fn)
+    impls = peers.liger_impls()
+    assert set(impls) == set(peers.LIGER_OPS)
+    x = torch.arange(12.0).reshape(2, 6)
+    w, r = torch.ones(6), torch.zeros(2, 6)
+    args = {"rms_norm": [x, w, 1e-6], "fused_add_rms_norm": [x, r, w, 1e-6], "silu_and_mul": [x],
+            "gelu_and_mul": [x]}
+    for op, impl in impls.items():
+        call, collect = peers.liger_candidate(LIBRARY.ops[op], impl).bind(args[op])
+        assert not calls or calls[-1][0] != op  # nothing ran while binding
+        collect(call())
+        got_op, got = calls[-1]
+        assert got_op == op
+        if op in ("silu_and_mul", "gelu_and_mul"):
+            a, b = got
+            assert a.is_contiguous() and b.is_contiguous()
+            assert torch.equal(a, x[:, :3]) and torch.equal(b, x[:, 3:])
+        else:
+            assert got[:len(args[op])] == tuple(args[op]) and got[len(args[op]):] == (0.0, "llama", False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

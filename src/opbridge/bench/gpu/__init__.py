@@ -16,7 +16,7 @@ candidate         mode       what is called
 ``eager_new``     new        torch eager, the workload's formula
 ``eager_out``     out        torch eager into buffers (or in place), where torch can
 ``compile_new``   new        ``torch.compile(fullgraph=True, dynamic=False)`` of the formula
-``liger``         new        Liger-Kernel's Triton kernel (rms_norm, silu_and_mul), if installed
+``liger``         new        Liger-Kernel's Triton kernel (the norms, the gated ops), if installed
 ================  =========  ==========================================================
 
 Verification

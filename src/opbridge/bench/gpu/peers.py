@@ -1,26 +1,35 @@
 """Peers of opbridge's CUDA kernels beyond torch eager: Inductor and, where installed, Liger-Kernel.
 
 Liger-Kernel (``pip install liger-kernel``, optional) ships Triton kernels
-for some of the ops: ``LigerRMSNormFunction`` for ``rms_norm`` (Llama
-casting: the norm in float32, cast to the input dtype, times the weight)
-and ``LigerSiLUMulFunction`` for ``silu_and_mul`` (its two halves passed
-separately). :func:`liger_impls` returns them as
-:class:`~opbridge.bench.workloads.TorchImpl` for those ops, so they become
-candidates like any other formula; with Liger not installed there are none,
-and the report says so once.
+for four of the ops (:data:`LIGER_OPS`): ``rms_norm`` and
+``fused_add_rms_norm`` (Llama casting: the norm in float32, cast to the
+input dtype, times the weight), ``silu_and_mul`` and ``gelu_and_mul`` (tanh
+GELU). Liger's gated activations take the two halves as separate tensors,
+contiguous (its ``ensure_contiguous`` copies views first), as its MLP layers
+produce them from two projections; so the halves of the case's ``[a | b]``
+are copied into two tensors once, outside the timing, and its kernel alone
+is timed. :func:`liger_impls` returns them per op; with Liger not installed
+there are none, and the report says so once.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from opbridge.bench.candidates import Candidate, formula_candidates
+from opbridge.bench.candidates import Bound, Candidate, formula_candidates
+from opbridge.bench.verify import as_tuple
 
 LIGER, COMPILE_NEW = "liger", "compile_new"
-#: ops Liger-Kernel has a forward for, and the class that computes it
+#: ops Liger-Kernel has a forward for, and the autograd Function that computes it
 LIGER_OPS = {"rms_norm": "liger_kernel.ops.rms_norm.LigerRMSNormFunction",
-             "silu_and_mul": "liger_kernel.ops.swiglu.LigerSiLUMulFunction"}
+             "fused_add_rms_norm": "liger_kernel.ops.fused_add_rms_norm.LigerFusedAddRMSNormFunction",
+             "silu_and_mul": "liger_kernel.ops.swiglu.LigerSiLUMulFunction",
+             "gelu_and_mul": "liger_kernel.ops.geglu.LigerGELUMulFunction"}
 
 
 def liger_missing() -> str | None:
@@ -32,29 +41,49 @@ def liger_missing() -> str | None:
     return None if found else "liger_kernel is not installed (pip install liger-kernel)"
 
 
-def liger_impls() -> dict[str, Any]:
-    """``{op: TorchImpl}`` of Liger-Kernel's forwards (empty without Liger-Kernel)."""
+@dataclass(frozen=True)
+class LigerImpl:
+    """Liger's forward for one op: ``bind(args)`` prepares its inputs (untimed) and returns the call."""
+
+    bind: Callable[[list[Any]], Callable[[], Any]]
+    what: str
+
+
+def _halves(args: list[Any]) -> tuple[Any, Any]:
+    x = args[0]
+    d = x.shape[-1] // 2
+    return x[..., :d].contiguous(), x[..., d:].contiguous()
+
+
+def liger_impls() -> dict[str, LigerImpl]:
+    """``{op: LigerImpl}`` of Liger-Kernel's forwards (empty without Liger-Kernel)."""
     if liger_missing() is not None:
         return {}
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-    from opbridge.bench.workloads import TorchImpl
+    def fn(op: str) -> Any:
+        module, _, name = LIGER_OPS[op].rpartition(".")
+        return getattr(importlib.import_module(module), name).apply
 
-    def rms(x: Any, w: Any, eps: float) -> tuple[Any, ...]:
-        return (LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False),)
+    rms, fused, silu, gelu = (fn(op) for op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul"))
+    return {
+        "rms_norm": LigerImpl(lambda a: functools.partial(rms, a[0], a[1], a[2], 0.0, "llama", False),
+                              "LigerRMSNormFunction.apply(x, w, eps, 0.0, 'llama', False)"),
+        "fused_add_rms_norm": LigerImpl(
+            lambda a: functools.partial(fused, a[0], a[1], a[2], a[3], 0.0, "llama", False),
+            "LigerFusedAddRMSNormFunction.apply(x, residual, w, eps, 0.0, 'llama', False) -> (y, x + residual)"),
+        "silu_and_mul": LigerImpl(lambda a: functools.partial(silu, *_halves(a)),
+                                  "LigerSiLUMulFunction.apply(a, b), a and b contiguous (split outside the timing)"),
+        "gelu_and_mul": LigerImpl(lambda a: functools.partial(gelu, *_halves(a)),
+                                  "LigerGELUMulFunction.apply(a, b), a and b contiguous (split outside the timing)"),
+    }
 
-    def silu_mul(x: Any) -> tuple[Any, ...]:
-        d = x.shape[-1] // 2
-        return (LigerSiLUMulFunction.apply(x[..., :d], x[..., d:]),)
 
-    return {"rms_norm": TorchImpl(rms, what="LigerRMSNormFunction.apply(x, w, eps, 0.0, 'llama', False)"),
-            "silu_and_mul": TorchImpl(silu_mul, what="LigerSiLUMulFunction.apply(x[..., :d], x[..., d:])")}
+def liger_candidate(op: Any, impl: LigerImpl) -> Candidate:
+    """The ``liger`` candidate of *op* (new outputs)."""
+    def bind(args: list[Any]) -> Bound:
+        return impl.bind(args), as_tuple
 
-
-def liger_candidate(op: Any, impl: Any) -> Candidate:
-    """The ``liger`` candidate of *op* (new output)."""
-    return formula_candidates(op, impl.new, None, names=(LIGER, ""), what=impl.what, into_what="")[0]
+    return Candidate(LIGER, "new", impl.what, bind)
 
 
 def compile_candidate(op: Any, impl: Any) -> Candidate:
