@@ -167,7 +167,6 @@ class Context {
   }
 
   int device() const { return device_; }
-  const char* op() const { return op_; }
   int num_sms() const { return multiprocessor_count(op_, device_); }
 
   // Raises RuntimeError if the launch just made failed (bad configuration,
