@@ -31,6 +31,9 @@ variable                   meaning                                        defaul
                            caller-runs pool: lower p99 beside busy
                            neighbours, slower otherwise); read once per
                            process
+``OPBRIDGE_NUMPY_NATIVE``  ``0``: NumPy calls keep the Python fast path    ``1``
+                           (no C entry is built or loaded;
+                           :mod:`opbridge.adapters.numpy.native`)
 ``OPBRIDGE_TORCH_NATIVE``  ``0``: torch ops keep their Python dispatcher  ``1``
                            kernels (no C++ shim is built or loaded;
                            :mod:`opbridge.adapters.torch.native`)
@@ -135,6 +138,11 @@ def output_cache_idle_ms() -> int:
     if ms < 1:
         raise ValueError(f"OPBRIDGE_OUTPUT_CACHE_IDLE_MS must be at least 1, got {ms}")
     return ms
+
+
+def numpy_native() -> bool:
+    """Whether NumPy calls go through opbridge's C entry (``OPBRIDGE_NUMPY_NATIVE``, default on)."""
+    return os.environ.get("OPBRIDGE_NUMPY_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def torch_native() -> bool:

@@ -17,6 +17,13 @@ conversion raises ``BufferError`` before anything runs). The same goes for
 read-only inputs, which DLPack cannot describe: they are passed as a writable
 alias of their memory, which the kernel only reads; a read-only array that
 the op would write raises ValueError.
+
+Small calls go through a C entry first (:mod:`.native`, ``entry.cc``): for
+exact, dense, writeable ndarrays of a declared dtype and outputs below the
+pool's threshold it calls the kernel without DLPack or a Python frame
+(``ops.add`` on 8 float32 elements: about 170 ns instead of 835), and leaves
+everything else to the Python path below, which gives the same results and
+messages. It is built in the background on first use.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import numpy as np
 
 from opbridge import loader
 from opbridge._tvm import tvm_ffi
+from opbridge.adapters.numpy import native
 from opbridge.call import core, memory
 from opbridge.call.callable import install_prelude
 
@@ -143,6 +151,26 @@ def _fast_prelude(op: OpDef) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _entry_prelude(op: OpDef) -> str:
+    """The C entry's call (:mod:`.native`), ahead of the fast path: its result, unless NotImplemented."""
+    names = ", ".join(a.name for a in op.schema.arguments)
+    lead = op.schema.arguments[op.dispatch_arg].name
+    return (f"    if type({lead}) is _np_nd:\n"
+            f"        _np_r = _np_c({names})\n"
+            f"        if _np_r is not NotImplemented:\n"
+            f"            return _np_r\n")
+
+
+#: qualname -> (the C entry's library, its op state): :func:`entry_calls` reads the counter.
+ENTRIES: dict[str, tuple[Any, Any]] = {}
+
+
+def entry_calls(op: OpDef) -> int | None:
+    """How many calls of *op* the C entry completed itself (None: it has none in this process)."""
+    got = ENTRIES.get(op.qualname)
+    return None if got is None else got[0].calls(got[1])
+
+
 class NumpyAdapter:
     """Adapter for NumPy arrays."""
 
@@ -165,12 +193,19 @@ class NumpyAdapter:
 
         prelude = _fast_prelude(op)
         if prelude is not None:
+            dtypes = core.framework_dtypes(op, _np_dtype)
             install_prelude(op, "numpy", prelude, {
                 "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern,
                 "_np_hmin": memory.MIN_BYTES, "_np_large_like": _empty_like, "_np_slow": call,
-                "_np_dts": core.framework_dtypes(op, _np_dtype),
-                "_pack": lambda a, o: core.pack_results(op, a, o),
+                "_np_dts": dtypes, "_pack": lambda a, o: core.pack_results(op, a, o),
             })
+
+            def with_entry(lib: native.Library) -> None:
+                entry, state = lib.entry(op, kern, dtypes, memory.MIN_BYTES)
+                ENTRIES[op.qualname] = (lib, state)
+                install_prelude(op, "numpy", _entry_prelude(op) + prelude, {"_np_c": entry})
+
+            native.when_ready(op, with_entry)
         return call
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:

@@ -1,0 +1,207 @@
+"""NumPy's C entry (``entry.cc``): an op's public callable on plain ndarrays without DLPack.
+
+The NumPy fast path (:mod:`opbridge.adapters.numpy`) hands a call to
+tvm-ffi with ndarrays, which each cross through NumPy's DLPack export: about
+107 ns per array, most of a small call (``ops.add`` on 8 float32 elements:
+458 ns in the kernel call, 138 with tvm-ffi tensors). The C entry reads the
+ndarray's fields, views it as a DLTensor on the stack and calls the kernel
+through tvm-ffi's C API; for anything it does not take it returns
+``NotImplemented`` and the Python fast path runs as before.
+
+When it is built
+----------------
+It depends on the interpreter's and NumPy's C ABIs, so it is compiled once
+per Python and NumPy version into the opbridge cache (the JIT build, with
+both versions in its key), never into an op's kernel module. Never at
+import and never in the caller's way: the first NumPy fast path installed
+for an op of a JIT-built library starts the build in a background thread
+(a few seconds of one core), and once it is loaded every NumPy op so far,
+and every later one, calls its entry first. A process that finds it in the
+cache loads it at once (a hash of its sources and a ``dlopen``). A library
+loaded from an AOT build compiles nothing here. :func:`library` with ``build_now=True``
+builds (or waits for) it in the foreground. A failed build warns once and
+leaves the Python path in place; ``OPBRIDGE_NUMPY_NATIVE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import sysconfig
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from opbridge import config, loader
+from opbridge.errors import OpbridgeError
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+SOURCE = Path(__file__).with_name("entry.cc")
+_KINDS = {"int": 2, "float": 1, "bool": 3}
+
+
+class Library:
+    """The loaded entry library."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may set Python errors
+        lib.opb_np_init.restype = ctypes.c_int
+        lib.opb_np_entry.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.py_object,
+                                     ctypes.c_int, ctypes.py_object, ctypes.c_int64]
+        lib.opb_np_entry.restype = ctypes.py_object
+        lib.opb_np_calls.argtypes = [ctypes.py_object]
+        lib.opb_np_calls.restype = ctypes.c_int64
+        if lib.opb_np_init() != 0:
+            raise OSError(f"NumPy's C API could not be imported by {path}")
+        self.lib = lib
+        self.path = path
+
+    def entry(self, op: OpDef, kernel: Any, dtypes: Any, max_out_bytes: int) -> tuple[Callable[..., Any], Any]:
+        """*op*'s builtin and the capsule of its state (for :meth:`calls`).
+
+        *dtypes* are the NumPy dtypes the op declares; outputs of *max_out_bytes*
+        or more are left to the Python path.
+        """
+        from opbridge.call import core
+
+        kinds = [0 if a.type.is_tensor else _KINDS[a.type.base] for a in op.schema.arguments]
+        like = core.like_indices(op) or []
+        nums = sorted({np.dtype(dt).num for dt in dtypes})
+        fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), kinds, like, op.dtype_arg, nums,
+                                            max_out_bytes)
+        return fn, capsule
+
+    def calls(self, capsule: Any) -> int:
+        """How many calls the entry of *capsule*'s op completed itself."""
+        return int(self.lib.opb_np_calls(capsule))
+
+
+def takes(op: OpDef) -> bool:
+    """Whether the C entry can run *op*: functional, outputs like inputs and returned in order, arguments
+    tensors (not optional, not lists) or int, float, bool scalars; CPU kernel."""
+    from opbridge.call import core
+
+    args, returns = op.schema.arguments, op.schema.returns
+    if op.schema.is_mutating or core.like_indices(op) is None or "cpu" not in op.kernels:
+        return False
+    if len(returns) != op.n_outputs or any(r.type.alias is not None or not r.type.is_tensor for r in returns):
+        return False
+    return all((a.type.is_tensor and not a.type.optional and not a.type.is_list)
+               or (not a.type.is_tensor and not a.type.optional and not a.type.is_list and a.type.base in _KINDS)
+               for a in args)
+
+
+def spec() -> Any:
+    """The entry's build: this interpreter's and NumPy's headers, both versions in its defines (its key)."""
+    from opbridge.build.compile import BuildSpec
+
+    tag = sys.implementation.cache_tag or sys.version.split()[0]
+    return BuildSpec(name="opbridge_numpy_entry", sources=(SOURCE,),
+                     include_dirs=(Path(sysconfig.get_paths()["include"]), Path(np.get_include())),
+                     cflags=(f"-DOPB_PYTHON_TAG={tag}", f"-DOPB_NUMPY_VERSION={np.__version__}",
+                             f"-DOPB_PYTHON_VERSION={sys.version_info[0]}.{sys.version_info[1]}"))
+
+
+_LOCK = threading.RLock()
+_LIB: Library | None = None
+_FAILED = False
+_BUILDER: threading.Thread | None = None
+#: what runs once the library is loaded (the NumPy adapter's prelude installs)
+_WAITING: list[Callable[[Library], None]] = []
+
+
+def loaded() -> Library | None:
+    """The library if this process has loaded it (no build)."""
+    return _LIB
+
+
+def enabled() -> bool:
+    """Whether the C entry is used (``OPBRIDGE_NUMPY_NATIVE``, default on)."""
+    return config.numpy_native()
+
+
+def library(build_now: bool = False) -> Library | None:
+    """The library: loaded, or built now with *build_now*; None while it is not there (or failed)."""
+    global _LIB
+    builder = _BUILDER
+    if _LIB is None and build_now and builder is not None:
+        builder.join()
+    with _LOCK:
+        if _LIB is None and build_now and not _FAILED:
+            _load()
+    return _LIB
+
+
+def _load() -> None:
+    """Build (or find in the cache) and load the library, then run what waited for it. Holds _LOCK."""
+    global _LIB, _FAILED
+    from opbridge.build import jit
+
+    try:
+        _LIB = Library(jit.build(spec()))
+    except (OpbridgeError, OSError) as e:
+        _FAILED = True
+        warnings.warn(f"opbridge: NumPy calls stay on the Python fast path: its C entry could not be built "
+                      f"or loaded ({e})", RuntimeWarning, stacklevel=3)
+        _WAITING.clear()
+        return
+    waiting = list(_WAITING)
+    _WAITING.clear()
+    for then in waiting:
+        then(_LIB)
+
+
+def _load_cached() -> None:
+    """Load the library now if this Python and NumPy's build is in the cache (no compiling). Holds _LOCK."""
+    global _LIB, _FAILED
+    from opbridge.build import jit
+
+    path = jit.cached_artifact(spec())
+    if path is None:
+        return
+    try:
+        _LIB = Library(path)
+    except OSError as e:
+        _FAILED = True
+        warnings.warn(f"opbridge: NumPy calls stay on the Python fast path: its C entry {path} could not be "
+                      f"loaded ({e})", RuntimeWarning, stacklevel=4)
+
+
+def _background() -> None:
+    with _LOCK:
+        if _LIB is None and not _FAILED:
+            _load()
+
+
+def when_ready(op: OpDef, then: Callable[[Library], None]) -> None:
+    """Run ``then(library)`` once the C entry is loaded: now, or from the background build it starts.
+
+    Nothing runs while the entry is off (``OPBRIDGE_NUMPY_NATIVE=0``), for
+    an op it cannot run, or where *op*'s library was loaded from an AOT
+    build (which compiles nothing at run time).
+    """
+    global _BUILDER
+    if not (enabled() and takes(op)) or _FAILED:
+        return
+    with _LOCK:
+        if _LIB is None and _BUILDER is None:
+            _load_cached()
+        if _LIB is not None:
+            then(_LIB)
+            return
+        if _FAILED:
+            return
+        _WAITING.append(then)
+        if _BUILDER is not None or loader.loaded_prebuilt(op.library, "cpu"):
+            return
+        _BUILDER = threading.Thread(target=_background, name="opbridge-numpy-entry-build", daemon=True)
+        _BUILDER.start()
+    if config.show_progress():
+        print("opbridge: building NumPy's C entry in the background (once per Python and NumPy version); "
+              "until it is ready, NumPy calls take the Python fast path", file=sys.stderr)

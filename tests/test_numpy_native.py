@@ -1,0 +1,203 @@
+"""NumPy's C entry (opbridge.adapters.numpy.native): the calls it takes, the ones it leaves to Python."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from opbridge import ops
+from opbridge.adapters import numpy as npa
+from opbridge.adapters.numpy import native
+from opbridge.call import memory
+from opbridge.testing.compare import assert_close
+
+
+@pytest.fixture(scope="module")
+def entry() -> native.Library:
+    ops.add(np.ones(2, np.float32), np.ones(2, np.float32))  # registers the op's NumPy path
+    lib = native.library(build_now=True)
+    if lib is None:
+        pytest.skip("the NumPy C entry could not be built here")
+    return lib
+
+
+def _calls(name: str) -> int:
+    got = npa.entry_calls(getattr(ops, name).opdef)
+    assert got is not None, f"{name} has no C entry"
+    return got
+
+
+def _taken(name: str, *args: Any) -> Any:
+    """Call the op; assert that the C entry took the call (a first call registers the op's NumPy path)."""
+    getattr(ops, name)(*args)
+    before = _calls(name)
+    got = getattr(ops, name)(*args)
+    assert _calls(name) == before + 1, f"{name}: the C entry did not take the call"
+    return got
+
+
+def _left(name: str, *args: Any) -> Any:
+    """Call the op; assert that the Python path took it."""
+    getattr(ops, name)(*args)
+    before = _calls(name)
+    got = getattr(ops, name)(*args)
+    assert _calls(name) == before, f"{name}: the C entry took a call it must leave to Python"
+    return got
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_entry_results_equal_the_reference(entry: native.Library, dtype: str) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 64)).astype(dtype)
+    y = rng.standard_normal((5, 64)).astype(dtype)
+    w = rng.standard_normal(64).astype(dtype)
+    g = rng.standard_normal((5, 64)).astype(dtype)
+    assert np.array_equal(_taken("add", x, y), x + y)
+    for name, args in (("gelu", (x,)), ("rms_norm", (x, w, 1e-5)), ("gelu_backward", (g, x)),
+                       ("rms_norm_backward", (g, x, w))):
+        op = getattr(ops, name).opdef
+        got = _taken(name, *args)
+        want = op.reference(*[a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args])
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        assert len(got) == len(want)
+        for gi, wi in zip(got, want):
+            assert gi.dtype == x.dtype and gi.flags.c_contiguous and gi.flags.owndata
+            rtol, atol = op.tolerance(dtype)
+            assert_close(gi.astype(np.float64), np.asarray(wi, np.float64), rtol=rtol * 8, atol=atol * 8, dtype=dtype,
+                         name=name)
+
+
+def test_integers_and_scalars(entry: native.Library) -> None:
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    assert np.array_equal(_taken("add", a, a), a + a)
+    x = np.ones((2, 8), np.float32)
+    w = np.ones(8, np.float32)
+    np.testing.assert_allclose(_taken("rms_norm", x, w, 1e-6), _left("rms_norm", x, w, np.float64(1e-6)))
+
+
+def test_calls_left_to_python(entry: native.Library) -> None:
+    x = np.ones((4, 8), np.float32)
+    _left("add", x[:, ::2], x[:, ::2])  # strided
+    ro = x.copy()
+    ro.flags.writeable = False
+    np.testing.assert_array_equal(_left("add", ro, x), x + x)  # read-only: DLPack cannot say so
+    before = _calls("add")
+    with pytest.raises(TypeError, match="got >f4"):  # byte-swapped: refused, by the Python path
+        ops.add(x.astype(">f4"), x.astype(">f4"))
+    assert _calls("add") == before
+    big = np.ones(memory.MIN_BYTES // 4, np.float32)
+    out = _left("add", big, big)  # a pool output
+    assert out[0] == 2.0
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    b = x.astype(ml_dtypes.bfloat16)
+    assert _left("add", b, b).dtype == b.dtype
+
+
+@pytest.mark.parametrize(("args", "error", "match"), [
+    ((np.ones(3, np.int8), np.ones(3, np.int8)), TypeError, "add: x must have dtype"),
+    ((np.ones(3, np.float32), np.ones(4, np.float32)), ValueError, "add"),
+    ((np.ones(3, np.float32), np.ones(3, np.float64)), TypeError, "add"),
+])
+def test_errors_are_the_python_paths(entry: native.Library, args: tuple[Any, ...], error: type, match: str) -> None:
+    """A call the kernel refuses raises what the Python path raises, and the next call is unaffected."""
+    before = _calls("add")
+    with pytest.raises(error, match=match) as got:
+        ops.add(*args)
+    spec = [(a.tolist(), str(a.dtype)) for a in args]
+    code = ("import numpy as np, opbridge.ops as ops\n"
+            f"args = [np.array(v, d) for v, d in {spec!r}]\n"
+            "try:\n    ops.add(*args)\nexcept Exception as e:\n    print(type(e).__name__ + ': ' + str(e))\n")
+    env = {**os.environ, "OPBRIDGE_NUMPY_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout.strip()
+    assert out == f"{type(got.value).__name__}: {got.value}"
+    assert _calls("add") == before
+    np.testing.assert_array_equal(_taken("add", np.ones(3, np.float32), np.ones(3, np.float32)), 2.0)
+
+
+def test_threads(entry: native.Library) -> None:
+    x = np.arange(1 << 17, dtype=np.float32)  # 512 KiB: the GIL is released around the kernel
+    want = x + x
+    before = _calls("add")
+    bad: list[str] = []
+
+    def work() -> None:
+        for _ in range(50):
+            if not np.array_equal(ops.add(x, x), want):
+                bad.append("wrong result")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad and _calls("add") == before + 200
+
+
+def test_off_builds_and_loads_nothing() -> None:
+    code = ("import numpy as np, opbridge.ops as ops\n"
+            "from opbridge.adapters import numpy as npa\nfrom opbridge.adapters.numpy import native\n"
+            "ops.add(np.ones(2, np.float32), np.ones(2, np.float32))\n"
+            "print(native.library(build_now=False) is None, native._BUILDER is None, "
+            "npa.entry_calls(ops.add.opdef))\n")
+    env = {**os.environ, "OPBRIDGE_NUMPY_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["True", "True", "None"]
+
+
+def test_what_the_entry_takes() -> None:
+    takes = {name: native.takes(getattr(ops, name).opdef) for name in
+             ("add", "gelu", "rms_norm", "rms_norm_backward", "fused_add_rms_norm", "rotary_embedding")}
+    assert takes == {"add": True, "gelu": True, "rms_norm": True, "rms_norm_backward": True,
+                     "fused_add_rms_norm": False, "rotary_embedding": False}
+
+
+def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("_LIB", None), ("_BUILDER", None), ("_FAILED", False), ("_WAITING", [])):
+        monkeypatch.setattr(native, name, value)
+
+
+def test_built_in_the_background_when_not_cached(entry: native.Library, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not in the cache: the first op starts the build beside the caller; what waited runs once it is loaded."""
+    from opbridge.build import jit
+
+    path = entry.path
+    release = threading.Event()
+    _fresh_state(monkeypatch)
+    monkeypatch.setattr(jit, "cached_artifact", lambda spec: None)
+    monkeypatch.setattr(jit, "build", lambda spec: release.wait(10) and path)
+    got: list[native.Library] = []
+    native.when_ready(ops.add.opdef, got.append)
+    native.when_ready(ops.gelu.opdef, got.append)
+    assert not got and native._BUILDER is not None and native._BUILDER.is_alive()
+    release.set()
+    native._BUILDER.join(10)
+    assert len(got) == 2 and got[0] is got[1] is native.loaded()
+    native.when_ready(ops.rms_norm.opdef, got.append)  # loaded: runs at once
+    assert len(got) == 3
+
+
+def test_a_failed_build_warns_once_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opbridge.build import jit
+    from opbridge.errors import BuildError
+
+    _fresh_state(monkeypatch)
+    monkeypatch.setattr(jit, "cached_artifact", lambda spec: None)
+
+    def fail(spec: Any) -> Any:
+        raise BuildError("no compiler here", "c++ entry.cc", "", "")
+
+    monkeypatch.setattr(jit, "build", fail)
+    got: list[Any] = []
+    with pytest.warns(RuntimeWarning, match="NumPy calls stay on the Python fast path"):
+        native.when_ready(ops.add.opdef, got.append)
+        assert native._BUILDER is not None
+        native._BUILDER.join(10)
+    native.when_ready(ops.gelu.opdef, got.append)
+    assert not got and native.loaded() is None and native._FAILED
