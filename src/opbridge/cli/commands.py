@@ -129,7 +129,24 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if built == 0:
         print(f"nothing to build for {args.device}", file=sys.stderr)
     _build_torch_native()
+    _build_numpy_entry()
     return EXIT_OK if ok else EXIT_FAILURE
+
+
+def _build_numpy_entry() -> None:
+    """Build NumPy's C entry (one per Python and NumPy version); a failure only warns."""
+    from opbridge import config
+
+    if not config.numpy_native():
+        return
+    from opbridge.adapters.numpy import native
+
+    start = time.monotonic()
+    lib = native.library(build_now=True)
+    if lib is None:
+        err("NumPy C entry: not available (NumPy calls keep the Python fast path)")
+        return
+    print(f"NumPy C entry: {lib.path} ({time.monotonic() - start:.2f}s)")
 
 
 def _build_torch_native() -> None:

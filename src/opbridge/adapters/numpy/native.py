@@ -182,23 +182,33 @@ def _background() -> None:
 def when_ready(op: OpDef, then: Callable[[Library], None]) -> None:
     """Run ``then(library)`` once the C entry is loaded: now, or from the background build it starts.
 
-    Nothing runs while the entry is off (``OPBRIDGE_NUMPY_NATIVE=0``), for
-    an op it cannot run, or where *op*'s library was loaded from an AOT
-    build (which compiles nothing at run time).
+    Nothing runs while the entry is off (``OPBRIDGE_NUMPY_NATIVE=0``) or for
+    an op it cannot run. An op of a library loaded from an AOT build (which
+    compiles nothing at run time and touches no cache) gets the entry only
+    once another library's op, or :func:`library` (``opbridge build``), has
+    loaded it.
     """
     global _BUILDER
     if not (enabled() and takes(op)) or _FAILED:
         return
     with _LOCK:
-        if _LIB is None and _BUILDER is None:
-            _load_cached()
         if _LIB is not None:
             then(_LIB)
             return
         if _FAILED:
             return
+        # An AOT-built library compiles nothing and touches no cache: its ops wait for an entry that a
+        # JIT-built library's first op loads or builds.
+        prebuilt = loader.loaded_prebuilt(op.library, "cpu")
+        if not prebuilt and _BUILDER is None:
+            _load_cached()
+            if _LIB is not None:
+                then(_LIB)
+                return
+            if _FAILED:
+                return
         _WAITING.append(then)
-        if _BUILDER is not None or loader.loaded_prebuilt(op.library, "cpu"):
+        if prebuilt or _BUILDER is not None:
             return
         _BUILDER = threading.Thread(target=_background, name="opbridge-numpy-entry-build", daemon=True)
         _BUILDER.start()
