@@ -263,6 +263,15 @@ def test_doctor_json(cli_env: dict[str, str]) -> None:
         assert native["state"] == "built" if native["built"] else native["state"].startswith("not built yet")
 
 
+def test_doctor_says_whether_the_numpy_entry_is_built(cli_env: dict[str, str]) -> None:
+    doc = json.loads(run_cli(cli_env, "doctor", "--json").stdout)
+    entry = doc["numpy_entry"]
+    assert entry["state"] == "built" if entry["built"] else entry["state"].startswith("not built yet"), entry
+    assert not entry["built"] or entry["path"].startswith(cli_env["OPBRIDGE_CACHE_DIR"])
+    proc = run_cli({**cli_env, "OPBRIDGE_NUMPY_NATIVE": "0"}, "doctor")
+    assert "numpy entry off (OPBRIDGE_NUMPY_NATIVE=0)" in proc.stdout, proc.stdout
+
+
 def test_doctor_says_when_the_torch_native_kernels_are_off(cli_env: dict[str, str]) -> None:
     pytest.importorskip("torch")
     proc = run_cli({**cli_env, "OPBRIDGE_TORCH_NATIVE": "0"}, "doctor")

@@ -158,6 +158,28 @@ def _torch_native(torch_installed: bool) -> dict[str, Any]:
     return {"state": state, "path": lines[-2], "built": built}
 
 
+def _numpy_entry() -> dict[str, Any]:
+    """NumPy's C entry (``adapters/numpy/native.py``): built for this Python and NumPy, not yet, or off."""
+    if not config.numpy_native():
+        return {"state": "off (OPBRIDGE_NUMPY_NATIVE=0): NumPy calls take the Python fast path", "path": None,
+                "built": False}
+    if not config.cache_dir().exists():  # looking must not create the cache
+        path = None
+    else:
+        from opbridge.adapters.numpy import native
+        from opbridge.build import jit
+        from opbridge.errors import OpbridgeError
+
+        try:
+            path = jit.cached_artifact(native.spec())
+        except (OpbridgeError, OSError) as e:
+            return {"state": f"unknown: {e}", "path": None, "built": False}
+    if path is None:
+        return {"state": "not built yet: `opbridge build` compiles it (a few seconds); the first NumPy call also "
+                         "starts it in the background", "path": None, "built": False}
+    return {"state": "built", "path": str(path), "built": True}
+
+
 def _outputs() -> dict[str, Any]:
     """What a large new CPU output gets (:mod:`opbridge.call.memory`): recycling bounds and huge pages."""
     from opbridge.call import memory
@@ -213,6 +235,7 @@ def doctor_report() -> dict[str, Any]:
         "cache": _cache(),
         "frameworks": frameworks,
         "torch_native": _torch_native(frameworks["torch"]["installed"]),
+        "numpy_entry": _numpy_entry(),
         "outputs": _outputs(),
     }
 
@@ -243,6 +266,9 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     native = r["torch_native"]
     where = f" ({native['path']})" if native["built"] else ""
     lines.append(f"{mark(native['built'])} torch shim  {native['state']}{where}")
+    entry = r["numpy_entry"]
+    where = f" ({entry['path']})" if entry["built"] else ""
+    lines.append(f"{mark(entry['built'])} numpy entry {entry['state']}{where}")
     out = r["outputs"]
     lines.append(f"{'-- ' if 'error' in out else '   '} outputs     {out['state']}")
     verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
