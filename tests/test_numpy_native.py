@@ -168,13 +168,20 @@ def test_built_in_the_background_when_not_cached(entry: native.Library, monkeypa
     from opbridge.build import jit
 
     path = entry.path
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
     _fresh_state(monkeypatch)
     monkeypatch.setattr(jit, "cached_artifact", lambda spec: None)
-    monkeypatch.setattr(jit, "build", lambda spec: release.wait(10) and path)
+
+    def build(spec: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        return path
+
+    monkeypatch.setattr(jit, "build", build)
     got: list[native.Library] = []
     native.when_ready(ops.add.opdef, got.append)
-    native.when_ready(ops.gelu.opdef, got.append)
+    assert entered.wait(10)
+    native.when_ready(ops.gelu.opdef, got.append)  # while the compiler runs: must not wait for it
     assert not got and native._BUILDER is not None and native._BUILDER.is_alive()
     release.set()
     native._BUILDER.join(10)

@@ -128,28 +128,40 @@ def enabled() -> bool:
 
 def library(build_now: bool = False) -> Library | None:
     """The library: loaded, or built now with *build_now*; None while it is not there (or failed)."""
-    global _LIB
     builder = _BUILDER
     if _LIB is None and build_now and builder is not None:
         builder.join()
-    with _LOCK:
-        if _LIB is None and build_now and not _FAILED:
-            _load()
+    if _LIB is None and build_now and not _FAILED:
+        path, error = _build()
+        with _LOCK:
+            if _LIB is None and not _FAILED:
+                _finish(path, error)
     return _LIB
 
 
-def _load() -> None:
-    """Build (or find in the cache) and load the library, then run what waited for it. Holds _LOCK."""
-    global _LIB, _FAILED
+def _build() -> tuple[Path | None, Exception | None]:
+    """Compile the library (or find it in the cache); the path, or what went wrong. Takes no lock."""
     from opbridge.build import jit
 
     try:
-        _LIB = Library(jit.build(spec()))
+        return jit.build(spec()), None
     except (OpbridgeError, OSError) as e:
+        return None, e
+
+
+def _finish(path: Path | None, error: Exception | None) -> None:
+    """Load the built library and run what waited for it, or warn once. Holds _LOCK."""
+    global _LIB, _FAILED
+    if path is not None:
+        try:
+            _LIB = Library(path)
+        except OSError as e:
+            error = e
+    if _LIB is None:
         _FAILED = True
-        warnings.warn(f"opbridge: NumPy calls stay on the Python fast path: its C entry could not be built "
-                      f"or loaded ({e})", RuntimeWarning, stacklevel=3)
         _WAITING.clear()
+        warnings.warn(f"opbridge: NumPy calls stay on the Python fast path: its C entry could not be built "
+                      f"or loaded ({error})", RuntimeWarning, stacklevel=3)
         return
     waiting = list(_WAITING)
     _WAITING.clear()
@@ -159,24 +171,20 @@ def _load() -> None:
 
 def _load_cached() -> None:
     """Load the library now if this Python and NumPy's build is in the cache (no compiling). Holds _LOCK."""
-    global _LIB, _FAILED
     from opbridge.build import jit
 
     path = jit.cached_artifact(spec())
-    if path is None:
-        return
-    try:
-        _LIB = Library(path)
-    except OSError as e:
-        _FAILED = True
-        warnings.warn(f"opbridge: NumPy calls stay on the Python fast path: its C entry {path} could not be "
-                      f"loaded ({e})", RuntimeWarning, stacklevel=4)
+    if path is not None:
+        _finish(path, None)
 
 
 def _background() -> None:
+    """The background build: compiles without the lock (a first call of another op must not wait for the
+    compiler), then loads under it."""
+    path, error = _build()
     with _LOCK:
         if _LIB is None and not _FAILED:
-            _load()
+            _finish(path, error)
 
 
 def when_ready(op: OpDef, then: Callable[[Library], None]) -> None:
