@@ -9,9 +9,12 @@
 #   GPU_CHECK_WHEELS=DIR scripts/gpu-check.sh  # first install DIR/*.whl (no index, no deps) into a
 #                                  # temporary directory on PYTHONPATH: tvm-ffi, jax-tvm-ffi or
 #                                  # liger-kernel on a machine without network
+#   GPU_CHECK_KERNELS=1 scripts/gpu-check.sh   # also the kernel tables against every peer: the norms
+#                                  # and gated ops at 1, 8, 256, 4096 rows, every op at 8192 x 8192
+#                                  # (about 4 more minutes on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -49,4 +52,9 @@ step jax_gpu_tests env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py
 QUICK=$([ "${GPU_CHECK_QUICK:-1}" = "1" ] && echo --quick)
 step bench_gpu "$PY" -m opbridge bench gpu $QUICK --out "$OUT/bench-gpu"
 step bench_overhead_cuda "$PY" -m opbridge bench overhead --device cuda --json $QUICK
+if [ "${GPU_CHECK_KERNELS:-0}" = "1" ]; then
+  step bench_gpu_serving "$PY" -m opbridge bench gpu --ops rms_norm fused_add_rms_norm rms_norm_backward \
+    silu_and_mul gelu_and_mul --rows 1 8 256 4096 --no-large --rounds 5 --out "$OUT/bench-gpu-serving"
+  step bench_gpu_large "$PY" -m opbridge bench gpu --rows --rounds 5 --out "$OUT/bench-gpu-large"
+fi
 "$PY" scripts/gpu_check_summary.py "$OUT"

@@ -37,8 +37,10 @@ def main(out: Path) -> int:
     summary: dict[str, object] = {"gpu": (out / "gpu.txt").read_text().strip(), "steps": steps}
     for name in ("cuda_tests", "torch_gpu_tests", "jax_gpu_tests"):
         summary[name] = _junit(out / f"{name}.xml")
-    bench = out / "bench-gpu" / "results.json"
-    summary["bench_gpu"] = json.loads(bench.read_text()) if bench.exists() else None
+    for key, folder in (("bench_gpu", "bench-gpu"), ("bench_gpu_serving", "bench-gpu-serving"),
+                        ("bench_gpu_large", "bench-gpu-large")):
+        bench = out / folder / "results.json"
+        summary[key] = json.loads(bench.read_text()) if bench.exists() else None
     log = out / "bench_overhead_cuda.log"
     summary["bench_overhead_cuda"] = _last_json(log.read_text()) if log.exists() else None
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
