@@ -120,13 +120,17 @@ def _run(op: OpDef, kern: Any, outs: list[Any], full: list[Any]) -> None:
     kern(*map(_kernel_arg, outs), *map(_kernel_arg, full))
 
 
-def _fast_prelude(op: OpDef) -> str | None:
+def _fast_prelude(op: OpDef, entry: bool = False) -> str | None:
     """Inline fast path for plain ndarrays: allocate like the input, call the kernel.
 
     Only for functional ops whose outputs are shaped ``like`` inputs. The
     dispatching array's dtype must be declared (one frozenset lookup) and
     every input contiguous. A TypeError, ValueError or BufferError (a bfloat16 or read-only array) from the kernel falls
     back to the checked path, which names the offending argument.
+
+    With *entry*, the C entry (:mod:`.native`, bound as ``_np_c``) runs first, under the one
+    test of the dispatching array's type, and the Python fast path only where it returns
+    ``NotImplemented``: a call on another framework's arrays tests one type, as without it.
     """
     args = op.schema.arguments
     if op.schema.is_mutating or core.like_indices(op) is None or any(
@@ -134,6 +138,7 @@ def _fast_prelude(op: OpDef) -> str | None:
         return None
     names = [a.name for a in args]
     outs = [f"_o{i}" for i in range(op.n_outputs)]
+    lead = f"type({names[op.dispatch_arg]}) is _np_nd"
     conds = [f"type({a.name}) is _np_nd" for a in args if a.type.is_tensor]
     # Dense inputs only: a kernel (a user's too) may read raw memory; strided ones take the checked path.
     # Kernels that check their inputs (Library(kernels_check_inputs=True)) raise ValueError instead.
@@ -142,23 +147,20 @@ def _fast_prelude(op: OpDef) -> str | None:
     if not op.library.kernels_check_inputs:  # else the kernel's TypeError falls back to the checked path
         conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
     slow = f"_np_slow({', '.join(names)})"
-    lines = [f"    if {' and '.join(conds)}:", "        try:"]
-    lines += [f"            {s}" for s in core.alloc_source(
+    if entry:
+        conds.remove(lead)
+    body = ["try:"]
+    body += [f"    {s}" for s in core.alloc_source(
         op, names, outs, "(_np_empty_like({x}) if {x}.nbytes < _np_hmin else _np_large_like({x}))", "")]
-    lines += [f"            _np_k({', '.join([*outs, *names])})",
-              "        except (TypeError, ValueError, BufferError):", f"            return {slow}"]
-    lines += core.returns_source(op, names, outs, "        ")
-    return "\n".join(lines) + "\n"
-
-
-def _entry_prelude(op: OpDef) -> str:
-    """The C entry's call (:mod:`.native`), ahead of the fast path: its result, unless NotImplemented."""
-    names = ", ".join(a.name for a in op.schema.arguments)
-    lead = op.schema.arguments[op.dispatch_arg].name
-    return (f"    if type({lead}) is _np_nd:\n"
-            f"        _np_r = _np_c({names})\n"
-            f"        if _np_r is not NotImplemented:\n"
-            f"            return _np_r\n")
+    body += [f"    _np_k({', '.join([*outs, *names])})", "except (TypeError, ValueError, BufferError):",
+             f"    return {slow}"]
+    body += core.returns_source(op, names, outs, "")
+    if conds:
+        body = [f"if {' and '.join(conds)}:", *(f"    {line}" for line in body)]
+    if entry:
+        body = [f"if {lead}:", f"    _np_r = _np_c({', '.join(names)})", "    if _np_r is not NotImplemented:",
+                "        return _np_r", *(f"    {line}" for line in body)]
+    return "".join(f"    {line}\n" for line in body)
 
 
 #: qualname -> (the C entry's library, its op state): :func:`entry_calls` reads the counter.
@@ -191,8 +193,8 @@ class NumpyAdapter:
                 orig[...] = copy
             return core.pack_results(op, args, outs)
 
-        prelude = _fast_prelude(op)
-        if prelude is not None:
+        prelude, entry_prelude = _fast_prelude(op), _fast_prelude(op, entry=True)
+        if prelude is not None and entry_prelude is not None:  # both or neither
             dtypes = core.framework_dtypes(op, _np_dtype)
             install_prelude(op, "numpy", prelude, {
                 "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern,
@@ -203,7 +205,7 @@ class NumpyAdapter:
             def with_entry(lib: native.Library) -> None:
                 entry, state = lib.entry(op, kern, dtypes, memory.MIN_BYTES)
                 ENTRIES[op.qualname] = (lib, state)
-                install_prelude(op, "numpy", _entry_prelude(op) + prelude, {"_np_c": entry})
+                install_prelude(op, "numpy", entry_prelude, {"_np_c": entry})
 
             native.when_ready(op, with_entry)
         return call
