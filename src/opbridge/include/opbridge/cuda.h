@@ -420,39 +420,26 @@ __device__ __forceinline__ V block_sum_fast(V v, V (*scratch)[32], int parity) {
 // elementwise maps: out[i] = f(a[i]) or f(a[i], b[i]) over flat arrays
 // ---------------------------------------------------------------------------
 //
-// Each block maps kMapThreads * kMapUnroll consecutive N-element vectors
-// (thread t: vectors t, t + kMapThreads, ..., all loads issued before the
-// first use), blocks grid-stride past 2^31 - 1 of them; then the n % N tail
-// element by element. Many short blocks of one 128-bit vector per thread, as
-// torch's vectorised elementwise kernel: a one-wave grid-stride form ran add
-// at 0.94-0.95 of copy bandwidth on an H200 where torch reached 1.01, and
-// spread small arrays over fewer SMs (add at 8 x 4096: 1.66 us, torch 1.23).
-// out may be exactly a or b (in place): each element is read before it is
-// written, by the same thread.
+// One N-element vector per thread: each block maps kMapThreads consecutive
+// vectors, blocks grid-stride past 2^31 - 1 of them; then block 0 maps the
+// n % N tail element by element. Many short blocks, as torch's vectorised
+// elementwise kernel: a one-wave grid-stride form with two vectors per thread
+// ran add at 0.94-0.95 of copy bandwidth on an H200 where torch reached 1.01,
+// and spread small arrays over fewer SMs (add at 8 x 4096: 1.66 us, torch
+// 1.23). out may be exactly a or b (in place): each element is read before it
+// is written, by the same thread.
 
 constexpr int kMapThreads = 128;
-constexpr int kMapUnroll = 1;
-constexpr int64_t kMapPerBlock = int64_t(kMapThreads) * kMapUnroll;
 
 template <int N, typename T, typename F>
 __global__ void __launch_bounds__(kMapThreads) map1_kernel(T* out, const T* __restrict__ a, int64_t n, F f) {
   const int64_t nv = n / N;
-  for (int64_t base = int64_t(blockIdx.x) * kMapPerBlock + threadIdx.x; base < nv;
-       base += int64_t(gridDim.x) * kMapPerBlock) {
-    Vec<T, N> va[kMapUnroll];
+  for (int64_t i = int64_t(blockIdx.x) * kMapThreads + threadIdx.x; i < nv; i += int64_t(gridDim.x) * kMapThreads) {
+    const Vec<T, N> va = load<N>(a + i * N);
+    Vec<T, N> vo;
 #pragma unroll
-    for (int u = 0; u < kMapUnroll; ++u) {
-      if (base + u * kMapThreads < nv) va[u] = load<N>(a + (base + u * kMapThreads) * N);
-    }
-#pragma unroll
-    for (int u = 0; u < kMapUnroll; ++u) {
-      if (base + u * kMapThreads < nv) {
-        Vec<T, N> vo;
-#pragma unroll
-        for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va[u].v[k])));
-        store<N>(out + (base + u * kMapThreads) * N, vo);
-      }
-    }
+    for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va.v[k])));
+    store<N>(out + i * N, vo);
   }
   if (blockIdx.x == 0) {
     for (int64_t i = nv * N + threadIdx.x; i < n; i += kMapThreads) out[i] = from_compute<T>(f(to_compute(a[i])));
@@ -463,25 +450,13 @@ template <int N, typename T, typename F>
 __global__ void __launch_bounds__(kMapThreads)
     map2_kernel(T* out, const T* __restrict__ a, const T* __restrict__ b, int64_t n, F f) {
   const int64_t nv = n / N;
-  for (int64_t base = int64_t(blockIdx.x) * kMapPerBlock + threadIdx.x; base < nv;
-       base += int64_t(gridDim.x) * kMapPerBlock) {
-    Vec<T, N> va[kMapUnroll], vb[kMapUnroll];
+  for (int64_t i = int64_t(blockIdx.x) * kMapThreads + threadIdx.x; i < nv; i += int64_t(gridDim.x) * kMapThreads) {
+    const Vec<T, N> va = load<N>(a + i * N);
+    const Vec<T, N> vb = load<N>(b + i * N);
+    Vec<T, N> vo;
 #pragma unroll
-    for (int u = 0; u < kMapUnroll; ++u) {
-      if (base + u * kMapThreads < nv) {
-        va[u] = load<N>(a + (base + u * kMapThreads) * N);
-        vb[u] = load<N>(b + (base + u * kMapThreads) * N);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kMapUnroll; ++u) {
-      if (base + u * kMapThreads < nv) {
-        Vec<T, N> vo;
-#pragma unroll
-        for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va[u].v[k]), to_compute(vb[u].v[k])));
-        store<N>(out + (base + u * kMapThreads) * N, vo);
-      }
-    }
+    for (int k = 0; k < N; ++k) vo.v[k] = from_compute<T>(f(to_compute(va.v[k]), to_compute(vb.v[k])));
+    store<N>(out + i * N, vo);
   }
   if (blockIdx.x == 0) {
     for (int64_t i = nv * N + threadIdx.x; i < n; i += kMapThreads) {
@@ -490,10 +465,10 @@ __global__ void __launch_bounds__(kMapThreads)
   }
 }
 
-// Blocks for a map over `units` vectors: one per kMapPerBlock of them (at
+// Blocks for a map over `units` vectors: one per kMapThreads of them (at
 // least one, for the tail), at most 2^31 - 1.
 inline unsigned map_grid(int64_t units) {
-  return static_cast<unsigned>(std::clamp<int64_t>((units + kMapPerBlock - 1) / kMapPerBlock, 1, INT32_MAX));
+  return static_cast<unsigned>(std::clamp<int64_t>((units + kMapThreads - 1) / kMapThreads, 1, INT32_MAX));
 }
 
 // out = f(a), 128-bit accesses when every pointer is 16-byte aligned.
