@@ -101,11 +101,12 @@ def spec() -> Any:
     """The entry's build: this interpreter's and NumPy's headers, both versions in its defines (its key)."""
     from opbridge.build.compile import BuildSpec
 
-    tag = sys.implementation.cache_tag or sys.version.split()[0]
+    # The extension suffix names the interpreter's ABI (version, debug and free-threaded builds), as
+    # the torch shim's key does.
+    abi = sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag
     return BuildSpec(name="opbridge_numpy_entry", sources=(SOURCE,),
                      include_dirs=(Path(sysconfig.get_paths()["include"]), Path(np.get_include())),
-                     cflags=(f"-DOPB_PYTHON_TAG={tag}", f"-DOPB_NUMPY_VERSION={np.__version__}",
-                             f"-DOPB_PYTHON_VERSION={sys.version_info[0]}.{sys.version_info[1]}"))
+                     cflags=(f"-DOPB_PYTHON_ABI={abi}", f"-DOPB_NUMPY_VERSION={np.__version__}"))
 
 
 _LOCK = threading.RLock()
