@@ -1,5 +1,6 @@
 // add(Tensor x, Tensor y) -> Tensor on CUDA: elementwise, same shape, no broadcasting.
 #include <opbridge/cuda.h>
+#include <opbridge/cuda_map.h>
 #include <opbridge/ops/add.h>
 
 using opbridge::TensorView;

@@ -27,6 +27,7 @@
 // failing call are still advanced. That b is below the KV cache's block count
 // cannot be checked (the cache is not an argument).
 #include <opbridge/cuda.h>
+#include <opbridge/cuda_error_flag.h>
 #include <opbridge/ops/advance_step.h>
 
 #include <limits>

@@ -4,6 +4,7 @@
 // on the negative tail (see gelu.cc for the measurements).
 #include <opbridge/activation_math.h>
 #include <opbridge/cuda.h>
+#include <opbridge/cuda_map.h>
 #include <opbridge/ops/gelu.h>
 
 namespace {

@@ -15,6 +15,7 @@
 // read) and is reported through the device-side error flag (opbridge/cuda.h):
 // ValueError from the next call, or from this one with OPBRIDGE_CUDA_SYNC_CHECKS=1.
 #include <opbridge/cuda.h>
+#include <opbridge/cuda_error_flag.h>
 #include <opbridge/ops/rotary_embedding.h>
 
 #include <string>
