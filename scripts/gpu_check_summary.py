@@ -37,8 +37,8 @@ def main(out: Path) -> int:
     summary: dict[str, object] = {"gpu": (out / "gpu.txt").read_text().strip(), "steps": steps}
     for name in ("cuda_tests", "torch_gpu_tests", "jax_gpu_tests"):
         summary[name] = _junit(out / f"{name}.xml")
-    for key, folder in (("bench_gpu", "bench-gpu"), ("bench_gpu_serving", "bench-gpu-serving"),
-                        ("bench_gpu_large", "bench-gpu-large")):
+    for key, folder in (("bench_gpu", "bench-gpu"), ("bench_jax_gpu", "bench-jax-gpu"),
+                        ("bench_gpu_serving", "bench-gpu-serving"), ("bench_gpu_large", "bench-gpu-large")):
         bench = out / folder / "results.json"
         summary[key] = json.loads(bench.read_text()) if bench.exists() else None
     log = out / "bench_overhead_cuda.log"

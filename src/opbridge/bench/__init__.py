@@ -42,6 +42,7 @@ BENCHES: dict[str, str] = {
     "kernels": "opbridge.bench.kernels",
     "latency": "opbridge.bench.latency",
     "gpu": "opbridge.bench.gpu",
+    "jax-gpu": "opbridge.bench.jax_gpu",
     "frameworks": "opbridge.bench.frameworks",
     "outputs": "opbridge.bench.outputs",
 }

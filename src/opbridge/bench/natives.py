@@ -42,15 +42,54 @@ def _numpy() -> dict[str, Factory]:
     }
 
 
-def _jax() -> dict[str, Factory]:
+def jax_formulas() -> dict[str, Callable[..., Any]]:
+    """``{op name: jnp formula}``, un-jitted, on schema-ordered arguments (scalars as Python values).
+
+    Each computes in its inputs' dtype, as the ops' NumPy references do
+    (:mod:`opbridge.ops`): GELU is the tanh approximation, the gated ops
+    split ``x = [a | b]`` along the last dim and activate ``a``, and a
+    mutating op (``fused_add_rms_norm``) returns the new values of its
+    mutated arguments in schema order, as opbridge's JAX adapter does.
+    Called eagerly they run jnp op by op; under ``jax.jit`` XLA fuses them.
+    Keep scalars (``eps``) static: a traced float32 scalar would promote
+    bfloat16 inputs to a float32 result.
+    """
     import jax
     import jax.numpy as jnp
 
-    add = jax.jit(jnp.add)
-    gelu = jax.jit(lambda x: jax.nn.gelu(x, approximate=True))
-    # eps is static: a traced float32 scalar would promote bfloat16 inputs to a float32 result.
-    rms = jax.jit(lambda x, w, eps: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w,
-                  static_argnums=2)
+    def gelu(x: Any) -> Any:
+        return jax.nn.gelu(x, approximate=True)
+
+    def rms(x: Any, w: Any, eps: float = 1e-6) -> Any:
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w
+
+    def halves(x: Any) -> tuple[Any, Any]:
+        d = x.shape[-1] // 2
+        return x[..., :d], x[..., d:]
+
+    def silu_and_mul(x: Any) -> Any:
+        a, b = halves(x)
+        return jax.nn.silu(a) * b
+
+    def gelu_and_mul(x: Any) -> Any:
+        a, b = halves(x)
+        return gelu(a) * b
+
+    def fused_add_rms_norm(x: Any, residual: Any, w: Any, eps: float = 1e-6) -> tuple[Any, Any]:
+        s = x + residual
+        return rms(s, w, eps), s
+
+    return {"add": jnp.add, "gelu": gelu, "rms_norm": rms, "silu_and_mul": silu_and_mul,
+            "gelu_and_mul": gelu_and_mul, "fused_add_rms_norm": fused_add_rms_norm}
+
+
+def _jax() -> dict[str, Factory]:
+    import jax
+
+    f = jax_formulas()
+    add = jax.jit(f["add"])
+    gelu = jax.jit(f["gelu"])
+    rms = jax.jit(f["rms_norm"], static_argnums=2)  # eps static (see jax_formulas)
     return {
         "add": lambda a: lambda: add(a[0], a[1]).block_until_ready(),
         "gelu": lambda a: lambda: gelu(a[0]).block_until_ready(),

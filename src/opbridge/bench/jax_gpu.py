@@ -1,0 +1,381 @@
+"""``opbridge bench jax-gpu``: opbridge's ops in JAX on one CUDA device, against jnp and XLA's own fusion.
+
+Issue 12 item 3's figures. Its targets, on the GPU: per small call,
+opbridge at most 1.1x ``jnp``; at (4096, 4096) under ``jax.jit``, opbridge
+no slower than XLA's fusion of the same formula. Everything runs on
+``jax.devices("gpu")[0]`` in one process:
+
+Per call
+    ``add``, ``gelu`` and ``rms_norm`` on 8 float32 elements (``x`` of
+    ``(1, 8)``, rms_norm's weight ``(8,)``). ``eager``: ``opbridge.ops.<op>``
+    called as it is, against the jnp formula called eagerly (jnp op by op;
+    :func:`opbridge.bench.natives.jax_formulas`). ``jit``: ``jax.jit`` of a
+    lambda calling ``ops.<op>`` against ``jax.jit`` of the formula. Ratio
+    opbridge / jnp, target 1.1.
+Large
+    ``add``, ``gelu``, ``rms_norm``, ``silu_and_mul``, ``gelu_and_mul`` and
+    ``fused_add_rms_norm`` at ``--size`` (default (4096, 4096); a gated op's
+    ``x`` is that size, its result half as wide), in float32 and bfloat16,
+    under ``jax.jit``: opbridge against the formula jitted, which XLA fuses.
+    Ratio opbridge / XLA, target 1.0; GB/s of each, bytes counted as by
+    ``bench gpu`` (each input read once, each output written once:
+    :func:`opbridge.bench.workloads.bytes_moved`).
+``fused_add_rms_norm``
+    It mutates ``input`` and ``residual``; in JAX it returns their new values
+    and its custom call aliases them to its results. Without donation XLA
+    would copy both operands before the kernel, so both candidates are
+    jitted with the two donated and each call's results are the next
+    call's ``input`` and ``residual``: opbridge's kernel updates the buffers
+    in place and XLA's fusion may write into them. (The values drift from
+    call to call; the time does not depend on them.)
+
+Verification
+    Before it is timed, every candidate, opbridge's included, is checked
+    against the op's NumPy reference in float64 on the same inputs (those of
+    ``bench gpu``: :func:`opbridge.bench.candidates.make_args`), within the
+    op's tolerance for the dtype (:mod:`opbridge.bench.verify`). A candidate
+    that disagrees (or an opbridge call that raises) is reported in the text
+    and the JSON (``mismatches``, ``problems``) and left out of the timing;
+    the run goes on, and the result's ``"ok": false`` makes the command exit
+    1. A peer that raises is dropped with a note.
+Timing
+    Wall clock of calls that end in ``.block_until_ready()``, the candidates
+    of a case interleaved over ``--rounds`` rounds, each sample about
+    :data:`TARGET_MS` of calls (:func:`opbridge.bench.timing.calibrated`);
+    p20/p50/p80 µs per call; ratios of p50s. A missed target is listed
+    (``misses``), not a failure.
+
+Without JAX, jax-tvm-ffi, torch (the shared inputs and the float64 check use
+it) or a JAX GPU device, ``run`` returns ``{"skipped": reason}`` and measures
+nothing. ``--platform cpu`` (not in ``--help``) runs the same code on JAX's
+CPU device, so that the whole path is tested without a GPU. ``--quick``:
+five rounds of 10 ms samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from opbridge.bench import BenchError
+from opbridge.bench.jax_gpu_report import CSV_FIELDS, OURS, csv_rows, format_text, misses, problems, ratios, record
+from opbridge.bench.timing import dist_version, machine_info
+
+DESCRIPTION = (
+    "opbridge's ops in JAX on one CUDA device (issue 12's targets): per small call (8 elements) eager and under "
+    "jax.jit against jnp (target opbridge/jnp <= 1.1), and at a large size (default 4096 x 4096) in float32 and "
+    "bfloat16 under jax.jit against XLA's fusion of the same formula (target opbridge/XLA <= 1.0), with GB/s; "
+    "every candidate verified against a float64 reference (a mismatch is reported and the exit status is 1). "
+    "Without JAX, jax-tvm-ffi or a JAX GPU device it reports why and measures nothing."
+)
+
+PER_CALL_OPS = ("add", "gelu", "rms_norm")
+OPS = ("add", "gelu", "rms_norm", "silu_and_mul", "gelu_and_mul", "fused_add_rms_norm")
+DTYPES = ("float32", "bfloat16")
+DEFAULT_SIZE = (4096, 4096)
+PER_CALL_SHAPE = (1, 8)
+#: Milliseconds of calls per sample (``--quick``: half).
+TARGET_MS = 20.0
+#: A zero-argument call whose return value holds the results, blocked until ready.
+Call = Callable[[], Any]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``opbridge bench jax-gpu``."""
+    parser.add_argument("--ops", nargs="+", metavar="OP", default=None,
+                        help=f"ops (default: {', '.join(OPS)}; per call only {', '.join(PER_CALL_OPS)})")
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "float16", "bfloat16"), default=list(DTYPES),
+                        help="dtypes of the large size (default: float32 bfloat16; per call is float32)")
+    parser.add_argument("--size", type=int, nargs=2, metavar=("ROWS", "COLS"), default=list(DEFAULT_SIZE),
+                        help=f"the large size (default {DEFAULT_SIZE[0]} {DEFAULT_SIZE[1]})")
+    parser.add_argument("--no-large", action="store_true", help="leave out the large size")
+    parser.add_argument("--no-per-call", action="store_true", help="leave out the per-call cases")
+    parser.add_argument("--rounds", type=int, metavar="N", default=None,
+                        help="interleaved rounds per case (default 15; --quick 5)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="also write results.json and results.csv into DIR")
+    parser.add_argument("--platform", choices=("gpu", "cpu"), default="gpu", help=argparse.SUPPRESS)
+
+
+def unavailable(platform: str = "gpu") -> str | None:
+    """Why this process cannot run the benchmark on JAX's *platform*, or None if it can."""
+    try:
+        import jax
+    except ImportError:
+        return "JAX is not installed (pip install 'opbridge[jax]')"
+    try:
+        import jax_tvm_ffi  # noqa: F401
+    except ImportError:
+        return "jax-tvm-ffi is not installed (pip install 'opbridge[jax]'): opbridge's ops cannot run in JAX"
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed: the benchmarks' shared inputs and float64 check use it (pip install torch)"
+    try:
+        jax.devices(platform)
+    except RuntimeError as e:
+        return f"no JAX {platform.upper()} device (jax {jax.__version__}): {str(e).strip()[:300]}"
+    return None
+
+
+# -- candidates -------------------------------------------------------------------------------------
+
+
+def _block(fn: Callable[..., Any], *args: Any) -> Any:
+    import jax
+
+    return jax.block_until_ready(fn(*args))
+
+
+class _Fed:
+    """A jitted call that donates the mutated tensors and feeds its results back as the next ones."""
+
+    def __init__(self, jitted: Callable[..., Any], tensors: list[Any], fed: Sequence[int]) -> None:
+        self.jitted, self.tensors, self.fed = jitted, tensors, fed
+
+    def __call__(self) -> Any:
+        import jax
+
+        out = jax.block_until_ready(self.jitted(*self.tensors))
+        for j, i in enumerate(self.fed):  # mutated arguments' new values come first, in schema order
+            self.tensors[i] = out[j]
+        return out
+
+
+class Jitted:
+    """``jax.jit`` of *fn* over the tensors of schema-ordered *args*, every other argument static.
+
+    With *donate*, the op's mutated tensors are donated and fed back
+    (:class:`_Fed`); :meth:`bind` then needs arrays of its own.
+    """
+
+    def __init__(self, op: Any, fn: Callable[..., Any], args: Sequence[Any], donate: bool = False) -> None:
+        import jax
+
+        from opbridge.bench.verify import mutated
+
+        self.at = [i for i, a in enumerate(args) if hasattr(a, "shape")]
+        statics, n, at = {i: a for i, a in enumerate(args) if i not in self.at}, len(args), self.at
+
+        def body(*ts: Any) -> Any:
+            full = dict(statics)
+            full.update(zip(at, ts))
+            return fn(*(full[i] for i in range(n)))
+
+        self.fed = tuple(at.index(i) for i in mutated(op)) if donate else ()
+        self.jitted = jax.jit(body, donate_argnums=self.fed)
+
+    def bind(self, args: Sequence[Any]) -> Call:
+        ts = [args[i] for i in self.at]
+        return _Fed(self.jitted, ts, self.fed) if self.fed else functools.partial(_block, self.jitted, *ts)
+
+
+def eager(fn: Callable[..., Any]) -> Callable[[Sequence[Any]], Call]:
+    """``bind(args)`` of *fn* called as it is on *args*."""
+    return lambda args: functools.partial(_block, fn, *args)
+
+
+#: ``(name, what it calls, bind(schema-ordered JAX args) -> Call)``
+Cand = tuple[str, str, Callable[[Sequence[Any]], Call]]
+
+
+def candidates(op: Any, formula: Callable[..., Any], args: Sequence[Any], mode: str, peer: str) -> list[Cand]:
+    """opbridge's call and the formula's, ``eager`` or ``jit`` (a mutating op's jit donates, see module doc)."""
+    from opbridge import ops
+
+    ours = getattr(ops, op.name)
+    if mode == "eager":
+        return [(OURS, f"opbridge.ops.{op.name}(...)", eager(ours)),
+                (peer, "the jnp formula, eagerly (jnp op by op)", eager(formula))]
+    donate = op.schema.is_mutating
+    fed = ", mutated arguments donated and fed back" if donate else ""
+    return [(OURS, f"jax.jit(lambda *t: opbridge.ops.{op.name}(*t)){fed}", Jitted(op, ours, args, donate).bind),
+            (peer, f"jax.jit of the jnp formula (XLA fuses it){fed}", Jitted(op, formula, args, donate).bind)]
+
+
+# -- one case ---------------------------------------------------------------------------------------
+
+
+def to_jax(t: Any, device: Any) -> Any:
+    """A torch CPU tensor as a JAX array of its dtype on *device* (other values as they are)."""
+    import jax
+
+    if not hasattr(t, "is_floating_point"):
+        return t
+    if not t.is_floating_point():
+        return jax.device_put(t.numpy(), device)
+    return jax.device_put(t.float().numpy(), device).astype(str(t.dtype).rpartition(".")[2])
+
+
+def results(op: Any, ret: Any) -> tuple[Any, ...]:
+    """A JAX call's results as float32 (or integer) NumPy arrays in the reference's order.
+
+    opbridge's JAX adapter returns a mutating op's new argument values
+    before its outputs; :func:`opbridge.bench.verify.reference64` puts the
+    outputs first.
+    """
+    import numpy as np
+
+    from opbridge.bench.verify import as_tuple, mutated
+
+    got, k = as_tuple(ret), len(mutated(op))
+    if op.n_outputs and k:
+        got = (*got[k:], *got[:k])
+
+    def host(g: Any) -> Any:
+        a = np.asarray(g)
+        return a if a.dtype.kind in "iub" else a.astype(np.float32)  # bfloat16 (ml_dtypes) is kind "V"
+
+    return tuple(None if g is None else host(g) for g in got)
+
+
+def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: tuple[int, int], dtype: str,
+             device: Any, mode: str, rounds: int, target_ms: float) -> dict[str, Any]:
+    """Verify and time opbridge and its peer on one case; return its record (:func:`record`)."""
+    from opbridge.bench.candidates import make_args
+    from opbridge.bench.timing import calibrated
+    from opbridge.bench.verify import mismatch, reference64, reference_tolerances
+
+    pristine = make_args(op, wl, size, dtype)
+    expected = reference64(op, pristine)
+    tols = reference_tolerances(op, dtype, expected, pristine)
+    peer = "jnp" if section == "per_call" else "xla"
+
+    def fresh() -> list[Any]:  # arrays of a call's own: a donated one is gone after the call
+        return [to_jax(a, device) for a in pristine]
+
+    cands = candidates(op, formula, pristine, mode, peer)
+    fns: dict[str, Call] = {}
+    bad: list[dict[str, str]] = []
+    notes: list[str] = []
+    for name, _what, bind in cands:
+        try:
+            got = results(op, bind(fresh())())
+        except Exception as e:  # opbridge failing is a problem; a peer that cannot run this case is missing
+            msg = f"raised {type(e).__name__}: {str(e).strip()[:300]}"
+            (bad.append({"candidate": name, "message": msg}) if name == OURS
+             else notes.append(f"{name} dropped: {msg}"))
+            continue
+        why = mismatch(got, expected, tols, dtype)
+        if why is None:
+            fns[name] = bind(fresh())
+        else:
+            bad.append({"candidate": name, "message": why})
+    stats: dict[str, dict[str, float]] = {}
+    number = 0
+    if fns:
+        stats, _, number = calibrated(fns, target_s=target_ms / 1e3, rounds=rounds, min_rounds=rounds,
+                                      budget_s=1e9)
+    moved = wl.moved(op, pristine)["total"] if section == "large" else None
+    rec = record(section, op.name, dtype, tuple(pristine[op.dispatch_arg].shape), mode, peer, stats,
+                 {n: w for n, w, _ in cands}, number, moved)
+    rec["mismatches"], rec["notes"] = bad, notes
+    return rec
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+
+def _select(names: Sequence[str], platform: str, formulas: dict[str, Any], wls: dict[str, Any]) -> dict[str, str]:
+    """``{op: why it is left out}`` of *names*."""
+    from opbridge import ops
+
+    skipped = {}
+    for n in names:
+        if n not in ops.LIBRARY.ops:
+            skipped[n] = "not declared"
+        elif n not in formulas:
+            skipped[n] = "no jnp formula in opbridge.bench.natives.jax_formulas"
+        elif n not in wls:
+            skipped[n] = "no workload in opbridge.bench.workloads"
+        elif platform == "gpu" and "cuda" not in ops.LIBRARY.ops[n].kernels:
+            skipped[n] = "no CUDA kernel declared"
+    return skipped
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark; ``{"skipped": reason}`` where JAX, jax-tvm-ffi or a JAX GPU device is missing."""
+    from opbridge.bench.report import say, write_json, write_results
+
+    platform = getattr(args, "platform", "gpu")
+    reason = unavailable(platform)
+    if reason is not None:
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            write_json({"skipped": reason}, Path(args.out) / "results.json")
+        return {"skipped": reason}
+    import jax
+
+    from opbridge import ops
+    from opbridge.bench import natives
+    from opbridge.bench.workloads import workloads
+
+    quick = bool(getattr(args, "quick", False))
+    rounds = args.rounds or (5 if quick else 15)
+    target_ms = TARGET_MS / 2 if quick else TARGET_MS
+    device = jax.devices(platform)[0]
+    build_s = None
+    if platform == "gpu":
+        from opbridge.build.compile import nvcc_path
+
+        if nvcc_path() is None:
+            raise BenchError("nvcc was not found: the CUDA kernels cannot be built (install the CUDA toolkit)")
+        started = time.perf_counter()
+        ops.LIBRARY.module("cuda")
+        build_s = round(time.perf_counter() - started, 3)
+
+    formulas, wls = natives.jax_formulas(), workloads()
+    names = list(args.ops or OPS)
+    skipped = _select(names, platform, formulas, wls)
+    names = [n for n in names if n not in skipped]
+    say("jax-gpu", f"{device.device_kind} ({device.platform}); {rounds} rounds")
+    per_call: list[dict[str, Any]] = []
+    for n in [] if args.no_per_call else [n for n in names if n in PER_CALL_OPS]:
+        for mode in ("eager", "jit"):
+            say("jax-gpu", f"per call: {n} {mode}")
+            per_call.append(run_case("per_call", ops.LIBRARY.ops[n], wls[n], formulas[n], PER_CALL_SHAPE,
+                                     "float32", device, mode, rounds, target_ms))
+    large: list[dict[str, Any]] = []
+    size = (int(args.size[0]), int(args.size[1]))
+    for n in [] if args.no_large else names:
+        for dtype in args.dtypes:
+            say("jax-gpu", f"large: {n} {size} {dtype}")
+            large.append(run_case("large", ops.LIBRARY.ops[n], wls[n], formulas[n], size, dtype, device, "jit",
+                                  rounds, target_ms))
+    records = [*per_call, *large]
+    bad = problems(records)
+    result: dict[str, Any] = {
+        "benchmark": "jax-gpu",
+        "quick": quick,
+        "ok": not bad,
+        "problems": bad,
+        "misses": misses(records),
+        "ratios": ratios(per_call, large),
+        "machine": machine_info(),
+        "device": {"platform": device.platform, "description": device.device_kind, "id": device.id},
+        "versions": {v: dist_version(v) for v in ("jax", "jaxlib", "jax-tvm-ffi", "apache-tvm-ffi", "opbridge",
+                                                  "jax-cuda12-plugin", "jax-cuda13-plugin")},
+        "settings": {"rounds": rounds, "target_ms": target_ms, "per_call_shape": list(PER_CALL_SHAPE),
+                     "size": list(size), "dtypes": list(args.dtypes), "platform": platform},
+        "cuda_module_load_s": build_s,
+        "per_call": per_call,
+        "large": large,
+        "skipped_ops": skipped,
+    }
+    if args.out:
+        result["files"] = write_results(result, Path(args.out), CSV_FIELDS, csv_rows(result), None,
+                                        bench="jax-gpu")
+        write_json(result, result["files"]["json"])
+    if bad:
+        print(f"bench jax-gpu: {len(bad)} candidate(s) disagree with the float64 reference (see the report)",
+              file=sys.stderr)
+    return result
+
+
+__all__ = ["DESCRIPTION", "DTYPES", "OPS", "PER_CALL_OPS", "Jitted", "add_arguments", "candidates", "format_text",
+           "results", "run", "run_case", "to_jax", "unavailable"]
