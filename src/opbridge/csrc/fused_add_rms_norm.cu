@@ -68,8 +68,10 @@ struct SumRows {
     cu::Vec<T, N> z;
 #pragma unroll
     for (int k = 0; k < N; ++k) z.v[k] = cu::from_compute<T>(cu::to_compute(a.v[k]) + cu::to_compute(b.v[k]));
-    cu::store<N>(residual + at, z);
     return z;
+  }
+  __device__ void commit(int64_t r, int i, const cu::Vec<T, N>& z) const {
+    cu::store<N>(residual + r * H + int64_t(i) * N, z);
   }
 };
 

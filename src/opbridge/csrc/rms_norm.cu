@@ -52,6 +52,7 @@ struct RowsOf {
   const T* __restrict__ x;
   int64_t H;
   __device__ cu::Vec<T, N> load(int64_t r, int i) const { return cu::load<N>(x + r * H + int64_t(i) * N); }
+  __device__ void commit(int64_t, int, const cu::Vec<T, N>&) const {}
 };
 
 // With gw_i = g_i w_i:  dx = r gw - x r^3 mean(gw x),  dw = sum over rows of g x r.
@@ -111,7 +112,8 @@ __global__ void __launch_bounds__(kBackwardThreads)
 // units, blocks of up to kBackwardThreads): a persistent grid, one full wave; each thread
 // loads its units of the weight once, keeps its columns' running sums of
 // g x r in registers across the block's rows, and writes them to
-// partial[block] once at the end. The form above adds each row into partial
+// partial[block] once at the end (a grid of one block writes grad_weight
+// itself: a decode step's one row is one kernel). The form above adds each row into partial
 // in global memory (a read and a write of H floats per row, more bytes than
 // the row itself for the 16-bit types: 0.20 of copy bandwidth for bfloat16
 // at 8192 x 8192 on an H200). Same sums in the same order per column.
@@ -120,7 +122,7 @@ using Backward = cu::RowsByThreads<N>;  // units per thread; blocks capped at kB
 
 template <int N, int K, typename T, typename C = opbridge::compute_t<T>>
 __global__ void __launch_bounds__(kBackwardThreads)
-    rms_norm_backward_cached_kernel(T* grad_x, C* __restrict__ partial, const T* __restrict__ grad,
+    rms_norm_backward_cached_kernel(T* grad_x, T* grad_w, C* __restrict__ partial, const T* __restrict__ grad,
                                     const T* __restrict__ x, const T* __restrict__ w, int64_t rows,
                                     int64_t H, C eps) {
   using C2 = cu::pair_t<C>;
@@ -180,13 +182,30 @@ __global__ void __launch_bounds__(kBackwardThreads)
       }
     }
   }
-  C* part = partial + int64_t(blockIdx.x) * H;
+  // One block (a grid of one): the sums are the weight gradient. Else this block's row of partial,
+  // in 128-bit stores: scalar ones touched 32 sectors per warp instruction for the 16-bit types (a
+  // thread's N floats are 32 bytes apart from its neighbour's) and took half of a one-row call.
+  constexpr int P = 16 / int(sizeof(C));
+  static_assert(N % P == 0, "partial store width");
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     if (i < hv) {
+      if (gridDim.x == 1) {
+        cu::Vec<T, N> o;
 #pragma unroll
-      for (int j = 0; j < N; ++j) part[i * N + j] = acc[k][j];
+        for (int j = 0; j < N; ++j) o.v[j] = cu::from_compute<T>(acc[k][j]);
+        cu::store<N>(grad_w + i * N, o);
+      } else {
+        C* part = partial + int64_t(blockIdx.x) * H + int64_t(i) * N;
+#pragma unroll
+        for (int j = 0; j < N; j += P) {
+          cu::Vec<C, P> v;
+#pragma unroll
+          for (int q = 0; q < P; ++q) v.v[q] = acc[k][j + q];
+          cu::store<P>(part + j, v);
+        }
+      }
     }
   }
 }
@@ -278,14 +297,16 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
       threads = cu::row_threads(vec ? H / V : H, kBackwardThreads);
       grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * (2048 / threads));
     }
-    cu::Scratch partial(op, ctx, size_t(grid) * size_t(H) * sizeof(C));
+    // A cached grid of one block (one row) writes grad_weight itself: no scratch, no column sum.
+    const bool direct = units > 0 && grid == 1;
+    cu::Scratch partial(op, ctx, direct ? 0 : size_t(grid) * size_t(H) * sizeof(C));
     if (grid > 0) {
       C* part = partial.as<C>();
       if (units > 0) {
         cu::with_units<Backward<V>::kMaxUnits>(units, [&](auto k_const) {
           constexpr int K = decltype(k_const)::value;
           rms_norm_backward_cached_kernel<V, K><<<unsigned(grid), threads, 0, ctx.stream>>>(
-              dx, part, g, a, w, rows, H, C(eps));
+              dx, dw, part, g, a, w, rows, H, C(eps));
         });
       } else if (vec) {
         rms_norm_backward_kernel<V><<<unsigned(grid), threads, 0, ctx.stream>>>(dx, part, g, a, w, rows, H, C(eps));
@@ -294,6 +315,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
       }
       ctx.check_launch();
     }
+    if (direct) return;
     // With zero rows (parts = 0) this writes grad_weight = 0.
     const dim3 block(kColumns, kColumnGroups);
     column_sum_kernel<T><<<unsigned((H + kColumns - 1) / kColumns), block, 0, ctx.stream>>>(

@@ -74,9 +74,13 @@ void with_units(int units, Go&& go) {
 }
 
 // Src: `__device__ Vec<T, N> load(int64_t row, int unit) const`, called once
-// per (row, unit) by the thread that writes out[row] at that unit. `out` may
-// be a buffer Src reads (in place): each unit is read before it is written,
-// by the same thread.
+// per (row, unit) by the thread that writes out[row] at that unit, and
+// `__device__ void commit(int64_t row, int unit, const Vec<T, N>& z) const`,
+// called with what load returned once every unit of the thread is loaded:
+// where a source writes z back (fused_add_rms_norm's residual), a store inside
+// load would order each later unit's loads behind it (they may alias), one
+// memory latency per unit. `out` may be a buffer Src reads (in place): each
+// unit is read before it is written, by the same thread.
 template <int N, int K, typename P, typename T, typename Src, typename C = compute_t<T>>
 __global__ void __launch_bounds__(P::kMaxThreads)
     rms_rows_cached_kernel(T* out, Src src, const T* __restrict__ w, int64_t rows, int64_t H, C eps) {
@@ -92,6 +96,11 @@ __global__ void __launch_bounds__(P::kMaxThreads)
         wv[k] = load<N>(w + i * N);
         zv[k] = src.load(r, i);
       }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < hv) src.commit(r, i, zv[k]);
     }
     C ss = 0;
 #pragma unroll
