@@ -26,8 +26,7 @@ namespace cuda {
 
 // A launch policy: blocks of at most kMaxThreads threads (also the kernel's
 // __launch_bounds__), at most kMaxUnits units per thread (1, 2, 4 or 8), the
-// fewest units that keep blocks at kPreferredThreads or fewer; kFastSum picks
-// block_sum_fast over block_sum.
+// fewest units that keep blocks at kPreferredThreads or fewer.
 //
 // RowsByUnits: units grow before threads (rms_norm: float32 rows of 8192 at
 // 8 units x 256 threads ran at 0.96 of copy bandwidth, at 4 x 512 at 0.80),
@@ -38,7 +37,6 @@ template <int N>
 struct RowsByUnits {
   static constexpr bool kNarrow = N >= 8;
   static constexpr int kMaxThreads = kNarrow ? 1024 : 256, kPreferredThreads = 256, kMaxUnits = kNarrow ? 2 : 8;
-  static constexpr bool kFastSum = false;
 };
 // RowsByThreads: threads grow beyond 256 once a thread holds 4 units or 16
 // elements
@@ -48,7 +46,6 @@ struct RowsByUnits {
 template <int N>
 struct RowsByThreads {
   static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
-  static constexpr bool kFastSum = true;
 };
 
 // Units per thread under policy P for rows of `hv` units, with blocks of at
@@ -117,11 +114,7 @@ __global__ void __launch_bounds__(P::kMaxThreads)
         }
       }
     }
-    if constexpr (P::kFastSum) {
-      ss = block_sum_fast(ss, scratch, parity);
-    } else {
-      ss = block_sum(ss, scratch[0]);
-    }
+    ss = block_sum_fast(ss, scratch, parity);
     const C rs = rsqrt_of(ss / C(H) + eps);
     T* yr = out + r * H;
 #pragma unroll
