@@ -26,17 +26,19 @@ namespace cuda {
 
 // A launch policy: blocks of at most kMaxThreads threads (also the kernel's
 // __launch_bounds__), at most kMaxUnits units per thread (1, 2, 4 or 8), the
-// fewest units that keep blocks at kPreferredThreads or fewer.
+// fewest units that keep blocks at kPreferredThreads or fewer; kFastSum picks
+// block_sum_fast over block_sum.
 //
 // RowsByUnits: units grow before threads (rms_norm: float32 rows of 8192 at
 // 8 units x 256 threads ran at 0.96 of copy bandwidth, at 4 x 512 at 0.80),
-// except for the 16-bit types (N = 8), whose threads grow past 256 once a
-// thread holds 2 units: bfloat16 rows of 8192 at 4 units x 256 threads took
-// 96 registers and ran at 0.76 of copy bandwidth on an H200 (Inductor: 0.97).
+// with the three-barrier block_sum. Tried on an H200 and dropped: block_sum_fast
+// here (float32 rows of 8192: 0.84 of copy bandwidth), and for the 16-bit
+// types at most 2 units with blocks past 256 threads (bfloat16 rows of 8192:
+// 0.75, no better than 4 units x 256 threads, 0.76; Inductor reaches 0.97).
 template <int N>
 struct RowsByUnits {
-  static constexpr bool kNarrow = N >= 8;
-  static constexpr int kMaxThreads = kNarrow ? 1024 : 256, kPreferredThreads = 256, kMaxUnits = kNarrow ? 2 : 8;
+  static constexpr int kMaxThreads = 256, kPreferredThreads = 256, kMaxUnits = 8;
+  static constexpr bool kFastSum = false;
 };
 // RowsByThreads: threads grow beyond 256 once a thread holds 4 units or 16
 // elements
@@ -46,6 +48,7 @@ struct RowsByUnits {
 template <int N>
 struct RowsByThreads {
   static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
+  static constexpr bool kFastSum = true;
 };
 
 // Units per thread under policy P for rows of `hv` units, with blocks of at
@@ -114,7 +117,11 @@ __global__ void __launch_bounds__(P::kMaxThreads)
         }
       }
     }
-    ss = block_sum_fast(ss, scratch, parity);
+    if constexpr (P::kFastSum) {
+      ss = block_sum_fast(ss, scratch, parity);
+    } else {
+      ss = block_sum(ss, scratch[0]);
+    }
     const C rs = rsqrt_of(ss / C(H) + eps);
     T* yr = out + r * H;
 #pragma unroll
