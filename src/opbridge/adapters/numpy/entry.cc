@@ -6,9 +6,10 @@
 // dispatching array's dtype among the op's declared ones; Python float, int and bool scalars. It
 // allocates each output like its input (PyArray_NewLikeArray: contiguous), below the pool's
 // threshold only (larger outputs come from opbridge's pool on the Python path), views every array
-// as a DLTensor on the stack and calls the op's tvm-ffi kernel. Anything else, and any error the
-// kernel raises, returns NotImplemented having written nothing the caller can see, and the Python
-// path takes the call with its own results and messages (it runs the kernel again and raises).
+// as a DLTensor on the stack and calls the op's tvm-ffi kernel. An error the kernel raises is raised
+// here as tvm-ffi's binding raises it (opbridge/raised_error.h: never a second run). Anything else
+// returns NotImplemented having written nothing the caller can see, and the Python path takes the
+// call with its own results and messages.
 //
 // What it saves: NumPy's DLPack export and tvm-ffi's conversion of each ndarray (about 107 ns per
 // array on this machine's CPython 3.11 / NumPy 2) and the Python frame of the fast path.
@@ -21,6 +22,8 @@
 #define PY_ARRAY_UNIQUE_SYMBOL opbridge_numpy_entry_ARRAY_API
 #include <numpy/arrayobject.h>
 #include <tvm/ffi/c_api.h>
+
+#include <opbridge/raised_error.h>
 
 #include <atomic>
 #include <cstdint>
@@ -168,12 +171,10 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
   } else {
     rc = TVMFFIFunctionCall(st.handle, ffi, static_cast<int32_t>(n + n_out), &result);
   }
-  if (rc != 0) {
-    TVMFFIObjectHandle err = nullptr;  // the Python path runs the call again and raises the kernel's error
-    TVMFFIErrorMoveFromRaised(&err);
-    if (err != nullptr) TVMFFIObjectDecRef(err);
+  if (rc != 0) {  // raised here, as tvm-ffi's binding raises it: never a second run (raised_error.h)
+    const opbridge::RaisedError err = opbridge::take_raised_error();
     release();
-    return NotHandled();
+    return opbridge::set_python_error(err);
   }
   if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
   st.calls.fetch_add(1, std::memory_order_relaxed);

@@ -5,6 +5,8 @@
 #include "op_state.h"
 #include "python_calls.h"
 
+#include <opbridge/raised_error.h>
+
 #ifdef OPB_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -133,10 +135,12 @@ inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
 // The op's kernel on *args* (schema order) when they are dense, of a declared dtype and on one
 // device: true when it ran. With *allocate*, the outputs are new and appended to *outs* (the `like`
 // rule or the shape rule); else *outs* holds the caller's (out=), which must be dense and on that
-// device too. False leaves every tensor unwritten: nothing was handled (a kernel not loaded yet,
-// overlapping mutated arguments, a kernel that refused the call: kernels check their arguments
-// before they write), and the caller's slower path runs the call again with its own messages.
-inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl<at::Tensor>* outs, bool allocate) {
+// device too. False with `raised->raised` unset leaves every tensor unwritten: nothing was handled
+// (a kernel not loaded yet, overlapping mutated arguments, arguments it does not take) and the
+// caller's slower path takes the call. False with `raised->raised` set: the kernel ran and raised
+// (opbridge/raised_error.h); the caller raises that error and never runs the kernel again.
+inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl<at::Tensor>* outs, bool allocate,
+                      opbridge::RaisedError* raised) {
   const size_t n = st.kinds.size();
   const c10::IValue& lead_v = args[st.dispatch_arg];
   if (!lead_v.isTensor() || !args[st.dtype_arg].isTensor()) return false;
@@ -245,10 +249,8 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
 #else
   rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
 #endif
-  if (rc != 0) {  // the slower path runs the call again and raises the kernel's own error
-    TVMFFIObjectHandle err = nullptr;
-    TVMFFIErrorMoveFromRaised(&err);
-    if (err != nullptr) TVMFFIObjectDecRef(err);
+  if (rc != 0) {  // the caller raises it: a second run would not raise a taken device-side record
+    *raised = opbridge::take_raised_error();
     return false;
   }
   if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);

@@ -8,8 +8,9 @@
 // JIT tracer active (the fast path's _NO_MODES probes), and, through RunKernel, dense tensors of a
 // declared dtype on one device and a kernel that accepts the call. It runs the kernel into new
 // outputs (or `out`), bumps the version counters of what it mutated and returns the schema's
-// returns. Everything else returns NotImplemented having written nothing, and the callable goes on
-// to the Python fast path, which gives today's results and messages.
+// returns. A kernel that raises has its error raised here, as tvm-ffi's binding raises it (never a
+// second run: opbridge/raised_error.h). Everything else returns NotImplemented having written
+// nothing, and the callable goes on to the Python fast path, which gives today's results and messages.
 #pragma once
 
 #include "kernel_call.h"
@@ -96,7 +97,10 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
     outs.push_back(*out);
   }
   try {
-    if (!RunKernel(st, args.data(), &outs, !with_out)) return NotHandled();
+    opbridge::RaisedError raised;
+    if (!RunKernel(st, args.data(), &outs, !with_out, &raised)) {
+      return raised.raised ? opbridge::set_python_error(raised) : NotHandled();
+    }
   } catch (py::error_already_set& e) {  // the shape rule's error: raised as the Python fast path raises it
     if (e.matches(PyExc_TypeError)) return NotHandled();  // which sends a TypeError to the dispatcher
     e.restore();

@@ -14,9 +14,9 @@
 // called in destination-passing style on DLTensor views, and outputs and aliased arguments are
 // packed onto the schema's returns.
 // Anything else (a strided tensor, an undeclared dtype, mixed devices, overlapping mutated
-// arguments, a kernel not loaded yet, a kernel error) is handed to the Python kernel, which gives
-// today's results and messages; kernels check their arguments before they write, so a call the
-// kernel refused can be run again.
+// arguments, a kernel not loaded yet) is handed to the Python kernel, which gives today's results
+// and messages. A kernel error is raised as it is, never by a second run of the kernel
+// (opbridge/raised_error.h).
 //
 // The autograd kernel hands a call to the Python autograd kernel only when grad mode is on and a
 // tensor argument requires grad; otherwise it redispatches below autograd (to the device kernel, to
@@ -56,13 +56,28 @@ bool ScalarTypeOf(const std::string& name, c10::ScalarType* out) {
   return false;
 }
 
+// Raises a kernel's error as the c10 error torch turns into the same Python exception class
+// (ValueError, TypeError, IndexError, NotImplementedError; RuntimeError for the rest).
+[[noreturn]] void ThrowKernelError(const opbridge::RaisedError& e) {
+  if (e.kind == "ValueError") TORCH_CHECK_VALUE(false, e.message);
+  if (e.kind == "TypeError") TORCH_CHECK_TYPE(false, e.message);
+  if (e.kind == "IndexError") TORCH_CHECK_INDEX(false, e.message);
+  if (e.kind == "NotImplementedError") TORCH_CHECK_NOT_IMPLEMENTED(false, e.message);
+  TORCH_CHECK(false, e.message);
+}
+
 // The op on dense arguments of a declared dtype on one device: true when done (results pushed),
-// false when the Python kernel must take the call (the stack is then untouched).
+// false when the Python kernel must take the call (the stack is then untouched). A kernel that
+// raises has its error thrown here, never a second run (opbridge/raised_error.h).
 bool RunNative(OpState& st, torch::jit::Stack* stack) {
   const size_t n = st.kinds.size();
   const c10::IValue* args = &*(stack->end() - n);
   c10::SmallVector<at::Tensor, 4> outs;
-  if (!RunKernel(st, args, &outs, true)) return false;
+  opbridge::RaisedError raised;
+  if (!RunKernel(st, args, &outs, true, &raised)) {
+    if (raised.raised) ThrowKernelError(raised);
+    return false;
+  }
   c10::SmallVector<c10::IValue, 4> returned;
   size_t next = 0;
   for (int r : st.returns) returned.push_back(r < 0 ? c10::IValue(std::move(outs[next++])) : args[r]);
