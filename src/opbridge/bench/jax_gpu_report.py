@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from opbridge.bench.report import files_line, sig
+from opbridge.bench.report import closing_lines, sig
 from opbridge.bench.timing import gbps
 
 #: opbridge's candidate in every case; the peer's name depends on the section.
@@ -139,16 +139,11 @@ def format_text(result: dict[str, Any]) -> str:
                          f"{_us(ours)} {ours.get('gbps', 0):>6.0f} {_us(peer)} {peer.get('gbps', 0):>6.0f}  "
                          f"{_verdict(rec)}")
             lines += _case_lines(rec)
-    for name, why in result.get("skipped_ops", {}).items():
-        lines.append(f"skipped {name}: {why}")
+    lines += [f"skipped {name}: {why}" for name, why in result.get("skipped_ops", {}).items()]
     if result.get("misses"):
         lines += ["", f"targets missed ({len(result['misses'])}; reported, not a failure):"]
         lines += [f"  {m}" for m in result["misses"]]
-    if result.get("problems"):
-        lines += ["", f"FAILED: {len(result['problems'])} candidate(s) disagree with the float64 reference:"]
-        lines += [f"  {p}" for p in result["problems"]]
-    if result.get("files"):
-        lines.append(files_line(result["files"]))
+    lines += closing_lines(result, skipped_ops=False)
     return "\n".join(lines)
 
 

@@ -94,6 +94,18 @@ def files_line(files: dict[str, Any]) -> str:
     return f"results: {files['dir']} (results.json, results.csv, {plots})"
 
 
+def closing_lines(result: dict[str, Any], *, skipped_ops: bool = True) -> list[str]:
+    """A text report's last lines: ops left out, candidates that disagreed with the reference
+    (``result["problems"]``), and where the results were written."""
+    lines = [f"skipped {n}: {why}" for n, why in result.get("skipped_ops", {}).items()] if skipped_ops else []
+    if result.get("problems"):
+        lines += ["", f"FAILED: {len(result['problems'])} candidate(s) disagree with the float64 reference:"]
+        lines += [f"  {p}" for p in result["problems"]]
+    if result.get("files"):
+        lines.append(files_line(result["files"]))
+    return lines
+
+
 class Progress:
     """A text progress bar on stderr: counts, current step, elapsed time and ETA.
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from opbridge.bench.report import closing_lines
+
 CSV_FIELDS = ("op", "size", "rows_cols", "dtype", "candidate", "mode", "graph_p50_us", "eager_p50_us", "bytes",
               "gbps", "gbps_eager", "copy_fraction", "speedup_vs_opbridge", "what")
 
@@ -51,11 +53,5 @@ def format_text(result: dict[str, Any]) -> str:
         for m in rec.get("mismatches", []):
             lines.append(f"  MISMATCH {m['candidate']} (not timed): {m['message']}")
         lines += [f"  note: {n}" for n in rec.get("notes", [])]
-    for n, why in result.get("skipped_ops", {}).items():
-        lines.append(f"skipped {n}: {why}")
-    if result.get("problems"):
-        lines += ["", f"FAILED: {len(result['problems'])} candidate(s) disagree with the float64 reference:"]
-        lines += [f"  {p}" for p in result["problems"]]
-    if result.get("files"):
-        lines.append(f"results: {result['files']['dir']}")
+    lines += closing_lines(result)
     return "\n".join(lines)
