@@ -45,10 +45,15 @@ Timing
     ratios of p50s. Per call: each call ends in ``.block_until_ready()``
     (dispatch, kernel and the host's wait: a call's latency). Large:
     :data:`PIPELINE` calls back to back, then one wait, divided by
-    :data:`PIPELINE` (the device's time per call once asynchronous dispatch
-    keeps its queue full: the kernels, not a host round trip of about 60 µs
-    per call on an H200 that would hide them). A missed target is listed
-    (``misses``), not a failure.
+    :data:`PIPELINE` (the time per call once asynchronous dispatch keeps the
+    device's queue full, not a host round trip of about 60 µs per call on an
+    H200). At (4096, 4096) a jitted call's dispatch, about 40 µs on an H200,
+    still bounds both candidates for the ops whose kernels take less; a
+    larger ``--size`` compares the kernels. (Several applications inside one
+    jitted program do not isolate them either: XLA fuses a chain of the
+    formula into one kernel, across ``optimization_barrier`` too, which a
+    custom call cannot match.) A missed target is listed (``misses``), not a
+    failure.
 
 Without JAX, jax-tvm-ffi, torch (the shared inputs and the float64 check use
 it) or a JAX GPU device, ``run`` returns ``{"skipped": reason}`` and measures
