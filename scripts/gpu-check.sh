@@ -45,7 +45,11 @@ step() {  # step NAME COMMAND...: run, keep the log and the exit status
   tail -3 "$OUT/$name.log"
 }
 : > "$OUT/steps.txt"
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestUnraisableExceptionWarning)
+# -v and unbuffered output: each test's name reaches the log as it starts, so a crash (a native fault
+# kills the process before pytest reports; with fd capture its traceback stays in the capture file)
+# still names the test it happened in.
+export PYTHONUNBUFFERED=1
+PYTEST=("$PY" -m pytest -v -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestUnraisableExceptionWarning)
 step cuda_tests "${PYTEST[@]}" tests/test_cuda.py --junitxml="$OUT/cuda_tests.xml"
 step torch_gpu_tests "${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu" --junitxml="$OUT/torch_gpu_tests.xml"
 step jax_gpu_tests env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda" \
