@@ -53,28 +53,6 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// fused_add_rms_norm's rows for cuda_norm.h: input + residual, rounded to the
-// dtype and written back to residual (input is then overwritten with the norm
-// by the same thread, after this read).
-template <int N, typename T>
-struct SumRows {
-  const T* input;
-  T* residual;
-  int64_t H;
-  __device__ cu::Vec<T, N> load(int64_t r, int i) const {
-    const int64_t at = r * H + int64_t(i) * N;
-    const cu::Vec<T, N> a = cu::load<N>(input + at);
-    const cu::Vec<T, N> b = cu::load<N>(residual + at);
-    cu::Vec<T, N> z;
-#pragma unroll
-    for (int k = 0; k < N; ++k) z.v[k] = cu::from_compute<T>(cu::to_compute(a.v[k]) + cu::to_compute(b.v[k]));
-    return z;
-  }
-  __device__ void commit(int64_t r, int i, const cu::Vec<T, N>& z) const {
-    cu::store<N>(residual + r * H + int64_t(i) * N, z);
-  }
-};
-
 }  // namespace
 
 void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView weight, double eps) {
@@ -93,7 +71,7 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, in, res, w)) {
-      if (!cu::launch_rms_rows_cached<cu::RowsByThreads, V>(ctx, in, SumRows<V, T>{in, res, H}, w, rows, H, C(eps))) {
+      if (!cu::launch_rms_rows_cached<cu::RowsByThreads, V>(ctx, in, cu::SumRows<V, T>{in, res, H}, w, rows, H, C(eps))) {
         fused_add_rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(in, res, w, rows, H,
                                                                                      C(eps));
       }

@@ -46,15 +46,6 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restr
   }
 }
 
-// rms_norm's rows for cuda_norm.h: x itself.
-template <int N, typename T>
-struct RowsOf {
-  const T* __restrict__ x;
-  int64_t H;
-  __device__ cu::Vec<T, N> load(int64_t r, int i) const { return cu::load<N>(x + r * H + int64_t(i) * N); }
-  __device__ void commit(int64_t, int, const cu::Vec<T, N>&) const {}
-};
-
 // With gw_i = g_i w_i:  dx = r gw - x r^3 mean(gw x),  dw = sum over rows of g x r.
 // Block b accumulates its rows' g x r into partial[b, :] in fp32 (each column
 // always by the same thread, so no atomics and a fixed summation order);
@@ -251,7 +242,7 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, y, a, w)) {
-      if (!cu::launch_rms_rows_cached<cu::RowsByUnits, V>(ctx, y, RowsOf<V, T>{a, H}, w, rows, H, C(eps))) {
+      if (!cu::launch_rms_rows_cached<cu::RowsByUnits, V>(ctx, y, cu::RowsOf<V, T>{a, H}, w, rows, H, C(eps))) {
         rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
       }
     } else {

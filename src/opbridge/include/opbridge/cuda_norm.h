@@ -137,6 +137,39 @@ __global__ void __launch_bounds__(P::kMaxThreads)
   }
 }
 
+// The row sources of rms_norm.cu and fused_add_rms_norm.cu (and of a tuning
+// harness that launches rms_rows_cached_kernel under other policies).
+// RowsOf: rms_norm's rows, x itself.
+template <int N, typename T>
+struct RowsOf {
+  const T* __restrict__ x;
+  int64_t H;
+  __device__ Vec<T, N> load(int64_t r, int i) const { return cuda::load<N>(x + r * H + int64_t(i) * N); }
+  __device__ void commit(int64_t, int, const Vec<T, N>&) const {}
+};
+
+// SumRows: fused_add_rms_norm's rows, input + residual rounded to the dtype,
+// written back to residual (input is then overwritten with the norm by the
+// same thread, after this read).
+template <int N, typename T>
+struct SumRows {
+  const T* input;
+  T* residual;
+  int64_t H;
+  __device__ Vec<T, N> load(int64_t r, int i) const {
+    const int64_t at = r * H + int64_t(i) * N;
+    const Vec<T, N> a = cuda::load<N>(input + at);
+    const Vec<T, N> b = cuda::load<N>(residual + at);
+    Vec<T, N> z;
+#pragma unroll
+    for (int k = 0; k < N; ++k) z.v[k] = from_compute<T>(to_compute(a.v[k]) + to_compute(b.v[k]));
+    return z;
+  }
+  __device__ void commit(int64_t r, int i, const Vec<T, N>& z) const {
+    cuda::store<N>(residual + r * H + int64_t(i) * N, z);
+  }
+};
+
 // Launches the cached kernel under policy P over `rows` rows of H elements (N
 // per unit), one block per row. Returns false, launching nothing, when a row
 // does not fit (cached_units is 0): the caller runs its two-pass form.

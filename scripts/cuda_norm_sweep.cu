@@ -1,0 +1,193 @@
+// Launch-policy sweep of the row-cached RMS kernels (include/opbridge/cuda_norm.h): rms_norm's and
+// fused_add_rms_norm's rows at serving sizes (1, 8, 256, 4096 rows of 4096) and 8192 x 8192, float32
+// and bfloat16, under every policy that fits (units per thread 1-8, the threads that follow, the
+// three-barrier or the one-barrier block sum), each timed as 100 launches in a CUDA graph (median of
+// 10 replays) and checked against the op's current policy. It launches the product's kernel
+// template itself (rms_rows_cached_kernel), so what it measures is what a policy change would ship.
+// Built and run by scripts/cuda-norm-sweep.sh; needs a CUDA GPU. Not part of any build or test.
+#include <opbridge/cuda.h>
+#include <opbridge/cuda_norm.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace cu = opbridge::cuda;
+
+#define CK(x)                                                                         \
+  do {                                                                                \
+    const cudaError_t e_ = (x);                                                       \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "CUDA error %s at line %d: %s\n", cudaGetErrorString(e_), __LINE__, #x); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+// A policy with every knob explicit (the kernel reads kMaxThreads and kFastSum).
+template <int MaxThreads, bool Fast>
+struct Knobs {
+  static constexpr int kMaxThreads = MaxThreads;
+  static constexpr bool kFastSum = Fast;
+};
+
+template <typename F>
+float graph_us(F launch, cudaStream_t s) {
+  constexpr int kLaunches = 100;
+  launch();
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) launch();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> us;
+  for (int rep = 0; rep < 12; ++rep) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (rep >= 2) us.push_back(ms * 1000.f / kLaunches);
+  }
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+template <typename T>
+__global__ void fill(T* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    p[i] = cu::from_compute<T>(float(h & 0xffff) / 32768.f - 1.f);
+  }
+}
+
+inline float host_float(float v) { return v; }
+inline float host_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> const char* dtype_name();
+template <> const char* dtype_name<float>() { return "float32"; }
+template <> const char* dtype_name<__nv_bfloat16>() { return "bfloat16"; }
+
+double copy_gbps(cudaStream_t s) {  // bytes read + written per second of a device-to-device copy
+  const size_t bytes = size_t(1) << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  const float us = graph_us([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s)); }, s);
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * double(bytes) / (us * 1e-6) / 1e9;
+}
+
+// Every policy for one op, dtype and size. Fused: input and residual are restored before each
+// launch's check (the kernel mutates both), not before timed launches (the values do not matter).
+template <bool Fused, typename T>
+void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
+  constexpr int N = cu::kVec<T>;
+  using Src = std::conditional_t<Fused, cu::SumRows<N, T>, cu::RowsOf<N, T>>;
+  const int64_t n = rows * H, hv = H / N;
+  T *x, *res, *x0, *res0, *w, *y;
+  for (T** p : {&x, &res, &x0, &res0, &y}) CK(cudaMalloc(p, n * sizeof(T)));
+  CK(cudaMalloc(&w, H * sizeof(T)));
+  fill<<<256, 256, 0, s>>>(x0, n, 1);
+  fill<<<256, 256, 0, s>>>(res0, n, 2);
+  fill<<<64, 256, 0, s>>>(w, H, 3);
+  CK(cudaGetLastError());
+  const float eps = 1e-6f;
+  const double bytes = double(n) * sizeof(T) * (Fused ? 4 : 2) + double(H) * sizeof(T);
+  T* out = Fused ? x : y;
+  Src src = [&] {
+    if constexpr (Fused) return Src{x, res, H};
+    else return Src{x, H};
+  }();
+  using Current = std::conditional_t<Fused, cu::RowsByThreads<N>, cu::RowsByUnits<N>>;  // the ops' policies
+  const int current_units = cu::cached_units<Current>(hv);
+  std::vector<T> want, got(n);
+  auto reset = [&] {
+    CK(cudaMemcpyAsync(x, x0, n * sizeof(T), cudaMemcpyDeviceToDevice, s));
+    CK(cudaMemcpyAsync(res, res0, n * sizeof(T), cudaMemcpyDeviceToDevice, s));
+  };
+  auto one = [&](auto kernel, int units, int threads, int bound, bool fast) {
+    const auto launch = [&] { kernel<<<unsigned(rows), threads, 0, s>>>(out, src, w, rows, H, eps); };
+    reset();
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(got.data(), out, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    const bool current = units == current_units && bound == Current::kMaxThreads && fast == Current::kFastSum;
+    if (want.empty()) want = got;  // the first launch is the current policy's: every variant against it
+    double diff = 0;
+    for (int64_t i = 0; i < n; i += 7) diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
+    const float us = graph_us(launch, s);
+    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %9.3f us %6.3f copy  "
+                "max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows,
+                (long long)H, units, threads, bound, fast ? "fast" : "3bar", us, bytes / (us * 1e-6) / 1e9 / copy,
+                diff, current ? "  <- current policy" : "");
+  };
+  // The current policy first (its result is the reference), then every other that fits.
+  auto variant = [&](auto units_c, auto threads_c, auto fast_c) {
+    constexpr int K = decltype(units_c)::value, MaxT = decltype(threads_c)::value;
+    constexpr bool Fast = decltype(fast_c)::value;
+    const int threads = cu::row_threads((hv + K - 1) / K, 1024);
+    if (threads > MaxT || (hv + K - 1) / K < 32) return;  // every launch bound the block fits (registers)
+    one(cu::rms_rows_cached_kernel<N, K, Knobs<MaxT, Fast>, T, Src>, K, threads, MaxT, Fast);
+  };
+  using std::integral_constant;
+  auto per_units = [&](auto k) {
+    variant(k, integral_constant<int, 256>{}, std::false_type{});
+    variant(k, integral_constant<int, 256>{}, std::true_type{});
+    variant(k, integral_constant<int, 512>{}, std::false_type{});
+    variant(k, integral_constant<int, 512>{}, std::true_type{});
+    variant(k, integral_constant<int, 1024>{}, std::false_type{});
+    variant(k, integral_constant<int, 1024>{}, std::true_type{});
+  };
+  if (current_units == 0) {
+    std::printf("%s %s %lld x %lld: rows do not fit the cached kernel (the two-pass form runs)\n",
+                Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows, (long long)H);
+  } else {  // the current policy first: its result is the reference
+    cu::with_units<Current::kMaxUnits>(current_units, [&](auto k) {
+      variant(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{});
+    });
+  }
+  per_units(integral_constant<int, 1>{});
+  per_units(integral_constant<int, 2>{});
+  per_units(integral_constant<int, 4>{});
+  per_units(integral_constant<int, 8>{});
+  for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
+}
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy = copy_gbps(s);
+  std::printf("%s: device-to-device copy %.0f GB/s (read + write); times are per launch inside a CUDA graph\n",
+              prop.name, copy);
+  const int64_t shapes[][2] = {{1, 4096}, {8, 4096}, {256, 4096}, {4096, 4096}, {8192, 8192}};
+  for (const auto& sh : shapes) {
+    sweep<false, float>(sh[0], sh[1], s, copy);
+    sweep<false, __nv_bfloat16>(sh[0], sh[1], s, copy);
+    sweep<true, float>(sh[0], sh[1], s, copy);
+    sweep<true, __nv_bfloat16>(sh[0], sh[1], s, copy);
+  }
+  CK(cudaStreamDestroy(s));
+  return 0;
+}
