@@ -34,3 +34,16 @@ _CXX = re.compile(r"^\s*(#include\s*[<\"]|extern \"C\"|template\s*<|__global__\s
 def test_no_cxx_source_in_python_strings() -> None:
     found = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if _CXX.search(p.read_text())]
     assert not found, f"C++ held in Python strings (keep it in a .cc/.tmpl file read at run time): {found}"
+
+
+def test_the_torch_shims_cache_key_covers_every_header_it_includes() -> None:
+    """A header the shim includes but its key leaves out would let an edited header reuse a stale shim."""
+    import re
+
+    from opbridge.adapters.torch.native import build
+
+    local = {p.name for p in build.SOURCES if p.parent == build.SOURCE.parent}
+    ours = {f"opbridge/{p.name}" for p in build.SOURCES if p.parent == build.INCLUDE_DIR / "opbridge"}
+    for src in build.SOURCES:
+        for quoted, angled in re.findall(r'#include\s+(?:"([^"]+)"|<(opbridge/[^>]+)>)', src.read_text()):
+            assert (quoted in local) if quoted else (angled in ours), f"{src.name} includes {quoted or angled}"
