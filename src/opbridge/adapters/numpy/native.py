@@ -5,8 +5,9 @@ tvm-ffi with ndarrays, which each cross through NumPy's DLPack export: about
 107 ns per array, most of a small call (``ops.add`` on 8 float32 elements:
 458 ns in the kernel call, 138 with tvm-ffi tensors). The C entry reads the
 ndarray's fields, views it as a DLTensor on the stack and calls the kernel
-through tvm-ffi's C API; for anything it does not take it returns
-``NotImplemented`` and the Python fast path runs as before.
+through tvm-ffi's C API. A kernel's error it raises itself, as tvm-ffi's
+binding would (``opbridge/raised_error.h``); for anything it does not take it
+returns ``NotImplemented`` and the Python fast path runs as before.
 
 When it is built
 ----------------
