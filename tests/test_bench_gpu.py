@@ -186,3 +186,19 @@ def test_quick_gpu_run() -> None:
     for rec in result["results"]:
         for c in rec["candidates"].values():
             assert c["gbps"] > 1.0 and c["eager_us"]["p50"] > 0
+
+
+def test_left_out_says_why_each_op_is_not_benchmarked() -> None:
+    from types import SimpleNamespace
+
+    from opbridge.bench.workloads import left_out
+
+    ops = {n: SimpleNamespace(kernels=k) for n, k in
+           {"cpu_only": {"cpu": "k"}, "both": {"cpu": "k", "cuda": "k"}, "no_wl": {"cuda": "k"},
+            "no_formula": {"cuda": "k"}}.items()}
+    wls = {"cpu_only": 1, "both": 1, "no_formula": 1}
+    assert left_out(["missing", "cpu_only", "both", "no_wl"], ops, wls, device="cuda") == {
+        "missing": "not declared", "cpu_only": "no CUDA kernel declared",
+        "no_wl": "no workload in opbridge.bench.workloads"}
+    assert left_out(["both", "no_formula", "cpu_only"], ops, wls, peers={"both": 1, "cpu_only": 1},
+                    no_peer="no formula") == {"no_formula": "no formula"}

@@ -211,11 +211,7 @@ class Jitted:
 
 def eager(fn: Callable[..., Any]) -> Callable[..., Call]:
     """``bind(args, block=True)`` of *fn* called as it is on *args*."""
-    return lambda args, block=True: functools.partial(_block if block else _call, fn, *args)
-
-
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
+    return lambda args, block=True: functools.partial(_block, fn, *args) if block else functools.partial(fn, *args)
 
 
 #: ``(name, what it calls, bind(schema-ordered JAX args) -> Call)``
@@ -324,23 +320,6 @@ def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: 
 # -- the run ----------------------------------------------------------------------------------------
 
 
-def _select(names: Sequence[str], platform: str, formulas: dict[str, Any], wls: dict[str, Any]) -> dict[str, str]:
-    """``{op: why it is left out}`` of *names*."""
-    from opbridge import ops
-
-    skipped = {}
-    for n in names:
-        if n not in ops.LIBRARY.ops:
-            skipped[n] = "not declared"
-        elif n not in formulas:
-            skipped[n] = "no jnp formula in opbridge.bench.natives.jax_formulas"
-        elif n not in wls:
-            skipped[n] = "no workload in opbridge.bench.workloads"
-        elif platform == "gpu" and "cuda" not in ops.LIBRARY.ops[n].kernels:
-            skipped[n] = "no CUDA kernel declared"
-    return skipped
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; ``{"skipped": reason}`` where JAX, jax-tvm-ffi or a JAX GPU device is missing."""
     from opbridge.bench.report import say, write_json, write_results
@@ -356,7 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from opbridge import ops
     from opbridge.bench import natives
-    from opbridge.bench.workloads import workloads
+    from opbridge.bench.workloads import left_out, workloads
 
     quick = bool(getattr(args, "quick", False))
     rounds = args.rounds or (5 if quick else 15)
@@ -374,7 +353,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     formulas, wls = natives.jax_formulas(), workloads()
     names = list(args.ops or OPS)
-    skipped = _select(names, platform, formulas, wls)
+    skipped = left_out(names, ops.LIBRARY.ops, wls, device="cuda" if platform == "gpu" else None, peers=formulas,
+                       no_peer="no jnp formula in opbridge.bench.natives.jax_formulas")
     names = [n for n in names if n not in skipped]
     say("jax-gpu", f"{device.device_kind} ({device.platform}); {rounds} rounds")
     per_call: list[dict[str, Any]] = []

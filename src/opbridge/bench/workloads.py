@@ -281,6 +281,24 @@ def workloads() -> dict[str, Workload]:
     return out
 
 
+def left_out(names: Sequence[str], ops: Mapping[str, OpDef], wls: Mapping[str, Any], *,
+             device: str | None = None, peers: Mapping[str, Any] | None = None,
+             no_peer: str = "") -> dict[str, str]:
+    """``{op: why a benchmark leaves it out}`` of *names*: not declared in *ops*; no entry in *peers*
+    (the benchmark's own formulas; *no_peer* says so); no workload in *wls*; no kernel for *device*."""
+    why: dict[str, str] = {}
+    for n in names:
+        if n not in ops:
+            why[n] = "not declared"
+        elif peers is not None and n not in peers:
+            why[n] = no_peer
+        elif n not in wls:
+            why[n] = "no workload in opbridge.bench.workloads"
+        elif device is not None and device not in ops[n].kernels:
+            why[n] = f"no {device.upper()} kernel declared"
+    return why
+
+
 def infer(op: OpDef) -> tuple[Workload | None, str]:
     """A workload for an op without an entry, from its test cases; or None and why not.
 

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from opbridge.bench.gpu.peers import liger_impls, liger_missing
     from opbridge.bench.gpu.timing import copy_bandwidth
     from opbridge.bench.report import say, write_json, write_results
-    from opbridge.bench.workloads import workloads
+    from opbridge.bench.workloads import left_out, workloads
     from opbridge.build.compile import nvcc_path
 
     if nvcc_path() is None:
@@ -149,15 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     build_s = time.perf_counter() - started
 
     wls, liger = workloads(), liger_impls()
-    skipped: dict[str, str] = {}
     names = list(args.ops or OPS)
-    for n in names:
-        if n not in ops.LIBRARY.ops:
-            skipped[n] = "not declared"
-        elif n not in wls:
-            skipped[n] = "no workload in opbridge.bench.workloads"
-        elif "cuda" not in ops.LIBRARY.ops[n].kernels:
-            skipped[n] = "no CUDA kernel declared"
+    skipped = left_out(names, ops.LIBRARY.ops, wls, device="cuda")
     names = [n for n in names if n not in skipped]
 
     say("gpu", f"{torch.cuda.get_device_name(device)}; copy bandwidth...")
