@@ -16,15 +16,14 @@
 namespace opbridge {
 
 struct RaisedError {
-  bool raised = false;
   std::string kind = "RuntimeError";  // tvm-ffi's error kind: "ValueError", "TypeError", ...
   std::string message;
 };
 
-// Takes the error the last tvm-ffi call raised on this thread off its slot.
-inline RaisedError take_raised_error() {
+// Takes the error the last tvm-ffi call raised on this thread off its slot. Out of line and cold:
+// the error path of a call, kept out of the code of the calls that succeed.
+[[gnu::cold, gnu::noinline]] inline RaisedError take_raised_error() {
   RaisedError out;
-  out.raised = true;
   TVMFFIObjectHandle err = nullptr;
   TVMFFIErrorMoveFromRaised(&err);
   if (err == nullptr) {
@@ -42,7 +41,7 @@ inline RaisedError take_raised_error() {
 // Sets the Python exception tvm-ffi's binding raises for `e`: the class registered for its kind
 // (tvm_ffi.core.ERROR_NAME_TO_TYPE), else RuntimeError, with its message. Returns nullptr, for a
 // C function to return. Needs the GIL.
-inline PyObject* set_python_error(const RaisedError& e) {
+[[gnu::cold, gnu::noinline]] inline PyObject* set_python_error(const RaisedError& e) {
   PyObject* cls = PyExc_RuntimeError;
   PyObject* table = nullptr;
   if (PyObject* core = PyImport_ImportModule("tvm_ffi.core")) {  // in sys.modules: a dict lookup

@@ -135,12 +135,13 @@ inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
 // The op's kernel on *args* (schema order) when they are dense, of a declared dtype and on one
 // device: true when it ran. With *allocate*, the outputs are new and appended to *outs* (the `like`
 // rule or the shape rule); else *outs* holds the caller's (out=), which must be dense and on that
-// device too. False with `raised->raised` unset leaves every tensor unwritten: nothing was handled
-// (a kernel not loaded yet, overlapping mutated arguments, arguments it does not take) and the
-// caller's slower path takes the call. False with `raised->raised` set: the kernel ran and raised
-// (opbridge/raised_error.h); the caller raises that error and never runs the kernel again.
+// device too. False with `*raised` false leaves every tensor unwritten: nothing was handled (a
+// kernel not loaded yet, overlapping mutated arguments, arguments it does not take) and the
+// caller's slower path takes the call. False with `*raised` true: the kernel ran and raised, its
+// error left in tvm-ffi's raised slot; the caller takes it at once (opbridge::take_raised_error),
+// raises it and never runs the kernel again. (A flag, not the error: nothing to build per call.)
 inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl<at::Tensor>* outs, bool allocate,
-                      opbridge::RaisedError* raised) {
+                      bool* raised) {
   const size_t n = st.kinds.size();
   const c10::IValue& lead_v = args[st.dispatch_arg];
   if (!lead_v.isTensor() || !args[st.dtype_arg].isTensor()) return false;
@@ -250,7 +251,7 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
   rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
 #endif
   if (rc != 0) {  // the caller raises it: a second run would not raise a taken device-side record
-    *raised = opbridge::take_raised_error();
+    *raised = true;
     return false;
   }
   if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);

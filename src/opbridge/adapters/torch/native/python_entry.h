@@ -97,9 +97,9 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
     outs.push_back(*out);
   }
   try {
-    opbridge::RaisedError raised;
+    bool raised = false;
     if (!RunKernel(st, args.data(), &outs, !with_out, &raised)) {
-      return raised.raised ? opbridge::set_python_error(raised) : NotHandled();
+      return raised ? opbridge::set_python_error(opbridge::take_raised_error()) : NotHandled();
     }
   } catch (py::error_already_set& e) {  // the shape rule's error: raised as the Python fast path raises it
     if (e.matches(PyExc_TypeError)) return NotHandled();  // which sends a TypeError to the dispatcher

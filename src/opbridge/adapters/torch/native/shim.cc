@@ -58,7 +58,7 @@ bool ScalarTypeOf(const std::string& name, c10::ScalarType* out) {
 
 // Raises a kernel's error as the c10 error torch turns into the same Python exception class
 // (ValueError, TypeError, IndexError, NotImplementedError; RuntimeError for the rest).
-[[noreturn]] void ThrowKernelError(const opbridge::RaisedError& e) {
+[[noreturn, gnu::cold, gnu::noinline]] void ThrowKernelError(const opbridge::RaisedError& e) {
   if (e.kind == "ValueError") TORCH_CHECK_VALUE(false, e.message);
   if (e.kind == "TypeError") TORCH_CHECK_TYPE(false, e.message);
   if (e.kind == "IndexError") TORCH_CHECK_INDEX(false, e.message);
@@ -73,9 +73,9 @@ bool RunNative(OpState& st, torch::jit::Stack* stack) {
   const size_t n = st.kinds.size();
   const c10::IValue* args = &*(stack->end() - n);
   c10::SmallVector<at::Tensor, 4> outs;
-  opbridge::RaisedError raised;
+  bool raised = false;
   if (!RunKernel(st, args, &outs, true, &raised)) {
-    if (raised.raised) ThrowKernelError(raised);
+    if (raised) ThrowKernelError(opbridge::take_raised_error());
     return false;
   }
   c10::SmallVector<c10::IValue, 4> returned;
