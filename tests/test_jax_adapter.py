@@ -946,6 +946,23 @@ def test_large_eager_outputs_come_from_the_pool(name: str) -> None:
     np.testing.assert_array_equal(np.asarray(second), expected)
 
 
+def test_only_small_avals_take_the_unchecked_route_and_their_memory_is_bounded(monkeypatch: Any) -> None:
+    """The generated call skips the pool test for avals the checked path saw small, and only those."""
+    from opbridge.adapters import jax as adapter
+
+    jop = adapter._jop(ops.LIBRARY.ops["add"])
+    jop.small_avals.clear()
+    small, large = jnp.ones((8, 4), jnp.float32), jnp.ones((1024, 2048), jnp.float32)
+    ops.add(small, small)
+    ops.add(large, large)
+    assert small.aval in jop.small_avals and large.aval not in jop.small_avals
+    np.testing.assert_array_equal(np.asarray(ops.add(small, small)), 2 * np.ones((8, 4), np.float32))
+    monkeypatch.setattr(adapter, "MAX_SMALL_AVALS", 16)
+    for n in range(1, 40):  # shapes that change every call
+        ops.add(jnp.ones((n,), jnp.float32), jnp.ones((n,), jnp.float32))
+    assert 0 < len(jop.small_avals) <= 16
+
+
 def test_large_eager_calls_keep_grad_and_dtype_errors() -> None:
     x = jnp.ones((1024, 2048), jnp.float32)
     g = jax.grad(lambda a: ops.gelu(a).sum())(x)

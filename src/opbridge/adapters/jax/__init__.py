@@ -113,6 +113,9 @@ from opbridge.call import core
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
+#: Most small avals one op remembers before it forgets them all (shapes that change every call).
+MAX_SMALL_AVALS = 1024
+
 __all__ = ["ADAPTER", "DRY_RUN_MAX_BYTES", "JaxAdapter", "target_name", "targets"]
 
 
@@ -162,6 +165,11 @@ class _JaxOp:
         self.out_variants: dict[Any, OutVariant] = {}
         #: (scalar, type(scalar), ...) -> jitted call, for concrete arrays with every tensor present
         self.fast: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        #: Avals of dispatching arrays too small for pool-sized outputs (see make_call); JAX
+        #: interns avals and hashes them by identity, so the test is a set lookup, not ``.size``.
+        self.small_avals: set[Any] = set()
+        self.sized = (not self.mutated_idx and op.n_outputs > 0
+                      and op.dispatch_arg in self.tensor_idx)
 
     @staticmethod
     def raw_scalar(v: Any) -> Any:
@@ -239,6 +247,10 @@ class _JaxOp:
             return var.fn(*ts)
         if all(t is not None for t in ts) and all(type(args[i]) is not list for i in self.scalar_idx):
             self.fast[tuple(x for i in self.scalar_idx for x in (args[i], type(args[i])))] = var.jitted
+            if self.sized and args[self.op.dispatch_arg].size < MIN_POOL_ELEMENTS:
+                if len(self.small_avals) >= MAX_SMALL_AVALS:  # bounded under dynamic shapes
+                    self.small_avals.clear()
+                self.small_avals.add(args[self.op.dispatch_arg].aval)
         return var.eager(*ts)
 
     def pack(self, full: list[Any], new: list[Any], muts: dict[int, Any]) -> Any:
@@ -260,10 +272,10 @@ class _JaxOp:
         key = "".join(f"{names[i]}, type({names[i]}), " for i in self.scalar_idx)
         conds = [f"type({t}) is _A" for t in tensors]
         op = self.op
-        if not self.mutated_idx and op.n_outputs and op.dispatch_arg in self.tensor_idx:
+        if self.sized:
             # Large arrays may have outputs for opbridge's pool (Variant.eager): the checked path.
-            # .size, not .nbytes (100 ns, not 550): 8-byte elements bound the output size.
-            conds.append(f"{names[op.dispatch_arg]}.size < _min")
+            # Avals the checked path has seen small (30 ns; `.size` takes 100, `.nbytes` 550).
+            conds.append(f"{names[op.dispatch_arg]}.aval in _small")
         src = (f"def call({', '.join(names)}):\n"
                f"    if {' and '.join(conds)}:\n"
                f"        try:\n"
@@ -274,7 +286,7 @@ class _JaxOp:
                f"            return f({', '.join(tensors)})\n"
                f"    return _general({', '.join(names)})\n")
         ns: dict[str, Any] = {"_A": concrete, "_fast": self.fast, "_general": self.general,
-                              "_min": MIN_POOL_ELEMENTS}
+                              "_small": self.small_avals}
         compile_source(src, f"<opbridge jax call {self.op.qualname}>", ns)
         call: Callable[..., Any] = ns["call"]
         call.__name__ = self.op.name

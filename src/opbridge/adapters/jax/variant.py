@@ -117,7 +117,7 @@ class Variant:
         """A call on concrete arrays that is not on the fast path: large CPU outputs from the pool, else jitted.
 
         Calls on small arrays go straight to the jitted executable from the
-        op's generated call (its ``.size`` test); this runs on the checked path.
+        op's generated call (its test of remembered small avals); this runs on the checked path.
         """
         if self.poolable and ts[self.lead].size >= MIN_POOL_ELEMENTS:  # type: ignore[index]
             got = self._pooled(ts)
