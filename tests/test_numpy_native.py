@@ -163,6 +163,18 @@ def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(native, name, value)
 
 
+class _FakeChild:
+    """Stands in for the build's detached child: wait() blocks until *release*, then returns *result*."""
+
+    def __init__(self, entered: threading.Event, release: threading.Event, result: tuple[int, str]) -> None:
+        self.entered, self.release, self.result = entered, release, result
+
+    def wait(self) -> tuple[int, str]:
+        self.entered.set()
+        self.release.wait(10)
+        return self.result
+
+
 def test_built_in_the_background_when_not_cached(entry: native.Library, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not in the cache: the first op starts the build beside the caller; what waited runs once it is loaded."""
     from opbridge.build import jit
@@ -170,14 +182,8 @@ def test_built_in_the_background_when_not_cached(entry: native.Library, monkeypa
     path = entry.path
     entered, release = threading.Event(), threading.Event()
     _fresh_state(monkeypatch)
-    monkeypatch.setattr(jit, "cached_artifact", lambda spec: None)
-
-    def build(spec: Any) -> Any:
-        entered.set()
-        release.wait(10)
-        return path
-
-    monkeypatch.setattr(jit, "build", build)
+    monkeypatch.setattr(jit, "cached_artifact", lambda spec: path if release.is_set() else None)
+    monkeypatch.setattr(native, "_start_child", lambda: _FakeChild(entered, release, (0, "")))
     got: list[native.Library] = []
     native.when_ready(ops.add.opdef, got.append)
     assert entered.wait(10)
@@ -192,17 +198,15 @@ def test_built_in_the_background_when_not_cached(entry: native.Library, monkeypa
 
 def test_a_failed_build_warns_once_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from opbridge.build import jit
-    from opbridge.errors import BuildError
 
     _fresh_state(monkeypatch)
     monkeypatch.setattr(jit, "cached_artifact", lambda spec: None)
-
-    def fail(spec: Any) -> Any:
-        raise BuildError("no compiler here", "c++ entry.cc", "", "")
-
-    monkeypatch.setattr(jit, "build", fail)
+    released = threading.Event()
+    released.set()
+    log = "entry.cc:3:1: error: no compiler here\n"
+    monkeypatch.setattr(native, "_start_child", lambda: _FakeChild(threading.Event(), released, (1, log)))
     got: list[Any] = []
-    with pytest.warns(RuntimeWarning, match="NumPy calls stay on the Python fast path"):
+    with pytest.warns(RuntimeWarning, match=r"NumPy calls stay on the Python fast path.*no compiler here"):
         native.when_ready(ops.add.opdef, got.append)
         assert native._BUILDER is not None
         native._BUILDER.join(10)

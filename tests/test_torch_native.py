@@ -179,7 +179,7 @@ OPBRIDGE_EXPORT(thrice_cpu);
 class _FoundJob:
     """Stands in for the shim's compile: "builds" the one this session built."""
 
-    def __init__(self) -> None:
+    def __init__(self, background: bool = False) -> None:
         self.out = native.build.path()
 
     def wait(self) -> Any:

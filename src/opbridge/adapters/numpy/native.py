@@ -16,7 +16,9 @@ per Python and NumPy version into the opbridge cache (the JIT build, with
 both versions in its key), never into an op's kernel module. Never at
 import and never in the caller's way: the first NumPy fast path installed
 for an op of a JIT-built library starts the build in a background thread
-(a few seconds of one core), and once it is loaded every NumPy op so far,
+(a few seconds of one core, in a detached child at a lower priority that
+finishes and fills the cache even if the program exits first:
+:mod:`opbridge.build.detached`), and once it is loaded every NumPy op so far,
 and every later one, calls its entry first. A process that finds it in the
 cache loads it at once (a hash of its sources and a ``dlopen``). A library
 loaded from an AOT build compiles nothing here. :func:`library` with ``build_now=True``
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opbridge import config, loader
-from opbridge.errors import OpbridgeError
+from opbridge.errors import BuildError, OpbridgeError
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -180,10 +182,41 @@ def _load_cached() -> None:
         _finish(path, None)
 
 
-def _background() -> None:
-    """The background build: compiles without the lock (a first call of another op must not wait for the
-    compiler), then loads under it."""
-    path, error = _build()
+# The background build's child (opbridge.build.detached): argv is its niceness.
+_CHILD = """\
+import os, sys
+os.nice(int(sys.argv[1]))
+from opbridge.adapters.numpy import native
+path, error = native._build()
+if error is not None:
+    print(error)
+    sys.exit(1)
+"""
+
+
+def _start_child() -> Any:
+    """:func:`_build` in a detached child at a lower priority (it finishes if this process exits first).
+
+    Started before the caller returns, not from the thread that waits for it:
+    a script that exits at once would otherwise end before the thread spawned it.
+    """
+    from opbridge.build import detached
+
+    return detached.Child([sys.executable, "-c", _CHILD, str(detached.niceness(True))], detached.python_env())
+
+
+def _background(child: Any) -> None:
+    """The background build: waits for *child* without the lock (a first call of another op must not wait
+    for the compiler), then loads under it."""
+    from opbridge.build import jit
+    from opbridge.build.progress import first_errors
+
+    code, log = child.wait()
+    path = jit.cached_artifact(spec())
+    error: Exception | None = None
+    if path is None:
+        last = log.strip().splitlines()[-1:] or [f"its build process exited with status {code}"]
+        error = BuildError(f"building NumPy's C entry failed: {last[0]}", errors=first_errors(log), log=log)
     with _LOCK:
         if _LIB is None and not _FAILED:
             _finish(path, error)
@@ -220,8 +253,15 @@ def when_ready(op: OpDef, then: Callable[[Library], None]) -> None:
         _WAITING.append(then)
         if prebuilt or _BUILDER is not None:
             return
-        _BUILDER = threading.Thread(target=_background, name="opbridge-numpy-entry-build", daemon=True)
+        try:
+            child = _start_child()
+        except OSError as e:
+            _finish(None, e)
+            return
+        _BUILDER = threading.Thread(target=_background, args=(child,), name="opbridge-numpy-entry-build",
+                                    daemon=True)
         _BUILDER.start()
     if config.show_progress():
-        print("opbridge: building NumPy's C entry in the background (once per Python and NumPy version); "
+        print("opbridge: building NumPy's C entry in the background (once per Python and NumPy version; it "
+              "finishes even if this program exits first); "
               "until it is ready, NumPy calls take the Python fast path", file=sys.stderr)

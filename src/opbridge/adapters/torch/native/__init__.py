@@ -22,8 +22,11 @@ op's device and autograd kernels are the native ones from the start. If
 there is none, the op gets its Python kernels, and the first time a compiled
 kernel is loaded for torch (:func:`kernel_loaded`, from
 :func:`..calls.kernel`) the shim starts building in the background (one
-line on stderr says so; about a minute of one core, so a user's first call
-does not wait for it; a process that exits first stops the compiler). At the
+line on stderr says so; about 12 s of one core, so a user's first call
+does not wait for it; the compiler runs in a detached child at a lower
+priority, which finishes and installs the shim even if the program exits
+first, and a process started meanwhile waits for that build rather than
+compiling again: :mod:`opbridge.build.detached`). At the
 next kernel load or op registration after it is done, every op registered so
 far gets its native kernels registered over its Python ones (torch keeps
 those listed beneath, so one that is running stays alive); every later
@@ -49,7 +52,6 @@ their Python kernels.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import sys
 import threading
@@ -183,15 +185,14 @@ def describable(op: OpDef) -> bool:
 
 
 class _Background:
-    """The shim's build, running beside the program; stopped if the process exits first."""
+    """The shim's build, running beside the program at a lower priority; it finishes if the program exits first."""
 
     def __init__(self) -> None:
-        self.job = build.Job()  # the compiler starts here; OSError if there is none
+        self.job = build.Job(background=True)  # the compiler starts here; OSError if there is none
         self.result: Path | None = None
         self.error: Exception | None = None
         self.thread = threading.Thread(target=self._wait, name="opbridge-torch-native-build", daemon=True)
         self.thread.start()
-        atexit.register(self.job.cancel)
 
     def _wait(self) -> None:
         try:
@@ -263,7 +264,8 @@ def _start_background() -> None:
         return
     if config.show_progress():
         print("opbridge: building the torch native dispatcher shim in the background (once per torch "
-              "version); until it is ready, torch.ops calls run Python kernels", file=sys.stderr)
+              "version; it finishes even if this program exits first); until it is ready, torch.ops calls "
+              "run Python kernels", file=sys.stderr)
 
 
 def _load(path: Path) -> Shim | None:

@@ -1,0 +1,114 @@
+"""Builds that finish even when the program that started them exits first.
+
+The C entries and shims that opbridge compiles beside a running program
+(torch's dispatcher shim, NumPy's C entry) take seconds to build, longer
+than many scripts run. Compiled in a child that dies with its program, they
+would never land in the cache for a script shorter than the build: each run
+would compile again, be stopped at exit, and print the same "building" line.
+So such a build runs in a process of its own, in a session of its own (a
+Ctrl-C aimed at the program does not reach it), at a lower priority when it
+runs in the background; it installs its result in the cache itself, and the
+program that started it, while it lives, waits for it on a thread and loads
+the result. A later process finds the result, or waits for the build in
+flight on its lock instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+#: How much lower than the program a background build runs (``nice``).
+BACKGROUND_NICENESS = 10
+
+# The child that compiles one library: run by the interpreter in isolated mode, standard library only.
+# argv: niceness, output, temporary output, lock file, then the compiler command (which writes the
+# temporary output). Under the lock: nothing to do if another build installed the output; else
+# compile, install by rename, then write the compiler's log. Exit status 0: the output is installed.
+_LOCKED_COMPILE = """\
+import fcntl, os, subprocess, sys
+nice, out, tmp, lock, *cmd = sys.argv[1:]
+os.nice(int(nice))
+fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+log, code = "", 0
+try:
+    if not os.path.exists(out):
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log, code = r.stdout, r.returncode
+        if code == 0:
+            os.replace(tmp, out)
+finally:
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+sys.stdout.write(log)
+sys.exit(1 if code else 0)
+"""
+
+
+def niceness(background: bool) -> int:
+    """How much lower than this process a build runs."""
+    return BACKGROUND_NICENESS if background else 0
+
+
+class Child:
+    """A process in a session of its own (it outlives this one), writing its output to an unnamed file.
+
+    Not a pipe: once this process is gone, a write to a pipe would kill the
+    child (or raise in it) before it installs what it built.
+    """
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+        self.argv = list(argv)
+        self._log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        try:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        except OSError:
+            self._log.close()
+            raise
+
+    def wait(self) -> tuple[int, str]:
+        """The child's exit status and output, once it exits."""
+        code = self.proc.wait()
+        self._log.seek(0)
+        log = self._log.read()
+        self._log.close()
+        return code, log
+
+    def stop(self) -> None:
+        """Stop the child and everything it started (its session), if it still runs."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self._log.close()
+
+
+def python_env() -> dict[str, str]:
+    """This process's environment, with its module search path as the child's ``PYTHONPATH``.
+
+    A child interpreter then imports the same opbridge and NumPy as this
+    process, even where the program put them on ``sys.path`` itself.
+    """
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
+def locked_compile(command: Sequence[str], out: Path, tmp: Path, background: bool) -> Child:
+    """Compile into *tmp* with *command* and rename it to *out*, under ``<out>.lock``, in a detached child.
+
+    The child compiles nothing when *out* exists once it holds the lock (a
+    concurrent build installed it). Its exit status is 0 once *out* is in
+    place; otherwise its output is the compiler's log.
+    """
+    argv = [sys.executable, "-I", "-c", _LOCKED_COMPILE, str(niceness(background)), str(out), str(tmp),
+            str(out.with_name(out.name + ".lock")), *command]
+    return Child(argv)

@@ -1,0 +1,106 @@
+"""Builds beside the program (torch's shim, NumPy's C entry) finish when the program exits first.
+
+Before, a script shorter than the build stopped the compiler at exit: every
+run compiled again and printed the same "building ... once" line, and the
+shim never reached the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opbridge.build import detached
+from opbridge.errors import BuildError
+
+pytest.importorskip("torch")
+from opbridge.adapters.torch.native import build as shim_build
+
+# A stand-in compiler: waits, counts its runs in argv[2], writes the library argv[1].
+_FAKE_CC = ("import sys, time; time.sleep(float(sys.argv[3])); open(sys.argv[2], 'a').write('1'); "
+            "open(sys.argv[1], 'w').write('lib')")
+
+
+def _fake(counter: Path, seconds: float = 1.0) -> Any:
+    return lambda tmp: [sys.executable, "-c", _FAKE_CC, str(tmp), str(counter), str(seconds)]
+
+
+def _wait_for(path: Path, seconds: float = 60) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if path.exists():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_job_finishes_after_its_program_exits(tmp_path: Path) -> None:
+    out, counter = tmp_path / "lib.so", tmp_path / "runs"
+    code = (f"import sys; from pathlib import Path; from opbridge.adapters.torch.native import build; "
+            f"build.Job(background=True, out=Path({str(out)!r}), make_command=lambda tmp: "
+            f"[sys.executable, '-c', {_FAKE_CC!r}, str(tmp), {str(counter)!r}, '1'])")
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert not out.exists() and time.monotonic() - started < 30  # the program did not wait for the build
+    assert _wait_for(out), "the detached build did not install the library after its program exited"
+    assert out.read_text() == "lib" and counter.read_text() == "1"
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".so"] == ["lib.so"]  # no temporary left
+
+
+def test_concurrent_jobs_compile_once(tmp_path: Path) -> None:
+    out, counter = tmp_path / "lib.so", tmp_path / "runs"
+    jobs = [shim_build.Job(out=out, make_command=_fake(counter)) for _ in range(3)]
+    assert {job.wait() for job in jobs} == {out}
+    assert counter.read_text() == "1"
+
+
+def test_a_failing_compile_raises_with_its_first_errors(tmp_path: Path) -> None:
+    def failing(tmp: Path) -> list[str]:
+        return [sys.executable, "-c", "print('shim.cc:7:3: error: no member named x'); raise SystemExit(1)"]
+
+    job = shim_build.Job(out=tmp_path / "lib.so", make_command=failing)
+    with pytest.raises(BuildError, match="building the torch native shim failed") as info:
+        job.wait()
+    assert info.value.errors == ["shim.cc:7:3: error: no member named x"]
+    assert not (tmp_path / "lib.so").exists() and not job.tmp.exists()
+
+
+def test_cancel_stops_the_child_and_everything_it_started(tmp_path: Path) -> None:
+    counter = tmp_path / "runs"
+    job = shim_build.Job(out=tmp_path / "lib.so", make_command=_fake(counter, seconds=1.5))
+    time.sleep(0.5)
+    job.cancel()
+    assert job.child.proc.poll() is not None
+    time.sleep(2.5)  # the stand-in compiler, in the child's session, would have finished by now
+    assert not counter.exists() and not (tmp_path / "lib.so").exists() and not job.tmp.exists()
+
+
+def test_a_background_child_runs_at_lower_priority(tmp_path: Path) -> None:
+    child = detached.Child([sys.executable, "-c", "import os, sys; os.nice(int(sys.argv[1])); print(os.nice(0))",
+                            str(detached.niceness(True))])
+    code, log = child.wait()
+    assert code == 0 and int(log) == os.nice(0) + detached.BACKGROUND_NICENESS
+
+
+def test_numpy_entry_built_in_the_background_lands_after_the_program_exits(tmp_path: Path) -> None:
+    """The real thing: a program that asks for NumPy's C entry and exits at once still leaves it cached."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, OPBRIDGE_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("OPBRIDGE_NUMPY_NATIVE", None)
+    code = ("from opbridge import ops; from opbridge.adapters.numpy import native; "
+            "native.when_ready(ops.add.opdef, lambda lib: None); print(native.loaded() is None)")
+    got = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
+    assert got.stdout.split() == ["True"]  # exited before the entry was built
+    built = cache / "jit"
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not list(built.glob("opbridge_numpy_entry-*/*.so")):
+        time.sleep(0.2)
+    assert list(built.glob("opbridge_numpy_entry-*/*.so")), "NumPy's C entry never reached the cache"
+    again = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
+    assert again.stdout.split() == ["False"]  # the next process loads it at once
