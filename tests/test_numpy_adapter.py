@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,32 @@ def test_numpy_bad_input() -> None:
         ops.gelu(x, out=[0.0] * 4)
     with pytest.raises(opbridge.UnsupportedFrameworkError, match="gelu: argument 'x' must be an array"):
         ops.gelu("not an array")
+
+
+def test_dtype_error_says_whether_the_op_named_its_dtypes(make_library: Any) -> None:
+    """An op that names no dtypes gets opbridge's default, and its error says so instead of "declares"."""
+    src = {"k.cc": """
+        #include <opbridge/opbridge.h>
+        using tvm::ffi::TensorView;
+        void neg_cpu(TensorView out, TensorView x) {}
+        void dbl_cpu(TensorView out, TensorView x) {}
+        OPBRIDGE_EXPORT(neg_cpu);
+        OPBRIDGE_EXPORT(dbl_cpu);
+    """}
+    lib = make_library(src)
+    neg = lib.op("neg(Tensor x) -> Tensor", shape=opbridge.like("x"))(lambda x: -x)
+    dbl = lib.op("dbl(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=["float32"])(lambda x: 2 * x)
+    with pytest.raises(TypeError, match=r"^neg: x must have dtype float32, float16 or bfloat16, got float64 "
+                                        r"\(opbridge's default dtypes: neg declares none; name its kernels' dtypes "
+                                        r"with Library\.op\(\.\.\., dtypes=\.\.\.\)\)$"):
+        neg(np.ones(3))
+    with pytest.raises(TypeError, match=r"^dbl: x must have dtype float32, got float64 \(the dtypes dbl declares\)$"):
+        dbl(np.ones(3))
+    named = make_library(src, prefix="n")
+    assert named.dtypes_declared is False
+    lib64 = opbridge.Library(f"{named.namespace}_x", sources=[], dtypes=["float64"])
+    op = lib64.op("neg(Tensor x) -> Tensor", shape=opbridge.like("x"))(lambda x: -x)
+    assert lib64.ops["neg"].dtypes == ("float64",) and not lib64.ops["neg"].dtypes_defaulted and op is not None
 
 
 # ---------------------------------------------------------------------------

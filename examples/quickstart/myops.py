@@ -2,7 +2,7 @@ import opbridge
 
 lib = opbridge.Library("myops", sources=["scale.cc"])
 
-@lib.op("scale(Tensor x, float alpha) -> Tensor", shape=opbridge.like("x"),
+@lib.op("scale(Tensor x, float alpha) -> Tensor", shape=opbridge.like("x"), dtypes=["float32"],
         backward=lambda grad, x, alpha: (scale(grad, alpha),))
 def scale(x, alpha):          # the NumPy reference *is* the declaration
     return x * alpha

@@ -138,6 +138,9 @@ class OpDef:
         The dtypes the op's kernels take for the Tensor argument they
         dispatch on (``dtype_arg``), by name; every adapter checks them
         before the kernel, and the test matrix runs each.
+    dtypes_defaulted
+        Whether neither the op nor its library named them (``dtypes`` is then
+        :data:`DEFAULT_DTYPES`); the dtype error says so.
     dispatch_arg
         Index of the first non-optional Tensor argument: its array type picks
         the framework adapter.
@@ -156,6 +159,7 @@ class OpDef:
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     hints: CaseHint | None = None
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    dtypes_defaulted: bool = False
     doc: str = ""
     dispatch_arg: int = 0
     dtype_arg: int = 0
@@ -243,7 +247,8 @@ class Library:
         Importable name of an AOT-built module (e.g. ``"mypkg._C_ops"``) to
         prefer over a JIT build when present and current.
     dtypes
-        The dtypes its ops take unless an op declares its own.
+        The dtypes its ops take unless an op declares its own (default:
+        :data:`DEFAULT_DTYPES`, float32, float16 and bfloat16).
     kernels_check_inputs
         Every kernel, before writing anything, raises ``ValueError`` for a
         non-contiguous tensor (``OPB_CHECK_CONTIGUOUS``) and ``TypeError`` for
@@ -266,7 +271,7 @@ class Library:
         root: str | Path | None = None,
         prebuilt: str | None = None,
         python_module: str | None = None,
-        dtypes: Sequence[str] = DEFAULT_DTYPES,
+        dtypes: Sequence[str] | None = None,
         kernels_check_inputs: bool = False,
     ) -> None:
         if not namespace.isidentifier() or keyword.iskeyword(namespace):
@@ -280,7 +285,9 @@ class Library:
         self.cflags = tuple(cflags)
         self.ldflags = tuple(ldflags)
         self.prebuilt = prebuilt
-        self.dtypes = tuple(dtypes)
+        self.dtypes = tuple(dtypes) if dtypes is not None else DEFAULT_DTYPES
+        #: Whether the library names its ops' dtypes (else they are :data:`DEFAULT_DTYPES`).
+        self.dtypes_declared = dtypes is not None
         self.kernels_check_inputs = kernels_check_inputs
         self.python_module = python_module or frame.f_globals.get("__name__", "__main__")
         self.ops: dict[str, OpDef] = {}
@@ -346,6 +353,7 @@ class Library:
         dtype_arg: str | None = None,
     ) -> Callable[..., Any]:
         name = schema.name
+        defaulted = dtypes is None and not self.dtypes_declared
         dtypes = tuple(dtypes) if dtypes is not None else self.dtypes
         unknown = [d for d in dtypes if d not in KNOWN_DTYPES]
         if unknown or not dtypes:
@@ -383,6 +391,7 @@ class Library:
             tolerances=dict(tolerances or {}),
             hints=hints,
             dtypes=dtypes,
+            dtypes_defaulted=defaulted,
             doc=(reference.__doc__ or "").strip() if reference is not None else "",
             dispatch_arg=tensors[0],
             dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),

@@ -196,6 +196,9 @@ def dtype_error(op: OpDef, arg: str, got: str) -> TypeError:
     """The error every adapter raises for a dtype the op does not declare."""
     names = list(op.dtypes)
     listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    if op.dtypes_defaulted:
+        return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (opbridge's default dtypes: "
+                         f"{op.name} declares none; name its kernels' dtypes with Library.op(..., dtypes=...))")
     return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (the dtypes {op.name} declares)")
 
 
