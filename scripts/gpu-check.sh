@@ -46,10 +46,14 @@ step() {  # step NAME COMMAND...: run, keep the log and the exit status
 }
 : > "$OUT/steps.txt"
 # -v and unbuffered output: each test's name reaches the log as it starts, so a crash (a native fault
-# kills the process before pytest reports; with fd capture its traceback stays in the capture file)
-# still names the test it happened in.
-export PYTHONUNBUFFERED=1
-PYTEST=("$PY" -m pytest -v -p no:cacheprovider -o addopts="" -W ignore::pytest.PytestUnraisableExceptionWarning)
+# kills the process before pytest reports) still names the test it happened in. --capture=sys, not
+# pytest's default fd capture: file descriptor 2 stays the log, so the traceback that faulthandler
+# writes there on a fault (SIGSEGV, SIGABRT) reaches it; with fd capture it stayed in the capture
+# file and was lost with the process (the torch- and JAX-GPU steps' one SIGSEGV on an H200, 2026-11-26,
+# left no traceback).
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+PYTEST=("$PY" -m pytest -v --capture=sys -p no:cacheprovider -o addopts=""
+        -W ignore::pytest.PytestUnraisableExceptionWarning)
 step cuda_tests "${PYTEST[@]}" tests/test_cuda.py --junitxml="$OUT/cuda_tests.xml"
 step torch_gpu_tests "${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu" --junitxml="$OUT/torch_gpu_tests.xml"
 step jax_gpu_tests env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda" \
