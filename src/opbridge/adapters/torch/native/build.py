@@ -145,4 +145,9 @@ def build() -> Path:
     """
     with Progress("the torch native dispatcher shim (once per torch version)", config.show_progress()) as progress:
         progress.status = "compiling shim.cc"
-        return Job().wait()
+        job = Job()
+        try:
+            return job.wait()
+        except BaseException:  # Ctrl-C in the foreground stops the compiler too
+            job.cancel()
+            raise
