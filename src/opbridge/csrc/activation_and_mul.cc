@@ -6,7 +6,7 @@
 // loops; the error bounds are documented there), float64 in double (the backward
 // takes act and act' from one exp there, Act::fdf).
 #include <opbridge/activations.h>
-#include <opbridge/math.h>
+#include <opbridge/cpu_map.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/activation_and_mul.h>
 

@@ -1,5 +1,5 @@
 // add(Tensor x, Tensor y) -> Tensor: elementwise, same shape, no broadcasting.
-#include <opbridge/math.h>
+#include <opbridge/cpu_map.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/add.h>
 

@@ -5,7 +5,7 @@
 // does, so `input` equals rms_norm(residual_new, weight, eps) of the tensor the
 // caller gets back. Sum and norm are computed in float32 (float64 in double),
 // each rounded once.
-#include <opbridge/math.h>
+#include <opbridge/cpu_map.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/fused_add_rms_norm.h>
 

@@ -1,7 +1,7 @@
 // gelu (tanh approximation) and its backward.
 //   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 #include <opbridge/activations.h>
-#include <opbridge/math.h>
+#include <opbridge/cpu_map.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/gelu.h>
 

@@ -1,6 +1,6 @@
 // rms_norm over the last dim H and its backward.
 //   y = x * r * w,  r = 1 / sqrt(mean(x^2) + eps)
-#include <opbridge/math.h>
+#include <opbridge/cpu_map.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/rms_norm.h>
 

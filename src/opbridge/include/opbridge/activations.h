@@ -25,7 +25,7 @@
 #pragma once
 
 #include <opbridge/activation_math.h>
-#include <opbridge/math.h>
+#include <opbridge/cpu_map.h>
 
 namespace opbridge {
 namespace act {
