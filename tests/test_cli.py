@@ -272,6 +272,24 @@ def test_doctor_says_whether_the_numpy_entry_is_built(cli_env: dict[str, str]) -
     assert "numpy entry off (OPBRIDGE_NUMPY_NATIVE=0)" in proc.stdout, proc.stdout
 
 
+def test_doctor_says_when_the_torch_shim_is_being_built(cli_env: dict[str, str]) -> None:
+    """A detached build holds the shim's lock: doctor says it is being built, not that nobody built it."""
+    pytest.importorskip("torch")
+    import fcntl
+
+    doc = json.loads(run_cli(cli_env, "doctor", "--json").stdout)["torch_native"]
+    if doc["built"]:
+        pytest.skip("the shim is already built in this cache")
+    lock = Path(doc["path"] + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        held = json.loads(run_cli(cli_env, "doctor", "--json").stdout)["torch_native"]
+    assert held["state"].startswith("being built in the background now"), held
+    free = json.loads(run_cli(cli_env, "doctor", "--json").stdout)["torch_native"]
+    assert free["state"].startswith("not built yet"), free
+
+
 def test_doctor_says_when_the_torch_native_kernels_are_off(cli_env: dict[str, str]) -> None:
     pytest.importorskip("torch")
     proc = run_cli({**cli_env, "OPBRIDGE_TORCH_NATIVE": "0"}, "doctor")
