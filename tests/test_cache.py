@@ -136,6 +136,50 @@ def test_build_touches_its_entry_and_prunes_to_the_bound(cache: Path, tmp_path: 
     assert housekeeping.info().objects == 0
 
 
+def _shim(root: Path, key: str, size: int, age_s: float) -> Path:
+    """A torch shim as its build leaves it (library and lock file), last loaded *age_s* ago."""
+    entry = root / "torch-native" / key
+    entry.mkdir(parents=True)
+    lib = entry / "libopbridge_torch_native.so"
+    lib.write_bytes(b"\2" * size)
+    (entry / "libopbridge_torch_native.so.lock").touch()
+    t = time.time() - age_s
+    os.utime(lib, (t, t))
+    return entry
+
+
+def test_torch_shims_are_counted_kept_newest_first_and_pruned_unless_building(cache: Path) -> None:
+    old = _shim(cache, "a" * 20, 1000, 40 * 86400)
+    mid = _shim(cache, "b" * 20, 1000, 300)
+    new = _shim(cache, "c" * 20, 1000, 100)
+    (cache / "torch-native" / ("c" * 20) / "tmpx1y2.so").write_bytes(b"\3")  # a compile in flight
+    info = housekeeping.info()
+    assert info.shims == 3 and info.shim_bytes >= 3000 and info.modules == 0
+    assert housekeeping.info().as_dict()["shims"] == 3
+    report = housekeeping.prune(recent_s=0.0)  # the 30-day age limit
+    assert [e.path for e in report.removed] == [old] and mid.exists() and new.exists()
+    lock = mid / "libopbridge_torch_native.so.lock"
+    with file_lock(lock):  # a build of that shim is running: it stays
+        report = housekeeping.prune(keep=1, recent_s=0.0)
+    assert report.removed == [] and report.kept_in_use == 1 and mid.exists()
+    report = housekeeping.prune(keep=1, recent_s=0.0)
+    assert [e.path for e in report.removed] == [mid] and new.exists()
+
+
+def test_loading_the_torch_shim_records_its_use(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from unittest import mock
+
+    from opbridge.adapters.torch import native
+
+    path = _shim(cache, "d" * 20, 10, 10 * 86400) / "libopbridge_torch_native.so"
+    fake = mock.MagicMock()
+    fake.opb_has_cuda.return_value = 0
+    monkeypatch.setattr(native.ctypes, "PyDLL", lambda p: fake)
+    native.Shim(path)
+    assert time.time() - path.stat().st_mtime < 60
+
+
 def test_cli_cache_info_and_prune(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = _module(cache, "lib", "a" * 20, 1000, 300)
     new = _module(cache, "lib", "b" * 20, 1000, 100)

@@ -12,6 +12,11 @@ from pathlib import Path
 from opbridge import config
 from opbridge.errors import CacheSecurityError
 
+#: Where torch's dispatcher shims live in the cache: ``<cache>/torch-native/<key>/``
+#: (built by :mod:`opbridge.adapters.torch.native.build`, counted and pruned by
+#: :mod:`opbridge.build.housekeeping`).
+SHIMS_DIR = "torch-native"
+
 
 def _check_private(path: Path) -> None:
     st = path.stat()

@@ -8,6 +8,11 @@ The cache (``OPBRIDGE_CACHE_DIR``) holds two kinds of entries:
 ``objects/<kk>/<key>.o``
     one compiled translation unit (:mod:`opbridge.build.objects`), touched when
     a build links it.
+``torch-native/<key>/``
+    torch's dispatcher shim for one torch version, Python ABI and tvm-ffi
+    (:mod:`opbridge.adapters.torch.native.build`); its library is touched
+    each time a process loads it. One per torch version and source revision
+    accumulates as they change.
 
 :func:`prune` removes entries least recently used first until the cache holds
 at most a size (``OPBRIDGE_OBJECT_CACHE_MB``, default 1024, after every build
@@ -29,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opbridge.build.cache import cache_root
+from opbridge.build.cache import SHIMS_DIR, cache_root
 from opbridge.build.objects import MAX_AGE_S, MAX_BYTES, ObjectStore
 
 #: A module entry used this recently survives an automatic prune.
@@ -59,7 +64,7 @@ class Entry:
     """One removable cache entry: a built module's directory or a stored object."""
 
     kind: str
-    """``"module"`` or ``"object"``."""
+    """``"module"``, ``"object"`` or ``"shim"``."""
     path: Path
     size: int
     last_used: float
@@ -76,6 +81,8 @@ class CacheInfo:
     module_bytes: int = 0
     objects: int = 0
     object_bytes: int = 0
+    shims: int = 0
+    shim_bytes: int = 0
     other_bytes: int = 0
     libraries: dict[str, int] = field(default_factory=dict)
     """Module entries per ``<library>-<device>``."""
@@ -83,12 +90,13 @@ class CacheInfo:
     @property
     def total_bytes(self) -> int:
         """Every byte under the cache directory."""
-        return self.module_bytes + self.object_bytes + self.other_bytes
+        return self.module_bytes + self.object_bytes + self.shim_bytes + self.other_bytes
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready record."""
         return {"root": str(self.root), "modules": self.modules, "module_bytes": self.module_bytes,
-                "objects": self.objects, "object_bytes": self.object_bytes, "other_bytes": self.other_bytes,
+                "objects": self.objects, "object_bytes": self.object_bytes, "shims": self.shims,
+                "shim_bytes": self.shim_bytes, "other_bytes": self.other_bytes,
                 "total_bytes": self.total_bytes, "bound_bytes": size_bound(), "libraries": self.libraries}
 
 
@@ -136,6 +144,17 @@ def module_entries(root: Path) -> Iterator[Entry]:
             continue
 
 
+def shim_entries(root: Path) -> Iterator[Entry]:
+    """The built torch shims under *root*/torch-native (a directory with its library), last loaded first."""
+    for lib in (root / SHIMS_DIR).glob("*/*.so"):
+        try:
+            if lib.name.startswith("tmp"):  # a compile in flight writes a temporary beside it
+                continue
+            yield Entry("shim", lib.parent, _dir_size(lib.parent), lib.stat().st_mtime, SHIMS_DIR)
+        except OSError:
+            continue
+
+
 def object_entries(root: Path) -> Iterator[Entry]:
     """The stored objects under *root*/objects (each with its digest file, counted in its size)."""
     for obj in (root / "objects").glob("??/*.o"):
@@ -161,7 +180,10 @@ def info(root: Path | None = None) -> CacheInfo:
     for e in object_entries(root):
         out.objects += 1
         out.object_bytes += e.size
-    out.other_bytes = max(0, _dir_size(root) - out.module_bytes - out.object_bytes)
+    for e in shim_entries(root):
+        out.shims += 1
+        out.shim_bytes += e.size
+    out.other_bytes = max(0, _dir_size(root) - out.module_bytes - out.object_bytes - out.shim_bytes)
     return out
 
 
@@ -200,6 +222,31 @@ def _remove_module(entry: Entry) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def _remove_shim(entry: Entry) -> bool:
+    """Remove a shim's directory unless a compile holds its lock (opbridge.build.detached)."""
+    try:
+        lock = next(entry.path.glob("*.so.lock"), None)
+        fd = os.open(lock, os.O_RDWR) if lock is not None else None
+    except OSError:
+        return False
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+        doomed = entry.path.with_name(f".{entry.path.name}.pruned-{os.getpid()}")
+        try:
+            os.replace(entry.path, doomed)
+        except OSError:
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _remove_object(entry: Entry) -> bool:
@@ -247,7 +294,8 @@ def prune(max_bytes: int | None = None, keep: int | None = None, max_age_s: floa
     if not root.is_dir():
         return report
     now = time.time()
-    modules = sorted(module_entries(root), key=lambda e: e.last_used, reverse=True)
+    # A shim counts as a module of one library (torch-native): --keep keeps the newest.
+    modules = sorted([*module_entries(root), *shim_entries(root)], key=lambda e: e.last_used, reverse=True)
     objects = list(object_entries(root))
     doomed: list[Entry] = []
     seen: dict[str, int] = {}
@@ -267,8 +315,9 @@ def prune(max_bytes: int | None = None, keep: int | None = None, max_age_s: floa
             total -= e.size
     _remove_stale_temporaries(root / "jit", now)
     for e in doomed:
-        spared = e.kind == "module" and (e.path == protect or now - e.last_used < recent_s)
-        if spared or not (_remove_module(e) if e.kind == "module" else _remove_object(e)):
+        spared = e.kind != "object" and (e.path == protect or now - e.last_used < recent_s)
+        remove = {"module": _remove_module, "shim": _remove_shim, "object": _remove_object}[e.kind]
+        if spared or not remove(e):
             report.kept_in_use += 1
             continue
         report.removed.append(e)

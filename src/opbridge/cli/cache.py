@@ -29,6 +29,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for lib, n in sorted(info.libraries.items()):
         print(f"  {lib}: {n}")
     print(f"objects: {info.objects} compiled unit(s), {_mib(info.object_bytes)}")
+    print(f"shims:   {info.shims} torch native shim(s), {_mib(info.shim_bytes)}")
     print(f"other:   {_mib(info.other_bytes)} (unit manifests, generated sources, locks)")
     print(f"total:   {_mib(info.total_bytes)} (bound {_mib(housekeeping.size_bound())}, "
           f"OPBRIDGE_OBJECT_CACHE_MB)")
@@ -45,9 +46,11 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     max_bytes = housekeeping.size_bound() if args.max_mb is None else int(args.max_mb * (1 << 20))
     report = housekeeping.prune(max_bytes=max_bytes, keep=args.keep, recent_s=0.0)
     modules = [e for e in report.removed if e.kind == "module"]
+    shims = [e for e in report.removed if e.kind == "shim"]
     doc: dict[str, Any] = {
         "removed_modules": [str(e.path) for e in modules],
-        "removed_objects": len(report.removed) - len(modules),
+        "removed_shims": [str(e.path) for e in shims],
+        "removed_objects": len(report.removed) - len(modules) - len(shims),
         "freed_bytes": report.freed_bytes,
         "kept_in_use": report.kept_in_use,
         "total_bytes": housekeeping.info().total_bytes,
@@ -55,7 +58,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
         return EXIT_OK
-    print(f"removed {len(modules)} built module(s) and {doc['removed_objects']} object(s), "
+    print(f"removed {len(modules)} built module(s), {len(shims)} torch shim(s) and {doc['removed_objects']} object(s), "
           f"{_mib(report.freed_bytes)}; cache now {_mib(doc['total_bytes'])}")
     if report.kept_in_use:
         print(f"kept {report.kept_in_use} entry(ies) in use (a build holds its lock)")
@@ -65,8 +68,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``opbridge cache`` (``info``, ``prune``) to the subcommands *sub*."""
     p = sub.add_parser("cache", help="show or prune the build cache",
-                       description="The JIT build cache (OPBRIDGE_CACHE_DIR): built modules and compiled "
-                                   "units. It prunes itself to OPBRIDGE_OBJECT_CACHE_MB (default 1024) "
+                       description="The JIT build cache (OPBRIDGE_CACHE_DIR): built modules, compiled "
+                                   "units and torch's native shims. It prunes itself to OPBRIDGE_OBJECT_CACHE_MB (default 1024) "
                                    "after each build, least recently used first.")
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
     info = actions.add_parser("info", help="entries and sizes")
@@ -77,7 +80,8 @@ def register(sub: Any) -> None:
                                            "build lock is held. Without options: down to "
                                            "OPBRIDGE_OBJECT_CACHE_MB, and whatever went unused for 30 days.")
     prune.add_argument("--keep", type=int, metavar="N",
-                       help="keep each library's N most recently used builds (0: none)")
+                       help="keep each library's N most recently used builds, and the N most recently "
+                            "loaded torch shims (0: none)")
     prune.add_argument("--max-mb", type=float, metavar="MB",
                        help="remove entries until the cache holds at most MB MiB (0: empty it)")
     prune.add_argument("--json", action="store_true", help="print one JSON document")

@@ -53,6 +53,7 @@ their Python kernels.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 import warnings
@@ -107,6 +108,10 @@ class Shim:
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may raise Python errors
+        try:
+            os.utime(path)  # its last use, for `opbridge cache prune` (build/housekeeping.py)
+        except OSError:
+            pass
         lib.opb_register.argtypes = [ctypes.py_object]
         lib.opb_register.restype = ctypes.py_object
         lib.opb_set_kernel.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]

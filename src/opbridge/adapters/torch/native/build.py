@@ -25,7 +25,7 @@ import torch
 
 from opbridge import _tvm, config
 from opbridge.build import detached
-from opbridge.build.cache import cache_root
+from opbridge.build.cache import SHIMS_DIR, cache_root
 from opbridge.build.progress import Progress, first_errors
 from opbridge.errors import BuildError
 
@@ -65,7 +65,7 @@ def cache_key() -> str:
 
 def path() -> Path:
     """Where this process's shim is (or would be) cached."""
-    return config.cache_dir() / "torch-native" / cache_key() / LIB_NAME
+    return config.cache_dir() / SHIMS_DIR / cache_key() / LIB_NAME
 
 
 def command(output: Path) -> list[str]:
