@@ -71,6 +71,13 @@ def test_a_failing_compile_raises_with_its_first_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "lib.so").exists() and not job.tmp.exists()
 
 
+def test_a_missing_compiler_is_a_build_error_naming_it(tmp_path: Path) -> None:
+    job = shim_build.Job(out=tmp_path / "lib.so", make_command=lambda tmp: ["/nonexistent/c++", "-o", str(tmp)])
+    with pytest.raises(BuildError, match=r"cannot run /nonexistent/c\+\+: .*No such file"):
+        job.wait()
+    assert not (tmp_path / "lib.so").exists() and not job.tmp.exists()
+
+
 def test_cancel_stops_the_child_and_everything_it_started(tmp_path: Path) -> None:
     counter = tmp_path / "runs"
     job = shim_build.Job(out=tmp_path / "lib.so", make_command=_fake(counter, seconds=1.5))

@@ -39,8 +39,11 @@ fcntl.flock(fd, fcntl.LOCK_EX)
 log, code = "", 0
 try:
     if not os.path.exists(out):
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log, code = r.stdout, r.returncode
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            log, code = r.stdout, r.returncode
+        except OSError as e:  # no such compiler
+            log, code = f"cannot run {cmd[0]}: {e}", 127
         if code == 0:
             os.replace(tmp, out)
 finally:

@@ -58,7 +58,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
         return EXIT_OK
-    print(f"removed {len(modules)} built module(s), {len(shims)} torch shim(s) and {doc['removed_objects']} object(s), "
+    print(f"removed {len(modules)} built module(s), {len(shims)} torch shim(s) and "
+          f"{doc['removed_objects']} object(s), "
           f"{_mib(report.freed_bytes)}; cache now {_mib(doc['total_bytes'])}")
     if report.kept_in_use:
         print(f"kept {report.kept_in_use} entry(ies) in use (a build holds its lock)")
@@ -69,8 +70,9 @@ def register(sub: Any) -> None:
     """Add ``opbridge cache`` (``info``, ``prune``) to the subcommands *sub*."""
     p = sub.add_parser("cache", help="show or prune the build cache",
                        description="The JIT build cache (OPBRIDGE_CACHE_DIR): built modules, compiled "
-                                   "units and torch's native shims. It prunes itself to OPBRIDGE_OBJECT_CACHE_MB (default 1024) "
-                                   "after each build, least recently used first.")
+                                   "units and torch's native shims. It prunes itself to "
+                                   "OPBRIDGE_OBJECT_CACHE_MB (default 1024) after each build, least recently "
+                                   "used first.")
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
     info = actions.add_parser("info", help="entries and sizes")
     info.add_argument("--json", action="store_true", help="print one JSON document")

@@ -125,8 +125,10 @@ class Job:
         """
         code, log = self.child.wait()
         if code != 0 or not self.out.exists():
-            raise BuildError("building the torch native shim failed", " ".join(self.command),
-                             first_errors(log), log)
+            errors = first_errors(log)
+            last = log.strip().splitlines()[-1:]
+            why = f": {last[0]}" if last and not errors else ""  # not a compile error: say what it was
+            raise BuildError(f"building the torch native shim failed{why}", " ".join(self.command), errors, log)
         return self.out
 
     def cancel(self) -> None:
