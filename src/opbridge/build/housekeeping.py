@@ -199,36 +199,10 @@ def _lock_path(entry: Path) -> Path:
     return entry.parent / "locks" / (entry.name + ".lock")
 
 
-def _remove_module(entry: Entry) -> bool:
-    """Remove a module entry under its build lock, unless someone holds the lock."""
-    lock = _lock_path(entry.path)
+def _remove_dir(path: Path, lock: Path | None) -> bool:
+    """Remove the directory *path* unless someone holds *lock* (its build's ``flock``), never half of it."""
     try:
-        lock.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        # Out of sight first (one rename), then deleted: a reader never sees half an entry.
-        doomed = entry.path.with_name(f".{entry.path.name}.pruned-{os.getpid()}")
-        try:
-            os.replace(entry.path, doomed)
-        except OSError:
-            return False
-        shutil.rmtree(doomed, ignore_errors=True)
-        return True
-    finally:
-        os.close(fd)
-
-
-def _remove_shim(entry: Entry) -> bool:
-    """Remove a shim's directory unless a compile holds its lock (opbridge.build.detached)."""
-    try:
-        lock = next(entry.path.glob("*.so.lock"), None)
-        fd = os.open(lock, os.O_RDWR) if lock is not None else None
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600) if lock is not None else None
     except OSError:
         return False
     try:
@@ -237,9 +211,10 @@ def _remove_shim(entry: Entry) -> bool:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False
-        doomed = entry.path.with_name(f".{entry.path.name}.pruned-{os.getpid()}")
+        # Out of sight first (one rename), then deleted: a reader never sees half an entry.
+        doomed = path.with_name(f".{path.name}.pruned-{os.getpid()}")
         try:
-            os.replace(entry.path, doomed)
+            os.replace(path, doomed)
         except OSError:
             return False
         shutil.rmtree(doomed, ignore_errors=True)
@@ -247,6 +222,21 @@ def _remove_shim(entry: Entry) -> bool:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _remove_module(entry: Entry) -> bool:
+    """Remove a module entry under its build lock, unless someone holds the lock."""
+    lock = _lock_path(entry.path)
+    try:
+        lock.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    return _remove_dir(entry.path, lock)
+
+
+def _remove_shim(entry: Entry) -> bool:
+    """Remove a shim's directory unless a compile holds its lock (opbridge.build.detached)."""
+    return _remove_dir(entry.path, next(entry.path.glob("*.so.lock"), None))
 
 
 def _remove_object(entry: Entry) -> bool:
