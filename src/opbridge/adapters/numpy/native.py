@@ -43,6 +43,7 @@ from opbridge import config, loader
 from opbridge.errors import BuildError, OpbridgeError
 
 if TYPE_CHECKING:
+    from opbridge.build.detached import Child
     from opbridge.declare import OpDef
 
 SOURCE = Path(__file__).with_name("entry.cc")
@@ -194,7 +195,7 @@ if error is not None:
 """
 
 
-def _start_child() -> Any:
+def _start_child() -> Child:
     """:func:`_build` in a detached child at a lower priority (it finishes if this process exits first).
 
     Started before the caller returns, not from the thread that waits for it:
@@ -205,7 +206,7 @@ def _start_child() -> Any:
     return detached.Child([sys.executable, "-c", _CHILD, str(detached.niceness(True))], detached.python_env())
 
 
-def _background(child: Any) -> None:
+def _background(child: Child) -> None:
     """The background build: waits for *child* without the lock (a first call of another op must not wait
     for the compiler), then loads under it."""
     from opbridge.build import jit
