@@ -74,7 +74,7 @@ from typing import Any
 
 from opbridge.bench import BenchError
 from opbridge.bench.jax_gpu_report import CSV_FIELDS, OURS, csv_rows, format_text, misses, problems, ratios, record
-from opbridge.bench.timing import dist_version, machine_info
+from opbridge.bench.timing import dist_version
 
 DESCRIPTION = (
     "opbridge's ops in JAX on one CUDA device (issue 12's targets): per small call (8 elements) eager and under "
@@ -322,7 +322,7 @@ def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; ``{"skipped": reason}`` where JAX, jax-tvm-ffi or a JAX GPU device is missing."""
-    from opbridge.bench.report import say, write_json, write_results
+    from opbridge.bench.report import checked_result, say, write_json, write_results
 
     platform = getattr(args, "platform", "gpu")
     reason = unavailable(platform)
@@ -373,13 +373,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     records = [*per_call, *large]
     bad = problems(records)
     result: dict[str, Any] = {
-        "benchmark": "jax-gpu",
-        "quick": quick,
-        "ok": not bad,
-        "problems": bad,
+        **checked_result("jax-gpu", quick, bad),
         "misses": misses(records),
         "ratios": ratios(per_call, large),
-        "machine": machine_info(),
         "device": {"platform": device.platform, "description": device.device_kind, "id": device.id},
         "versions": {v: dist_version(v) for v in ("jax", "jaxlib", "jax-tvm-ffi", "apache-tvm-ffi", "opbridge",
                                                   "jax-cuda12-plugin", "jax-cuda13-plugin")},

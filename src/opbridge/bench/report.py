@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from opbridge.bench.timing import machine_info
+
 #: How to get the plots (matplotlib is an optional dependency).
 PLOTS_HINT = 'pip install "opbridge[bench]"'
 
@@ -92,6 +94,14 @@ def files_line(files: dict[str, Any]) -> str:
     plots = (f"plots skipped: {files['plots_skipped']}" if files.get("plots_skipped")
              else f"{len(files['plots'])} plots")
     return f"results: {files['dir']} (results.json, results.csv, {plots})"
+
+
+def checked_result(benchmark: str, quick: bool, problems: list[str]) -> dict[str, Any]:
+    """The head of a benchmark's result whose candidates are checked against a reference: its name,
+    whether it ran ``--quick``, ``ok`` exactly when no candidate disagreed (``problems``, listed by
+    :func:`closing_lines`; the command then exits 0) and the machine it ran on."""
+    return {"benchmark": benchmark, "quick": quick, "ok": not problems, "problems": problems,
+            "machine": machine_info()}
 
 
 def closing_lines(result: dict[str, Any], *, skipped_ops: bool = True) -> list[str]:

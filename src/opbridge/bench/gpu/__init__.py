@@ -57,7 +57,7 @@ from typing import Any
 from opbridge.bench import BenchError
 from opbridge.bench.gpu.cases import LARGE, QUICK_ROWS, SERVING_ROWS, Size, problems, sizes_for
 from opbridge.bench.gpu.text import CSV_FIELDS, csv_rows, format_text
-from opbridge.bench.timing import dist_version, machine_info
+from opbridge.bench.timing import dist_version
 
 DESCRIPTION = (
     "CUDA kernels on one GPU at serving sizes (rows 1, 8, 256, 4096; hidden 4096, gated ops 14336) and a "
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from opbridge.bench.gpu.device import choose_torch, run_case
     from opbridge.bench.gpu.peers import liger_impls, liger_missing
     from opbridge.bench.gpu.timing import copy_bandwidth
-    from opbridge.bench.report import say, write_json, write_results
+    from opbridge.bench.report import checked_result, say, write_json, write_results
     from opbridge.bench.workloads import left_out, workloads
     from opbridge.build.compile import nvcc_path
 
@@ -172,11 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             c["copy_fraction"] = round(c["gbps"] / ref, 4)
     bad = problems(results)
     result: dict[str, Any] = {
-        "benchmark": "gpu",
-        "quick": quick,
-        "ok": not bad,
-        "problems": bad,
-        "machine": machine_info(),
+        **checked_result("gpu", quick, bad),
         "gpu": _gpu_info(device),
         "versions": {"torch": torch.__version__, "opbridge": dist_version("opbridge"),
                      "apache-tvm-ffi": dist_version("apache-tvm-ffi"), "liger-kernel": dist_version("liger-kernel"),
