@@ -69,3 +69,23 @@ def file_lock(path: Path) -> Iterator[None]:
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def build_lock(out: Path) -> Path:
+    """The lock a detached build of the library *out* holds while it compiles (:mod:`.detached`)."""
+    return out.with_name(out.name + ".lock")
+
+
+def lock_held(path: Path) -> bool:
+    """Whether some process holds an exclusive ``flock`` on *path* now (no lock file: no)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

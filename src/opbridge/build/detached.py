@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from opbridge.build.cache import build_lock
+
 #: How much lower than the program a background build runs (``nice``).
 BACKGROUND_NICENESS = 10
 
@@ -106,12 +108,12 @@ def python_env() -> dict[str, str]:
 
 
 def locked_compile(command: Sequence[str], out: Path, tmp: Path, background: bool) -> Child:
-    """Compile into *tmp* with *command* and rename it to *out*, under ``<out>.lock``, in a detached child.
+    """Compile into *tmp* with *command* and rename it to *out*, under its build lock, in a detached child.
 
     The child compiles nothing when *out* exists once it holds the lock (a
     concurrent build installed it). Its exit status is 0 once *out* is in
     place; otherwise its output is the compiler's log.
     """
     argv = [sys.executable, "-I", "-c", _LOCKED_COMPILE, str(niceness(background)), str(out), str(tmp),
-            str(out.with_name(out.name + ".lock")), *command]
+            str(build_lock(out)), *command]
     return Child(argv)

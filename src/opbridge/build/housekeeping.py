@@ -1,6 +1,6 @@
 """What the build cache holds, and pruning it: least recently used first, never an entry in use.
 
-The cache (``OPBRIDGE_CACHE_DIR``) holds two kinds of entries:
+The cache (``OPBRIDGE_CACHE_DIR``) holds three kinds of entries:
 
 ``jit/<library>-<device>-<key>/``
     a whole built module (:mod:`opbridge.build.jit`); its ``manifest.json`` is
@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opbridge.build.cache import SHIMS_DIR, cache_root
+from opbridge.build.cache import SHIMS_DIR, build_lock, cache_root
 from opbridge.build.objects import MAX_AGE_S, MAX_BYTES, ObjectStore
 
 #: A module entry used this recently survives an automatic prune.
@@ -144,13 +144,21 @@ def module_entries(root: Path) -> Iterator[Entry]:
             continue
 
 
+def _shim_library(entry_dir: Path) -> Path | None:
+    """A shim entry's library (a compile in flight writes a ``tmp*.so`` beside it), if it has one."""
+    return next((p for p in entry_dir.glob("*.so") if not p.name.startswith("tmp")), None)
+
+
 def shim_entries(root: Path) -> Iterator[Entry]:
-    """The built torch shims under *root*/torch-native (a directory with its library), last loaded first."""
-    for lib in (root / SHIMS_DIR).glob("*/*.so"):
+    """The built torch shims under *root*/torch-native (a directory with its library; last use: its time)."""
+    shims = root / SHIMS_DIR
+    if not shims.is_dir():
+        return
+    for d in shims.iterdir():
         try:
-            if lib.name.startswith("tmp"):  # a compile in flight writes a temporary beside it
-                continue
-            yield Entry("shim", lib.parent, _dir_size(lib.parent), lib.stat().st_mtime, SHIMS_DIR)
+            lib = _shim_library(d) if not d.name.startswith(".") else None
+            if lib is not None:
+                yield Entry("shim", d, _dir_size(d), lib.stat().st_mtime, SHIMS_DIR)
         except OSError:
             continue
 
@@ -236,7 +244,8 @@ def _remove_module(entry: Entry) -> bool:
 
 def _remove_shim(entry: Entry) -> bool:
     """Remove a shim's directory unless a compile holds its lock (opbridge.build.detached)."""
-    return _remove_dir(entry.path, next(entry.path.glob("*.so.lock"), None))
+    lib = _shim_library(entry.path)
+    return _remove_dir(entry.path, build_lock(lib) if lib is not None else None)
 
 
 def _remove_object(entry: Entry) -> bool:

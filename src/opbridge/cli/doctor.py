@@ -8,7 +8,6 @@ torch native shim is cached, which needs torch) are probed as subprocesses.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import importlib.util
 import os
 import platform
@@ -152,31 +151,18 @@ def _torch_native(torch_installed: bool) -> dict[str, Any]:
     if rc != 0 or len(lines) < 2:
         return {"state": f"unknown: {lines[-1] if lines else 'the probe printed nothing'}", "path": None,
                 "built": False}
+    from opbridge.build.cache import build_lock, lock_held
+
     built = lines[-1] == "1"
     if built:
         state = "built"
-    elif _locked(Path(lines[-2] + ".lock")):
+    elif lock_held(build_lock(Path(lines[-2]))):
         state = ("being built in the background now (by a detached compiler that finishes even if the program "
                  "that started it has exited); until then torch.ops runs the Python kernels")
     else:
         state = ("not built yet: `opbridge build` compiles it (10-60 s of one core); the first kernel load "
                  "also starts it in the background, and until then torch.ops runs the Python kernels")
     return {"state": state, "path": lines[-2], "built": built}
-
-
-def _locked(lock: Path) -> bool:
-    """Whether a build holds *lock* now (a detached build of the torch shim; opbridge.build.detached)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _numpy_entry() -> dict[str, Any]:
