@@ -193,7 +193,7 @@ class _Background:
     """The shim's build, running beside the program at a lower priority; it finishes if the program exits first."""
 
     def __init__(self) -> None:
-        self.job = build.Job(background=True)  # the compiler starts here; OSError if there is none
+        self.job = build.Job(background=True)  # the compiler starts here (OSError: no cache or no process)
         self.result: Path | None = None
         self.error: Exception | None = None
         self.thread = threading.Thread(target=self._wait, name="opbridge-torch-native-build", daemon=True)
