@@ -370,9 +370,13 @@ def test_bench_overhead_quick_json(cli_env: dict[str, str]) -> None:
     assert isinstance(comp["ratios"]["compiled_opbridge/compiled_torch"], float)
 
 
-def test_bench_build_quick_json(cli_env: dict[str, str]) -> None:
-    proc = run_cli(cli_env, "bench", "build", "--json", "--quick", "--repeat", "1", timeout=600)
+def test_bench_build_quick_json(cli_env: dict[str, str], tmp_path: Path) -> None:
+    # Its own TMPDIR: the benchmark's caches must be gone when it exits (no background build still
+    # writing into them, which once made their removal fail).
+    env = {**cli_env, "TMPDIR": str(tmp_path)}
+    proc = run_cli(env, "bench", "build", "--json", "--quick", "--repeat", "1", timeout=600)
     assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.glob("opbridge-bench-build-*"))
     doc = json.loads(proc.stdout)
     cold = doc["cold_seconds"]
     assert isinstance(cold["opbridge_cold"], float) and isinstance(cold["tvm_ffi_cold"], float)
@@ -384,6 +388,7 @@ def test_bench_build_quick_json(cli_env: dict[str, str]) -> None:
         assert isinstance(doc["ratios"]["opbridge_cold/tvm_ffi_cold" + suffix], float)
         assert doc["ratios"]["torch_load_inline/opbridge_cold" + suffix] is None
     warm = doc["warm_start"]
+    assert warm["populate_seconds"] > 0
     for kind in ("torch", "numpy"):
         assert {"import_opbridge_ms", "import_ops_ms", "first_call_ms", "total_ms"} <= set(warm[kind])
     assert isinstance(warm["numpy"]["torch_in_sys_modules_after"], bool)
