@@ -55,6 +55,22 @@ def test_cache_key_hashes_contents_not_paths_or_mtimes(tmp_path: Path) -> None:
     assert bcompile.fingerprint(flagged) != key, "flags must change the key"
 
 
+def test_cache_key_covers_headers_beside_the_sources(tmp_path: Path) -> None:
+    # `#include "x.h"` finds x.h beside the including file, in no include directory; the key
+    # must cover it, and what it includes in turn, or an edit would load the old module.
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "scale.h").write_text('#include "sub/more.h"\n#define SCALE_H 1\n')
+    (tmp_path / "sub" / "more.h").write_text('#include "../scale.h"\n#define MORE 1\n')  # a cycle: read once
+    spec = _spec(tmp_path, '#include "scale.h"\n#include "absent_here.h"\n' + SCALE_CC)
+    assert [name for name, _ in bcompile.local_headers(spec)] == ["scale.h", "sub/more.h"]
+    key = bcompile.fingerprint(spec)
+    (tmp_path / "sub" / "more.h").write_text("#define MORE 2\n")
+    assert bcompile.fingerprint(spec) != key, "a header included by a local header must change the key"
+    key = bcompile.fingerprint(spec)
+    (tmp_path / "scale.h").write_text("#define SCALE_H 2\n")
+    assert bcompile.fingerprint(spec) != key, "a header beside the source must change the key"
+
+
 def test_cache_key_covers_headers_toolchain_and_versions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     inc = tmp_path / "inc"
     inc.mkdir()

@@ -199,6 +199,43 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
     return cxx, cuda, ld
 
 
+_QUOTE_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
+
+
+def local_headers(spec: BuildSpec) -> list[tuple[str, Path]]:
+    """The headers the sources include with quotes from beside themselves, followed transitively.
+
+    ``#include "my_op.h"`` finds ``my_op.h`` next to the including file before
+    any include directory, so a kernel's own headers need no ``include_dirs``
+    and were in no include directory that :func:`fingerprint` hashed. Returns
+    (the name as written, resolved path), each header once, in a stable order;
+    headers under opbridge's or the spec's include directories are left to
+    their directory's hash.
+    """
+    hashed = [INCLUDE_DIR, *spec.include_dirs]
+    seen: set[Path] = set()
+    found: list[tuple[str, Path]] = []
+    todo = list(spec.sources)
+    while todo:
+        including = todo.pop(0)
+        try:
+            text = including.read_bytes()
+        except OSError:
+            continue
+        for m in _QUOTE_INCLUDE.finditer(text):
+            name = m.group(1).decode("utf-8", "replace")
+            path = including.parent / name
+            if not path.is_file():
+                continue  # found on an include directory (hashed there), or missing: the compiler says
+            path = path.resolve()
+            if path in seen or any(path.is_relative_to(d) for d in hashed):
+                continue
+            seen.add(path)
+            found.append((name, path))
+            todo.append(path)
+    return found
+
+
 def fingerprint(spec: BuildSpec, extra: str = "") -> str:
     """Hash the *contents* of every input to the build, plus flags and toolchain."""
     from opbridge._tvm import tvm_ffi
@@ -219,6 +256,8 @@ def fingerprint(spec: BuildSpec, extra: str = "") -> str:
         for hdr in sorted(Path(inc_dir).rglob("*")):
             if hdr.is_file() and hdr.suffix in (".h", ".hpp", ".cuh", ".inc"):
                 feed("hdr:" + str(hdr.relative_to(inc_dir)), hdr.read_bytes())
+    for name, hdr in local_headers(spec):
+        feed("local:" + name, hdr.read_bytes())
     cxx, cuda, ld = _default_flags(spec)
     feed("flags", "\0".join(_portable_flags([*cxx, "|", *cuda, "|", *ld], spec)).encode())
     feed("toolchain", toolchain_fingerprint(spec.device).encode())
