@@ -13,6 +13,10 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_NO_PROGRESS``   ``1`` hides the build progress line            ``0``
 ``OPBRIDGE_CXX``           C++ compiler                                   ``$CXX`` or ``c++``
 ``OPBRIDGE_CUDA_ARCHS``    CUDA architectures for ``.cu`` sources         ``80;90``
+``OPBRIDGE_AOT_DEVICES``   devices ``pip install .`` builds a plugin's   CPU, and CUDA where
+                           modules for, comma-separated (``cpu``,          the library has
+                           ``cpu,cuda``): a device named here that         ``.cu`` sources and
+                           cannot be built fails the build                 ``nvcc`` is found
 ``OPBRIDGE_CUDA_SYNC_CHECKS`` ``1``: CUDA kernels sync to raise device-side ``0``
                            argument errors (bad positions / block ids)
                            in the offending call, not the next one
@@ -91,6 +95,26 @@ def cuda_archs() -> list[str]:
     """CUDA architectures to compile for, e.g. ``["80", "90"]``."""
     raw = os.environ.get("OPBRIDGE_CUDA_ARCHS", "80;90")
     return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+
+
+AOT_DEVICE_CHOICES = ("cpu", "cuda")
+
+
+def aot_devices() -> tuple[str, ...] | None:
+    """The devices named by ``OPBRIDGE_AOT_DEVICES`` (e.g. ``("cpu", "cuda")``), or None when unset.
+
+    None means: CPU, and CUDA where the library has CUDA sources and ``nvcc``
+    is found (:func:`opbridge.aot.setuptools.opbridge_extensions`).
+    """
+    raw = os.environ.get("OPBRIDGE_AOT_DEVICES", "").strip()
+    if not raw:
+        return None
+    names = tuple(dict.fromkeys(d.strip().lower() for d in raw.split(",") if d.strip()))
+    bad = [d for d in names if d not in AOT_DEVICE_CHOICES]
+    if bad or not names:
+        raise ValueError(f"OPBRIDGE_AOT_DEVICES must list devices among {', '.join(AOT_DEVICE_CHOICES)}, "
+                         f"got {raw!r}")
+    return names
 
 
 THREADING_CHOICES = ("omp", "pool")

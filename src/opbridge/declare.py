@@ -19,6 +19,7 @@ conveniences on top of the :class:`Library` defined here.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import keyword
 import sys
@@ -245,7 +246,10 @@ class Library:
         Base directory for relative paths (default: the caller's directory).
     prebuilt
         Importable name of an AOT-built module (e.g. ``"mypkg._C_ops"``) to
-        prefer over a JIT build when present and current.
+        prefer over a JIT build when present and current; the CUDA module is
+        the same name with ``_cuda`` appended (:meth:`prebuilt_module`). An
+        installed CUDA module gives the ops CUDA kernels even where the
+        sources are not installed.
     dtypes
         The dtypes its ops take unless an op declares its own (default:
         :data:`DEFAULT_DTYPES`, float32, float16 and bfloat16).
@@ -291,6 +295,7 @@ class Library:
         self.kernels_check_inputs = kernels_check_inputs
         self.python_module = python_module or frame.f_globals.get("__name__", "__main__")
         self.ops: dict[str, OpDef] = {}
+        self._installed_devices: dict[str, bool] = {}
         registry.add_library(self)
 
     def op(
@@ -420,11 +425,42 @@ class Library:
         raise DeclarationError(f"{schema.name}: dtype_arg {name!r} names no argument")
 
     def _default_kernels(self, name: str) -> dict[str, str]:
-        """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources."""
+        """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources or an installed CUDA module."""
         kernels = {"cpu": f"{name}_cpu"}
-        if self.sources_for("cuda"):
+        if self.sources_for("cuda") or self._installed("cuda"):
             kernels["cuda"] = f"{name}_cuda"
         return kernels
+
+    def prebuilt_module(self, device: str = "cpu") -> str | None:
+        """The dotted name of the AOT module for *device*, or None without ``prebuilt``.
+
+        ``prebuilt`` names the CPU module (``"pkg._C_ops"``); another device's
+        module carries the device as a suffix (``"pkg._C_ops_cuda"``), as
+        ``pip install .`` builds it (:func:`opbridge.aot.setuptools.opbridge_extensions`).
+        """
+        if not self.prebuilt:
+            return None
+        return self.prebuilt if device == "cpu" else f"{self.prebuilt}_{device}"
+
+    def missing_module_note(self, device: str) -> str:
+        """Why an installed package's ops lack *device* kernels: ``""``, or a sentence starting with ``"; "``."""
+        name = self.prebuilt_module(device)
+        if name is None or device == "cpu" or self.sources_for(device):
+            return ""
+        return (f"; {self.namespace} was installed without its {device} module {name} (`pip install` builds it "
+                f"where nvcc is found; OPBRIDGE_AOT_DEVICES=cpu,{device} makes building without it an error)")
+
+    def _installed(self, device: str) -> bool:
+        """Whether an AOT module for *device* is installed (a wheel has no sources to say so); cached."""
+        found = self._installed_devices.get(device)
+        if found is None:
+            name = self.prebuilt_module(device)
+            try:
+                found = name is not None and importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):
+                found = False
+            self._installed_devices[device] = found
+        return found
 
     def sources_for(self, device: str) -> tuple[Path, ...]:
         """The sources compiled into the module for *device*."""

@@ -25,11 +25,12 @@ _PREBUILT: set[tuple[str, str]] = set()
 
 
 def _prebuilt_path(lib: Library, device: str) -> Path | None:
-    """The AOT module for *lib*, if it was built and installed; never raises."""
-    if not lib.prebuilt or device != "cpu":
+    """The AOT module for *lib* and *device*, if it was built and installed; never raises."""
+    name = lib.prebuilt_module(device)
+    if name is None:
         return None
     try:
-        spec = importlib.util.find_spec(lib.prebuilt)
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
     if spec is None or spec.origin is None:
@@ -60,6 +61,9 @@ def load(lib: Library, device: str = "cpu") -> Any:
 
             config.threading()  # a misspelt OPBRIDGE_THREADING fails here, not silently
             prebuilt = _prebuilt_path(lib, device)
+            if prebuilt is None and not lib.sources_for(device) and lib.missing_module_note(device):
+                raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources"
+                                              f"{lib.missing_module_note(device)}")
             path = prebuilt or build(lib, device)
             mod = tvm_ffi().load_module(str(path))
             if prebuilt is not None:
@@ -95,6 +99,7 @@ def kernel(op: OpDef, device: str) -> Any:
     if name is None:
         raise BackendUnavailableError(
             f"{op.name}: no {device} kernel declared (available: {', '.join(op.kernels) or 'none'})"
+            f"{op.library.missing_module_note(device)}"
         )
     mod = load(op.library, device)
     try:

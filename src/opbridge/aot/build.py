@@ -47,9 +47,12 @@ def module_filename(name: str = DEFAULT_MODULE) -> str:
     return name + module_suffix()
 
 
-def module_name(lib: Library) -> str:
-    """The AOT module's name: the last part of ``lib.prebuilt``, else ``_C_ops``."""
-    return lib.prebuilt.rpartition(".")[2] if lib.prebuilt else DEFAULT_MODULE
+def module_name(lib: Library, device: str = "cpu") -> str:
+    """The AOT module's name for *device*: the last part of its prebuilt name, else ``_C_ops`` (``_C_ops_cuda``)."""
+    prebuilt = lib.prebuilt_module(device)
+    if prebuilt is not None:
+        return prebuilt.rpartition(".")[2]
+    return DEFAULT_MODULE if device == "cpu" else f"{DEFAULT_MODULE}_{device}"
 
 
 def check_exports(lib: Library, path: str | Path, device: str = "cpu") -> None:
@@ -91,9 +94,10 @@ def build_aot(
     out_dir
         Directory for the module (created if missing), e.g. the package directory.
     device
-        ``"cpu"`` (the loader looks prebuilt modules up for CPU).
+        ``"cpu"`` or ``"cuda"``.
     name
-        Module name; default :func:`module_name` (``_C_ops`` for ``prebuilt="pkg._C_ops"``).
+        Module name; default :func:`module_name` (``_C_ops`` for ``prebuilt="pkg._C_ops"``, and
+        ``_C_ops_cuda`` for CUDA, where the loader looks for it).
     build_dir
         Where ninja keeps objects between builds (setuptools' ``build_temp``). Without it
         the module is built in (or taken from) the content-addressed JIT cache.
@@ -124,7 +128,7 @@ def build_aot(
     check_exports(lib, built, device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    target = out / module_filename(name or module_name(lib))
+    target = out / module_filename(name or module_name(lib, device))
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     shutil.copyfile(built, tmp)
     os.chmod(tmp, 0o755)  # noqa: S103 - a shared library, read and mapped by every user

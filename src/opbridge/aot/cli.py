@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"opbridge: error: {lib.namespace}: declares no importable prebuilt= package; "
                   f"pass --out DIR", file=sys.stderr)
             return EXIT_USAGE
-        target = (Path(out) / module_filename(module_name(lib))).resolve()
+        target = (Path(out) / module_filename(module_name(lib, device))).resolve()
         if target in targets:
             print(f"opbridge: error: {lib.namespace} and {targets[target]} would both write {target}; "
                   f"build them one at a time (--library NS) or give them distinct prebuilt= names",

@@ -4,9 +4,15 @@ A plugin's ``setup.py`` needs two lines, and no list of sources (the
 declarations are the one list)::
 
     from setuptools import setup
-    from opbridge.aot.setuptools import cmdclass, opbridge_extension
+    from opbridge.aot.setuptools import cmdclass, opbridge_extensions
 
-    setup(ext_modules=[opbridge_extension("my_plugin", "my_plugin.ops")], cmdclass=cmdclass())
+    setup(ext_modules=opbridge_extensions("my_plugin", "my_plugin.ops"), cmdclass=cmdclass())
+
+That builds ``my_plugin/_C_ops.so`` from the library's ``.cc`` sources and,
+where it has ``.cu`` sources and ``nvcc`` is found, ``my_plugin/_C_ops_cuda.so``
+(``OPBRIDGE_AOT_DEVICES`` chooses; see :func:`opbridge_extensions`). An
+installed CUDA module gives the ops their CUDA kernels with no compiler at
+run time. ``opbridge_extension`` (one device) builds one of them.
 
 ``build_ext`` imports the declarations module from the source tree, takes the
 :class:`~opbridge.Library` declared with ``prebuilt="my_plugin._C_ops"`` from
@@ -34,8 +40,11 @@ from typing import TYPE_CHECKING, Any
 from setuptools import Command, Extension
 from setuptools.command.build_ext import build_ext
 
+from opbridge import config
 from opbridge.aot.build import DEFAULT_MODULE, build_aot, module_filename
-from opbridge.errors import DeclarationError
+from opbridge.build.compile import nvcc_path
+from opbridge.config import AOT_DEVICE_CHOICES
+from opbridge.errors import BuildError, DeclarationError
 
 try:  # setuptools >= 70.1 ships bdist_wheel
     from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel
@@ -45,7 +54,8 @@ except ImportError:  # pragma: no cover - older setuptools with the wheel packag
 if TYPE_CHECKING:
     from opbridge.declare import Library
 
-__all__ = ["BdistWheelAnyPython", "BuildOpbridgeExt", "OpbridgeExtension", "cmdclass", "opbridge_extension"]
+__all__ = ["BdistWheelAnyPython", "BuildOpbridgeExt", "OpbridgeExtension", "cmdclass", "opbridge_extension",
+           "opbridge_extensions"]
 
 
 class OpbridgeExtension(Extension):  # type: ignore[misc,unused-ignore]
@@ -54,22 +64,27 @@ class OpbridgeExtension(Extension):  # type: ignore[misc,unused-ignore]
     Parameters
     ----------
     name
-        Dotted module name, equal to the library's ``prebuilt`` (``"pkg._C_ops"``).
+        Dotted module name: the library's ``prebuilt`` (``"pkg._C_ops"``) for
+        the CPU, with ``_<device>`` appended for another device.
     declarations
         Module whose import declares the library (``"pkg.ops"``).
     device
         Device the module is built for.
+    library
+        The library's ``prebuilt`` name (default: *name*, the CPU module).
     """
 
-    def __init__(self, name: str, declarations: str, device: str = "cpu") -> None:
+    def __init__(self, name: str, declarations: str, device: str = "cpu", library: str | None = None) -> None:
         super().__init__(name, sources=[])
         self.declarations = declarations
         self.device = device
+        #: The library's ``prebuilt`` (its CPU module's name), which finds it among the declared ones.
+        self.library = library or name
 
 
-def opbridge_extension(package: str, declarations_module: str, *,
-                       name: str = DEFAULT_MODULE) -> OpbridgeExtension:
-    """The extension that builds ``<package>.<name>`` from the library *declarations_module* declares.
+def opbridge_extension(package: str, declarations_module: str, *, name: str = DEFAULT_MODULE,
+                       device: str = "cpu") -> OpbridgeExtension:
+    """The extension that builds *device*'s module from the library *declarations_module* declares.
 
     Parameters
     ----------
@@ -80,13 +95,40 @@ def opbridge_extension(package: str, declarations_module: str, *,
     name
         Module name inside *package* (``_C_ops``); the library must declare
         ``prebuilt="<package>.<name>"``.
+    device
+        ``"cpu"`` builds ``<package>.<name>``; another device builds
+        ``<package>.<name>_<device>`` (``_C_ops_cuda``), where the loader looks for it.
 
     Returns
     -------
     OpbridgeExtension
         For ``setup(ext_modules=[...])``, with :func:`cmdclass`.
     """
-    return OpbridgeExtension(f"{package}.{name}", declarations_module)
+    library = f"{package}.{name}"
+    module = library if device == "cpu" else f"{library}_{device}"
+    return OpbridgeExtension(module, declarations_module, device, library)
+
+
+def opbridge_extensions(package: str, declarations_module: str, *,
+                        name: str = DEFAULT_MODULE) -> list[OpbridgeExtension]:
+    """One extension per device opbridge builds modules for (CPU, CUDA); ``build_ext`` builds those that apply.
+
+    Which apply: the devices ``OPBRIDGE_AOT_DEVICES`` names, when set, and a
+    device named there that cannot be built (no sources, no ``nvcc``) fails
+    the build. Unset: the CPU module, and the CUDA module when the library has
+    CUDA sources and ``nvcc`` is found; without ``nvcc`` the build says it
+    leaves the CUDA module out, and the installed ops run on CPU tensors only.
+    """
+    return [opbridge_extension(package, declarations_module, name=name, device=d) for d in AOT_DEVICE_CHOICES]
+
+
+def _unbuildable(lib: Library, device: str) -> str | None:
+    """Why *lib*'s module for *device* cannot be built here, or None."""
+    if not lib.sources_for(device):
+        return f"{lib.namespace} has no {device} sources"
+    if device == "cuda" and nvcc_path() is None:
+        return "nvcc was not found (on PATH, under $CUDA_HOME or $CUDA_PATH)"
+    return None
 
 
 @contextlib.contextmanager
@@ -119,11 +161,11 @@ def load_declared_library(ext: OpbridgeExtension, source_root: str | Path) -> Li
             f"{ext.declarations} was imported from {where}, not from the source tree {root}; "
             f"uninstall the other copy or build in a clean environment"
         )
-    libs = [lib for lib in registry.libraries() if lib.prebuilt == ext.name]
+    libs = [lib for lib in registry.libraries() if lib.prebuilt == ext.library]
     if len(libs) != 1:
         declared = {lib.namespace: lib.prebuilt for lib in registry.libraries()}
         raise DeclarationError(
-            f"{ext.name}: expected one Library declared with prebuilt={ext.name!r} by "
+            f"{ext.name}: expected one Library declared with prebuilt={ext.library!r} by "
             f"{ext.declarations}, found {len(libs)} (libraries and their prebuilt names: {declared})"
         )
     return libs[0]
@@ -153,16 +195,42 @@ class BuildOpbridgeExt(build_ext):  # type: ignore[misc,unused-ignore]
         base = Path(self.distribution.src_root or os.curdir)
         return base / package_dir.get("", "")
 
+    def run(self) -> None:
+        self.extensions = [ext for ext in self.extensions if self._applies(ext)]
+        super().run()
+
+    def _applies(self, ext: Any) -> bool:
+        """Whether to build *ext* (see :func:`opbridge_extensions`); says why not, or raises where it must be."""
+        if not isinstance(ext, OpbridgeExtension):
+            return True
+        named = config.aot_devices()
+        if named is not None and ext.device not in named:
+            print(f"opbridge: not building {ext.name}: OPBRIDGE_AOT_DEVICES={','.join(named)}", file=sys.stderr)
+            return False
+        if ext.device == "cpu":
+            return True
+        lib = load_declared_library(ext, self._source_root())
+        why = _unbuildable(lib, ext.device)
+        if why is None:
+            return True
+        if named is not None:
+            raise BuildError(f"{ext.name}: OPBRIDGE_AOT_DEVICES names {ext.device}, but {why}")
+        if lib.sources_for(ext.device):
+            print(f"opbridge: WARNING: building {lib.namespace} without its {ext.device} module {ext.name}: "
+                  f"{why}; the installed ops will run on CPU tensors only (OPBRIDGE_AOT_DEVICES=cpu,"
+                  f"{ext.device} makes this an error)", file=sys.stderr)
+        return False
+
     def build_extension(self, ext: Any) -> None:
         if not isinstance(ext, OpbridgeExtension):
             super().build_extension(ext)
             return
         lib = load_declared_library(ext, self._source_root())
         target = Path(self.get_ext_fullpath(ext.name))
-        build_dir = Path(self.build_temp) / "opbridge" / lib.namespace
+        build_dir = Path(self.build_temp) / "opbridge" / lib.namespace / ext.device
         path = build_aot(lib, target.parent, device=ext.device, name=ext.name.rpartition(".")[2],
                          build_dir=build_dir)
-        print(f"opbridge: built {len(lib.ops)} ops of {lib.namespace!r} into {path}")
+        print(f"opbridge: built {len(lib.ops)} ops of {lib.namespace!r} for {ext.device} into {path}")
 
 
 class BdistWheelAnyPython(_bdist_wheel):  # type: ignore[misc,unused-ignore]

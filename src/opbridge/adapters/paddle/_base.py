@@ -212,7 +212,8 @@ def target(op: OpDef, args: Sequence[Any], outs: Sequence[Any] = ()) -> tuple[An
                                       f"({paddle.version.full_version}) has no CUDA")
     if "cuda" not in op.kernels:
         raise BackendUnavailableError(f"{op.name}: cannot run on paddle tensors on {where}: {op.name} has no "
-                                      f"CUDA kernel (kernels: {', '.join(op.kernels) or 'none'})")
+                                      f"CUDA kernel (kernels: {', '.join(op.kernels) or 'none'})"
+                                      f"{op.library.missing_module_note('cuda')}")
     index = place.gpu_device_id()
     return loader.kernel(op, "cuda"), lambda: cuda_stream(index), place
 
