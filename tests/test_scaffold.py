@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from opbridge import scaffold
+from opbridge.build.compile import nvcc_path
 from opbridge.scaffold import cli as scaffold_cli
 from opbridge.scaffold.kernel import render_kernel
 from opbridge.scaffold.spec import ScaffoldError
@@ -137,6 +138,50 @@ def test_existing_files_are_not_overwritten(tmp_path: Path) -> None:
     scaffold.new_op(spec, tmp_path, force=True)
 
 
+def _skips_are_for_the_gpu_alone(report: str) -> None:
+    """Every skip in a ``pytest -rs`` *report* is a CUDA test on this GPU-less machine (or without nvcc)."""
+    skips = [line for line in report.splitlines() if line.startswith("SKIPPED")]
+    assert all(line.endswith(("no CUDA GPU", "(no csrc/*.cu)")) for line in skips), report
+
+
+def test_cuda_ops_share_their_checks_and_build_for_both_devices(tmp_path: Path) -> None:
+    out = tmp_path / "ops"
+    specs = [
+        scaffold.from_schema("pair_op", "(Tensor x, Tensor y, Tensor? w, float alpha=0.5) -> (Tensor, Tensor)",
+                             dtypes=("float32", "float16", "int32"), cuda=True),
+        scaffold.from_schema("bump_", "(Tensor(a!) x, int[] dims) -> ()", dtypes=("float32",), cuda=True),
+    ]
+    for spec in specs:
+        scaffold.new_op(spec, out)
+    for spec in specs:
+        name = spec.name
+        cc, cu, h = ((out / "csrc" / f"{name}{ext}").read_text() for ext in (".cc", ".cu", ".h"))
+        # The checks live once, in the header, and both kernels call them for their device.
+        assert f"{name}_check(op, kDLCPU, " in cc and f'#include "{name}.h"' in cc
+        assert f"{name}_check(op, kDLCUDA, " in cu and f'#include "{name}.h"' in cu
+        assert "OPB_CHECK" not in cc and "OPB_CHECK" not in cu
+        assert "OPB_CHECK_DEVICE(op, x, device);" in h and f"OPBRIDGE_EXPORT({name}_cuda);" in cu
+        assert f'sources=["csrc/{name}.cc", "csrc/{name}.cu"]' in (out / f"{name}_op.py").read_text()
+    assert "OPB_CHECK_DEVICE_LIKE(op, device, out0, x);" in (out / "csrc" / "pair_op.h").read_text()
+    assert '::opbridge::check_device_like(op, device, "w", w.value(), "x", x);' in (
+        out / "csrc" / "pair_op.h").read_text()
+    env = {**_env(tmp_path), "OPBRIDGE_CUDA_ARCHS": "90"}
+    report = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-W", "error", str(out)],
+                  out, env)
+    assert "passed" in report and "failed" not in report, report
+    _skips_are_for_the_gpu_alone(report)
+    if nvcc_path() is None:
+        pytest.skip("no nvcc: the CUDA kernels were generated, not compiled")
+    code = ("import json, sys; import pair_op_op, bump__op; from opbridge import loader; "
+            "print(json.dumps({m.LIBRARY.namespace: [loader.exports(loader.build(m.LIBRARY, 'cuda')), "
+            "{n: o.kernels for n, o in m.LIBRARY.ops.items()}] for m in (pair_op_op, bump__op)}))")
+    built = json.loads(_run([sys.executable, "-c", code], out, env).strip().splitlines()[-1])
+    assert built == {
+        "pair_op": [["pair_op_cuda"], {"pair_op": {"cpu": "pair_op_cpu", "cuda": "pair_op_cuda"}}],
+        "bump_": [["bump__cuda"], {"bump_": {"cpu": "bump__cpu", "cuda": "bump__cuda"}}],
+    }
+
+
 def test_project_installs_with_pip_and_passes_its_tests_and_takes_new_ops(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     parser = argparse.ArgumentParser()
@@ -145,19 +190,25 @@ def test_project_installs_with_pip_and_passes_its_tests_and_takes_new_ops(tmp_pa
     assert args.func(args) == 0
     root = tmp_path / "demo-plugin"
     args = parser.parse_args(["new", "halve_", "--schema", "halve_(Tensor(a!) x, float by=2.0) -> ()",
-                              "--out", str(root)])
+                              "--out", str(root), "--cuda"])
     assert args.func(args) == 0
     assert (root / "csrc" / "halve_.cc").is_file() and (root / "demo_plugin" / "ops" / "halve_.py").is_file()
+    assert (root / "csrc" / "halve_.cu").is_file() and (root / "csrc" / "halve_.h").is_file()
+    # identity has no CUDA kernel: it names its kernels, so the library's CUDA sources give it none.
+    assert 'kernels={"cpu": "identity_cpu"}' in (root / "demo_plugin" / "ops" / "identity.py").read_text()
     wrappers = (root / "demo_plugin" / "_custom_ops.py").read_text()
     assert "def halve_(x: Tensor, by: float = 2.0) -> None:" in wrappers and "def identity(" in wrappers
-    env = _env(tmp_path)
+    env = {**_env(tmp_path), "OPBRIDGE_CUDA_ARCHS": "90"}
     site = tmp_path / "site"
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
           "--target", str(site), str(root)], tmp_path, env)
-    assert sorted(p.name for p in (site / "demo_plugin").glob("*.so")) == ["_C_ops.so"]
-    report = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")], site,
-                  {**env, "PYTHONPATH": str(site)})
-    assert "failed" not in report and "skipped" not in report, report
+    # Where nvcc is, the CUDA kernels ship compiled beside the CPU ones (no GPU needed to build them).
+    modules = ["_C_ops.so", "_C_ops_cuda.so"] if nvcc_path() else ["_C_ops.so"]
+    assert sorted(p.name for p in (site / "demo_plugin").glob("*.so")) == modules
+    report = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(root / "tests")],
+                  site, {**env, "PYTHONPATH": str(site)})
+    assert "failed" not in report, report
+    _skips_are_for_the_gpu_alone(report)
     assert not (tmp_path / "cache").exists(), "the installed project compiled at run time"
 
 

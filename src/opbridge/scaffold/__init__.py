@@ -6,7 +6,8 @@ computation is a placeholder that the generated NumPy reference mirrors.
 - :func:`new_op` -- one op, from a schema (:func:`spec.from_schema`) or an
   msopgen-style prototype (:func:`prototype.to_spec`). Into a plain directory
   it writes ``csrc/<op>.cc``, ``<op>_op.py``, ``test_<op>.py`` and
-  ``bench_<op>.py``; into a project made by :func:`new_project` it adds the
+  ``bench_<op>.py`` (with ``cuda``, also ``csrc/<op>.cu`` and the checks both
+  kernels share, ``csrc/<op>.h``); into a project made by :func:`new_project` it adds the
   op to the project and regenerates its ``_custom_ops.py``.
 - :func:`new_project` -- a plugin in the vLLM plugins' layout: ``csrc/``
   kernels, ``<pkg>/ops/`` declarations, one ``_C_ops`` module built by
@@ -15,12 +16,13 @@ computation is a placeholder that the generated NumPy reference mirrors.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from opbridge.scaffold.kernel import render_kernel
+from opbridge.scaffold.kernel import render_checks, render_cuda_kernel, render_kernel
 from opbridge.scaffold.prototype import load_prototype, to_spec
 from opbridge.scaffold.python import (
     Layout,
@@ -68,8 +70,12 @@ def _write(files: dict[Path, str], force: bool) -> list[Path]:
 
 def _op_files(spec: OpSpec, root: Path, layout: Layout, *, tests: Path, benches: Path) -> dict[Path, str]:
     bench = benches / f"bench_{spec.name}.py"
+    files = {root / "csrc" / f"{spec.name}.cc": render_kernel(spec, layout.declaration)}
+    if spec.cuda:
+        files[root / "csrc" / f"{spec.name}.h"] = render_checks(spec)
+        files[root / "csrc" / f"{spec.name}.cu"] = render_cuda_kernel(spec)
     return {
-        root / "csrc" / f"{spec.name}.cc": render_kernel(spec, layout.declaration),
+        **files,
         root / layout.declaration: render_declaration(spec, layout),
         tests / f"test_{spec.name}.py": render_test(spec, layout),
         bench: render_bench(spec, layout, str(bench.relative_to(root))),
@@ -124,7 +130,7 @@ def new_op(spec: OpSpec, out: str | Path, *, force: bool = False) -> list[Path]:
     package = project_package(root)
     if package is None:
         return _write(_op_files(spec, root, standalone(spec), tests=root, benches=root), force)
-    spec = OpSpec(spec.schema, spec.dtypes, package, spec.origin)
+    spec = dataclasses.replace(spec, namespace=package)
     layout = in_project(spec, package)
     files = _op_files(spec, root, layout, tests=root / "tests", benches=root / "benchmarks")
     written = _write(files, force)
@@ -133,7 +139,7 @@ def new_op(spec: OpSpec, out: str | Path, *, force: bool = False) -> list[Path]:
 
 
 def new_project(name: str, out: str | Path = ".", *, spec: OpSpec | None = None,
-                force: bool = False) -> list[Path]:
+                force: bool = False, cuda: bool = False) -> list[Path]:
     """Create the plugin project *name* in ``out/<name>`` with one op (default ``identity``).
 
     Parameters
@@ -146,6 +152,8 @@ def new_project(name: str, out: str | Path = ".", *, spec: OpSpec | None = None,
         The first op; default :data:`STARTER_SCHEMA`.
     force
         Overwrite existing files.
+    cuda
+        Give the default first op a CUDA kernel too (see :attr:`OpSpec.cuda`).
 
     Returns
     -------
@@ -172,5 +180,5 @@ def new_project(name: str, out: str | Path = ".", *, spec: OpSpec | None = None,
         root / "tests" / "test_build.py": render("project/test_build.py.tmpl", **values),
     }
     written = _write(files, force)
-    first = spec or from_schema("identity", STARTER_SCHEMA, dtypes=FLOATING, namespace=package)
+    first = spec or from_schema("identity", STARTER_SCHEMA, dtypes=FLOATING, namespace=package, cuda=cuda)
     return written + new_op(first, root, force=force)

@@ -9,6 +9,7 @@ Examples::
 
     opbridge new my_op --schema "my_op(Tensor x, float alpha) -> Tensor" --out my_op
     opbridge new --from gelu_custom.json --out gelu       # msopgen-style prototype (JSON or YAML)
+    opbridge new my_op --cuda --out my_op                 # a CUDA kernel too, checks shared in my_op.h
     opbridge new --project my-plugin                      # a whole plugin project
     opbridge new my_op --schema "..." --out my-plugin     # add an op to that project
 """
@@ -16,6 +17,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,11 +35,12 @@ def _specs(args: argparse.Namespace) -> list[Any]:
         if args.op or args.schema:
             raise scaffold.ScaffoldError("give either --from PROTO or OP [--schema ...], not both")
         protos = scaffold.load_prototype(args.from_file)
-        return [scaffold.to_spec(p, namespace=args.namespace, origin=f"prototype {args.from_file.name}")
+        return [dataclasses.replace(scaffold.to_spec(p, namespace=args.namespace,
+                                                     origin=f"prototype {args.from_file.name}"), cuda=args.cuda)
                 for p in protos]
     if args.op is None:
         return []
-    return [scaffold.from_schema(args.op, args.schema, dtypes=dtypes, namespace=args.namespace)]
+    return [scaffold.from_schema(args.op, args.schema, dtypes=dtypes, namespace=args.namespace, cuda=args.cuda)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             if len(specs) > 1:
                 raise scaffold.ScaffoldError("--project starts with one op; add the others with --out")
             written = scaffold.new_project(args.project, args.out or Path("."),
-                                           spec=specs[0] if specs else None, force=args.force)
+                                           spec=specs[0] if specs else None, force=args.force, cuda=args.cuda)
         elif not specs:
             print("opbridge: error: name an op (OP --schema ...), a prototype (--from) or --project NAME",
                   file=sys.stderr)
@@ -89,6 +92,9 @@ def register(subparsers: Any) -> None:
                    help="where to write (default: ./OP); a project's root adds the op to the project")
     p.add_argument("--dtypes",
                    help="dtypes the kernel accepts, comma-separated (default float32,float16,bfloat16)")
+    p.add_argument("--cuda", action="store_true",
+                   help="also write a CUDA kernel (csrc/OP.cu) and the argument checks both kernels share "
+                        "(csrc/OP.h); `pip install .` builds it where nvcc is found")
     p.add_argument("--namespace", help="library namespace (default: the op's name, or the project's package)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=run)

@@ -24,17 +24,21 @@ class Layout:
         The declaration file, relative to the root (for comments).
     library
         Python that defines or imports ``LIBRARY`` in the declaration module.
+    project
+        Whether the op joins a project's library, whose other ops may have CUDA kernels.
     """
 
     module: str
     declaration: str
     library: str
+    project: bool = False
 
 
 def standalone(spec: OpSpec) -> Layout:
-    """A directory of its own: ``csrc/<op>.cc``, ``<op>_op.py``, ``test_<op>.py``, ``bench_<op>.py``."""
+    """A directory of its own: ``csrc/<op>.cc`` (and ``.cu``, ``.h``), ``<op>_op.py``, tests and benchmark."""
+    sources = ", ".join(f'"csrc/{f}"' for f in spec.sources)
     lib = (f'from opbridge import Library{", like" if _new_returns(spec) else ""}\n\n'
-           f'LIBRARY = Library("{spec.namespace}", sources=["csrc/{spec.name}.cc"])')
+           f'LIBRARY = Library("{spec.namespace}", sources=[{sources}])')
     return Layout(f"{spec.name}_op", f"{spec.name}_op.py", lib)
 
 
@@ -42,7 +46,7 @@ def in_project(spec: OpSpec, package: str) -> Layout:
     """Inside a project from ``opbridge new --project``: the declaration goes in ``<package>/ops/``."""
     like = "from opbridge import like\n" if _new_returns(spec) else ""
     lib = f"{like}\nfrom {package}.ops._library import LIBRARY"
-    return Layout(f"{package}.ops.{spec.name}", f"{package}/ops/{spec.name}.py", lib)
+    return Layout(f"{package}.ops.{spec.name}", f"{package}/ops/{spec.name}.py", lib, project=True)
 
 
 def _new_returns(spec: OpSpec) -> int:
@@ -98,15 +102,20 @@ def render_declaration(spec: OpSpec, layout: Layout) -> str:
     options = ""
     if n_new:
         options += f"\n    shape=like({', '.join([f'{chr(34)}{spec.lead.name}{chr(34)}'] * n_new)}),"
-    if spec.kernel != f"{spec.name}_cpu":
+    if spec.kernel != f"{spec.name}_cpu" or (layout.project and not spec.cuda):
+        # Named: in a project whose library has CUDA sources, an op's default kernels include <op>_cuda.
         options += f'\n    kernels={{"cpu": "{spec.kernel}"}},'
+        if layout.project and not spec.cuda:
+            options += f'  # a CUDA kernel would add "cuda": "{spec.name}_cuda" (csrc/{spec.name}.cu)'
     # The kernel dispatches over exactly these; every adapter checks them before calling it.
     options += f"\n    dtypes=({''.join(repr(d) + ', ' for d in spec.dtypes).rstrip(' ')}),"
     lists = any(a.type.is_list for a in spec.schema.arguments)
     imports = "from collections.abc import Sequence\n\n" if lists else ""
     imports += f"import numpy as np\n{layout.library}"
+    files = ", ".join(f"csrc/{f}" for f in spec.sources)
     return render(
         "op/declaration.py.tmpl", name=spec.name, imports=imports,
+        kernel_files=f"kernels: {files}" if spec.cuda else f"kernel: {files}",
         schema=str(spec.schema).replace('"', '\\"'), options=options, params=_params(spec),
         returns=_returns_annotation(spec), summary=f"The ``{spec.namespace}::{spec.name}`` op.",
         placeholder=placeholder(spec), body=_reference_body(spec),
@@ -128,10 +137,10 @@ def render_test(spec: OpSpec, layout: Layout) -> str:
     scalars = {a.name: _sample(a.type) for a in spec.schema.arguments if _needs_value(a)}
     ints = spec.int_dtypes
     generated = bool(scalars or ints)
-    imports = "from typing import Any\n\n" if generated else ""
-    imports += "import numpy as np\n" if ints else ""
+    imports = "from typing import Any\n\n" if generated or spec.cuda else ""
+    imports += "import numpy as np\n" if ints or spec.cuda else ""
     imports += "import pytest\nfrom opbridge.testing import check_op\n"
-    imports += "from opbridge.testing.matrix import elementwise_cases\n" if generated else ""
+    imports += "from opbridge.testing.matrix import elementwise_cases\n" if generated or spec.cuda else ""
     imports += f"\nfrom {layout.module} import {spec.name}"
     defs = [f"FLOAT_DTYPES = {_tuple(spec.float_dtypes)}", f"INT_DTYPES = {_tuple(ints)}"]
     cases = ""
@@ -174,6 +183,10 @@ def test_{spec.name}_int(framework: str, dtype: str) -> None:
     # The cases carry integer arrays; check_op's dtype only applies to floating values.
     report = check_op({spec.name}, lambda d, rng: cases(dtype, rng), dtypes=["float32"], framework=framework)
     assert report.checks["forward"] > 0''')
+    if spec.cuda:
+        tests.append(render("op/test_cuda.py.tmpl", name=spec.name,
+                            cases="cases(dtype, rng)" if generated else
+                            f'elementwise_cases({spec.name}, "float32", rng)'))
     return render("op/test.py.tmpl", name=spec.name, imports=imports, definitions="\n".join(defs),
                   tests="".join(tests) + "\n")
 

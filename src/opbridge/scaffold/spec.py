@@ -41,12 +41,16 @@ class OpSpec:
         The library namespace (``torch.ops.<namespace>.<op>``).
     origin
         Where the spec came from, for the generated files' comments.
+    cuda
+        Also generate a CUDA kernel (``<op>.cu``), its argument checks in
+        ``<op>.h`` shared with the CPU kernel.
     """
 
     schema: Schema
     dtypes: tuple[str, ...] = FLOATING
     namespace: str = ""
     origin: str = ""
+    cuda: bool = False
 
     @property
     def name(self) -> str:
@@ -56,6 +60,11 @@ class OpSpec:
     def kernel(self) -> str:
         """The exported kernel's name, ``<op>_cpu``."""
         return f"{self.name}_cpu"
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Its kernel files in ``csrc/``: ``<op>.cc``, and ``<op>.cu`` with :attr:`cuda`."""
+        return (f"{self.name}.cc", f"{self.name}.cu") if self.cuda else (f"{self.name}.cc",)
 
     @property
     def lead(self) -> Argument:
@@ -128,11 +137,11 @@ def check_namespace(namespace: str) -> str:
 
 
 def from_schema(name: str, schema: str | None, *, dtypes: tuple[str, ...] = FLOATING,
-                namespace: str | None = None) -> OpSpec:
+                namespace: str | None = None, cuda: bool = False) -> OpSpec:
     """The spec of op *name* from its schema.
 
     *schema* is ``"name(Tensor x) -> Tensor"`` or just ``"(Tensor x) -> Tensor"``;
-    without one, ``<name>(Tensor x) -> Tensor``.
+    without one, ``<name>(Tensor x) -> Tensor``. *cuda* adds a CUDA kernel.
     """
     if not name.isidentifier():
         raise ScaffoldError(f"op name {name!r} must be a Python identifier")
@@ -143,7 +152,7 @@ def from_schema(name: str, schema: str | None, *, dtypes: tuple[str, ...] = FLOA
     if parsed.name != name:
         raise ScaffoldError(f"the schema names the op {parsed.name!r}, the command {name!r}")
     validate(parsed)
-    return OpSpec(parsed, dtypes, check_namespace(namespace or name), origin="opbridge new --schema")
+    return OpSpec(parsed, dtypes, check_namespace(namespace or name), origin="opbridge new --schema", cuda=cuda)
 
 
 def snake_case(name: str) -> str:
