@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one-command GPU check (issue 12): on a machine with a CUDA GPU, run the CUDA tests, the
-# torch- and JAX-on-GPU tests, `opbridge bench jax-gpu --quick`, `opbridge bench gpu --quick` and the
+# torch- and JAX-on-GPU tests, a plugin scaffolded with --cuda (scripts/gpu-check-plugin.sh),
+# `opbridge bench jax-gpu --quick`, `opbridge bench gpu --quick` and the
 # CUDA launch-cost benchmark, and write one JSON summary (results/gpu-check/summary.json, or
 # $GPU_CHECK_OUT/summary.json).
 # Without a GPU it says so and exits 0. Not one of the README's two commands: CI has no GPU.
@@ -15,7 +16,7 @@
 #                                  # rows, every op at 8192 x 8192 (about 4 more minutes on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -58,6 +59,8 @@ step cuda_tests "${PYTEST[@]}" tests/test_cuda.py --junitxml="$OUT/cuda_tests.xm
 step torch_gpu_tests "${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu" --junitxml="$OUT/torch_gpu_tests.xml"
 step jax_gpu_tests env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda" \
   --junitxml="$OUT/jax_gpu_tests.xml"
+# A plugin scaffolded with --cuda: its wheel's CUDA module, and its generated CUDA-against-CPU tests.
+step plugin_cuda env PYTHON="$PY" scripts/gpu-check-plugin.sh "$(mktemp -d)"
 QUICK=$([ "${GPU_CHECK_QUICK:-1}" = "1" ] && echo --quick)
 # JAX on the GPU against jnp per call and XLA's fusion at 4096 x 4096 (issue 12 item 3); skips without a JAX GPU.
 step bench_jax_gpu "$PY" -m opbridge bench jax-gpu $QUICK --out "$OUT/bench-jax-gpu"

@@ -226,3 +226,13 @@ def test_cli_from_prototype_and_usage_errors(tmp_path: Path, capsys: pytest.Capt
     args = parser.parse_args(["new", "x", "--dtypes", "float8"])
     assert args.func(args) == 2
     assert "unknown dtype(s) ['float8']" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="the script builds the CUDA module: needs nvcc")
+def test_gpu_check_plugin_script_builds_both_modules_and_passes(tmp_path: Path) -> None:
+    # gpu-check.sh's plugin step, here without a GPU: the CUDA comparisons skip, the rest runs.
+    root = Path(__file__).resolve().parent.parent
+    env = {**_env(tmp_path), "PYTHON": sys.executable, "OPBRIDGE_CUDA_ARCHS": "90"}
+    report = _run(["bash", str(root / "scripts" / "gpu-check-plugin.sh"), str(tmp_path / "work")], root, env)
+    assert "_C_ops_cuda.so" in report and "gpu-check-plugin: ok" in report, report
+    _skips_are_for_the_gpu_alone(report)
