@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from opbridge import config
 from opbridge.build import jit
-from opbridge.build.library import KNOWN_DEVICES, build_spec, exports, is_current
+from opbridge.build.library import KNOWN_DEVICES, build_spec, exports, is_current, signatures
 from opbridge.errors import BackendUnavailableError, DeclarationError
 
 if TYPE_CHECKING:
@@ -20,6 +20,10 @@ __all__ = ["KNOWN_DEVICES", "build", "build_spec", "exports", "kernel", "load", 
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[str, str], Any] = {}
 _PATHS: dict[tuple[str, str], Path] = {}
+#: (namespace, device) -> each exported kernel's signature (empty for modules that record none).
+_SIGNATURES: dict[tuple[str, str], dict[str, str]] = {}
+#: (namespace, kernel, device) of the kernels whose signature was checked against their op's schema.
+_CHECKED: set[tuple[str, str, str]] = set()
 #: (namespace, device) of the modules loaded from an installed AOT build.
 _PREBUILT: set[tuple[str, str]] = set()
 
@@ -103,9 +107,66 @@ def kernel(op: OpDef, device: str) -> Any:
         )
     mod = load(op.library, device)
     try:
-        return mod[name]
+        fn = mod[name]
     except (AttributeError, KeyError, RuntimeError):
         raise DeclarationError(
             f"{op.name}: kernel {name!r} is not exported by the {device} module; it exports "
             f"{exports(_PATHS[(op.library.namespace, device)])} (export it with OPBRIDGE_EXPORT({name}))"
         ) from None
+    checked = (op.library.namespace, name, device)
+    if checked not in _CHECKED:
+        key = (op.library.namespace, device)
+        sigs = _SIGNATURES.get(key)
+        if sigs is None:
+            sigs = _SIGNATURES[key] = signatures(_PATHS[key])
+        if name in sigs:
+            check_signature(op, name, sigs[name])
+        _CHECKED.add(checked)
+    return fn
+
+
+#: Kernel argument letters (``export.h``'s ``kind_letter``) as C++ types, for messages.
+_LETTER_TYPES = {"T": "TensorView", "O": "Optional<TensorView>", "d": "double", "f": "float",
+                 "l": "int64_t", "i": "int32_t", "b": "bool", "o": "another type"}
+#: Schema types a kernel must take as one of these letters; any other (a list, a string, an
+#: optional scalar) is converted by tvm-ffi's own rules and not checked here.
+_SCHEMA_LETTERS = {"Tensor": "T", "Tensor?": "O", "float": "df", "int": "li", "bool": "b"}
+
+
+def _expected(op: OpDef) -> list[tuple[str, str, str]]:
+    """(name, schema type, allowed letters) of each argument the adapters pass *op*'s kernel."""
+    outs = [r.name or ("out" if op.n_outputs == 1 else f"out{i}")
+            for i, r in enumerate(r for r in op.schema.returns if r.type.alias is None)]
+    args = [(name, "Tensor", "T") for name in outs]
+    for a in op.schema.arguments:
+        t = a.type
+        key = "Tensor?" if t.is_tensor and t.optional else str(t.base) if not (t.is_list or t.optional) else ""
+        args.append((a.name, str(t), _SCHEMA_LETTERS.get(key, "")))
+    return args
+
+
+def check_signature(op: OpDef, name: str, signature: str) -> None:
+    """Check that kernel *name*'s exported *signature* takes what *op*'s schema passes it.
+
+    Raises
+    ------
+    DeclarationError
+        Naming the kernel's parameters, what the schema passes (new outputs
+        first, then the schema's arguments in order) and the first mismatch.
+    """
+    returns, _, letters = signature.partition(":")
+    expected = _expected(op)
+    takes = ", ".join(_LETTER_TYPES.get(c, c) for c in letters)
+    passes = ", ".join(f"{kind} {arg}" for arg, kind, _ in expected)
+    where = (f"{op.name}: kernel {name}({takes}) does not take what the schema {str(op.schema)!r} passes it: "
+             f"({passes}), the new outputs first, then the schema's arguments in order")
+    if returns != "v":
+        raise DeclarationError(f"{where}; it returns a value, but kernels write their outputs into the "
+                               f"tensors passed first (destination passing) and return void")
+    if len(letters) != len(expected):
+        raise DeclarationError(f"{where}; it takes {len(letters)} argument(s), the schema passes {len(expected)}")
+    for i, (letter, (arg, kind, allowed)) in enumerate(zip(letters, expected, strict=True)):
+        if allowed and letter not in allowed:
+            raise DeclarationError(f"{where}; argument #{i} ({kind} {arg}) arrives as "
+                                   f"{' or '.join(_LETTER_TYPES[c] for c in allowed)}, the kernel takes "
+                                   f"{_LETTER_TYPES.get(letter, letter)}")

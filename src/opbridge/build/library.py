@@ -117,6 +117,20 @@ def is_current(lib: Library, path: str | Path, device: str = "cpu") -> bool:
         return False
 
 
+def signatures(path: str | Path) -> dict[str, str]:
+    """Each exported kernel's signature (``"v:TTd"``: see ``export.h``'s ``signature_of``) in the module at *path*.
+
+    Empty for a module built before opbridge recorded signatures.
+    """
+    try:
+        fn = ctypes.CDLL(str(path))["__opbridge_signatures"]
+    except AttributeError:
+        return {}
+    fn.restype = ctypes.c_char_p
+    raw: bytes = fn()
+    return dict(entry.split("=", 1) for entry in raw.decode().split(",") if "=" in entry)
+
+
 def exports(path: str | Path) -> list[str]:
     """The kernel names exported (with ``OPBRIDGE_EXPORT``) by the opbridge-built module at *path*."""
     fn = ctypes.CDLL(str(path))["__opbridge_exports"]

@@ -32,6 +32,30 @@ constexpr ArgKind arg_kind() {
   else return ArgKind::kOther;
 }
 
+// One letter per argument kind, for the module's signature list (export_list.h):
+// T tensor, O optional tensor, d double, f float, l int64_t, i int32_t, b bool,
+// o anything else (a list, a string, an optional scalar).
+template <typename T>
+constexpr char kind_letter() {
+  constexpr ArgKind kind = arg_kind<T>();
+  if constexpr (kind == ArgKind::kTensor) return 'T';
+  else if constexpr (kind == ArgKind::kOptionalTensor) return 'O';
+  else if constexpr (kind == ArgKind::kFloat64) return 'd';
+  else if constexpr (kind == ArgKind::kFloat32) return 'f';
+  else if constexpr (kind == ArgKind::kInt64) return 'l';
+  else if constexpr (kind == ArgKind::kInt32) return 'i';
+  else if constexpr (kind == ArgKind::kBool) return 'b';
+  else return 'o';
+}
+
+// "v:TTd" for void f(TensorView, TensorView, double): what the loader checks
+// an exported kernel against before its first call.
+template <typename R, typename... Args>
+const char* signature_of(R (*)(Args...)) {
+  static const char sig[] = {std::is_void_v<R> ? 'v' : 'r', ':', kind_letter<Args>()..., '\0'};
+  return sig;
+}
+
 // An exported kernel, for the messages of a wrong call.
 struct ExportSite {
   const char* name;
@@ -127,6 +151,6 @@ inline int call_export(const char* name, R (*f)(Args...), const TVMFFIAny* args,
 #define OPBRIDGE_EXPORT(fn)                                                                 \
   OPB_EXPORT_SYMBOL_(fn);                                                                   \
   [[maybe_unused]] static const int OPB_CONCAT_(_opb_export_, fn) =                         \
-      ::opbridge::detail::ExportList::Global().add(#fn)
+      ::opbridge::detail::ExportList::Global().add(#fn, ::opbridge::detail::signature_of(&fn))
 
 }  // namespace opbridge

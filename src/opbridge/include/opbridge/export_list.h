@@ -13,9 +13,19 @@ struct __attribute__((visibility("hidden"))) ExportList {
     return inst;
   }
   std::string names;
-  int add(const char* name) {
-    if (!names.empty()) names += ",";
+  // "name=signature" per kernel, comma-separated; a signature is the return
+  // ('v' void, 'r' a value), ':' and one letter per argument (see
+  // export.h's kind_letter), which the loader checks against the op's schema.
+  std::string signatures;
+  int add(const char* name, const char* signature) {
+    if (!names.empty()) {
+      names += ",";
+      signatures += ",";
+    }
     names += name;
+    signatures += name;
+    signatures += "=";
+    signatures += signature;
     return 0;
   }
 };
