@@ -567,7 +567,7 @@ OPBRIDGE_EXPORT(half_cpu);
 
 
 def test_library_declaring_more_ops_after_registration(tmp_path: Path) -> None:
-    """Each declaration re-registers (declare.py's hook); primitives made earlier stay valid."""
+    """Each declaration re-registers (the declare stage's hook); primitives made earlier stay valid."""
     (tmp_path / "grow.cc").write_text(GROW_CC)
     lib = opbridge.Library(f"opb_ms_grow_{next(_NS)}", sources=["grow.cc"], root=tmp_path)
 

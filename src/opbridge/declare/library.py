@@ -1,233 +1,28 @@
-"""Declare stage: a library of kernels and the ops it provides, as pure data.
-
-An op is declared once, by decorating its reference implementation::
-
-    lib = Library("myops", sources=["csrc/scale.cc"])
-
-    @lib.op("scale(Tensor x, float alpha) -> Tensor", shape=like("x"))
-    def scale(x, alpha):              # the reference, on NumPy arrays
-        return x * alpha
-
-The decorator returns the op's public callable. Everything else -- framework
-registrations, fake kernels, JAX output specs, the AOT build list, the test
-matrix, benchmarks and generated wrappers -- is derived from the
-:class:`OpDef` it records. This module imports nothing of the later stages
-(build, load, call, adapters): :class:`opbridge.Library` (in
-:mod:`opbridge.library`) adds the public callables and the build/load
-conveniences on top of the :class:`Library` defined here.
-"""
+"""A namespace of ops compiled into one module per device: :class:`Library`, which declares them."""
 
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import keyword
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from opbridge import registry
+from opbridge.declare.op import (
+    DEFAULT_DTYPES,
+    KNOWN_DTYPES,
+    SOURCE_SUFFIXES,
+    BackwardFn,
+    CaseHint,
+    OpDef,
+    ShapeRule,
+    _validate_reference,
+    like,
+)
 from opbridge.errors import DeclarationError
 from opbridge.schema import Schema, parse_schema
-
-
-class Spec(NamedTuple):
-    """Shape and dtype of one output. ``dtype`` is an input's dtype object or a name like ``"int64"``."""
-
-    shape: tuple[int, ...]
-    dtype: Any
-
-
-ShapeRule = Callable[..., "Spec | tuple[Spec, ...]"]
-
-
-class like:  # noqa: N801 - reads as a phrase: shape=like("x")
-    """Shape rule: each output has the shape and dtype of the named argument(s).
-
-    ``like("x")`` for one output, ``like("x", "weight")`` for two.
-    """
-
-    def __init__(self, *names: str) -> None:
-        if not names:
-            raise DeclarationError("like() needs at least one argument name")
-        self.names = names
-
-    def __repr__(self) -> str:
-        return f"like({', '.join(map(repr, self.names))})"
-
-
-#: Which kernel sources a library compiles into its module for each device, by file suffix.
-SOURCE_SUFFIXES: dict[str, tuple[str, ...]] = {"cpu": (".cc", ".cpp", ".cxx"), "cuda": (".cu",)}
-
-#: The one tolerance table: ``{dtype name: (rtol, atol, reason)}`` used when an op declares none.
-#:
-#: An element passes when ``|actual - expected| <= atol + rtol * |expected|``.
-#: The values assume a kernel that computes in the output dtype's working precision
-#: (float32 for the 16-bit types) and rounds its result once, compared with a float64
-#: reference rounded to the same dtype. An op that legitimately loses more (long
-#: reductions, cancellation) declares ``tolerances=`` in ``Library.op``.
-TOLERANCES: dict[str, tuple[float, float, str]] = {
-    "float64": (
-        1e-7, 1e-7,
-        "float64 keeps 53 mantissa bits (2^-53 ~ 1.1e-16 per rounding), but kernels may "
-        "accumulate in float32 internally, so allow what a few float32-accumulated steps lose",
-    ),
-    "float32": (
-        1e-5, 1e-5,
-        "float32 keeps 24 mantissa bits: one rounding of a value of magnitude 1 is 2^-24 ~ 6e-8; "
-        "1e-5 leaves room for float32 accumulation over reductions of ~1e4 terms and for "
-        "fast exp/tanh approximations",
-    ),
-    "float16": (
-        1e-3, 1e-3,
-        "float16 keeps 11 mantissa bits: one rounding of a value of magnitude 1 is 2^-11 ~ 4.9e-4, "
-        "so 1e-3 is about one unit in the last place of the result (the reference is rounded too)",
-    ),
-    "bfloat16": (
-        1.6e-2, 1e-2,
-        "bfloat16 keeps 8 mantissa bits: one rounding of a value of magnitude 1 is 2^-8 ~ 3.9e-3; "
-        "1.6e-2 (2^-6) allows the result and the rounded reference to sit a unit in the last place "
-        "apart plus an input-rounding effect, and atol 1e-2 covers results near zero",
-    ),
-}
-
-#: ``{dtype: (rtol, atol)}``, read from :data:`TOLERANCES` (kept for code written against it).
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {k: (v[0], v[1]) for k, v in TOLERANCES.items()}
-
-#: The dtypes an op takes when neither it nor its library declares any.
-DEFAULT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
-
-#: Every dtype name a declaration may list.
-KNOWN_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
-                          "int64", "bool"})
-
-#: A test-case generator: ``hint(dtype, rng) -> [ {argument name: value or shape}, ... ]``
-#: (helpers in :mod:`opbridge.cases`). Declared per op with ``Library.op(hints=...)``.
-CaseHint = Callable[..., Any]
-
-BackwardFn = Callable[..., Sequence[Any]]
-
-
-@dataclass
-class OpDef:
-    """Everything declared about one op.
-
-    Attributes
-    ----------
-    library
-        The owning :class:`Library`.
-    schema
-        The parsed function schema.
-    kernels
-        Exported kernel function name per device (``{"cpu": "scale_cpu"}``).
-    shape
-        Output shape/dtype rule: a :class:`like` or a callable taking the op's
-        arguments and returning a :class:`Spec` or a tuple of them.
-    reference
-        Reference implementation on NumPy arrays (same argument order).
-    backward
-        ``backward(*grad_outputs, *args)`` returning one gradient (or None) per
-        Tensor argument, written with opbridge ops so it runs in every framework.
-    tolerances
-        ``{dtype name: (rtol, atol)}`` overriding :data:`TOLERANCES`.
-    hints
-        Test-case generator ``hints(dtype, rng)`` for the test matrix and
-        benchmarks; ops without one get elementwise cases.
-    dtypes
-        The dtypes the op's kernels take for the Tensor argument they
-        dispatch on (``dtype_arg``), by name; every adapter checks them
-        before the kernel, and the test matrix runs each.
-    dtypes_defaulted
-        Whether neither the op nor its library named them (``dtypes`` is then
-        :data:`DEFAULT_DTYPES`); the dtype error says so.
-    dispatch_arg
-        Index of the first non-optional Tensor argument: its array type picks
-        the framework adapter.
-    dtype_arg
-        Index of the Tensor argument whose dtype the kernel dispatches on
-        (default: ``dispatch_arg``; e.g. ``rotary_embedding`` dispatches on
-        ``query``, not on its integer ``positions``).
-    """
-
-    library: Library
-    schema: Schema
-    kernels: dict[str, str]
-    shape: like | ShapeRule | None
-    reference: Callable[..., Any] | None
-    backward: BackwardFn | None = None
-    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
-    hints: CaseHint | None = None
-    dtypes: tuple[str, ...] = DEFAULT_DTYPES
-    dtypes_defaulted: bool = False
-    doc: str = ""
-    dispatch_arg: int = 0
-    dtype_arg: int = 0
-    call: Callable[..., Any] = field(init=False, repr=False)
-    preludes: dict[str, str] = field(default_factory=dict, repr=False)
-    out_preludes: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.schema.name
-
-    @property
-    def qualname(self) -> str:
-        """``namespace::name`` as frameworks register it."""
-        return f"{self.library.namespace}::{self.name}"
-
-    def tolerance(self, dtype: str) -> tuple[float, float]:
-        """``(rtol, atol)`` for comparing this op's outputs of *dtype* with the reference."""
-        got = self.tolerances.get(dtype)
-        if got is not None:
-            return got
-        rtol, atol, _ = TOLERANCES.get(dtype, (0.0, 0.0, ""))
-        return rtol, atol
-
-    def output_specs(self, args: Sequence[Any]) -> tuple[Spec, ...]:
-        """Apply the shape rule to *args* (anything with ``.shape``/``.dtype``)."""
-        rule = self.shape
-        if rule is None:
-            return ()
-        if isinstance(rule, like):
-            names = [a.name for a in self.schema.arguments]
-            return tuple(Spec(tuple(args[names.index(n)].shape), args[names.index(n)].dtype)
-                         for n in rule.names)
-        out = rule(*args)
-        if isinstance(out, Spec):
-            return (out,)
-        return tuple(out)
-
-    @property
-    def n_outputs(self) -> int:
-        """How many outputs the adapter allocates (returns that are not aliases of inputs)."""
-        return sum(1 for r in self.schema.returns if r.type.alias is None)
-
-    @property
-    def accepts_out(self) -> bool:
-        """Whether the public callable takes ``out=``: the op returns new tensors."""
-        return self.n_outputs > 0 and "out" not in {a.name for a in self.schema.arguments}
-
-    @property
-    def differentiable(self) -> tuple[int, ...]:
-        """Indices of Tensor arguments that may receive gradients (not mutated)."""
-        return tuple(i for i, a in enumerate(self.schema.arguments)
-                     if a.type.is_tensor and not a.is_mutated)
-
-    def __repr__(self) -> str:
-        return f"<opbridge op {self.qualname}: {self.schema}>"
-
-
-def _validate_reference(schema: Schema, fn: Callable[..., Any]) -> None:
-    params = list(inspect.signature(fn).parameters.values())
-    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    expected = [a.name for a in schema.arguments]
-    if names != expected:
-        raise DeclarationError(
-            f"{schema.name}: the reference's parameters {names} differ from the schema's "
-            f"arguments {expected}; declare them in the same order with the same names"
-        )
 
 
 class Library:
