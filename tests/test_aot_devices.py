@@ -158,3 +158,12 @@ def test_an_installed_cuda_module_gives_the_ops_their_cuda_kernels(tmp_path: Pat
 
     assert wheel.ops["scale"].kernels == {"cpu": "scale_cpu", "cuda": "scale_cuda"}
     assert loader._prebuilt_path(wheel, "cuda") == built
+
+    # A source tree says what exists: its CUDA sources gone, a leftover CUDA module declares nothing.
+    tree = opbridge.Library("aotdev_cu_cc_only", sources=["scale.cc"], root=src, prebuilt="aotdev_cu_site._C_ops")
+
+    @tree.op("scale(Tensor x, float alpha) -> Tensor", shape=opbridge.like("x"))
+    def scale_cc(x: object, alpha: float) -> object:
+        return x
+
+    assert tree.ops["scale"].kernels == {"cpu": "scale_cpu"}

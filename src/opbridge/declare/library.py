@@ -220,9 +220,10 @@ class Library:
         raise DeclarationError(f"{schema.name}: dtype_arg {name!r} names no argument")
 
     def _default_kernels(self, name: str) -> dict[str, str]:
-        """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources or an installed CUDA module."""
+        """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources, or no sources (an
+        installed wheel) and an installed CUDA module: in a source tree the sources say what exists."""
         kernels = {"cpu": f"{name}_cpu"}
-        if self.sources_for("cuda") or self._installed("cuda"):
+        if self.sources_for("cuda") or (not self.sources and self._installed("cuda")):
             kernels["cuda"] = f"{name}_cuda"
         return kernels
 
