@@ -155,7 +155,52 @@ def test_what_the_entry_takes() -> None:
     takes = {name: native.takes(getattr(ops, name).opdef) for name in
              ("add", "gelu", "rms_norm", "rms_norm_backward", "fused_add_rms_norm", "rotary_embedding")}
     assert takes == {"add": True, "gelu": True, "rms_norm": True, "rms_norm_backward": True,
-                     "fused_add_rms_norm": False, "rotary_embedding": False}
+                     "fused_add_rms_norm": True, "rotary_embedding": True}
+
+
+def test_ops_that_write_their_arguments(entry: native.Library) -> None:
+    """vLLM's in-place ops run in the entry too (returning None), and what they write equals the reference."""
+    rng = np.random.default_rng(1)
+    x, r = rng.standard_normal((2, 6, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    xs, rs = x.copy(), r.copy()
+    assert _taken("fused_add_rms_norm", xs, rs, w, 1e-6) is None
+    want_x, want_r = x.astype(np.float64), r.astype(np.float64)
+    for _ in range(2):  # _taken calls twice: the reference too
+        ops.fused_add_rms_norm.reference(want_x, want_r, w.astype(np.float64), 1e-6)
+    assert_close(xs, want_x.astype(np.float32), dtype="float32")
+    assert_close(rs, want_r.astype(np.float32), dtype="float32")
+
+    pos = np.array([0, 3, 5], np.int64)
+    q, k = rng.standard_normal((2, 3, 32)).astype(np.float32)
+    cache = rng.standard_normal((8, 32)).astype(np.float32)
+    q1, k1, q2 = q.copy(), k.copy(), q.copy()
+    ops.rotary_embedding(pos, q1, k1, 32, cache, True)
+    before = _calls("rotary_embedding")
+    assert ops.rotary_embedding(pos, q2, None, 32, cache, True) is None  # an optional tensor: None, taken
+    assert _calls("rotary_embedding") == before + 1
+    np.testing.assert_array_equal(q2, q1)
+
+
+def test_writes_the_entry_leaves_to_python(entry: native.Library) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    w = np.ones(32, np.float32)
+    before = _calls("fused_add_rms_norm")
+    with pytest.raises(ValueError, match="mutated argument 'input' overlaps argument 'residual'"):
+        ops.fused_add_rms_norm(x, x, w, 1e-6)  # the Python path names the pair
+    wide = rng.standard_normal((4, 64)).astype(np.float32)
+    strided, dense = wide[:, ::2], wide[:, ::2].copy()
+    res1, res2 = x.copy(), x.copy()
+    ops.fused_add_rms_norm(strided, res1, w, 1e-6)  # strided: the Python path writes back into it
+    _taken("fused_add_rms_norm", dense, res2, w, 1e-6)
+    ops.fused_add_rms_norm(strided, res1, w, 1e-6)  # twice, as _taken did
+    np.testing.assert_array_equal(strided, dense)
+    ro = x.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ops.fused_add_rms_norm(ro, x.copy(), w, 1e-6)
+    assert _calls("fused_add_rms_norm") == before + 2  # only the two dense calls of _taken
 
 
 def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,3 +257,33 @@ def test_a_failed_build_warns_once_and_changes_nothing(monkeypatch: pytest.Monke
         native._BUILDER.join(10)
     native.when_ready(ops.gelu.opdef, got.append)
     assert not got and native.loaded() is None and native._FAILED
+
+
+SCALE_INPLACE_CC = """
+#include <opbridge/opbridge.h>
+void scale__cpu(opbridge::TensorView x, double alpha) {
+  float* p = static_cast<float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] *= float(alpha);
+}
+OPBRIDGE_EXPORT(scale__cpu);
+"""
+
+
+def test_an_op_returning_the_argument_it_writes(entry: native.Library, tmp_path: Any) -> None:
+    import opbridge
+
+    (tmp_path / "scale_.cc").write_text(SCALE_INPLACE_CC)
+    lib = opbridge.Library("np_entry_alias", sources=["scale_.cc"], root=tmp_path, dtypes=["float32"])
+
+    @lib.op("scale_(Tensor(a!) x, float alpha) -> Tensor(a!)")
+    def scale_(x: np.ndarray, alpha: float) -> np.ndarray:
+        x *= alpha
+        return x
+
+    x = np.ones(5, np.float32)
+    assert scale_(x, 2.0) is x  # the first call registers the op's NumPy path
+    before = npa.entry_calls(lib.ops["scale_"])
+    assert before is not None, "scale_ has no C entry"
+    got = scale_(x, 3.0)
+    assert got is x and npa.entry_calls(lib.ops["scale_"]) == before + 1
+    np.testing.assert_array_equal(x, np.full(5, 6.0, np.float32))

@@ -2,9 +2,11 @@
 //
 // One builtin per op (opb_np_entry), which the NumPy fast path (adapters/numpy/__init__.py) calls
 // first with the schema's arguments in order. It takes what that Python fast path takes, checked
-// the same way in C: exact numpy.ndarray tensors, C-contiguous, aligned and writeable, the
-// dispatching array's dtype among the op's declared ones; Python float, int and bool scalars. It
-// allocates each output like its input (PyArray_NewLikeArray: contiguous), below the pool's
+// the same way in C: exact numpy.ndarray tensors (or None for an optional one), C-contiguous,
+// aligned and writeable, the dispatching array's dtype among the op's declared ones, no argument
+// the op writes overlapping another tensor; Python float, int and bool scalars. Ops that write
+// their arguments (vLLM's in-place ops) run here too, returning None or the arguments they wrote,
+// as their schema says. It allocates each output like its input (PyArray_NewLikeArray: contiguous), below the pool's
 // threshold only (larger outputs come from opbridge's pool on the Python path), views every array
 // as a DLTensor on the stack and calls the op's tvm-ffi kernel. An error the kernel raises is raised
 // here as tvm-ffi's binding raises it (opbridge/raised_error.h: never a second run). Anything else
@@ -33,7 +35,7 @@
 
 namespace {
 
-enum Kind : int { kTensor = 0, kFloat = 1, kInt = 2, kBool = 3 };
+enum Kind : int { kTensor = 0, kFloat = 1, kInt = 2, kBool = 3, kOptionalTensor = 4 };
 
 // One op, made once by opb_np_entry and kept for the life of the process.
 struct OpState {
@@ -41,6 +43,8 @@ struct OpState {
   TVMFFIObjectHandle handle = nullptr;  // its C handle
   std::vector<int> kinds;             // per schema argument
   std::vector<int> like;              // per output: the argument it is shaped like
+  std::vector<int> returns;           // per return: output k as k, argument i (an alias) as -1 - i
+  std::vector<int> mutated;           // the tensor arguments the kernel writes
   int dtype_arg = 0;                  // the argument whose dtype must be declared
   std::vector<int> dtypes;            // declared NumPy type numbers
   int64_t max_out_bytes = 0;          // outputs this large go to the Python path (the pool)
@@ -88,6 +92,23 @@ bool View(PyObject* o, DLTensor* d, TVMFFIAny* a) {
 
 PyObject* NotHandled() { Py_RETURN_NOTIMPLEMENTED; }
 
+// Whether an argument the op writes overlaps another tensor argument (*dl*, *ffi*: the arguments' views).
+bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi, PyObject* const* args) {
+  const size_t n = st.kinds.size();
+  auto bytes = [&](size_t i) { return PyArray_NBYTES(reinterpret_cast<PyArrayObject*>(args[i])); };
+  for (int m : st.mutated) {
+    if (ffi[m].type_index != kTVMFFIDLTensorPtr) continue;
+    const auto* mb = static_cast<const char*>(dl[m].data);
+    const auto* me = mb + bytes(m);
+    for (size_t j = 0; j < n; ++j) {
+      if (static_cast<int>(j) == m || ffi[j].type_index != kTVMFFIDLTensorPtr) continue;
+      const auto* jb = static_cast<const char*>(dl[j].data);
+      if (mb < jb + bytes(j) && jb < me) return true;
+    }
+  }
+  return false;
+}
+
 PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
   const size_t n = st.kinds.size(), n_out = st.like.size();
   if (static_cast<size_t>(nargs) != n || n + n_out > kMaxArgs) return NotHandled();
@@ -108,6 +129,13 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
     switch (st.kinds[i]) {
       case kTensor:
         if (!View(o, &dl[n_out + i], &a)) return NotHandled();
+        break;
+      case kOptionalTensor:
+        if (o == Py_None) {
+          a.type_index = kTVMFFINone;
+        } else if (!View(o, &dl[n_out + i], &a)) {
+          return NotHandled();
+        }
         break;
       case kFloat:
         if (PyFloat_CheckExact(o)) {
@@ -137,6 +165,8 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
         return NotHandled();
     }
   }
+  // A written argument that overlaps another tensor: the Python path names the pair and raises.
+  if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out, args)) return NotHandled();
 
   PyObject* outs[kMaxArgs] = {};
   auto release = [&] {
@@ -178,13 +208,20 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
   }
   if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
   st.calls.fetch_add(1, std::memory_order_relaxed);
-  if (n_out == 1) return outs[0];
-  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(n_out));
+  // The schema's returns: a new output (its reference moves) or an argument the op wrote.
+  auto result_of = [&](int r) { return r >= 0 ? outs[r] : Py_NewRef(args[-1 - r]); };
+  const size_t n_ret = st.returns.size();
+  if (n_ret == 0) {
+    release();
+    Py_RETURN_NONE;
+  }
+  if (n_ret == 1) return result_of(st.returns[0]);
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(n_ret));
   if (tuple == nullptr) {
     release();
     return nullptr;
   }
-  for (size_t k = 0; k < n_out; ++k) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(k), outs[k]);
+  for (size_t k = 0; k < n_ret; ++k) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(k), result_of(st.returns[k]));
   return tuple;
 }
 
@@ -222,13 +259,17 @@ OPB_NP_EXPORT int opb_np_init() {
 }
 
 // A new builtin for one op: *kernel* its tvm_ffi.Function and *handle* that function's C handle,
-// *kinds* per schema argument (0 tensor, 1 float, 2 int, 3 bool), *like* per output the argument it
-// is shaped like, *dtype_arg* and the declared NumPy *dtypes* (type numbers), *max_out_bytes* the
-// pool's threshold. Returns (builtin, capsule of its state) or None with a Python error set.
+// *kinds* per schema argument (0 tensor, 1 float, 2 int, 3 bool, 4 optional tensor), *like* per
+// output the argument it is shaped like, *returns* per schema return the output k (k) or the
+// argument i it aliases (-1 - i), *mutated* the tensor arguments the kernel writes, *dtype_arg* and
+// the declared NumPy *dtypes* (type numbers), *max_out_bytes* the pool's threshold. Returns
+// (builtin, capsule of its state) or None with a Python error set.
 OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* kinds, PyObject* like,
-                                     int dtype_arg, PyObject* dtypes, int64_t max_out_bytes) {
+                                     PyObject* returns, PyObject* mutated, int dtype_arg, PyObject* dtypes,
+                                     int64_t max_out_bytes) {
   auto* st = new OpState();
-  if (!IntList(kinds, &st->kinds) || !IntList(like, &st->like) || !IntList(dtypes, &st->dtypes)) {
+  if (!IntList(kinds, &st->kinds) || !IntList(like, &st->like) || !IntList(returns, &st->returns) ||
+      !IntList(mutated, &st->mutated) || !IntList(dtypes, &st->dtypes)) {
     delete st;
     return nullptr;
   }

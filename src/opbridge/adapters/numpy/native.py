@@ -57,7 +57,8 @@ class Library:
         lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may set Python errors
         lib.opb_np_init.restype = ctypes.c_int
         lib.opb_np_entry.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.py_object,
-                                     ctypes.c_int, ctypes.py_object, ctypes.c_int64]
+                                     ctypes.py_object, ctypes.py_object, ctypes.c_int, ctypes.py_object,
+                                     ctypes.c_int64]
         lib.opb_np_entry.restype = ctypes.py_object
         lib.opb_np_calls.argtypes = [ctypes.py_object]
         lib.opb_np_calls.restype = ctypes.c_int64
@@ -74,11 +75,16 @@ class Library:
         """
         from opbridge.call import core
 
-        kinds = [0 if a.type.is_tensor else _KINDS[a.type.base] for a in op.schema.arguments]
+        args = op.schema.arguments
+        kinds = [(4 if a.type.optional else 0) if a.type.is_tensor else _KINDS[a.type.base] for a in args]
         like = core.like_indices(op) or []
+        alias = {a.type.alias.set: i for i, a in enumerate(args) if a.type.alias is not None}
+        new = iter(range(op.n_outputs))
+        returns = [next(new) if r.type.alias is None else -1 - alias[r.type.alias.set] for r in op.schema.returns]
+        mutated = [i for i, a in enumerate(args) if a.is_mutated]
         nums = sorted({np.dtype(dt).num for dt in dtypes})
-        fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), kinds, like, op.dtype_arg, nums,
-                                            max_out_bytes)
+        fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), kinds, like, returns, mutated,
+                                            op.dtype_arg, nums, max_out_bytes)
         return fn, capsule
 
     def calls(self, capsule: Any) -> int:
@@ -87,16 +93,19 @@ class Library:
 
 
 def takes(op: OpDef) -> bool:
-    """Whether the C entry can run *op*: functional, outputs like inputs and returned in order, arguments
-    tensors (not optional, not lists) or int, float, bool scalars; CPU kernel."""
+    """Whether the C entry can run *op*: new outputs shaped like inputs (or none: an op that writes its
+    arguments), tensor returns; arguments tensors (optional too, not lists) or int, float, bool
+    scalars; a CPU kernel."""
     from opbridge.call import core
 
     args, returns = op.schema.arguments, op.schema.returns
-    if op.schema.is_mutating or core.like_indices(op) is None or "cpu" not in op.kernels:
+    if "cpu" not in op.kernels or (op.n_outputs and core.like_indices(op) is None):
         return False
-    if len(returns) != op.n_outputs or any(r.type.alias is not None or not r.type.is_tensor for r in returns):
+    if not all(r.type.is_tensor and not r.type.is_list for r in returns):
         return False
-    return all((a.type.is_tensor and not a.type.optional and not a.type.is_list)
+    if len(args) + op.n_outputs > 16:  # the entry's kMaxArgs
+        return False
+    return all((a.type.is_tensor and not a.type.is_list)
                or (not a.type.is_tensor and not a.type.optional and not a.type.is_list and a.type.base in _KINDS)
                for a in args)
 
