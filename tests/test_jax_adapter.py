@@ -369,6 +369,22 @@ def test_optional_tensor_and_int_bool_scalars(extra: opbridge.Library) -> None:
         bias_add(x, b, 1.5)
 
 
+def test_an_absent_optional_tensor_takes_the_fast_route(extra: opbridge.Library, monkeypatch: Any) -> None:
+    """None for an optional tensor is part of the fast route's key, as present ones are: no checked path."""
+    from opbridge.adapters import jax as adapter
+
+    op = extra.ops["bias_add"]
+    x, b = _rand(4, 5), _rand(4, 5, seed=1)
+    op.call(x, None, 2, False)  # the checked path fills the fast route for this None pattern
+    op.call(x, b, 2, False)
+    jop = adapter._jop(op)
+    monkeypatch.setattr(jop, "general", lambda *a: pytest.fail("the checked path ran"))
+    monkeypatch.setattr(jop, "check", lambda *a: pytest.fail("the checked path ran"))
+    call = jop.make_call(type(x))  # the generated call binds `general` when made
+    np.testing.assert_allclose(np.asarray(call(x, None, 2, False)), 2 * np.asarray(x), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(call(x, b, 2, False)), 2 * (np.asarray(x) + np.asarray(b)), rtol=1e-6)
+
+
 def test_integer_tensor_argument_gets_float0_cotangent(extra: opbridge.Library) -> None:
     scale_by_int = extra.ops["scale_by_int"].call
     x, k = _rand(6), jnp.arange(6, dtype=jnp.int32)

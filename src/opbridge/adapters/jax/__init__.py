@@ -161,6 +161,7 @@ class _JaxOp:
         self.scalar_idx = [i for i, a in enumerate(args) if not a.type.is_tensor]
         self.mutated_idx = [i for i, a in enumerate(args) if a.is_mutated]
         self.optional_idx = [i for i, a in enumerate(args) if a.type.optional]
+        self.optional_tensor_idx = [i for i in self.optional_idx if args[i].type.is_tensor]
         self.variants: dict[Any, Variant] = {}
         self.out_variants: dict[Any, OutVariant] = {}
         #: (scalar, type(scalar), ...) -> jitted call, for concrete arrays with every tensor present
@@ -245,8 +246,9 @@ class _JaxOp:
         ts = [args[i] for i in self.tensor_idx]
         if any(isinstance(t, jax.core.Tracer) for t in ts):
             return var.fn(*ts)
-        if all(t is not None for t in ts) and all(type(args[i]) is not list for i in self.scalar_idx):
-            self.fast[tuple(x for i in self.scalar_idx for x in (args[i], type(args[i])))] = var.jitted
+        if all(type(args[i]) is not list for i in self.scalar_idx):
+            self.fast[(*(x for i in self.scalar_idx for x in (args[i], type(args[i]))),
+                       *(args[i] is None for i in self.optional_tensor_idx))] = var.jitted
             if self.sized and args[self.op.dispatch_arg].size < MIN_POOL_ELEMENTS:
                 if len(self.small_avals) >= MAX_SMALL_AVALS:  # bounded under dynamic shapes
                     self.small_avals.clear()
@@ -270,7 +272,9 @@ class _JaxOp:
         names = [a.name for a in self.op.schema.arguments]
         tensors = [names[i] for i in self.tensor_idx]
         key = "".join(f"{names[i]}, type({names[i]}), " for i in self.scalar_idx)
-        conds = [f"type({t}) is _A" for t in tensors]
+        key += "".join(f"{names[i]} is None, " for i in self.optional_tensor_idx)  # the variant's None pattern
+        optional = {names[i] for i in self.optional_tensor_idx}
+        conds = [f"({t} is None or type({t}) is _A)" if t in optional else f"type({t}) is _A" for t in tensors]
         op = self.op
         if self.sized:
             # Large arrays may have outputs for opbridge's pool (Variant.eager): the checked path.
