@@ -4,12 +4,13 @@
 # outputs and an optional tensor; a mutating op), `pip install` (both modules, _C_ops.so and
 # _C_ops_cuda.so), then the project's own tests from the installed copy: on a GPU its generated
 # tests compare every CUDA kernel with its CPU twin over the op's test matrix, and the installed
-# CUDA module must export every declared CUDA kernel with nothing compiled at run time.
+# CUDA module must export every declared CUDA kernel with nothing compiled at run time; then two
+# generated benchmarks (on a GPU: the CUDA kernel checked against the CPU one, then timed).
 #
 #   scripts/gpu-check-plugin.sh [WORKDIR]     # $PYTHON, else .venv/bin/python, else python3
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 case $PY in /*) ;; */*) PY="$PWD/$PY" ;; *) PY=$(command -v "$PY") ;; esac  # absolute: the tests run elsewhere
 WORK=${1:-$(mktemp -d)}
@@ -28,5 +29,10 @@ ls "$WORK/site/gpuplug/"*.so
 cd "$WORK/site"
 OPBRIDGE_CACHE_DIR="$WORK/run-cache" PYTHONPATH="$WORK/site:$PYTHONPATH" \
   "$PY" -m pytest -q -rs -p no:cacheprovider "$WORK/gpuplug/tests"
+# The generated benchmarks: on a GPU they check the CUDA kernel against the CPU one, then time it.
+for op in pair_op bump_; do
+  OPBRIDGE_CACHE_DIR="$WORK/run-cache" PYTHONPATH="$WORK/site:$PYTHONPATH" \
+    "$PY" "$WORK/gpuplug/benchmarks/bench_$op.py" --quick
+done
 if [ -e "$WORK/run-cache" ]; then echo "gpu-check-plugin: the installed plugin compiled at run time"; exit 1; fi
 echo "gpu-check-plugin: ok ($WORK)"
