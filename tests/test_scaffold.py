@@ -236,3 +236,19 @@ def test_gpu_check_plugin_script_builds_both_modules_and_passes(tmp_path: Path) 
     report = _run(["bash", str(root / "scripts" / "gpu-check-plugin.sh"), str(tmp_path / "work")], root, env)
     assert "_C_ops_cuda.so" in report and "gpu-check-plugin: ok" in report, report
     _skips_are_for_the_gpu_alone(report)
+
+
+def test_a_cuda_op_added_to_a_project_whose_library_ignores_cu_files_warns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scaffold.new_project("old-plugin", tmp_path)
+    library = tmp_path / "old-plugin" / "old_plugin" / "ops" / "_library.py"
+    text = library.read_text()
+    # What `opbridge new --project` wrote before --cuda existed: the .cc files alone.
+    library.write_text(text.replace('[*(_ROOT / "csrc").glob("*.cc"), *(_ROOT / "csrc").glob("*.cu")]',
+                                    '(_ROOT / "csrc").glob("*.cc")'))
+    assert library.read_text() != text
+    capsys.readouterr()
+    scaffold.new_op(scaffold.from_schema("twice", None, cuda=True), tmp_path / "old-plugin")
+    assert "old_plugin's library does not compile twice.cu: add the file(s) to the sources" in capsys.readouterr().err
+    scaffold.new_op(scaffold.from_schema("thrice", None), tmp_path / "old-plugin")
+    assert "warning" not in capsys.readouterr().err

@@ -82,10 +82,11 @@ def _op_files(spec: OpSpec, root: Path, layout: Layout, *, tests: Path, benches:
     }
 
 
-def regenerate_wrappers(root: Path, package: str) -> None:
+def regenerate_wrappers(root: Path, package: str) -> list[str]:
     """Rewrite ``<package>/_custom_ops.py`` and its stub from the project's declarations.
 
     Runs in a child process, so that this one does not declare the project's library.
+    Returns the file names of the library's sources (what its modules compile).
 
     Raises
     ------
@@ -95,12 +96,14 @@ def regenerate_wrappers(root: Path, package: str) -> None:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import importlib; from opbridge import codegen; "
         "lib = importlib.import_module(sys.argv[2] + '.ops').LIBRARY; "
-        "codegen.generate(lib, sys.argv[1] + '/' + sys.argv[2])"
+        "codegen.generate(lib, sys.argv[1] + '/' + sys.argv[2]); "
+        "print('\\n'.join(s.name for s in lib.sources))"
     )
     res = subprocess.run([sys.executable, "-c", code, str(root), package], capture_output=True, text=True,
                          check=False)
     if res.returncode != 0:
         raise ScaffoldError(f"generating {package}/_custom_ops.py failed:\n{res.stderr.strip()}")
+    return res.stdout.split()
 
 
 def new_op(spec: OpSpec, out: str | Path, *, force: bool = False) -> list[Path]:
@@ -134,7 +137,12 @@ def new_op(spec: OpSpec, out: str | Path, *, force: bool = False) -> list[Path]:
     layout = in_project(spec, package)
     files = _op_files(spec, root, layout, tests=root / "tests", benches=root / "benchmarks")
     written = _write(files, force)
-    regenerate_wrappers(root, package)
+    compiled = regenerate_wrappers(root, package)
+    missing = [f for f in spec.sources if f not in compiled]
+    if missing:  # a project made before `opbridge new --cuda` globs csrc/*.cc alone
+        print(f"opbridge: warning: {package}'s library does not compile {', '.join(missing)}: add the file(s) "
+              f"to the sources in {package}/ops/_library.py (a project made by this opbridge globs "
+              f"csrc/*.cc and csrc/*.cu)", file=sys.stderr)
     return [*written, root / package / "_custom_ops.py", root / package / "_custom_ops.pyi"]
 
 
