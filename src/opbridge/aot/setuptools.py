@@ -196,7 +196,7 @@ class BuildOpbridgeExt(build_ext):  # type: ignore[misc,unused-ignore]
         return base / package_dir.get("", "")
 
     def run(self) -> None:
-        self.extensions = [ext for ext in self.extensions if self._applies(ext)]
+        self.extensions: list[Extension] = [ext for ext in self.extensions if self._applies(ext)]
         super().run()
 
     def _applies(self, ext: Any) -> bool:

@@ -93,7 +93,7 @@ def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, 
 
 
 AliasCheck = Callable[[Sequence[Any]], None]
-_ALIAS_CHECKS: dict[tuple[Any, Callable[[Any], tuple[int, int]]], AliasCheck] = {}
+_ALIAS_CHECKS: dict[tuple[Any, Callable[[Any], tuple[int, int]], Callable[[Any, Any], bool] | None], AliasCheck] = {}
 
 
 def make_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],

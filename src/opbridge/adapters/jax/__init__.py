@@ -247,8 +247,8 @@ class _JaxOp:
         if any(isinstance(t, jax.core.Tracer) for t in ts):
             return var.fn(*ts)
         if all(type(args[i]) is not list for i in self.scalar_idx):
-            self.fast[(*(x for i in self.scalar_idx for x in (args[i], type(args[i]))),
-                       *(args[i] is None for i in self.optional_tensor_idx))] = var.jitted
+            statics = tuple(x for i in self.scalar_idx for x in (args[i], type(args[i])))
+            self.fast[statics + tuple(args[i] is None for i in self.optional_tensor_idx)] = var.jitted
             if self.sized and args[self.op.dispatch_arg].size < MIN_POOL_ELEMENTS:
                 if len(self.small_avals) >= MAX_SMALL_AVALS:  # bounded under dynamic shapes
                     self.small_avals.clear()
