@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opbridge.build.compile import run_ninja, write_ninja
-from opbridge.build.library import (  # noqa: F401 - re-exported: the AOT stamp lives in the build stage
+from opbridge.build.library import (  # some re-exported (__all__): the AOT stamp lives in the build stage
     INFO_SYMBOL,
     aot_spec,
     build_info,
@@ -32,6 +32,9 @@ from opbridge.errors import DeclarationError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
+
+__all__ = ["DEFAULT_MODULE", "INFO_SYMBOL", "aot_spec", "build_aot", "build_info", "check_exports",
+           "declared_kernels", "exports", "is_current", "module_filename", "module_name", "module_suffix"]
 
 #: Default module name, as in the vLLM plugins: ``<package>._C_ops``.
 DEFAULT_MODULE = "_C_ops"

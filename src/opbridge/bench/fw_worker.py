@@ -219,7 +219,9 @@ def measure(framework: str, rounds: int, number: int, target_ms: float = 5.0,
 
         doc["parity"] = parity.measure(framework, rounds=rounds, number=number, target_s=target_ms / 1e3,
                                        budget_s=parity_budget_s)
-        results, errors, skipped = {}, {}, {"*": "--parity: the parity table only"}
+        results: dict[str, Any] = {}
+        errors: dict[str, Any] = {}
+        skipped = {"*": "--parity: the parity table only"}
     else:
         _progress(framework, "building the sections (compiles jitted functions)")
         sections, skipped, extra = SECTIONS[framework]()

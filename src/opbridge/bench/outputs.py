@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         frameworks.append(_NumPy() if name == "numpy" else _Torch())
     quick = bool(args.quick)
+    dtypes: tuple[str, ...]  # bfloat16 may be dropped below
     shapes, dtypes = (SHAPES[:1], DTYPES[:1]) if quick else (SHAPES, DTYPES)
     if importlib.util.find_spec("ml_dtypes") is None and "bfloat16" in dtypes:
         dtypes = tuple(d for d in dtypes if d != "bfloat16")

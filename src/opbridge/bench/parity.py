@@ -135,7 +135,7 @@ class Arrays:
         if fw == "paddle":
             import paddle
 
-            return paddle.to_tensor(a, place=paddle.CPUPlace()).astype(dtype)
+            return paddle.to_tensor(a, place=paddle.CPUPlace()).astype(dtype)  # type: ignore[arg-type]  # a name
         import mindspore as ms
 
         return ms.Tensor(a).astype(getattr(ms, dtype))

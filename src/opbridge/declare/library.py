@@ -197,7 +197,8 @@ class Library:
             dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),
         )
         self.ops[name] = op
-        return self._publish(op)
+        published: Callable[..., Any] = self._publish(op)
+        return published
 
     def _publish(self, op: OpDef) -> Any:
         """What ``Library.op`` returns for a declared op.

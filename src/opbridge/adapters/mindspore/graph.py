@@ -181,9 +181,13 @@ class _Factory:
 
     def stale(self, op: OpDef) -> bool:
         """Whether *op* changed since, or what its backward uses has been defined since."""
-        return (self.op is not op or self.backward is not op.backward
-                or any(n in op.backward.__globals__ for n in self.missing)
-                or (self.pending and not _has_empty_cell(op.backward)))
+        if self.op is not op or self.backward is not op.backward:
+            return True
+        backward = op.backward
+        if backward is None:  # nothing it could have been missing
+            return False
+        return any(n in backward.__globals__ for n in self.missing) or (
+            self.pending and not _has_empty_cell(backward))
 
     def __call__(self, prim: OpCustom | None) -> tuple[Callable[..., Any], Any]:
         return self.make(*(self.values[n] for n in self.closure), prim)  # type: ignore[no-any-return]

@@ -242,7 +242,8 @@ def _np_dtype(name: str) -> np.dtype[Any]:
             import ml_dtypes
         except ImportError:
             raise TypeError("no bfloat16 without ml_dtypes") from None
-        return np.dtype(ml_dtypes.bfloat16)
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
     return np.dtype(name)
 
 

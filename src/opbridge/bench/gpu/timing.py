@@ -17,6 +17,7 @@ Every function here needs torch with CUDA.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,11 @@ def _timed(fn: Callable[[], Any], number: int, ev: tuple[Any, Any]) -> float:
     return float(start.elapsed_time(end)) / 1e3 / number
 
 
+def _per_call(replay: Callable[[], Any], calls: int, ev: tuple[Any, Any]) -> float:
+    """Seconds per call of one replay of a graph holding *calls* calls."""
+    return _timed(replay, 1, ev) / calls
+
+
 def _rotated(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
     names = list(fns)
     samples: dict[str, list[float]] = {n: [] for n in names}
@@ -65,7 +71,7 @@ def time_eager(fns: dict[str, Callable[[], Any]], rounds: int,
     torch.cuda.synchronize()
     slowest = max(_timed(fn, 3, ev) for fn in fns.values())
     number = calls_per_sample(target_ms / 1e3, slowest, 1000)
-    samples = _rotated({n: (lambda f=f: _timed(f, number, ev)) for n, f in fns.items()}, rounds)
+    samples = _rotated({n: functools.partial(_timed, f, number, ev) for n, f in fns.items()}, rounds)
     return summary(samples), number
 
 
@@ -111,7 +117,7 @@ def time_graphs(fns: dict[str, Callable[[], Any]], eager_us: dict[str, float], r
     if not graphs:
         return {}, numbers, failed
     ev = _events()
-    samples = _rotated({n: (lambda g=g, k=numbers[n]: _timed(g.replay, 1, ev) / k) for n, g in graphs.items()},
+    samples = _rotated({n: functools.partial(_per_call, g.replay, numbers[n], ev) for n, g in graphs.items()},
                        rounds)
     del graphs
     return summary(samples), numbers, failed

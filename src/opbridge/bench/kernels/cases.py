@@ -23,14 +23,13 @@ from opbridge.bench.candidates import (
     expected_of,
     formula_candidates,
     make_args,
-    mutated,
     opbridge_candidates,
     reference_candidate,
 )
 from opbridge.bench.kernels.options import CaseSpec, Settings, reference_dtype
 from opbridge.bench.report import sig
 from opbridge.bench.timing import calibrated, gbps
-from opbridge.bench.verify import check
+from opbridge.bench.verify import check, mutated
 
 #: The STREAM copy of a case's own byte count, timed interleaved with its candidates.
 STREAM_LOCAL = "stream_copy_local"

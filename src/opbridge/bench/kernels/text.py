@@ -95,7 +95,7 @@ CEILINGS = {
 
 def _ours(case: dict[str, Any]) -> dict[str, Any] | None:
     """opbridge's into-a-buffer (or in-place) row of *case*, else its new-output row."""
-    cands = case["candidates"]
+    cands: dict[str, dict[str, Any]] = case["candidates"]
     return cands.get(OURS_OUT) or cands.get(OURS_NEW)
 
 
