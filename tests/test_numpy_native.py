@@ -152,10 +152,27 @@ def test_off_builds_and_loads_nothing() -> None:
 
 
 def test_what_the_entry_takes() -> None:
-    takes = {name: native.takes(getattr(ops, name).opdef) for name in
-             ("add", "gelu", "rms_norm", "rms_norm_backward", "fused_add_rms_norm", "rotary_embedding")}
-    assert takes == {"add": True, "gelu": True, "rms_norm": True, "rms_norm_backward": True,
-                     "fused_add_rms_norm": True, "rotary_embedding": True}
+    # Every built-in op: like-shaped outputs, a shape rule's (the gated activations), written arguments.
+    assert {name: native.takes(op) for name, op in ops.LIBRARY.ops.items()} == dict.fromkeys(ops.LIBRARY.ops, True)
+
+
+def test_outputs_shaped_by_a_shape_rule(entry: native.Library) -> None:
+    """silu_and_mul's output halves the last dim: the entry asks the rule once per signature."""
+    rng = np.random.default_rng(3)
+    for shape in ((8, 64), (3, 2, 10), (1, 2)):
+        for dtype in ("float32", "float64"):
+            x = rng.standard_normal(shape).astype(dtype)
+            got = _taken("silu_and_mul", x)
+            assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == x.dtype
+            assert_close(got, ops.silu_and_mul.reference(x.astype(np.float64)).astype(dtype), dtype=dtype)
+    before = _calls("silu_and_mul")
+    with pytest.raises(ValueError, match="silu_and_mul: x's last dim must be even"):  # the rule's own error
+        ops.silu_and_mul(np.ones((2, 3), np.float32))
+    big = np.ones((memory.MIN_BYTES // 4, 2), np.float32)  # a pool-sized output: the Python path's
+    assert ops.silu_and_mul(big).shape == (memory.MIN_BYTES // 4, 1)
+    assert _calls("silu_and_mul") == before
+    for n in range(2, 600, 2):  # more signatures than the rule cache keeps: it stays bounded and right
+        assert ops.gelu_and_mul(np.ones((1, n), np.float32)).shape == (1, n // 2)
 
 
 def test_ops_that_write_their_arguments(entry: native.Library) -> None:

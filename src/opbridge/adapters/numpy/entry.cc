@@ -29,6 +29,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <map>
 #include <vector>
 
 #define OPB_NP_EXPORT extern "C" __attribute__((visibility("default")))
@@ -37,13 +39,22 @@ namespace {
 
 enum Kind : int { kTensor = 0, kFloat = 1, kInt = 2, kBool = 3, kOptionalTensor = 4 };
 
+// One output of a shape rule's answer.
+struct OutSpec {
+  std::vector<npy_intp> shape;
+  int type_num;
+};
+
 // One op, made once by opb_np_entry and kept for the life of the process.
 struct OpState {
   PyObject* kernel = nullptr;         // the tvm_ffi.Function, kept alive
   TVMFFIObjectHandle handle = nullptr;  // its C handle
   std::vector<int> kinds;             // per schema argument
-  std::vector<int> like;              // per output: the argument it is shaped like
+  std::vector<int> like;              // per output: the argument it is shaped like; empty with a rule
+  PyObject* rule = nullptr;           // else: args -> [(shape, NumPy type number)] per output
+  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;  // by RuleKey; the GIL guards it
   std::vector<int> returns;           // per return: output k as k, argument i (an alias) as -1 - i
+  size_t n_out = 0;                   // new outputs: the returns >= 0
   std::vector<int> mutated;           // the tensor arguments the kernel writes
   int dtype_arg = 0;                  // the argument whose dtype must be declared
   std::vector<int> dtypes;            // declared NumPy type numbers
@@ -92,6 +103,63 @@ bool View(PyObject* o, DLTensor* d, TVMFFIAny* a) {
 
 PyObject* NotHandled() { Py_RETURN_NOTIMPLEMENTED; }
 
+constexpr size_t kRuleCacheSize = 256;
+
+// The signature a shape rule's answer depends on: each tensor's shape and type, each scalar's value
+// (a float by its bits), -1 for None. Only called on arguments View and the scalar cases accepted.
+std::vector<int64_t> RuleKey(const OpState& st, PyObject* const* args, const TVMFFIAny* ffi) {
+  std::vector<int64_t> key;
+  for (size_t i = 0; i < st.kinds.size(); ++i) {
+    const TVMFFIAny& a = ffi[i];
+    if (a.type_index == kTVMFFINone) {
+      key.push_back(-1);
+    } else if (a.type_index == kTVMFFIDLTensorPtr) {
+      auto* arr = reinterpret_cast<PyArrayObject*>(args[i]);
+      key.push_back(PyArray_NDIM(arr));
+      key.insert(key.end(), PyArray_DIMS(arr), PyArray_DIMS(arr) + PyArray_NDIM(arr));
+      key.push_back(PyArray_TYPE(arr));
+    } else {
+      key.push_back(a.type_index);
+      key.push_back(a.v_int64);  // the value's bits (v_float64 shares them)
+    }
+  }
+  return key;
+}
+
+// The outputs' shapes and types from the op's shape rule, asked once per signature; null where the
+// rule raises or answers something else (the Python path then takes the call and raises its error).
+const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args, Py_ssize_t nargs, const TVMFFIAny* ffi) {
+  std::vector<int64_t> key = RuleKey(st, args, ffi);
+  auto it = st.rule_cache.find(key);
+  if (it != st.rule_cache.end()) return &it->second;
+  PyObject* tuple = PyTuple_New(nargs);
+  if (tuple == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+  PyObject* answer = PyObject_CallOneArg(st.rule, tuple);
+  Py_DECREF(tuple);
+  if (answer == nullptr) return nullptr;
+  std::vector<OutSpec> specs;
+  bool ok = PyList_Check(answer) && PyList_GET_SIZE(answer) == static_cast<Py_ssize_t>(st.n_out);
+  for (Py_ssize_t k = 0; ok && k < PyList_GET_SIZE(answer); ++k) {
+    PyObject* item = PyList_GET_ITEM(answer, k);  // (shape tuple, type number)
+    ok = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyTuple_Check(PyTuple_GET_ITEM(item, 0));
+    if (!ok) break;
+    OutSpec spec;
+    PyObject* shape = PyTuple_GET_ITEM(item, 0);
+    for (Py_ssize_t d = 0; ok && d < PyTuple_GET_SIZE(shape); ++d) {
+      spec.shape.push_back(PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)));
+      ok = !PyErr_Occurred();
+    }
+    spec.type_num = ok ? static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(item, 1))) : 0;
+    ok = ok && !PyErr_Occurred();
+    specs.push_back(std::move(spec));
+  }
+  Py_DECREF(answer);
+  if (!ok) return nullptr;
+  if (st.rule_cache.size() >= kRuleCacheSize) st.rule_cache.clear();  // bounded under changing shapes
+  return &(st.rule_cache[std::move(key)] = std::move(specs));
+}
+
 // Whether an argument the op writes overlaps another tensor argument (*dl*, *ffi*: the arguments' views).
 bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi, PyObject* const* args) {
   const size_t n = st.kinds.size();
@@ -110,7 +178,7 @@ bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi, PyObj
 }
 
 PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
-  const size_t n = st.kinds.size(), n_out = st.like.size();
+  const size_t n = st.kinds.size(), n_out = st.n_out;
   if (static_cast<size_t>(nargs) != n || n + n_out > kMaxArgs) return NotHandled();
   PyObject* lead = args[st.dtype_arg];
   if (Py_TYPE(lead) != &PyArray_Type) return NotHandled();
@@ -172,13 +240,41 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
   auto release = [&] {
     for (size_t k = 0; k < n_out; ++k) Py_XDECREF(outs[k]);
   };
+  const std::vector<OutSpec>* specs = nullptr;
+  if (st.rule != nullptr && (specs = RuleSpecs(st, args, nargs, ffi + n_out)) == nullptr) {
+    PyErr_Clear();
+    return NotHandled();
+  }
   for (size_t k = 0; k < n_out; ++k) {
-    auto* src = reinterpret_cast<PyArrayObject*>(args[st.like[k]]);
-    if (PyArray_NBYTES(src) >= st.max_out_bytes) {
-      release();
-      return NotHandled();
+    if (specs != nullptr) {  // the shape rule's output: below the pool's threshold only, as like ones
+      const OutSpec& spec = (*specs)[k];
+      PyArray_Descr* descr = PyArray_DescrFromType(spec.type_num);
+      if (descr == nullptr) {
+        PyErr_Clear();
+        release();
+        return NotHandled();
+      }
+#if NPY_ABI_VERSION >= 0x02000000
+      npy_intp bytes = PyDataType_ELSIZE(descr);
+#else
+      npy_intp bytes = descr->elsize;  // NumPy 1 (MindSpore's environment)
+#endif
+      for (npy_intp d : spec.shape) bytes *= d;
+      if (bytes >= st.max_out_bytes) {
+        Py_DECREF(descr);
+        release();
+        return NotHandled();
+      }
+      outs[k] = PyArray_Empty(static_cast<int>(spec.shape.size()), const_cast<npy_intp*>(spec.shape.data()),
+                              descr, 0);  // steals descr
+    } else {
+      auto* src = reinterpret_cast<PyArrayObject*>(args[st.like[k]]);
+      if (PyArray_NBYTES(src) >= st.max_out_bytes) {
+        release();
+        return NotHandled();
+      }
+      outs[k] = PyArray_NewLikeArray(src, NPY_CORDER, nullptr, 0);
     }
-    outs[k] = PyArray_NewLikeArray(src, NPY_CORDER, nullptr, 0);
     if (outs[k] == nullptr || !View(outs[k], &dl[k], &ffi[k])) {
       PyErr_Clear();
       release();
@@ -260,13 +356,14 @@ OPB_NP_EXPORT int opb_np_init() {
 
 // A new builtin for one op: *kernel* its tvm_ffi.Function and *handle* that function's C handle,
 // *kinds* per schema argument (0 tensor, 1 float, 2 int, 3 bool, 4 optional tensor), *like* per
-// output the argument it is shaped like, *returns* per schema return the output k (k) or the
+// output the argument it is shaped like, or else *rule* (None with *like*): the arguments' tuple ->
+// [(shape, NumPy type number)] per output; *returns* per schema return the output k (k) or the
 // argument i it aliases (-1 - i), *mutated* the tensor arguments the kernel writes, *dtype_arg* and
 // the declared NumPy *dtypes* (type numbers), *max_out_bytes* the pool's threshold. Returns
 // (builtin, capsule of its state) or None with a Python error set.
 OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* kinds, PyObject* like,
-                                     PyObject* returns, PyObject* mutated, int dtype_arg, PyObject* dtypes,
-                                     int64_t max_out_bytes) {
+                                     PyObject* rule, PyObject* returns, PyObject* mutated, int dtype_arg,
+                                     PyObject* dtypes, int64_t max_out_bytes) {
   auto* st = new OpState();
   if (!IntList(kinds, &st->kinds) || !IntList(like, &st->like) || !IntList(returns, &st->returns) ||
       !IntList(mutated, &st->mutated) || !IntList(dtypes, &st->dtypes)) {
@@ -274,6 +371,8 @@ OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* k
     return nullptr;
   }
   st->kernel = Py_NewRef(kernel);
+  st->rule = rule == Py_None ? nullptr : Py_NewRef(rule);
+  for (int r : st->returns) st->n_out += r >= 0;
   st->handle = handle;
   st->dtype_arg = dtype_arg;
   st->max_out_bytes = max_out_bytes;

@@ -57,8 +57,8 @@ class Library:
         lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may set Python errors
         lib.opb_np_init.restype = ctypes.c_int
         lib.opb_np_entry.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.py_object,
-                                     ctypes.py_object, ctypes.py_object, ctypes.c_int, ctypes.py_object,
-                                     ctypes.c_int64]
+                                     ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int,
+                                     ctypes.py_object, ctypes.c_int64]
         lib.opb_np_entry.restype = ctypes.py_object
         lib.opb_np_calls.argtypes = [ctypes.py_object]
         lib.opb_np_calls.restype = ctypes.c_int64
@@ -77,14 +77,15 @@ class Library:
 
         args = op.schema.arguments
         kinds = [(4 if a.type.optional else 0) if a.type.is_tensor else _KINDS[a.type.base] for a in args]
-        like = core.like_indices(op) or []
+        like = core.like_indices(op)
+        rule = None if like is not None or not op.n_outputs else _rule(op)
         alias = {a.type.alias.set: i for i, a in enumerate(args) if a.type.alias is not None}
         new = iter(range(op.n_outputs))
         returns = [next(new) if r.type.alias is None else -1 - alias[r.type.alias.set] for r in op.schema.returns]
         mutated = [i for i, a in enumerate(args) if a.is_mutated]
         nums = sorted({np.dtype(dt).num for dt in dtypes})
-        fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), kinds, like, returns, mutated,
-                                            op.dtype_arg, nums, max_out_bytes)
+        fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), kinds, like or [], rule, returns,
+                                            mutated, op.dtype_arg, nums, max_out_bytes)
         return fn, capsule
 
     def calls(self, capsule: Any) -> int:
@@ -92,14 +93,21 @@ class Library:
         return int(self.lib.opb_np_calls(capsule))
 
 
-def takes(op: OpDef) -> bool:
-    """Whether the C entry can run *op*: new outputs shaped like inputs (or none: an op that writes its
-    arguments), tensor returns; arguments tensors (optional too, not lists) or int, float, bool
-    scalars; a CPU kernel."""
-    from opbridge.call import core
+def _rule(op: OpDef) -> Callable[[tuple[Any, ...]], list[tuple[tuple[int, ...], int]]]:
+    """*op*'s shape rule as the entry asks it (once per argument signature): outputs' shapes and type numbers."""
 
+    def rule(args: tuple[Any, ...]) -> list[tuple[tuple[int, ...], int]]:
+        return [(tuple(int(d) for d in s.shape), np.dtype(s.dtype).num) for s in op.output_specs(args)]
+
+    return rule
+
+
+def takes(op: OpDef) -> bool:
+    """Whether the C entry can run *op*: tensor returns (new outputs, shaped by ``like`` or a shape rule,
+    or the arguments it writes); arguments tensors (optional too, not lists) or int, float, bool
+    scalars; a CPU kernel."""
     args, returns = op.schema.arguments, op.schema.returns
-    if "cpu" not in op.kernels or (op.n_outputs and core.like_indices(op) is None):
+    if "cpu" not in op.kernels or (op.n_outputs and op.shape is None):
         return False
     if not all(r.type.is_tensor and not r.type.is_list for r in returns):
         return False
