@@ -171,8 +171,23 @@ def test_outputs_shaped_by_a_shape_rule(entry: native.Library) -> None:
     big = np.ones((memory.MIN_BYTES // 4, 2), np.float32)  # a pool-sized output: the Python path's
     assert ops.silu_and_mul(big).shape == (memory.MIN_BYTES // 4, 1)
     assert _calls("silu_and_mul") == before
-    for n in range(2, 600, 2):  # more signatures than the rule cache keeps: it stays bounded and right
-        assert ops.gelu_and_mul(np.ones((1, n), np.float32)).shape == (1, n // 2)
+    # More signatures than the rule cache keeps, from four threads (the rule is Python: threads switch
+    # while it runs): every answer stays right.
+    bad: list[str] = []
+
+    def work(seed: int) -> None:
+        for n in np.random.default_rng(seed).permutation(np.arange(2, 700, 2)):
+            x = np.full((1, int(n)), 0.5, np.float32)
+            got = ops.gelu_and_mul(x)
+            if got.shape != (1, n // 2) or not np.allclose(got, ops.gelu_and_mul.reference(x)[0, 0], rtol=1e-5):
+                bad.append(f"n={n}: {got.shape}")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, bad[:3]
 
 
 def test_ops_that_write_their_arguments(entry: native.Library) -> None:

@@ -52,7 +52,8 @@ struct OpState {
   std::vector<int> kinds;             // per schema argument
   std::vector<int> like;              // per output: the argument it is shaped like; empty with a rule
   PyObject* rule = nullptr;           // else: args -> [(shape, NumPy type number)] per output
-  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;  // by RuleKey; the GIL guards it
+  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;  // by RuleKey; the GIL guards it;
+                                                                     // insert only: answers stay put
   std::vector<int> returns;           // per return: output k as k, argument i (an alias) as -1 - i
   size_t n_out = 0;                   // new outputs: the returns >= 0
   std::vector<int> mutated;           // the tensor arguments the kernel writes
@@ -128,7 +129,10 @@ std::vector<int64_t> RuleKey(const OpState& st, PyObject* const* args, const TVM
 
 // The outputs' shapes and types from the op's shape rule, asked once per signature; null where the
 // rule raises or answers something else (the Python path then takes the call and raises its error).
-const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args, Py_ssize_t nargs, const TVMFFIAny* ffi) {
+// Entries are never removed (the rule is Python: another thread may run while it does, and must not
+// free an answer this one holds); past kRuleCacheSize signatures the answer goes to *spill* instead.
+const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args, Py_ssize_t nargs, const TVMFFIAny* ffi,
+                                      std::vector<OutSpec>* spill) {
   std::vector<int64_t> key = RuleKey(st, args, ffi);
   auto it = st.rule_cache.find(key);
   if (it != st.rule_cache.end()) return &it->second;
@@ -156,8 +160,11 @@ const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args, Py_ssi
   }
   Py_DECREF(answer);
   if (!ok) return nullptr;
-  if (st.rule_cache.size() >= kRuleCacheSize) st.rule_cache.clear();  // bounded under changing shapes
-  return &(st.rule_cache[std::move(key)] = std::move(specs));
+  if (st.rule_cache.size() >= kRuleCacheSize) {  // bounded under changing shapes
+    *spill = std::move(specs);
+    return spill;
+  }
+  return &st.rule_cache.emplace(std::move(key), std::move(specs)).first->second;
 }
 
 // Whether an argument the op writes overlaps another tensor argument (*dl*, *ffi*: the arguments' views).
@@ -241,7 +248,8 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
     for (size_t k = 0; k < n_out; ++k) Py_XDECREF(outs[k]);
   };
   const std::vector<OutSpec>* specs = nullptr;
-  if (st.rule != nullptr && (specs = RuleSpecs(st, args, nargs, ffi + n_out)) == nullptr) {
+  std::vector<OutSpec> spill;
+  if (st.rule != nullptr && (specs = RuleSpecs(st, args, nargs, ffi + n_out, &spill)) == nullptr) {
     PyErr_Clear();
     return NotHandled();
   }
