@@ -103,3 +103,31 @@ def test_a_kernel_that_does_not_take_what_its_schema_passes_is_named_before_it_r
 def test_modules_without_signatures_are_not_checked() -> None:
     # A library built before opbridge recorded signatures (here, one no opbridge build made) has no list.
     assert signatures("libc.so.6") == {}
+
+
+OWNING_CC = """
+#include <opbridge/opbridge.h>
+void owning_cpu(tvm::ffi::Tensor out, tvm::ffi::Tensor x, tvm::ffi::Optional<tvm::ffi::Tensor> w) {
+  const float* src = static_cast<const float*>(x.data_ptr());
+  float* dst = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) dst[i] = src[i] + (w.has_value() ? 1.0f : 0.0f);
+}
+OPBRIDGE_EXPORT(owning_cpu);
+"""
+
+
+def test_a_kernel_over_tvm_ffis_owning_tensor_is_named(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """tvm-ffi's examples often take ``tvm::ffi::Tensor``; opbridge's C entries pass views (DLTensor*),
+    so such a kernel ran on one path and failed on the next: it is refused before its first call."""
+    root = tmp_path_factory.mktemp("sigs_owning")
+    (root / "owning.cc").write_text(OWNING_CC)
+    lib = opbridge.Library("sig_owning", sources=["owning.cc"], root=root, dtypes=["float32"])
+
+    @lib.op("owning(Tensor x, Tensor? w) -> Tensor", shape=opbridge.like("x"))
+    def owning(x: np.ndarray, w: object) -> np.ndarray:
+        return x if w is None else x + 1
+
+    assert signatures(loader.build(lib)) == {"owning_cpu": "v:XXY"}
+    with pytest.raises(DeclarationError, match=r"argument #0 is tvm::ffi::Tensor, an owning tensor, but opbridge "
+                                               r"passes tensors as views .*take TensorView"):
+        owning(np.arange(4, dtype=np.float32), None)

@@ -126,8 +126,9 @@ def kernel(op: OpDef, device: str) -> Any:
 
 
 #: Kernel argument letters (``export.h``'s ``kind_letter``) as C++ types, for messages.
-_LETTER_TYPES = {"T": "TensorView", "O": "Optional<TensorView>", "d": "double", "f": "float",
-                 "l": "int64_t", "i": "int32_t", "b": "bool", "o": "another type"}
+_LETTER_TYPES = {"T": "TensorView", "O": "Optional<TensorView>", "X": "tvm::ffi::Tensor",
+                 "Y": "Optional<tvm::ffi::Tensor>", "d": "double", "f": "float", "l": "int64_t", "i": "int32_t",
+                 "b": "bool", "o": "another type"}
 #: Schema types a kernel must take as one of these letters; any other (a list, a string, an
 #: optional scalar) is converted by tvm-ffi's own rules and not checked here.
 _SCHEMA_LETTERS = {"Tensor": "T", "Tensor?": "O", "float": "df", "int": "li", "bool": "b"}
@@ -160,6 +161,13 @@ def check_signature(op: OpDef, name: str, signature: str) -> None:
     passes = ", ".join(f"{kind} {arg}" for arg, kind, _ in expected)
     where = (f"{op.name}: kernel {name}({takes}) does not take what the schema {str(op.schema)!r} passes it: "
              f"({passes}), the new outputs first, then the schema's arguments in order")
+    owning = [i for i, c in enumerate(letters) if c in "XY"]
+    if owning:
+        i = owning[0]
+        raise DeclarationError(
+            f"{where}; argument #{i} is {_LETTER_TYPES[letters[i]]}, an owning tensor, but opbridge passes "
+            f"tensors as views (its C entries hold no tensor object to give): take "
+            f"{'Optional<TensorView>' if letters[i] == 'Y' else 'TensorView'} (opbridge::TensorView) instead")
     if returns != "v":
         raise DeclarationError(f"{where}; it returns a value, but kernels write their outputs into the "
                                f"tensors passed first (destination passing) and return void")

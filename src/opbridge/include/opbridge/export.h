@@ -33,12 +33,18 @@ constexpr ArgKind arg_kind() {
 }
 
 // One letter per argument kind, for the module's signature list (export_list.h):
-// T tensor, O optional tensor, d double, f float, l int64_t, i int32_t, b bool,
-// o anything else (a list, a string, an optional scalar).
+// T tensor (TensorView or DLTensor*), O optional tensor, X / Y tvm-ffi's owning
+// Tensor / Optional<Tensor> (which the C entries cannot pass: they hold views),
+// d double, f float, l int64_t, i int32_t, b bool, o anything else (a list, a
+// string, an optional scalar).
 template <typename T>
 constexpr char kind_letter() {
+  using U = std::remove_cv_t<std::remove_reference_t<T>>;
   constexpr ArgKind kind = arg_kind<T>();
-  if constexpr (kind == ArgKind::kTensor) return 'T';
+  if constexpr (std::is_same_v<U, ::tvm::ffi::Tensor>) return 'X';
+  else if constexpr (std::is_same_v<U, Optional<::tvm::ffi::Tensor>>) return 'Y';
+  else if constexpr (std::is_same_v<U, DLTensor*>) return 'T';
+  else if constexpr (kind == ArgKind::kTensor) return 'T';
   else if constexpr (kind == ArgKind::kOptionalTensor) return 'O';
   else if constexpr (kind == ArgKind::kFloat64) return 'd';
   else if constexpr (kind == ArgKind::kFloat32) return 'f';
