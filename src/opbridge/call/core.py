@@ -126,17 +126,11 @@ def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
 
 def pack_results(op: OpDef, args: Sequence[Any], outs: Sequence[Any]) -> Any:
     """Map allocated outputs (and aliased inputs) onto the schema's returns."""
-    returns = op.schema.returns
-    if not returns:
+    if not op.schema.returns:
         return None
-    alias_of = {a.type.alias.set: i for i, a in enumerate(op.schema.arguments) if a.type.alias}
-    res = []
-    it = iter(outs)
-    for r in returns:
-        if r.type.alias is None:
-            res.append(next(it))
-        else:
-            res.append(args[alias_of[r.type.alias.set]])
+    res = []  # a plain loop: a comprehension would make args and outs closure cells on every call
+    for k in op.return_sources:
+        res.append(outs[k] if k >= 0 else args[-1 - k])
     return res[0] if len(res) == 1 else tuple(res)
 
 

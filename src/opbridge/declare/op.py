@@ -3,6 +3,7 @@ and the facts every op shares (source suffixes per device, tolerances, dtypes)."
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -185,6 +186,14 @@ class OpDef:
     def n_outputs(self) -> int:
         """How many outputs the adapter allocates (returns that are not aliases of inputs)."""
         return sum(1 for r in self.schema.returns if r.type.alias is None)
+
+    @functools.cached_property
+    def return_sources(self) -> tuple[int, ...]:
+        """Where each return comes from: new output ``k`` as ``k``, argument ``i`` (its alias) as ``-1 - i``."""
+        alias_of = {a.type.alias.set: i for i, a in enumerate(self.schema.arguments) if a.type.alias}
+        new = iter(range(self.n_outputs))
+        return tuple(next(new) if r.type.alias is None else -1 - alias_of[r.type.alias.set]
+                     for r in self.schema.returns)
 
     @property
     def accepts_out(self) -> bool:

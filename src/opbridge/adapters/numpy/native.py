@@ -79,9 +79,7 @@ class Library:
         kinds = [(4 if a.type.optional else 0) if a.type.is_tensor else _KINDS[a.type.base] for a in args]
         like = core.like_indices(op)
         rule = None if like is not None or not op.n_outputs else _rule(op)
-        alias = {a.type.alias.set: i for i, a in enumerate(args) if a.type.alias is not None}
-        new = iter(range(op.n_outputs))
-        returns = [next(new) if r.type.alias is None else -1 - alias[r.type.alias.set] for r in op.schema.returns]
+        returns = list(op.return_sources)
         mutated = [i for i, a in enumerate(args) if a.is_mutated]
         nums = sorted({np.dtype(dt).num for dt in dtypes})
         fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), kinds, like or [], rule, returns,
