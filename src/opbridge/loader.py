@@ -65,9 +65,9 @@ def load(lib: Library, device: str = "cpu") -> Any:
 
             config.threading()  # a misspelt OPBRIDGE_THREADING fails here, not silently
             prebuilt = _prebuilt_path(lib, device)
-            if prebuilt is None and not lib.sources_for(device) and lib.missing_module_note(device):
-                raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources"
-                                              f"{lib.missing_module_note(device)}")
+            note = lib.missing_module_note(device) if prebuilt is None else ""
+            if note:  # an installed package without this device's module, and no sources to build it
+                raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources{note}")
             path = prebuilt or build(lib, device)
             mod = tvm_ffi().load_module(str(path))
             if prebuilt is not None:

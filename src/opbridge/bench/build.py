@@ -368,7 +368,8 @@ def _ratios(cold: dict[str, Any]) -> dict[str, float | None]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; see the module docstring."""
     cold_repeat, repeat = _repeats(args)
-    # A failed populate can leave a warm start's background build writing here; never fail on cleanup.
+    # Where `opbridge build` could not build the shim or entry (it only warns), a warm start tries again in
+    # the background and may still be writing here: never fail on cleanup.
     with tempfile.TemporaryDirectory(prefix="opbridge-bench-build-", ignore_cleanup_errors=True) as name:
         tmp = Path(name)
         cold, populated = _cold_builds(tmp, cold_repeat)

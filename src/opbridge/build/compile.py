@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -202,26 +203,29 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
 _QUOTE_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
 
 
-def local_headers(spec: BuildSpec) -> list[tuple[str, Path]]:
+def local_headers(spec: BuildSpec, sources: Sequence[bytes] | None = None) -> list[tuple[str, bytes]]:
     """The headers the sources include with quotes from beside themselves, followed transitively.
 
     ``#include "my_op.h"`` finds ``my_op.h`` next to the including file before
     any include directory, so a kernel's own headers need no ``include_dirs``
     and were in no include directory that :func:`fingerprint` hashed. Returns
-    (the name as written, resolved path), each header once, in a stable order;
-    headers under opbridge's or the spec's include directories are left to
-    their directory's hash.
+    (the name as written, the header's contents), each header once, in a
+    stable order; headers under opbridge's or the spec's include directories
+    are left to their directory's hash. *sources*: the sources' contents, where
+    the caller has read them.
     """
     hashed = [INCLUDE_DIR, *spec.include_dirs]
     seen: set[Path] = set()
-    found: list[tuple[str, Path]] = []
-    todo = list(spec.sources)
+    found: list[tuple[str, bytes]] = []
+    texts: list[bytes | None] = list(sources) if sources is not None else [None] * len(spec.sources)
+    todo = list(zip(spec.sources, texts))
     while todo:
-        including = todo.pop(0)
-        try:
-            text = including.read_bytes()
-        except OSError:
-            continue
+        including, text = todo.pop(0)
+        if text is None:
+            try:
+                text = including.read_bytes()
+            except OSError:
+                continue
         for m in _QUOTE_INCLUDE.finditer(text):
             name = m.group(1).decode("utf-8", "replace")
             path = including.parent / name
@@ -231,8 +235,9 @@ def local_headers(spec: BuildSpec) -> list[tuple[str, Path]]:
             if path in seen or any(path.is_relative_to(d) for d in hashed):
                 continue
             seen.add(path)
-            found.append((name, path))
-            todo.append(path)
+            data = path.read_bytes()
+            found.append((name, data))
+            todo.append((path, data))
     return found
 
 
@@ -248,16 +253,17 @@ def fingerprint(spec: BuildSpec, extra: str = "") -> str:
 
     feed("name", spec.name.encode())
     feed("device", spec.device.encode())
-    for src in spec.sources:
-        feed("src", src.read_bytes())
+    sources = [src.read_bytes() for src in spec.sources]
+    for data in sources:
+        feed("src", data)
     for gname, text in spec.generated:
         feed("gen:" + gname, text.encode())
     for inc_dir in (INCLUDE_DIR, *spec.include_dirs):
         for hdr in sorted(Path(inc_dir).rglob("*")):
             if hdr.is_file() and hdr.suffix in (".h", ".hpp", ".cuh", ".inc"):
                 feed("hdr:" + str(hdr.relative_to(inc_dir)), hdr.read_bytes())
-    for name, hdr in local_headers(spec):
-        feed("local:" + name, hdr.read_bytes())
+    for name, data in local_headers(spec, sources):
+        feed("local:" + name, data)
     cxx, cuda, ld = _default_flags(spec)
     feed("flags", "\0".join(_portable_flags([*cxx, "|", *cuda, "|", *ld], spec)).encode())
     feed("toolchain", toolchain_fingerprint(spec.device).encode())
