@@ -16,7 +16,7 @@ pip_q .venv/bin/pip install -e ".[torch,jax,paddle,dev]"
 
 if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
   if [ ! -x .venv-ms/bin/python ]; then "$PY" -m venv .venv-ms; fi
-  pip_q .venv-ms/bin/pip install -e ".[torch,mindspore]" pytest
+  pip_q .venv-ms/bin/pip install -e ".[torch,mindspore]" pytest hypothesis
   .venv-ms/bin/python -c "import mindspore, numpy; assert numpy.__version__ < '2'" \
     || { echo "envs.sh: .venv-ms is incomplete" >&2; exit 1; }
 fi

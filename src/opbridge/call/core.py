@@ -289,3 +289,21 @@ def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
         if a.is_mutated:
             back.append((v, full[i]))
     return full, back
+
+
+def dense_outputs(outs: Sequence[Any], is_dense: Callable[[Any], bool],
+                  new_dense: Callable[[Any], Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """The caller's ``out=`` buffers as a kernel that takes dense tensors gets them.
+
+    Each buffer that is not dense is replaced by a new dense one of its shape
+    and dtype (``new_dense``), which the kernel writes and the caller copies
+    back into the buffer afterwards: the pairs ``(buffer, dense)`` are
+    returned beside the list, as :func:`dense_args` returns mutated ones.
+    """
+    dense = list(outs)
+    back: list[tuple[Any, Any]] = []
+    for i, o in enumerate(outs):
+        if not is_dense(o):
+            dense[i] = new_dense(o)
+            back.append((o, dense[i]))
+    return dense, back

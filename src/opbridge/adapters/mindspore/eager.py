@@ -37,6 +37,7 @@ from opbridge.call.core import (
     check_lead_dtype,
     check_no_alias,
     dense_args,
+    dense_outputs,
     framework_dtypes,
     pack_results,
     returns_source,
@@ -87,6 +88,10 @@ def _is_dense(view: np.ndarray) -> bool:
     return bool(view.flags.c_contiguous)
 
 
+def _empty_dense(view: np.ndarray) -> np.ndarray:
+    return np.empty(view.shape, view.dtype)
+
+
 def _new_output(shape: tuple[int, ...], dtype: Any, lead: Any) -> tuple[Tensor, Any]:
     return alloc(shape, ms_dtype(dtype))
 
@@ -112,8 +117,8 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
     else:
         results = list(outs)
         out_views = host_views_of(op, outs)
-        out_dense = [v if _is_dense(v) else np.empty(v.shape, v.dtype) for v in out_views]
-        back += [(v, d) for v, d in zip(out_views, out_dense) if d is not v]
+        out_dense, out_back = dense_outputs(out_views, _is_dense, _empty_dense)
+        back += out_back
         out_args = [relabel(d, o.dtype) for d, o in zip(out_dense, outs)]
     kargs = [relabel(d, v.dtype) if a.type.is_tensor and v is not None else d
              for a, v, d in zip(op.schema.arguments, args, dense)]

@@ -80,6 +80,10 @@ def _empty_like(x: np.ndarray) -> np.ndarray:
     return memory.empty_ndarray(x.shape, x.dtype)
 
 
+def _empty_dense(o: np.ndarray) -> np.ndarray:
+    return np.empty(o.shape, o.dtype)
+
+
 # DLPack's DLTensor starts {void* data; int32 device_type, device_id; int32 ndim; uint8 code, ...}.
 _DL_CODE_OFFSET = 8 + 4 + 4 + 4
 _DL_BFLOAT = 4
@@ -225,13 +229,20 @@ class NumpyAdapter:
         return call
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
-        """Run *op* into the caller's arrays *outs* (shapes and dtypes validated by the kernel)."""
+        """Run *op* into the caller's arrays *outs* (shapes and dtypes validated by the kernel).
+
+        A strided array in *outs* is written through a dense copy, as a
+        strided mutated argument is; a read-only one raises ValueError.
+        """
         core.validate_args(op, args, _is_array, "a numpy.ndarray")
+        if not all(o.flags.writeable for o in outs):
+            raise ValueError(f"{op.name}: out= holds a read-only array")
         core.check_lead_dtype(op, args, _dtype_name)
         core.make_alias_check(op, _span, np.may_share_memory)(args)
         full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
-        _run(op, loader.kernel(op, "cpu"), list(outs), full)
-        for orig, copy in back:
+        dense, out_back = core.dense_outputs(outs, _is_dense, _empty_dense)
+        _run(op, loader.kernel(op, "cpu"), dense, full)
+        for orig, copy in back + out_back:
             orig[...] = copy
         return core.pack_results(op, args, outs)
 

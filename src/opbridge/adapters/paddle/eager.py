@@ -228,9 +228,10 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
     kern, launch, _ = target(op, args, outs)
     core.make_alias_check(op, span)(args)
     full, back = core.dense_args(op, args, is_dense, densify)
+    dense, out_back = core.dense_outputs(outs, is_dense, densify)  # a strided out= through a dense copy
     with launch():
-        kern(*outs, *full)
-    for orig, copy in back:
+        kern(*dense, *full)
+    for orig, copy in back + out_back:
         write_back(orig, copy)
     for o in outs:
         o._bump_inplace_version()

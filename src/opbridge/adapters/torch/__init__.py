@@ -85,7 +85,7 @@ class TorchAdapter:
         calls.check_devices(op, args, outs)
         core.make_alias_check(op, calls.span)(args)
         full, back = core.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
-        dense = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
+        dense, out_back = core.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense)
         try:
             calls.run_kernel(op, dense, full)
         except TypeError:
@@ -93,11 +93,15 @@ class TorchAdapter:
             raise
         for orig, copy in back:
             orig.copy_(copy)
-        for o, d in zip(outs, dense):
-            if o is not d:
-                o.copy_(d)
+        for o, d in out_back:
+            o.copy_(d)
+        for o in outs:
             torch.autograd.graph.increment_version(o)
         return outs[0] if len(outs) == 1 and len(op.schema.returns) == 1 else core.pack_results(op, args, outs)
+
+
+def _empty_dense(o: torch.Tensor) -> torch.Tensor:
+    return torch.empty(o.shape, dtype=o.dtype, device=o.device)
 
 
 ADAPTER = TorchAdapter()
