@@ -83,6 +83,112 @@ def test_worker_protocol_numpy(library_path: str) -> None:
     assert row["verified"] == "exact"
 
 
+SERVING = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul")
+
+
+@pytest.mark.parametrize(("framework", "in_place"), [("numpy", "np.add(input, residual, out=residual)"),
+                                                      ("torch", "residual.add_(x)")])
+def test_worker_times_the_serving_ops(library_path: str, framework: str, in_place: str) -> None:
+    """Each serving op gets a verified, timed section at 8x64; mutating ops compare every written argument."""
+    pytest.importorskip(framework)
+    code, doc = _worker(framework, "--rounds", "2", "--number", "5", "--module", library_path, "--ops", *SERVING)
+    assert code == 0 and doc["errors"] == {} and doc["ops"] == list(SERVING)
+    assert list(doc["sections"]) == [f"{op}/eager/8x64" for op in SERVING]
+    for row in doc["sections"].values():
+        _check_section(row)
+        assert row["shape"] == [8, 64] and row["verified"].endswith("allclose(rtol=1e-05, atol=1e-05)")
+    fused = doc["sections"]["fused_add_rms_norm/eager/8x64"]
+    assert fused["verified"].startswith("input, residual as written, each candidate on fresh copies of the inputs")
+    assert doc["sections"]["rotary_embedding/eager/8x64"]["verified"].startswith("query, key as written")
+    assert in_place in fused["candidates"]["native"]
+    assert fused["candidates"]["opbridge"] == "opbridge.ops.fused_add_rms_norm(input, residual, weight, eps)"
+
+
+def test_a_native_that_misses_a_written_argument_fails_verification(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both mutated arguments are compared: a formula that leaves residual alone is an error, not timed."""
+    import numpy as np
+
+    from opbridge import ops
+    from opbridge.bench import fw_sections, natives
+
+    right = natives._TABLES["numpy"]
+
+    def wrong() -> dict[str, Any]:
+        table = right()
+
+        def input_only(a: Any) -> Any:
+            x, residual, w, eps = a
+            return lambda: np.copyto(x, ops.rms_norm(x + residual, w, eps))
+
+        return {**table, "fused_add_rms_norm": input_only}
+
+    monkeypatch.setitem(natives._TABLES, "numpy", wrong)
+    sections, _, _ = fw_sections.SECTIONS["numpy"](["fused_add_rms_norm", "rms_norm"])
+    results, errors = fw_worker.run_sections("numpy", sections, rounds=1, number=2, target_s=1e-4)
+    assert list(results) == ["rms_norm/eager/8x64"]
+    assert list(errors) == ["fused_add_rms_norm/eager/8x64"]
+    assert "verification failed" in errors["fused_add_rms_norm/eager/8x64"]
+    assert "residual: results differ" in errors["fused_add_rms_norm/eager/8x64"]
+
+
+def test_in_place_timing_stays_bounded() -> None:
+    """Timing calls fused_add_rms_norm on the same buffers over and over: the residual must not grow."""
+    import numpy as np
+
+    from opbridge.bench import fw_sections
+
+    (section,), _, _ = fw_sections.SECTIONS["numpy"](["fused_add_rms_norm"])
+    x, residual = section.fns["opbridge"].args[:2]  # functools.partial over the timed buffers
+    for _ in range(20000):
+        section.fns["opbridge"]()
+        section.fns["native"]()
+    assert np.isfinite(residual).all() and np.isfinite(x).all()
+    assert float(np.sqrt(np.mean(residual * residual, axis=-1)).max()) < 3
+
+
+def test_asynchronous_sections_size_each_candidates_samples() -> None:
+    """A slow native formula (MindSpore's take milliseconds) no longer cuts opbridge's samples to one call."""
+    import time
+
+    from opbridge.bench.fw_sections import Section
+
+    def slow() -> None:
+        time.sleep(0.001)
+
+    args: dict[str, Any] = {"descriptions": {}, "to_numpy": lambda a: a}
+    queued = Section("add", "pynative", (8,), lambda: None, slow, sync=lambda: None, **args)
+    calls = fw_worker._calibrate(queued, number=50, target_s=0.001)  # asynchronous: samples of ~10 ms
+    assert calls["opbridge"] == 50 and 1 <= calls["native"] <= 10
+    row = fw_worker._time(queued, rounds=2, number=50, target_s=0.001)
+    assert row["calls"]["opbridge"] == 50 and row["number"] == row["calls"]["native"]
+    assert row["stats_us"]["native"]["p50"] >= 1000 > row["stats_us"]["opbridge"]["p50"]
+    eager = Section("add", "eager", (8,), lambda: None, slow, **args)
+    assert len(set(fw_worker._calibrate(eager, number=50, target_s=0.001).values())) == 1  # one shared count
+
+
+def test_ops_option() -> None:
+    """--ops: all per-call ops by default, add with --quick; unknown names and --parity are refused."""
+    from opbridge.bench import BenchError, fw_sections
+
+    assert frameworks._settings(_args())["ops"] == ["add"]
+    assert frameworks._settings(_args(quick=False))["ops"] == list(fw_sections.PER_CALL_OPS)
+    assert frameworks._settings(_args(ops=["rms_norm", "add", "rms_norm"]))["ops"] == ["rms_norm", "add"]
+    with pytest.raises(BenchError, match=r"--ops: no per-call section for 'nope', 'gelu_backward'; choose from add, "):
+        frameworks._settings(_args(ops=["rms_norm", "nope", "gelu_backward"]))
+    with pytest.raises(BenchError, match="--parity does not run"):
+        frameworks._settings(_args(ops=["add"], parity=True))
+    args = build_parser().parse_args(["bench", "frameworks", "--ops", "rms_norm", "rotary_embedding"])
+    assert args.ops == ["rms_norm", "rotary_embedding"]
+
+
+def test_ops_option_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from opbridge.cli import main
+
+    assert main(["bench", "frameworks", "--ops", "rms_norm", "nope", "--frameworks", "numpy"]) != 0
+    err = capsys.readouterr().err
+    assert "--ops: no per-call section for 'nope'" in err and "rotary_embedding" in err
+
+
 def test_worker_loads_the_module_it_is_given(library_path: str, tmp_path: Path) -> None:
     """A module at a path the worker's own build key does not name is loaded explicitly ("pinned")."""
     copy = tmp_path / "elsewhere" / Path(library_path).name
@@ -168,7 +274,7 @@ def test_quick_run_structure(quick_result: dict[str, Any], library_path: str) ->
 
 def test_text_report(quick_result: dict[str, Any]) -> None:
     text = frameworks.format_text(quick_result)
-    assert "add/eager/8" in text and "np.add(x, y)" in text
+    assert "add/eager/8" in text and "np.add(x, y)" in text and "per-call ops (--ops): add\n" in text
     assert "all workers loaded the same .so: yes" in text
     if HAVE_TORCH:
         assert "torch.add(x, y)" in text

@@ -4,21 +4,33 @@ Per-call time
     Each framework runs in a worker process of its own
     (``python -m opbridge.bench.fw_worker <framework>``, see
     :mod:`opbridge.bench.fw_worker`), which prints one JSON document. Every
-    section times ``opbridge.ops.<op>`` next to the framework's own
-    equivalent, interleaved, after checking that both compute the same:
+    section (:mod:`opbridge.bench.fw_sections`) times ``opbridge.ops.<op>``
+    next to the framework's own equivalent (:mod:`opbridge.bench.natives`),
+    interleaved, after checking that both compute the same. ``--ops`` picks
+    the ops (default all of them, ``add`` with ``--quick``): ``add`` on 8
+    float32 elements; ``gelu``, ``rms_norm``, ``fused_add_rms_norm``,
+    ``rotary_embedding``, ``silu_and_mul``, ``gelu_and_mul`` at the serving
+    size 8 x 64 (rotary: 8 tokens, one head of 64 in query and key, NeoX;
+    the gated ops give 8 x 32). Ops that mutate their arguments are checked
+    on fresh copies, every written argument compared, and timed in place:
 
     =========  ===================================================================
-    numpy      ``ops.add`` vs ``np.add``, 8 x float32
-    torch      ``ops.add`` vs ``torch.add``, 8 x float32
-    jax        eager: ``ops.add`` vs a jitted ``jnp.add`` called eagerly (both
-               ``block_until_ready``); inside ``jax.jit``: ``ops.add`` vs
-               ``x + y``, ``ops.gelu`` / ``ops.rms_norm`` vs pure-``jnp``
-               formulas, at (8,) and (1024, 1024)
-    paddle     ``ops.add`` vs ``paddle.add``, 8 x float32
-    mindspore  PyNative ``ops.add`` vs ``mindspore.ops.add``; ``ms.jit`` of both
-               (skipped, with the reason, where the adapter has no graph mode).
-               PyNative is asynchronous, so a sample is N calls plus one wait
-               for MindSpore's pipeline, divided by N.
+    numpy      eager: ``np.add`` and NumPy formulas (in place with ``out=`` for
+               the mutating ops)
+    torch      eager: ``torch.add``, ``F.gelu``, ``F.rms_norm``, and the formulas
+               ``bench kernels`` times (in place for the mutating ops)
+    jax        eager: each op vs its jitted ``jnp`` formula called eagerly (both
+               waited for; a mutating op returns its arguments' new values,
+               int64 positions turn ``jax_enable_x64`` on); inside ``jax.jit``:
+               ``ops.add`` vs ``x + y``, ``ops.gelu`` / ``ops.rms_norm`` vs
+               pure-``jnp`` formulas, at (8,) and (1024, 1024)
+    paddle     eager: ``paddle.add``, ``F.gelu``, ``F.swiglu`` and formulas
+               (``paddle.assign(..., output=)`` for the mutating ops)
+    mindspore  PyNative: ``mindspore.ops.add``, ``ops.gelu`` and formulas
+               (``Tensor.copy_`` into the mutated arguments); ``ms.jit`` of
+               ``add`` (skipped, with the reason, where the adapter has no
+               graph mode). PyNative is asynchronous, so a sample is N calls
+               plus one wait for MindSpore's pipeline, divided by N.
     =========  ===================================================================
 
     MindSpore runs in its own environment (NumPy 1.x): ``--ms-python``, else
@@ -59,18 +71,21 @@ from pathlib import Path
 from typing import Any
 
 from opbridge.bench import BenchError, fw_builds, parity_report, subproc
-from opbridge.bench.report import files_line, say, write_json, write_results
+from opbridge.bench.fw_report import format_text
+from opbridge.bench.fw_sections import PER_CALL_OPS
+from opbridge.bench.report import say, write_json, write_results
 from opbridge.bench.timing import dist_version, machine_info
 
 DESCRIPTION = (
-    "Every framework, one compiled module, next to its own ops: opbridge.ops.add (and gelu/rms_norm "
-    "under jax.jit) next to each framework's own op, in one "
-    "worker process per framework (numpy, torch, jax, paddle, mindspore PyNative and ms.jit), timed "
-    "interleaved after checking results; every worker loads the one cold-built op library; with "
-    "--builds also the cold build of an equivalent add op with Paddle's cpp_extension.load and "
-    "MindSpore's CustomOpBuilder; with --parity instead the parity table (each op at (1024, 4096) and "
-    "(4096, 4096), float32 and bfloat16: framework path / NumPy path, / the framework's own formula, page "
-    "faults per call)."
+    "Every framework, one compiled module, next to its own ops: per call, opbridge.ops.<op> next to each "
+    "framework's own op or formula, in one worker process per framework (numpy, torch, jax, paddle, "
+    "mindspore PyNative, plus jax.jit and ms.jit sections), timed interleaved after checking results: add "
+    "on 8 float32 elements, gelu and the serving ops (rms_norm, fused_add_rms_norm, rotary_embedding, "
+    "silu_and_mul, gelu_and_mul) at 8 x 64, chosen with --ops (--quick: add only); every worker loads the "
+    "one cold-built op library; with --builds also the cold build of an equivalent add op with Paddle's "
+    "cpp_extension.load and MindSpore's CustomOpBuilder; with --parity instead the parity table (each op "
+    "at (1024, 4096) and (4096, 4096), float32 and bfloat16: framework path / NumPy path, / the framework's "
+    "own formula, page faults per call)."
 )
 
 FRAMEWORKS = ("numpy", "torch", "jax", "paddle", "mindspore")
@@ -98,6 +113,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS),
                         metavar="NAME",
                         help=f"frameworks to measure (default: all of {', '.join(FRAMEWORKS)})")
+    parser.add_argument("--ops", nargs="+", metavar="OP", default=None,
+                        help=f"per-call ops to time, each in every framework's eager (PyNative) mode and "
+                             f"the graph modes that have it (default: all of {', '.join(PER_CALL_OPS)}; "
+                             f"add with --quick); not with --parity")
     parser.add_argument("--builds", action="store_true",
                         help="also build an equivalent add op cold with Paddle's cpp_extension.load and "
                              "MindSpore's CustomOpBuilder (slow; skipped with --quick)")
@@ -149,7 +168,23 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchError(f"--rounds, --number, --cold-repeat, --target-ms and --row-seconds must be positive "
                          f"(got {rounds}, {number}, {cold}, {target}, {row_s})")
     return {"rounds": rounds, "number": number, "cold_repeat": cold, "target_sample_ms": target,
-            "parity_row_s": row_s if parity else None}
+            "parity_row_s": row_s if parity else None, "ops": _ops(args, parity)}
+
+
+def _ops(args: argparse.Namespace, parity: bool) -> list[str] | None:
+    """The per-call ops to time (None with --parity); BenchError naming unknown ones."""
+    asked = getattr(args, "ops", None)
+    if parity:
+        if asked:
+            raise BenchError("--ops picks the per-call sections, which --parity does not run")
+        return None
+    if not asked:
+        return ["add"] if args.quick else list(PER_CALL_OPS)
+    unknown = [op for op in asked if op not in PER_CALL_OPS]
+    if unknown:
+        raise BenchError(f"--ops: no per-call section for {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(PER_CALL_OPS)}")
+    return list(dict.fromkeys(asked))
 
 
 def ms_python(explicit: str | None = None, env: dict[str, str] | None = None,
@@ -178,12 +213,15 @@ def ms_python(explicit: str | None = None, env: dict[str, str] | None = None,
 
 
 def run_worker(framework: str, python: str, *, rounds: int, number: int, target_ms: float,
-               module: str | None, cache_dir: str | None, parity_row_s: float | None = None) -> dict[str, Any]:
+               module: str | None, cache_dir: str | None, parity_row_s: float | None = None,
+               ops: list[str] | None = None) -> dict[str, Any]:
     """Run one framework's worker under *python*; return its document (``failed`` on a crash)."""
     cmd = [python, "-m", "opbridge.bench.fw_worker", framework, "--rounds", str(rounds),
            "--number", str(number), "--target-ms", str(target_ms)]
     if parity_row_s is not None:
         cmd += ["--parity", str(parity_row_s)]
+    if ops:
+        cmd += ["--ops", *ops]
     if module:
         cmd += ["--module", module]
     code, stdout, tail = subproc.run(f"{framework} worker", cmd, fw_builds.worker_env(cache_dir), _WORKER_TIMEOUT_S,
@@ -259,7 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _progress(f"{fw}: worker under {python}")
             doc = run_worker(fw, python, rounds=settings["rounds"], number=settings["number"],
                              target_ms=settings["target_sample_ms"], module=module, cache_dir=cache_dir,
-                             parity_row_s=settings["parity_row_s"])
+                             parity_row_s=settings["parity_row_s"], ops=settings["ops"])
             if "unavailable" in doc:
                 doc["skipped"] = doc.pop("unavailable")
             workers[fw] = doc
@@ -307,85 +345,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-# -- text ------------------------------------------------------------------------------------
-
-
-def _f(x: float) -> str:
-    return f"{x:.3g}" if x < 10 else f"{x:.1f}"
-
-
-def _stats(row: dict[str, float]) -> str:
-    return f"{_f(row['p20']):>7} {_f(row['p50']):>7} {_f(row['p80']):>7}"
-
-
-def _versions(doc: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items() if v and k != "opbridge")
-
-
-def format_text(result: dict[str, Any]) -> str:
-    """Render *result* as a readable report."""
-    m, s = result["machine"], result["settings"]
-    load = m.get("loadavg_at_start")
-    lines = [
-        "opbridge bench frameworks: " + ("the parity table, float32 and bfloat16, CPU" if "parity" in result else
-                                         "opbridge.ops.<op> vs each framework's own op, float32, CPU"),
-        f"machine: {m['cpu_model']}, {m['cpus_usable']} CPUs, python {m['python']}, tvm-ffi {m['tvm_ffi']}, "
-        f"{m['date']}" + (f", load average {'/'.join(map(str, load))} at start" if load else ""),
-        f"{s['rounds']} interleaved rounds per section; samples of ~{s['target_sample_ms']:g} ms "
-        f"(at most {s['number']} calls); times are per call, µs",
-        "",
-    ]
-    cold = result["cold_build"]
-    if "seconds" in cold:
-        samples = ", ".join(f"{x:.2f}" for x in cold["samples"])
-        lines.append(f"op library: cold build {cold['seconds']:.2f} s wall, {cold['cpu_seconds']:.2f} s cpu "
-                     f"(median of {len(cold['samples'])}: {samples} s; "
-                     f"{len(cold['ops'])} ops, {len(cold['sources'])} sources)")
-    else:
-        lines.append(f"op library: cold build skipped ({cold['skipped']})")
-    mod = result["module"]
-    lines.append(f"  {mod['expected_path']}")
-    for fw, path in mod["loaded_paths"].items():
-        how = " (loaded explicitly: its own build key differs)" if fw in mod["pinned"] else ""
-        lines.append(f"  {fw:<10} loaded {'that same file' if path == mod['expected_path'] else path}{how}")
-    lines.append(f"  all workers loaded the same .so: {'yes' if mod['all_equal'] else 'NO'}")
-    header = (f"  {'section':<24} {'calls':>5}   {'opbridge p20/p50/p80':>23}   "
-              f"{'native p20/p50/p80':>23}   ratio")
-    for fw, doc in result["frameworks"].items():
-        lines.append("")
-        if "skipped" in doc:
-            lines.append(f"{fw}: skipped ({doc['skipped']})")
-            continue
-        if "failed" in doc:
-            lines.append(f"{fw}: worker FAILED ({doc['failed']})")
-            lines += [f"    {ln}" for ln in doc.get("stderr_tail", "").splitlines()[-8:]]
-            continue
-        lines.append(f"{fw} ({_versions(doc)}; {doc['executable']})")
-        if "parity" in doc:  # the per-call sections were not run (--parity)
-            continue
-        lines.append(header)
-        natives = {}
-        for key, row in doc["sections"].items():
-            lines.append(f"  {key:<24} {row['number']:>5}   {_stats(row['stats_us']['opbridge'])}   "
-                         f"{_stats(row['stats_us']['native'])}   {row['ratio']:.2f}x")
-            natives[key] = row["candidates"]["native"]
-        for key, reason in doc.get("skipped_sections", {}).items():
-            lines.append(f"  {key:<24} skipped: {reason}")
-        for key, err in doc.get("errors", {}).items():
-            lines.append(f"  {key:<24} ERROR: {err}")
-        for key, native in natives.items():
-            lines.append(f"    native {key}: {native}")
-        notes = {row["sync"] for row in doc["sections"].values() if "sync" in row}
-        lines += [f"    note: {n}" for n in sorted(notes)]
-    lines.append("")
-    lines += fw_builds.format_builds(result["builds"])
-    if "parity" in result:
-        lines += ["", *parity_report.format_table(result["parity"])]
-        lines.append(f"  rows missing a target: {len(result['parity_misses'])} of {len(result['parity'])}")
-    if "files" in result:
-        lines += ["", files_line(result["files"])]
-    if result["problems"]:
-        lines.append("")
-        lines.append("problems:")
-        lines += [f"  {p}" for p in result["problems"]]
-    return "\n".join(lines)
+__all__ = ["DESCRIPTION", "FRAMEWORKS", "add_arguments", "format_text", "ms_python", "run", "run_worker"]

@@ -1,22 +1,41 @@
 """The sections of ``opbridge bench frameworks``: what each framework's worker times.
 
 A :class:`Section` is one opbridge-vs-native comparison (two zero-argument
-callables, how to read their results as NumPy, and for asynchronous
-frameworks how to wait for them); :data:`SECTIONS` builds each framework's
-list in its worker process (:mod:`opbridge.bench.fw_worker`), which verifies
-and times them. The larger parity table is :mod:`opbridge.bench.parity`.
+callables, how to read their results as NumPy, for asynchronous frameworks
+how to wait for them, and for ops that write their arguments what to
+compare); :data:`SECTIONS` builds each framework's list in its worker process
+(:mod:`opbridge.bench.fw_worker`), which verifies and times them. The
+larger parity table is :mod:`opbridge.bench.parity`.
+
+Every op of :data:`PER_CALL_OPS` gets a section in each framework's eager
+mode (PyNative for MindSpore) on :func:`inputs`: ``add`` on 8 float32
+elements, the others at the serving size :data:`ROWS`, next to the
+framework's own formula or op from :mod:`opbridge.bench.natives`. Graph
+modes add ``jax.jit`` sections (``add``, ``gelu``, ``rms_norm`` at (8,) and
+(1024, 1024)) and MindSpore's ``ms.jit`` ``add``, each where its op is
+selected.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+#: The ops with per-call sections (``--ops``), in report order.
+PER_CALL_OPS = ("add", "gelu", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
+                "gelu_and_mul")
+#: The serving size: 8 tokens, hidden 64 (the gated ops' x; their result is (8, 32)).
+ROWS = (8, 64)
 _SMALL = (8,)
 _LARGE = (1024, 1024)
 _EPS = 1e-6
 _C = 0.7978845608028654  # sqrt(2/pi)
+
+Sections = tuple[list["Section"], dict[str, str], dict[str, Any]]
+#: ``make(schema-ordered args) -> zero-argument call`` (as :data:`opbridge.bench.natives.Factory`).
+Factory = Callable[[Sequence[Any]], Callable[[], Any]]
 
 
 def shape_label(shape: tuple[int, ...]) -> str:
@@ -25,25 +44,32 @@ def shape_label(shape: tuple[int, ...]) -> str:
 
 
 class Section:
-    """One opbridge-vs-native comparison, before it is run."""
+    """One opbridge-vs-native comparison, before it is run.
+
+    *result*, for an op that writes its arguments: ``result(name)`` runs
+    candidate *name* (``"opbridge"`` or ``"native"``) once on fresh copies of
+    the inputs and returns the arguments it wrote, which verification then
+    compares; without it, verification compares what the candidates return.
+    """
 
     def __init__(self, op: str, mode: str, shape: tuple[int, ...], opbridge: Callable[[], Any],
                  native: Callable[[], Any], descriptions: dict[str, str],
                  to_numpy: Callable[[Any], Any], sync: Callable[[], Any] | None = None,
-                 sync_note: str | None = None) -> None:
+                 sync_note: str | None = None, result: Callable[[str], Any] | None = None) -> None:
         self.op, self.mode, self.shape = op, mode, shape
         self.fns = {"opbridge": opbridge, "native": native}
         self.descriptions = descriptions
         self.to_numpy = to_numpy
         self.sync = sync
         self.sync_note = sync_note
+        self.result = result
 
     @property
     def key(self) -> str:
         return f"{self.op}/{self.mode}/{shape_label(self.shape)}"
 
 
-# -- the frameworks -------------------------------------------------------------
+# -- inputs ---------------------------------------------------------------------------
 
 
 def _rand(shape: tuple[int, ...], seed: int) -> Any:
@@ -52,39 +78,137 @@ def _rand(shape: tuple[int, ...], seed: int) -> Any:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _numpy_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
+def inputs(op: str) -> tuple[tuple[int, ...], list[Any]]:
+    """The section's shape and *op*'s schema-ordered arguments (float32 NumPy arrays and scalars)."""
     import numpy as np
 
-    from opbridge import ops
+    from opbridge.bench.workloads import rope_cache, rope_heads, rope_shapes
 
-    x, y = _rand(_SMALL, 0), _rand(_SMALL, 1)
-    s = Section("add", "eager", _SMALL, functools.partial(ops.add, x, y), functools.partial(np.add, x, y),
-                {"opbridge": "opbridge.ops.add(x, y)", "native": "np.add(x, y)"}, to_numpy=lambda a: a)
-    return [s], {}, {}
+    if op == "add":
+        return _SMALL, [_rand(_SMALL, 0), _rand(_SMALL, 1)]
+    rng = np.random.default_rng(PER_CALL_OPS.index(op))
+
+    def f32(shape: tuple[int, ...]) -> Any:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    hidden = ROWS[1]
+    if op in ("gelu", "silu_and_mul", "gelu_and_mul"):
+        return ROWS, [f32(ROWS)]
+    if op == "rms_norm":
+        return ROWS, [f32(ROWS), f32((hidden,)), _EPS]
+    if op == "fused_add_rms_norm":
+        # Timing calls it over and over on the same buffers. After the first call input = w * residual / r
+        # (r = rms(residual)), so each call sets residual *= 1 - |w| / r elementwise for negative weights,
+        # which keeps r <= max(r after the first call, max |w| = 1.5) however many calls run; positive
+        # weights would grow the residual by about |w| per call.
+        return ROWS, [f32(ROWS), f32(ROWS), -(0.5 + rng.random(hidden)).astype(np.float32), _EPS]
+    if op == "rotary_embedding":
+        # One head of 64 per token (bench kernels' geometry at this width), NeoX style; rotations keep
+        # query's and key's norms (up to rounding), so repeated calls on the same buffers stay bounded.
+        shapes = rope_shapes(ROWS)
+        max_position, rot_dim = shapes["cos_sin_cache"]
+        return shapes["query"], [rng.integers(0, max_position, shapes["positions"], dtype=np.int64),
+                                 f32(shapes["query"]), f32(shapes["key"]), rope_heads(hidden)[0],
+                                 rope_cache(max_position, rot_dim).astype(np.float32), True]
+    raise ValueError(f"no per-call inputs for {op!r}; per-call ops: {', '.join(PER_CALL_OPS)}")
 
 
-def _torch_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
+# -- one eager section per op, in any framework -------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Kit:
+    """How one framework's eager sections are made."""
+
+    mode: str
+    to: Callable[[Any], Any]  # a NumPy array as a new array of the framework
+    to_numpy: Callable[[Any], Any]
+    natives: dict[str, Factory]
+    what: dict[str, str]
+    call: Callable[..., Callable[[], Any]] = functools.partial  # call(opbridge op, *args)
+    waits: bool = False  # JAX: each call waits for its result (what the descriptions say)
+    in_place: bool = True  # mutating ops write their arguments (not JAX: it returns their new values)
+    sync: Callable[[], Any] | None = None
+    sync_note: str | None = None
+
+    def args(self, raw: Sequence[Any]) -> list[Any]:
+        return [self.to(a) if hasattr(a, "shape") else a for a in raw]
+
+
+def _fresh_result(kit: _Kit, raw: Sequence[Any], written: Sequence[int],
+                  makes: dict[str, Factory]) -> Callable[[str], Any]:
+    def result(name: str) -> tuple[Any, ...]:
+        args = kit.args(raw)
+        makes[name](args)()
+        return tuple(args[i] for i in written)
+
+    return result
+
+
+def _ours(call: Callable[..., Callable[[], Any]], fn: Any, args: Sequence[Any]) -> Callable[[], Any]:
+    return call(fn, *args)
+
+
+def _eager_sections(kit: _Kit, ops: Sequence[str]) -> list[Section]:
+    from opbridge import ops as opbridge_ops
+    from opbridge.bench.verify import mutated
+
+    sections = []
+    for op in ops:
+        shape, raw = inputs(op)
+        fn = getattr(opbridge_ops, op)
+        makes: dict[str, Factory] = {"opbridge": functools.partial(_ours, kit.call, fn),
+                                     "native": kit.natives[op]}
+        written = mutated(fn.opdef)
+        result = _fresh_result(kit, raw, written, makes) if written and kit.in_place else None
+        names = ", ".join(a.name for a in fn.opdef.schema.arguments)
+        ours = f"opbridge.ops.{op}({names})"
+        if kit.waits:
+            ours = f"jax.block_until_ready({ours})" if written else f"{ours}.block_until_ready()"
+        args = kit.args(raw)
+        sections.append(Section(op, kit.mode, shape, makes["opbridge"](args), makes["native"](args),
+                                {"opbridge": ours, "native": kit.what[op]}, to_numpy=kit.to_numpy,
+                                sync=kit.sync, sync_note=kit.sync_note, result=result))
+    return sections
+
+
+# -- the frameworks -------------------------------------------------------------
+
+
+def _copy(a: Any) -> Any:
+    return a.copy()
+
+
+def _numpy_sections(ops: Sequence[str]) -> Sections:
+    from opbridge.bench import natives
+
+    kit = _Kit("eager", _copy, lambda a: a, natives.natives("numpy"), natives.descriptions("numpy"))
+    return _eager_sections(kit, ops), {}, {}
+
+
+def _torch_sections(ops: Sequence[str]) -> Sections:
     import torch
 
-    from opbridge import ops
+    from opbridge.bench import natives
 
-    x, y = torch.from_numpy(_rand(_SMALL, 0)), torch.from_numpy(_rand(_SMALL, 1))
-    s = Section("add", "eager", _SMALL, functools.partial(ops.add, x, y), functools.partial(torch.add, x, y),
-                {"opbridge": "opbridge.ops.add(x, y)", "native": "torch.add(x, y)"},
-                to_numpy=lambda t: t.numpy())
-    return [s], {}, {"torch_threads": torch.get_num_threads()}
+    kit = _Kit("eager", lambda a: torch.from_numpy(a.copy()), lambda t: t.numpy(), natives.natives("torch"),
+               natives.descriptions("torch"))
+    return _eager_sections(kit, ops), {}, {"torch_threads": torch.get_num_threads()}
 
 
-def _block(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args).block_until_ready()
-
-
-def _jax_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
+def _jax_sections(ops: Sequence[str]) -> Sections:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from opbridge import ops
+    from opbridge import ops as opbridge_ops
+    from opbridge.bench import natives
+
+    info: dict[str, Any] = {}
+    if "rotary_embedding" in ops:  # before any array exists
+        jax.config.update("jax_enable_x64", True)
+        info["jax_enable_x64"] = ("on: rotary_embedding's positions are int64, which JAX keeps only with x64 "
+                                  "(float32 arrays stay float32)")
 
     def arr(shape: tuple[int, ...], seed: int) -> Any:
         return jnp.asarray(_rand(shape, seed))
@@ -92,52 +216,50 @@ def _jax_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
     def to_np(a: Any) -> Any:
         return np.asarray(a)
 
-    x, y = arr(_SMALL, 0), arr(_SMALL, 1)
-    native_add = jax.jit(jnp.add)
-    sections = [Section(
-        "add", "eager", _SMALL, functools.partial(_block, ops.add, x, y),
-        functools.partial(_block, native_add, x, y),
-        {"opbridge": "opbridge.ops.add(x, y).block_until_ready()",
-         "native": "jax.jit(jnp.add)(x, y).block_until_ready(), called eagerly"}, to_numpy=to_np)]
+    kit = _Kit("eager", jnp.asarray, to_np, natives.natives("jax"), natives.descriptions("jax"),
+               call=functools.partial(functools.partial, natives.jax_call),  # call(op, *a): waits too
+               waits=True, in_place=False)
+    sections = _eager_sections(kit, ops)
     jit_pairs: list[tuple[str, Callable[..., Any], Callable[..., Any], str, str, int]] = [
-        ("add", lambda a, b: ops.add(a, b), lambda a, b: a + b,
+        ("add", lambda a, b: opbridge_ops.add(a, b), lambda a, b: a + b,
          "jax.jit(lambda x, y: ops.add(x, y))", "jax.jit(lambda x, y: x + y)", 2),
-        ("gelu", lambda a: ops.gelu(a), lambda a: 0.5 * a * (1.0 + jnp.tanh(_C * (a + 0.044715 * a * a * a))),
+        ("gelu", lambda a: opbridge_ops.gelu(a),
+         lambda a: 0.5 * a * (1.0 + jnp.tanh(_C * (a + 0.044715 * a * a * a))),
          "jax.jit(lambda x: ops.gelu(x))",
          "jax.jit(lambda x: 0.5*x*(1 + jnp.tanh(sqrt(2/pi)*(x + 0.044715*x**3))))",
          1),
-        ("rms_norm", lambda a, w: ops.rms_norm(a, w, _EPS),
+        ("rms_norm", lambda a, w: opbridge_ops.rms_norm(a, w, _EPS),
          lambda a, w: a * jax.lax.rsqrt(jnp.mean(a * a, axis=-1, keepdims=True) + _EPS) * w,
          f"jax.jit(lambda x, w: ops.rms_norm(x, w, {_EPS}))",
          f"jax.jit(lambda x, w: x * lax.rsqrt(jnp.mean(x*x, -1, keepdims=True) + {_EPS}) * w)", 2),
     ]
     for op, ours, theirs, d_ours, d_theirs, nargs in jit_pairs:
+        if op not in ops:
+            continue
         for shape in (_SMALL, _LARGE):
             if op == "rms_norm":
                 args = (arr(shape, 2), arr(shape[-1:], 3))
             else:
                 args = tuple(arr(shape, 4 + i) for i in range(nargs))
             sections.append(Section(
-                op, "jit", shape, functools.partial(_block, jax.jit(ours), *args),
-                functools.partial(_block, jax.jit(theirs), *args),
+                op, "jit", shape, functools.partial(natives.jax_call, jax.jit(ours), *args),
+                functools.partial(natives.jax_call, jax.jit(theirs), *args),
                 {"opbridge": f"{d_ours}(...).block_until_ready()",
                  "native": f"{d_theirs}(...).block_until_ready()"},
                 to_numpy=to_np))
-    info = {"jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()]}
+    info.update({"jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()]})
     return sections, {}, info
 
 
-def _paddle_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
+def _paddle_sections(ops: Sequence[str]) -> Sections:
     import paddle
 
-    from opbridge import ops
+    from opbridge.bench import natives
 
     paddle.device.set_device("cpu")
-    x, y = paddle.to_tensor(_rand(_SMALL, 0)), paddle.to_tensor(_rand(_SMALL, 1))
-    s = Section("add", "eager", _SMALL, functools.partial(ops.add, x, y), functools.partial(paddle.add, x, y),
-                {"opbridge": "opbridge.ops.add(x, y)", "native": "paddle.add(x, y)"},
-                to_numpy=lambda t: t.numpy())
-    return [s], {}, {"paddle_device": paddle.device.get_device()}
+    kit = _Kit("eager", paddle.to_tensor, lambda t: t.numpy(), natives.natives("paddle"),
+               natives.descriptions("paddle"))
+    return _eager_sections(kit, ops), {}, {"paddle_device": paddle.device.get_device()}
 
 
 # MindSpore compiles these from source inside ms.jit, so they are module-level
@@ -154,35 +276,33 @@ def _ms_graph_native(x: Any, y: Any) -> Any:
     return _MSOPS.add(x, y)
 
 
-def _mindspore_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]]:
+def _mindspore_sections(ops: Sequence[str]) -> Sections:
     global _OPB, _MSOPS
     import mindspore as ms
     from mindspore import ops as msops
 
-    from opbridge import ops
+    from opbridge import ops as opbridge_ops
+    from opbridge.bench import natives
 
-    _OPB, _MSOPS = ops, msops
+    _OPB, _MSOPS = opbridge_ops, msops
     ms.set_device("CPU")
-    x, y = ms.Tensor(_rand(_SMALL, 0)), ms.Tensor(_rand(_SMALL, 1))
-    sync: Callable[[], Any]
-    try:
-        from mindspore.graph.api import _pynative_executor
-
-        sync, note = _pynative_executor.sync, "sample = N calls + one _pynative_executor.sync()"
-    except ImportError:  # pragma: no cover - other MindSpore layouts
-        sync, note = (lambda: msops.add(x, y).asnumpy()), "sample = N calls + one ops.add(...).asnumpy()"
-    note = ("MindSpore PyNative runs ops asynchronously (ops.add returns before its kernel ran); " + note
-            + ", divided by N")
+    sync = natives.mindspore_sync()
+    note = ("MindSpore PyNative runs ops asynchronously (ops.add returns before its kernel ran); sample = N "
+            "calls + one _pynative_executor.sync(), divided by N, each candidate its own N (calls: "
+            "opbridge/native where they differ)")
 
     def to_np(t: Any) -> Any:
         return t.asnumpy()
 
-    sections = [Section(
-        "add", "pynative", _SMALL, functools.partial(ops.add, x, y), functools.partial(msops.add, x, y),
-        {"opbridge": "opbridge.ops.add(x, y)", "native": "mindspore.ops.add(x, y)"},
-        to_numpy=to_np, sync=sync, sync_note=note)]
+    queued = {op: natives.bind(f) for op, f in natives.mindspore_formulas().items()}
+    kit = _Kit("pynative", lambda a: ms.Tensor(a.copy()), to_np, queued, natives.descriptions("mindspore"),
+               sync=sync, sync_note=note)
+    sections = _eager_sections(kit, ops)
     skipped: dict[str, str] = {}
     extra: dict[str, Any] = {}
+    if "add" not in ops:
+        return sections, skipped, extra
+    x, y = ms.Tensor(_rand(_SMALL, 0)), ms.Tensor(_rand(_SMALL, 1))
     key = f"add/ms.jit/{shape_label(_SMALL)}"
     try:
         from opbridge.adapters import mindspore as adapter
@@ -200,7 +320,7 @@ def _mindspore_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]
         try:
             from opbridge.adapters.mindspore import aot as mindspore_aot
 
-            extra["graph_wrapper_path"] = str(mindspore_aot.aot_module(ops.LIBRARY).path)
+            extra["graph_wrapper_path"] = str(mindspore_aot.aot_module(opbridge_ops.LIBRARY).path)
             extra["graph_wrapper_note"] = ("ms.jit runs the ops.Custom(func_type='aot') wrapper, which calls "
                                            "the kernels of the loaded module (module.loaded_path)")
         except Exception as e:  # informational only
@@ -210,7 +330,9 @@ def _mindspore_sections() -> tuple[list[Section], dict[str, str], dict[str, Any]
     return sections, skipped, extra
 
 
-SECTIONS: dict[str, Callable[[], tuple[list[Section], dict[str, str], dict[str, Any]]]] = {
+#: ``SECTIONS[framework](ops)``: that framework's sections of the per-call ops *ops*, the sections it
+#: skipped (key -> why) and what else its document reports.
+SECTIONS: dict[str, Callable[[Sequence[str]], Sections]] = {
     "numpy": _numpy_sections,
     "torch": _torch_sections,
     "jax": _jax_sections,

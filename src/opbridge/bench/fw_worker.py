@@ -2,8 +2,8 @@
 
 Run as::
 
-    python -m opbridge.bench.fw_worker FRAMEWORK [--rounds N] [--number N]
-                                      [--target-ms MS] [--module PATH] [--parity SECONDS]
+    python -m opbridge.bench.fw_worker FRAMEWORK [--rounds N] [--number N] [--target-ms MS]
+                                      [--module PATH] [--parity SECONDS] [--ops OP ...]
 
 It prints **one JSON document** on stdout (progress goes to stderr) and exits
 0, also when the framework is not installed (the document then says
@@ -12,11 +12,14 @@ Each framework runs in a process of its own because Paddle and MindSpore
 cannot be imported into one process (oneDNN symbol clash), and MindSpore
 lives in another virtual environment (NumPy 1.x).
 
-Every *section* compares ``opbridge.ops.<op>`` with the framework's own
-equivalent on the same inputs: the results are checked (``add`` exactly,
-``gelu`` / ``rms_norm`` within the op's declared float32 tolerance) before
-anything is timed, then both are timed interleaved
-(:func:`opbridge.bench.timing.interleaved`). A section that cannot run (a
+Every *section* (:mod:`opbridge.bench.fw_sections`; ``--ops`` picks the
+per-call ops, ``add`` by default) compares ``opbridge.ops.<op>`` with the
+framework's own equivalent on the same inputs: the results are checked
+(``add`` exactly, the other ops within the op's declared float32 tolerance;
+an op that writes its arguments runs each candidate once on fresh copies of
+the inputs and compares every argument written) before anything is timed,
+then both are timed interleaved (:func:`opbridge.bench.timing.interleaved`),
+a mutating op's candidates on the same buffers. A section that cannot run (a
 mode the adapter does not support) is listed under ``skipped_sections`` with the
 reason; one whose results differ is listed under ``errors`` and not timed.
 
@@ -37,11 +40,11 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench.fw_sections import SECTIONS, Section
+from opbridge.bench.fw_sections import PER_CALL_OPS, SECTIONS, Section
 from opbridge.bench.timing import dist_version, interleaved, summary
 
 #: Bumped when the document's layout changes.
@@ -69,26 +72,46 @@ def _progress(framework: str, msg: str) -> None:
 # -- checking and timing ------------------------------------------------------
 
 
+def _outcome(section: Section, name: str) -> list[Any]:
+    """What verification compares of candidate *name*: its results, or the arguments it wrote."""
+    import numpy as np
+
+    from opbridge.bench.verify import as_tuple
+
+    got = section.result(name) if section.result is not None else section.fns[name]()
+    return [np.asarray(section.to_numpy(t)) for t in as_tuple(got)]
+
+
 def _verify(section: Section) -> str:
-    """Check opbridge's result against the native one; return how (raises AssertionError)."""
+    """Check opbridge's result against the native one; return how (raises AssertionError).
+
+    A mutating op's candidates each run once on fresh copies of the inputs,
+    and the arguments they wrote are compared (JAX: the new values they
+    return, in the same order).
+    """
     import numpy as np
 
     from opbridge import ops
 
-    got = np.asarray(section.to_numpy(section.fns["opbridge"]()))
-    want = np.asarray(section.to_numpy(section.fns["native"]()))
-    if got.shape != want.shape or got.dtype != want.dtype:
-        raise AssertionError(f"opbridge gave {got.dtype}{list(got.shape)}, "
-                             f"native {want.dtype}{list(want.shape)}")
-    if section.op == "add":
-        if not np.array_equal(got, want):
-            raise AssertionError(f"results differ: max |diff| {float(np.max(np.abs(got - want)))}")
-        return "exact"
-    rtol, atol = getattr(ops, section.op).opdef.tolerance("float32")
-    if not np.allclose(got, want, rtol=rtol, atol=atol):
-        raise AssertionError(f"results differ beyond rtol={rtol}, atol={atol}: "
-                             f"max |diff| {float(np.max(np.abs(got - want)))}")
-    return f"allclose(rtol={rtol}, atol={atol})"
+    opdef = getattr(ops, section.op).opdef
+    written = [a.name for a in opdef.schema.mutated_args]
+    ours, theirs = _outcome(section, "opbridge"), _outcome(section, "native")
+    if len(ours) != len(theirs) or not ours:
+        raise AssertionError(f"opbridge gave {len(ours)} result(s), native {len(theirs)}")
+    names = written if len(written) == len(ours) else [f"result {i}" for i in range(len(ours))]
+    exact = section.op == "add"
+    rtol, atol = (0.0, 0.0) if exact else opdef.tolerance("float32")
+    for name, got, want in zip(names, ours, theirs):
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise AssertionError(f"{name}: opbridge gave {got.dtype}{list(got.shape)}, "
+                                 f"native {want.dtype}{list(want.shape)}")
+        if not (np.array_equal(got, want) if exact else np.allclose(got, want, rtol=rtol, atol=atol)):
+            how = "" if exact else f" beyond rtol={rtol}, atol={atol}"
+            raise AssertionError(f"{name}: results differ{how}: max |diff| {float(np.max(np.abs(got - want)))}")
+    how = "exact" if exact else f"allclose(rtol={rtol}, atol={atol})"
+    if written and section.result is not None:
+        return f"{', '.join(names)} as written, each candidate on fresh copies of the inputs: {how}"
+    return f"{', '.join(names)} (the new values returned): {how}" if written else how
 
 
 def _batched(fn: Callable[[], Any], sync: Callable[[], Any], number: int) -> None:
@@ -98,18 +121,23 @@ def _batched(fn: Callable[[], Any], sync: Callable[[], Any], number: int) -> Non
     sync()
 
 
-def _calibrate(section: Section, number: int, target_s: float) -> int:
-    """Calls per sample: at most *number*, about *target_s* per sample for the slower candidate.
+def _calibrate(section: Section, number: int, target_s: float) -> dict[str, int]:
+    """Calls per sample of each candidate: at most *number*, samples of about *target_s*.
 
-    An asynchronous section (one with a ``sync``) aims at ``_ASYNC_TARGET_FACTOR``
-    times longer samples and estimates the per-call cost from a batch of
-    ``_ASYNC_PROBE`` calls, so that the one pipeline wait per sample (a thread
-    wake-up, milliseconds on a loaded machine) is amortised rather than timed.
+    Synchronous candidates share one count, the slower one's, so that a round
+    times both alike. An asynchronous section (one with a ``sync``) sizes
+    each candidate's samples itself (MindSpore's own formulas can take
+    milliseconds where opbridge's call takes microseconds; one shared count
+    would time opbridge one call plus one wait at a time), aims at
+    ``_ASYNC_TARGET_FACTOR`` times longer samples and estimates the per-call
+    cost from a batch of ``_ASYNC_PROBE`` calls, so that the one pipeline
+    wait per sample (a thread wake-up, milliseconds on a loaded machine) is
+    amortised rather than timed.
     """
     probe = 3 if section.sync is None else _ASYNC_PROBE
     target = target_s if section.sync is None else target_s * _ASYNC_TARGET_FACTOR
-    slowest = 0.0
-    for fn in section.fns.values():
+    calls = {}
+    for name, fn in section.fns.items():
         for _ in range(2):
             fn()
         if section.sync is not None:
@@ -119,21 +147,27 @@ def _calibrate(section: Section, number: int, target_s: float) -> int:
             fn()
         if section.sync is not None:
             section.sync()
-        slowest = max(slowest, (time.perf_counter() - start) / probe)
-    return max(1, min(number, int(target / max(slowest, 1e-9))))
+        cost = (time.perf_counter() - start) / probe
+        calls[name] = max(1, min(number, int(target / max(cost, 1e-9))))
+    if section.sync is None:
+        calls = dict.fromkeys(calls, min(calls.values()))
+    return calls
 
 
 def _time(section: Section, rounds: int, number: int, target_s: float) -> dict[str, Any]:
-    n = _calibrate(section, number, target_s)
+    calls = _calibrate(section, number, target_s)
     if section.sync is None:
-        samples = interleaved(section.fns, rounds=rounds, number=n)
+        samples = interleaved(section.fns, rounds=rounds, number=calls["opbridge"])
     else:
         # Asynchronous framework: a sample is n calls plus one wait for their results.
-        batches = {k: functools.partial(_batched, f, section.sync, n) for k, f in section.fns.items()}
-        samples = {k: [s / n for s in v] for k, v in interleaved(batches, rounds=rounds, number=1).items()}
+        batches = {k: functools.partial(_batched, f, section.sync, calls[k]) for k, f in section.fns.items()}
+        samples = {k: [s / calls[k] for s in v]
+                   for k, v in interleaved(batches, rounds=rounds, number=1).items()}
     stats = summary(samples)
-    ratios = {q: round(stats["opbridge"][q] / stats["native"][q], 3) for q in ("p20", "p50", "p80")}
-    return {"number": n, "stats_us": stats, "ratio": ratios["p50"], "ratios": ratios}
+    # 4 significant digits: MindSpore's own formulas can take 10^4 times opbridge's call
+    ratios = {q: float(f"{stats['opbridge'][q] / stats['native'][q]:.4g}") for q in ("p20", "p50", "p80")}
+    return {"number": min(calls.values()), "calls": calls, "stats_us": stats, "ratio": ratios["p50"],
+            "ratios": ratios}
 
 
 def run_sections(framework: str, sections: list[Section], rounds: int, number: int,
@@ -190,8 +224,9 @@ def _use_module(path: str | None) -> dict[str, Any]:
 
 
 def measure(framework: str, rounds: int, number: int, target_ms: float = 5.0,
-            module: str | None = None, parity_budget_s: float | None = None) -> dict[str, Any]:
-    """Run *framework*'s sections in this process; return the worker's document.
+            module: str | None = None, parity_budget_s: float | None = None,
+            ops: Sequence[str] = ("add",)) -> dict[str, Any]:
+    """Run *framework*'s sections of the per-call ops *ops* in this process; return the worker's document.
 
     With *parity_budget_s* (seconds per row), the parity table
     (:mod:`opbridge.bench.parity`) instead of the sections, under ``"parity"``.
@@ -224,7 +259,8 @@ def measure(framework: str, rounds: int, number: int, target_ms: float = 5.0,
         skipped = {"*": "--parity: the parity table only"}
     else:
         _progress(framework, "building the sections (compiles jitted functions)")
-        sections, skipped, extra = SECTIONS[framework]()
+        sections, skipped, extra = SECTIONS[framework](ops)
+        doc["ops"] = list(ops)
         doc.update(extra)
         results, errors = run_sections(framework, sections, rounds, number, target_ms / 1e3)
 
@@ -249,12 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--module", default=None, help="path of the compiled op library to load")
     p.add_argument("--parity", type=float, metavar="SECONDS", default=None,
                    help="time the parity table instead of the sections, about SECONDS per row")
+    p.add_argument("--ops", nargs="+", choices=PER_CALL_OPS, default=["add"], metavar="OP",
+                   help=f"per-call ops whose sections to time (default: add; any of {', '.join(PER_CALL_OPS)})")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.number < 1 or args.target_ms <= 0 or (args.parity is not None
                                                                       and args.parity <= 0):
         p.error("--rounds, --number, --target-ms and --parity must be positive")
     try:
-        doc = measure(args.framework, args.rounds, args.number, args.target_ms, args.module, args.parity)
+        doc = measure(args.framework, args.rounds, args.number, args.target_ms, args.module, args.parity,
+                      ops=tuple(dict.fromkeys(args.ops)))
     except Exception as e:
         traceback.print_exc()
         doc = {"protocol": PROTOCOL, "framework": args.framework, "failed": f"{type(e).__name__}: {e}"}

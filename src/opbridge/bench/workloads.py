@@ -155,18 +155,25 @@ def rope_shapes(size: tuple[int, int]) -> dict[str, Shape]:
             "cos_sin_cache": (ROPE_MAX_POSITION, head)}
 
 
+def rope_cache(max_position: int, rot_dim: int, base: float = 10000.0) -> Any:
+    """vLLM's cos/sin cache, float64 NumPy ``(max_position, rot_dim)``: row ``p`` holds ``[cos | sin]``."""
+    import numpy as np
+
+    inv_freq = 1.0 / base ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    freqs = np.outer(np.arange(max_position, dtype=np.float64), inv_freq)
+    return np.concatenate([np.cos(freqs), np.sin(freqs)], axis=-1)
+
+
 def rope_args(size: tuple[int, int], dtype: str, gen: Any) -> dict[str, Any]:
     """Positions uniform in ``[0, max_position)``, vLLM's cos/sin cache in *dtype*, NeoX style."""
     import torch
 
     shapes = rope_shapes(size)
     max_position, rot_dim = shapes["cos_sin_cache"]
-    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
-    freqs = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
     return {
         "positions": torch.randint(0, max_position, shapes["positions"], generator=gen, dtype=torch.int64),
         "head_size": rope_heads(size[1])[0],
-        "cos_sin_cache": torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(getattr(torch, dtype)),
+        "cos_sin_cache": torch.from_numpy(rope_cache(max_position, rot_dim)).to(getattr(torch, dtype)),
         "is_neox": True,
     }
 
