@@ -414,3 +414,54 @@ def test_fuzzed_bad_inputs_raise_named_errors_and_write_nothing(op: opbridge.OpD
             same = (now == was) | (np.isnan(now) & np.isnan(was)) if now.dtype.kind == "f" else now == was
             assert np.all(same), f"{where}: '{p.name}' ({p.layout}) was written by a call that raised"
             _check_around(p, f"{where}: argument")
+
+
+def _shared(values: list[np.ndarray], dtype: str, shift: int) -> list[Any]:
+    """Views of one framework buffer: ``values[0]`` at element 0, every later one *shift* elements on."""
+    n = values[0].size
+    flat = np.zeros(n + shift * (len(values) - 1), np.float64)
+    flat[:n] = values[0].ravel()
+    buf = _place("shared", flat, dtype, "offset" if STRIDED else "contiguous").view
+    views = [buf[k * shift:k * shift + n].reshape(values[0].shape) for k in range(len(values))]
+    apart = H.data_ptr(views[-1]) - H.data_ptr(views[0])
+    if apart != shift * (len(values) - 1) * _np_dtype(dtype).itemsize:  # a reshape that copied
+        pytest.skip(f"{FRAMEWORK}: the views are {apart} bytes apart, not {shift} element(s)")
+    return views
+
+
+@pytest.mark.parametrize("op", OUT_OPS, ids=lambda op: op.name)
+@FUZZ
+@given(data=st.data(), shift=st.sampled_from([0, 1, 3]))
+def test_fuzzed_out_sharing_memory_with_an_input(op: opbridge.OpDef, data: st.DataObject, shift: int) -> None:
+    """``out=`` the very input (shift 0) or a view overlapping it: the result is the op of the inputs as
+    they were before the call (NumPy's own ufuncs buffer such calls; torch's own refuse them)."""
+    if len(LAYOUTS) == 1:
+        pytest.skip(f"{FRAMEWORK}: its arrays have no views (and no out= for JAX)")
+    _require(op)
+    dtype, case, _, _ = data.draw(_calls(op, with_out=False))
+    args = [H.from_numpy(v, dtype if v.dtype.kind == "f" else None) if isinstance(v, np.ndarray) else v
+            for v in (case[a.name] for a in op.schema.arguments)]
+    specs = op.output_specs(args)
+    first = specs[0]
+    shared = next((i for i in core_tensors(op) if isinstance(case[op.schema.arguments[i].name], np.ndarray)
+                   and tuple(case[op.schema.arguments[i].name].shape) == tuple(int(s) for s in first.shape)
+                   and case[op.schema.arguments[i].name].dtype.kind == "f"
+                   and case[op.schema.arguments[i].name].size > 0), None)
+    if shared is None:
+        return  # no input the first output could share memory with
+    name = op.schema.arguments[shared].name
+    x, out0 = _shared([case[name], np.zeros(case[name].shape)], dtype, shift)
+    args[shared] = x
+    ref_args = [_np64(a) if k in core_tensors(op) and a is not None else a for k, a in enumerate(args)]
+    ref = op.reference(*ref_args)
+    refs = list(ref) if isinstance(ref, tuple) else [ref]
+    outs = [out0] + [H.from_numpy(np.zeros(tuple(int(s) for s in sp.shape)), dtype) for sp in specs[1:]]
+    op.call(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
+    rtol, atol = op.tolerance(dtype)
+    where = f"{FRAMEWORK} {op.name} {dtype}: out= {'is' if shift == 0 else f'{shift} element(s) past'} '{name}'"
+    for k, (o, w) in enumerate(zip(outs, refs)):
+        assert_close(_np64(o), _rounded(w, dtype), rtol=rtol, atol=atol, name=f"{where}: out {k}")
+
+
+def core_tensors(op: opbridge.OpDef) -> list[int]:
+    return [i for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]

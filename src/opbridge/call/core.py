@@ -292,18 +292,45 @@ def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
 
 
 def dense_outputs(outs: Sequence[Any], is_dense: Callable[[Any], bool],
-                  new_dense: Callable[[Any], Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+                  new_dense: Callable[[Any], Any], *, fresh: bool = False) -> tuple[list[Any], list[tuple[Any, Any]]]:
     """The caller's ``out=`` buffers as a kernel that takes dense tensors gets them.
 
-    Each buffer that is not dense is replaced by a new dense one of its shape
-    and dtype (``new_dense``), which the kernel writes and the caller copies
-    back into the buffer afterwards: the pairs ``(buffer, dense)`` are
-    returned beside the list, as :func:`dense_args` returns mutated ones.
+    Each buffer that is not dense (every buffer, with *fresh*: see
+    :func:`outputs_overlap`) is replaced by a new dense one of its shape and
+    dtype (``new_dense``), which the kernel writes and the caller copies back
+    into the buffer afterwards: the pairs ``(buffer, dense)`` are returned
+    beside the list, as :func:`dense_args` returns mutated ones.
     """
     dense = list(outs)
     back: list[tuple[Any, Any]] = []
     for i, o in enumerate(outs):
-        if not is_dense(o):
+        if fresh or not is_dense(o):
             dense[i] = new_dense(o)
             back.append((o, dense[i]))
     return dense, back
+
+
+def outputs_overlap(op: OpDef, args: Sequence[Any], outs: Sequence[Any], overlap: Callable[[Any, Any], bool]) -> bool:
+    """Whether an ``out=`` buffer may share memory with a Tensor argument or another ``out=`` buffer.
+
+    Such a call runs its kernel into fresh buffers, copied into the caller's
+    after it ran (:func:`dense_outputs` with ``fresh=True``), as NumPy's ufuncs
+    buffer overlapping operands: the inputs are read as they were before the
+    call, whatever order a kernel reads and writes in. *overlap* is the
+    framework's test of two tensors (``np.may_share_memory``, or
+    :func:`span_overlap`).
+    """
+    tensors = [args[i] for i in tensor_indices(op) if args[i] is not None]
+    for k, o in enumerate(outs):
+        if any(overlap(o, t) for t in tensors) or any(overlap(o, p) for p in outs[:k]):
+            return True
+    return False
+
+
+def span_overlap(span: Callable[[Any], tuple[int, int]]) -> Callable[[Any, Any], bool]:
+    """A test of whether two tensors' byte ranges (*span*: ``(start, end)``, strides included) overlap."""
+    def overlap(a: Any, b: Any) -> bool:
+        (s0, e0), (s1, e1) = span(a), span(b)
+        return s0 != e0 and s1 != e1 and s1 < e0 and s0 < e1
+
+    return overlap

@@ -39,6 +39,7 @@ from opbridge.call.core import (
     dense_args,
     dense_outputs,
     framework_dtypes,
+    outputs_overlap,
     pack_results,
     returns_source,
     validate_args,
@@ -117,7 +118,8 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
     else:
         results = list(outs)
         out_views = host_views_of(op, outs)
-        out_dense, out_back = dense_outputs(out_views, _is_dense, _empty_dense)
+        fresh = outputs_overlap(op, views, out_views, np.may_share_memory)
+        out_dense, out_back = dense_outputs(out_views, _is_dense, _empty_dense, fresh=fresh)
         back += out_back
         out_args = [relabel(d, o.dtype) for d, o in zip(out_dense, outs)]
     kargs = [relabel(d, v.dtype) if a.type.is_tensor and v is not None else d

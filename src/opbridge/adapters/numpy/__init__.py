@@ -232,7 +232,9 @@ class NumpyAdapter:
         """Run *op* into the caller's arrays *outs* (shapes and dtypes validated by the kernel).
 
         A strided array in *outs* is written through a dense copy, as a
-        strided mutated argument is; a read-only one raises ValueError.
+        strided mutated argument is, and so is every array in *outs* where one
+        shares memory with an argument (the arguments are read as they were);
+        a read-only one raises ValueError.
         """
         core.validate_args(op, args, _is_array, "a numpy.ndarray")
         if not all(o.flags.writeable for o in outs):
@@ -240,7 +242,8 @@ class NumpyAdapter:
         core.check_lead_dtype(op, args, _dtype_name)
         core.make_alias_check(op, _span, np.may_share_memory)(args)
         full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
-        dense, out_back = core.dense_outputs(outs, _is_dense, _empty_dense)
+        fresh = core.outputs_overlap(op, args, outs, np.may_share_memory)
+        dense, out_back = core.dense_outputs(outs, _is_dense, _empty_dense, fresh=fresh)
         _run(op, loader.kernel(op, "cpu"), dense, full)
         for orig, copy in back + out_back:
             orig[...] = copy

@@ -95,6 +95,15 @@ def span(t: Any) -> tuple[int, int]:
     return p, p + math.prod(t.shape) * t.element_size()  # t.size is the same number, 30x slower (6.8 µs)
 
 
+def strided_span(t: Any) -> tuple[int, int]:
+    """``(start, end)`` byte addresses of everything *t* can reach, strided views included."""
+    p = t.data_ptr()
+    if math.prod(t.shape) == 0:
+        return p, p
+    reach = sum((n - 1) * s for n, s in zip(t.shape, t.strides))  # strides in elements
+    return p, p + (reach + 1) * t.element_size()
+
+
 #: :func:`span` inline, for :func:`opbridge.call.core.alias_check_source` (``_prod`` is ``math.prod``).
 SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + _prod({t}.shape) * {t}.element_size()"
 

@@ -37,6 +37,7 @@ from opbridge.adapters.paddle._base import (
     materialise,
     op_dtypes,
     span,
+    strided_span,
     target,
     write_back,
 )
@@ -228,7 +229,9 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
     kern, launch, _ = target(op, args, outs)
     core.make_alias_check(op, span)(args)
     full, back = core.dense_args(op, args, is_dense, densify)
-    dense, out_back = core.dense_outputs(outs, is_dense, densify)  # a strided out= through a dense copy
+    # a strided out=, or every out= where one shares memory with an input, through dense copies
+    fresh = core.outputs_overlap(op, args, outs, core.span_overlap(strided_span))
+    dense, out_back = core.dense_outputs(outs, is_dense, densify, fresh=fresh)
     with launch():
         kern(*dense, *full)
     for orig, copy in back + out_back:

@@ -64,7 +64,8 @@ class TorchAdapter:
 
         Every tensor must be on the dispatching tensor's device (else a
         ValueError naming them, before anything is written); non-contiguous
-        inputs and outputs go through dense copies.
+        inputs and outputs go through dense copies, and so do all outputs
+        where one shares memory with an input (which is read as it was).
         """
         if op.qualname not in dispatcher.REGISTERED:
             register(op.library)
@@ -85,7 +86,8 @@ class TorchAdapter:
         calls.check_devices(op, args, outs)
         core.make_alias_check(op, calls.span)(args)
         full, back = core.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
-        dense, out_back = core.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense)
+        fresh = core.outputs_overlap(op, args, outs, _OVERLAP)
+        dense, out_back = core.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense, fresh=fresh)
         try:
             calls.run_kernel(op, dense, full)
         except TypeError:
@@ -98,6 +100,9 @@ class TorchAdapter:
         for o in outs:
             torch.autograd.graph.increment_version(o)
         return outs[0] if len(outs) == 1 and len(op.schema.returns) == 1 else core.pack_results(op, args, outs)
+
+
+_OVERLAP = core.span_overlap(calls.span)
 
 
 def _empty_dense(o: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,15 @@ def span(t: torch.Tensor) -> tuple[int, int]:
     return start, start + (reach + 1) * t.element_size()
 
 
+_overlap = core.span_overlap(span)
+
+
+def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
+    """Whether *out* may share memory with one of *tensors* (None skipped): the ``out=`` fast path
+    leaves such a call to the checked one (:func:`opbridge.call.core.outputs_overlap`)."""
+    return any(t is not None and _overlap(out, t) for t in tensors)
+
+
 #: :func:`span` inline for dense tensors (the generated calls run on dense ones only).
 SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes"
 
@@ -304,6 +313,7 @@ _NAMES: dict[str, Any] = {
     "_t_hmin": memory.MIN_BYTES,
     "_t_large_like": large_like,
     "_t_set_stream": _set_stream,
+    "_t_ovl": out_overlaps,
     "_t_raw_stream": getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda),
 }
 

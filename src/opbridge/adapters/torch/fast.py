@@ -133,7 +133,10 @@ def out_prelude(op: OpDef) -> str:
         return calls.kernel_lines(op, device, names, ["out"], indent, allocate=False)
 
     checked = op.library.kernels_check_inputs
-    lines = [f"        if {_guards(op, ['type(out) is _T', 'not out.requires_grad', *([] if checked else [dense])])}:"]
+    # out= sharing memory with an input: the checked path writes a fresh buffer (core.outputs_overlap)
+    apart = f"not _t_ovl(out, ({''.join(names[i] + ', ' for i in core.tensor_indices(op))}))"
+    guards = ["type(out) is _T", "not out.requires_grad", *([] if checked else [dense]), apart]
+    lines = [f"        if {_guards(op, guards)}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
     lines += _device_branches(op, body, slow, dense, devices, " " * 12)
     lines += ["            _t_bump(out)", "            return out"]

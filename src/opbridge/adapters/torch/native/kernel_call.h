@@ -134,8 +134,8 @@ inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
 
 // The op's kernel on *args* (schema order) when they are dense, of a declared dtype and on one
 // device: true when it ran. With *allocate*, the outputs are new and appended to *outs* (the `like`
-// rule or the shape rule); else *outs* holds the caller's (out=), which must be dense and on that
-// device too. False with `*raised` false leaves every tensor unwritten: nothing was handled (a
+// rule or the shape rule); else *outs* holds the caller's (out=), which must be dense, on that
+// device too and apart from the arguments and each other in memory. False with `*raised` false leaves every tensor unwritten: nothing was handled (a
 // kernel not loaded yet, overlapping mutated arguments, arguments it does not take) and the
 // caller's slower path takes the call. False with `*raised` true: the kernel ran and raised, its
 // error left in tvm-ffi's raised slot; the caller takes it at once (opbridge::take_raised_error),
@@ -225,6 +225,14 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
   for (size_t k = 0; k < n_out; ++k) {
     const at::Tensor& t = (*outs)[k];
     if (!allocate && (!t.defined() || t.device() != device || !t.is_contiguous())) return false;
+    if (!allocate) {  // an out= sharing memory with an input: the checked path writes a fresh buffer
+      for (size_t j = 0; j < n; ++j) {
+        if (args[j].isTensor() && Overlap(t, args[j].toTensor())) return false;
+      }
+      for (size_t p = 0; p < k; ++p) {
+        if (Overlap(t, (*outs)[p])) return false;
+      }
+    }
     if (k < 32 && (advise >> k & 1u)) {
       py::gil_scoped_acquire gil;
       st.fresh(py::cast(t));
