@@ -176,6 +176,53 @@ def alloc_outputs(op: OpDef, args: Sequence[Any], empty: Empty) -> list[Any]:
     return [empty(tuple(s.shape), s.dtype, lead) for s in op.output_specs(args)]
 
 
+#: Distinct argument signatures whose shape-rule answers :func:`rule_plan` keeps per op (then it starts over).
+RULE_CACHE_SIZE = 256
+
+
+def rule_plan(op: OpDef, tensor_sig: str, plan: Callable[[tuple[int, ...], Any], Any],
+              label: str) -> Callable[[Sequence[Any]], list[Any]]:
+    """*op*'s shape rule as the adapters allocate from it, answered once per argument signature.
+
+    A shape rule is a function of the arguments' shapes, dtypes and scalar
+    values only (``torch.compile`` runs it on fake tensors), so its answer is
+    kept per such signature: a repeated call costs one dict lookup instead of
+    the rule (1.2-1.7 µs for ``silu_and_mul``). The returned function takes the
+    argument tuple and gives ``plan(shape, dtype)`` for each output, *plan*
+    being the adapter's allocation recipe (its dtype object, whether the
+    output comes from the pool), computed on the first call of a signature.
+    *tensor_sig* is the framework's hashable signature of tensor ``{t}``
+    (``"{t}.shape, {t}.dtype"``); a signature with an unhashable scalar (a
+    list) runs the rule each time. *label* names the generated source.
+    """
+    key = ", ".join(f"({tensor_sig.format(t=f'a[{i}]')})" if a.type.is_tensor and not a.type.optional
+                    else f"(None if a[{i}] is None else ({tensor_sig.format(t=f'a[{i}]')}))" if a.type.is_tensor
+                    else f"a[{i}]" for i, a in enumerate(op.schema.arguments))
+    cache: dict[Any, list[Any]] = {}
+
+    def miss(k: Any, a: Sequence[Any]) -> list[Any]:
+        got = [plan(tuple(int(n) for n in s.shape), s.dtype) for s in op.output_specs(a)]
+        try:
+            if len(cache) >= RULE_CACHE_SIZE:
+                cache.clear()
+            cache[k] = got
+        except TypeError:  # an unhashable scalar
+            pass
+        return got
+
+    src = (f"def plans(a):\n"
+           f"    k = ({key},)\n"
+           "    try:\n"
+           "        got = _cache.get(k)\n"
+           "    except TypeError:\n"
+           "        got = None\n"
+           "    return _miss(k, a) if got is None else got\n")
+    ns: dict[str, Any] = {"_cache": cache, "_miss": miss}
+    compile_source(src, f"<opbridge {op.qualname} {label} rule plan>", ns)
+    plans: Callable[[Sequence[Any]], list[Any]] = ns["plans"]
+    return plans
+
+
 def no_backward_error(op: OpDef) -> NotImplementedError:
     """The error for differentiating an op that cannot be differentiated."""
     if op.schema.is_mutating:

@@ -42,6 +42,7 @@ from opbridge.call.core import (
     outputs_overlap,
     pack_results,
     returns_source,
+    rule_plan,
     validate_args,
 )
 from opbridge.errors import BackendUnavailableError
@@ -217,8 +218,12 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
     def checked(args: tuple[Any, ...]) -> Any:
         return run_checked(op, kern, args)
 
+    plans = rule_plan(op, "{t}.shape, {t}.dtype", lambda shape, dt: (shape, ms_dtype(dt)), "mindspore") \
+        if op.n_outputs else None
+
     def from_rule(args: tuple[Any, ...]) -> list[tuple[Tensor, Any]]:
-        return [alloc(tuple(s.shape), ms_dtype(s.dtype)) for s in op.output_specs(args)]
+        assert plans is not None
+        return [alloc(shape, dt) for shape, dt in plans(args)]
 
     ns: dict[str, Any] = {
         "_requires_grad": requires_grad,
