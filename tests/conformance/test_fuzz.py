@@ -158,7 +158,7 @@ def _place(name: str, values: np.ndarray, dtype: Any, layout: str) -> Placed:
     if layout == "broadcast":
         values = np.broadcast_to(values[:1], shape)
     if layout == "contiguous":
-        arr = H.from_numpy(np.asarray(values), None if dtype is None else str(dtype))
+        arr = H.from_numpy(np.array(values, copy=True), None if dtype is None else str(dtype))
         return Placed(name, "contiguous", arr, None, None, None)
     if not STRIDED:
         return _sliced(name, values, dtype, layout)
@@ -439,7 +439,7 @@ def test_fuzzed_out_sharing_memory_with_an_input(op: opbridge.OpDef, data: st.Da
         pytest.skip(f"{FRAMEWORK}: its arrays have no views (and no out= for JAX)")
     _require(op)
     dtype, case, _, _ = data.draw(_calls(op, with_out=False))
-    args = [H.from_numpy(v, dtype if v.dtype.kind == "f" else None) if isinstance(v, np.ndarray) else v
+    args = [H.from_numpy(v.copy(), dtype if v.dtype.kind == "f" else None) if isinstance(v, np.ndarray) else v
             for v in (case[a.name] for a in op.schema.arguments)]
     specs = op.output_specs(args)
     first = specs[0]
