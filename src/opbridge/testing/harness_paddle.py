@@ -81,6 +81,10 @@ class PaddleHarness:
                 # Paddle's own backward construction reads Value.place and warns about it.
                 warnings.filterwarnings("ignore", message="Tensor do not have 'place' interface",
                                         category=UserWarning)
+                # Its output check compares the first element with a magic number in the output's dtype,
+                # which overflows float16 (paddle/jit/dy2static/pir_partial_program.py, _is_no_value).
+                warnings.filterwarnings("ignore", message="overflow encountered in cast", category=RuntimeWarning,
+                                        module=r"paddle\.jit\.")
                 return prog(*args)
 
         return compiled

@@ -1,0 +1,137 @@
+"""Graph mode and gradients under drawn dtypes, cases and values (hypothesis), in every framework.
+
+``test_conformance.py`` compiles each op on three float32 cases and checks
+its gradients on one. Here hypothesis draws the dtype (every one the op and
+the framework have), the case and its values: the compiled call
+(``torch.compile``, ``jax.jit``, ``paddle.jit.to_static``, ``ms.jit``) must
+give the eager call's bits, and the gradients of every differentiable op must
+match finite differences of the float64 reference in a random direction.
+Fewer examples than ``test_fuzz.py`` (compiling costs up to a second per
+new signature); ``OPBRIDGE_FUZZ_EXAMPLES=N`` runs N random ones.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import opbridge
+from opbridge import ops
+from opbridge.testing import make_cases
+from opbridge.testing.generate import META_KEYS
+from opbridge.testing.harness import get
+
+FRAMEWORK = os.environ.get("OPBRIDGE_FRAMEWORK", "torch")
+H = get(FRAMEWORK)
+_REASON = H.skip_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"{FRAMEWORK}: {_REASON}")
+
+OPS = list(ops.LIBRARY.ops.values())
+GRAD_OPS = [op for op in OPS if op.backward is not None]
+_EXAMPLES = int(os.environ.get("OPBRIDGE_FUZZ_EXAMPLES", "0") or 0)
+FUZZ = settings(max_examples=_EXAMPLES or 4, derandomize=not _EXAMPLES, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _dtypes(op: opbridge.OpDef, floats_only: bool = False) -> list[str]:
+    return [d for d in op.dtypes if d in H.dtypes and (not floats_only or d.startswith(("float", "bfloat")))]
+
+
+def _require(op: opbridge.OpDef, dtypes: list[str]) -> None:
+    if not dtypes:
+        pytest.skip(f"{FRAMEWORK} has none of {op.name}'s dtypes {op.dtypes}")
+    ints = {str(v.dtype) for c in make_cases(op, dtypes[0]) for v in c.values()
+            if isinstance(v, np.ndarray) and v.dtype.kind in "iu"}
+    if not ints <= set(H.dtypes):  # int64 in JAX without jax_enable_x64
+        pytest.skip(f"{FRAMEWORK} has no {sorted(ints - set(H.dtypes))}, which {op.name}'s cases take")
+
+
+def _draw(data: st.DataObject, op: opbridge.OpDef, dtypes: list[str],
+          nonempty: bool = False) -> tuple[str, dict[str, Any]]:
+    dtype = data.draw(st.sampled_from(dtypes), label="dtype")
+    seed = data.draw(st.integers(0, 2**20), label="seed")
+    cases = [c for c in make_cases(op, dtype, seed) if not any(k in c for k in META_KEYS)
+             and (not nonempty or all(v.size > 0 for v in c.values() if isinstance(v, np.ndarray)))]
+    return dtype, data.draw(st.sampled_from(cases), label="case")
+
+
+def _args(op: opbridge.OpDef, case: dict[str, Any], dtype: str) -> list[Any]:
+    return [H.from_numpy(v.copy(), dtype if v.dtype.kind == "f" else None) if isinstance(v, np.ndarray) else v
+            for v in (case[a.name] for a in op.schema.arguments)]
+
+
+def _observed(op: opbridge.OpDef, args: list[Any], out: Any) -> list[np.ndarray | None]:
+    """What a call gives: the written arguments' new values (in place, or returned first), then its results."""
+    outs = [] if out is None else list(out) if isinstance(out, tuple) else [out]
+    if H.mutates_in_place:
+        outs = [args[i] for i, a in enumerate(op.schema.arguments) if a.is_mutated] + outs
+    return [None if o is None else np.array(H.to_numpy(o), copy=True) for o in outs]
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_graph_mode_gives_the_eager_bits(op: opbridge.OpDef, data: st.DataObject) -> None:
+    dtypes = _dtypes(op)
+    _require(op, dtypes)
+    compiled = H.compile(op.call)
+    if compiled is None:
+        pytest.skip(f"{FRAMEWORK} has no graph mode for opbridge ops")
+    dtype, case = _draw(data, op, dtypes)
+    want = _observed(op, (a := _args(op, case, dtype)), op.call(*a))
+    args = _args(op, case, dtype)
+    try:
+        got = _observed(op, args, compiled(*args))
+    except NotImplementedError as e:  # an adapter's documented graph-mode limit, e.g. Paddle's mutating ops
+        pytest.skip(f"{FRAMEWORK} graph mode: {e}")
+    where = f"{FRAMEWORK} graph mode {op.name} {dtype} {[np.shape(v) for v in case.values()]}"
+    assert len(got) == len(want), f"{where}: {len(got)} results, eager gives {len(want)}"
+    for k, (g, w) in enumerate(zip(got, want)):
+        if g is None or w is None:
+            assert g is None and w is None, f"{where}: result {k} is None in one mode only"
+            continue
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{where}: result {k} {g.shape} {g.dtype} vs eager " \
+                                                          f"{w.shape} {w.dtype}"
+        assert np.array_equal(g, w, equal_nan=g.dtype.kind == "f"), f"{where}: result {k} differs from eager"
+
+
+@pytest.mark.parametrize("op", GRAD_OPS, ids=lambda op: op.name)
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_gradients_match_finite_differences(op: opbridge.OpDef, data: st.DataObject) -> None:
+    if FRAMEWORK == "numpy":
+        pytest.skip("numpy has no autograd")
+    dtypes = [d for d in ("float64", "float32") if d in _dtypes(op, floats_only=True)]
+    _require(op, dtypes)
+    dtype, case = _draw(data, op, dtypes, nonempty=True)
+    args = _args(op, case, dtype)
+    diff = list(op.differentiable)
+    out = H.to_numpy(op.call(*args))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**20), label="direction seed"))
+    g = rng.standard_normal(out.shape).astype(out.dtype)
+    grads = H.vjp(op.call, args, diff, g)
+    base = [H.to_numpy(a).astype(np.float64) if isinstance(case[p.name], np.ndarray) else a
+            for p, a in zip(op.schema.arguments, args)]
+    for i, grad in zip(diff, grads):
+        u = rng.standard_normal(base[i].shape)
+        h = 1e-6
+
+        def f_at(t: float, i: int = i, u: np.ndarray = u) -> float:
+            a = list(base)
+            a[i] = base[i] + t * u
+            return float(np.sum(op.reference(*a) * g))
+
+        fd = (f_at(h) - f_at(-h)) / (2 * h)
+        terms = np.asarray(grad, np.float64) * u
+        got = float(np.sum(terms))
+        # rounding error grows with the terms summed, not with their (cancelling) sum
+        tol = (1e-6 if dtype == "float64" else 1e-3) * max(1.0, float(np.sum(np.abs(terms))))
+        assert abs(got - fd) <= tol, (
+            f"{FRAMEWORK} d{op.name}/d{op.schema.arguments[i].name} {dtype} "
+            f"{[np.shape(v) for v in case.values()]}: <grad, u> = {got}, finite differences of the reference "
+            f"give {fd} (tolerance {tol:.3g})")
