@@ -59,6 +59,10 @@ step cuda_tests "${PYTEST[@]}" tests/test_cuda.py --junitxml="$OUT/cuda_tests.xm
 step torch_gpu_tests "${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu" --junitxml="$OUT/torch_gpu_tests.xml"
 step jax_gpu_tests env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda" \
   --junitxml="$OUT/jax_gpu_tests.xml"
+# Every built-in op fuzzed on CUDA tensors: drawn dtypes, values, strided layouts, out= buffers (strided or
+# sharing memory with an input) and inconsistent arguments, through ops.<op> and torch.ops (issue 12 item 7).
+step torch_gpu_fuzz env OPBRIDGE_FRAMEWORK=torch OPBRIDGE_FUZZ_DEVICE=cuda "${PYTEST[@]}" \
+  tests/conformance/test_fuzz.py --junitxml="$OUT/torch_gpu_fuzz.xml"
 # A plugin scaffolded with --cuda: its wheel's CUDA module, and its generated CUDA-against-CPU tests.
 step plugin_cuda env PYTHON="$PY" scripts/gpu-check-plugin.sh "$(mktemp -d)"
 QUICK=$([ "${GPU_CHECK_QUICK:-1}" = "1" ] && echo --quick)

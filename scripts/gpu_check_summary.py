@@ -35,7 +35,7 @@ def main(out: Path) -> int:
         name, rc, secs = line.split()
         steps[name] = {"exit_status": int(rc), "seconds": int(secs)}
     summary: dict[str, object] = {"gpu": (out / "gpu.txt").read_text().strip(), "steps": steps}
-    for name in ("cuda_tests", "torch_gpu_tests", "jax_gpu_tests"):
+    for name in ("cuda_tests", "torch_gpu_tests", "jax_gpu_tests", "torch_gpu_fuzz"):
         summary[name] = _junit(out / f"{name}.xml")
     for key, folder in (("bench_gpu", "bench-gpu"), ("bench_jax_gpu", "bench-jax-gpu"),
                         ("bench_gpu_serving", "bench-gpu-serving"), ("bench_gpu_large", "bench-gpu-large")):

@@ -37,7 +37,16 @@ from opbridge.testing.harness import get
 
 FRAMEWORK = os.environ.get("OPBRIDGE_FRAMEWORK", "torch")
 H = get(FRAMEWORK)
+#: torch only: ``OPBRIDGE_FUZZ_DEVICE=cuda`` runs every test on CUDA tensors (scripts/gpu-check.sh does).
+DEVICE = os.environ.get("OPBRIDGE_FUZZ_DEVICE", "cpu")
 _REASON = H.skip_reason()
+if _REASON is None and DEVICE != "cpu":
+    import torch
+
+    if FRAMEWORK != "torch":
+        _REASON = f"OPBRIDGE_FUZZ_DEVICE={DEVICE} is for torch"
+    elif DEVICE == "cuda" and not torch.cuda.is_available():
+        _REASON = "OPBRIDGE_FUZZ_DEVICE=cuda, and torch sees no CUDA GPU"
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"{FRAMEWORK}: {_REASON}")
 
 OPS = list(ops.LIBRARY.ops.values())
@@ -58,6 +67,12 @@ LAYOUTS = {"numpy": READ_LAYOUTS, "torch": tuple(x for x in READ_LAYOUTS if x !=
            "mindspore": ("contiguous", "every_other", "padded_rows")}.get(FRAMEWORK, ("contiguous",))
 STRIDED = FRAMEWORK in ("numpy", "torch")
 _NAN_FILL = -777.0  # the fill around views of float buffers (NaN would hide a kernel's NaN)
+
+
+def _fw(a: np.ndarray, dtype: str | None) -> Any:
+    """*a* as a contiguous array of the framework (on ``DEVICE``)."""
+    x = H.from_numpy(a, dtype)
+    return x.to(DEVICE) if FRAMEWORK == "torch" else x
 
 
 def _np_dtype(name: str) -> Any:
@@ -158,7 +173,7 @@ def _place(name: str, values: np.ndarray, dtype: Any, layout: str) -> Placed:
     if layout == "broadcast":
         values = np.broadcast_to(values[:1], shape)
     if layout == "contiguous":
-        arr = H.from_numpy(np.array(values, copy=True), None if dtype is None else str(dtype))
+        arr = _fw(np.array(values, copy=True), None if dtype is None else str(dtype))
         return Placed(name, "contiguous", arr, None, None, None)
     if not STRIDED:
         return _sliced(name, values, dtype, layout)
@@ -184,9 +199,9 @@ def _place(name: str, values: np.ndarray, dtype: Any, layout: str) -> Placed:
     import torch
 
     tdt = getattr(torch, str(dtype)) if dtype is not None else torch.from_numpy(values[:0].copy()).dtype
-    buf = torch.full((length,), fill, dtype=tdt)
+    buf = torch.full((length,), fill, dtype=tdt, device=DEVICE)
     view = torch.as_strided(buf, shape, strides, offset)
-    src = torch.from_numpy(np.ascontiguousarray(values)).to(tdt)
+    src = torch.from_numpy(np.ascontiguousarray(values)).to(device=DEVICE, dtype=tdt)
     if layout == "broadcast":  # as_strided gives a writable view with overlapping rows: write row 0 once
         view[:1].copy_(src[:1])
     else:
@@ -203,7 +218,7 @@ def _sliced(name: str, values: np.ndarray, dtype: Any, layout: str) -> Placed:
     floating = values.dtype.kind == "f"
     wide = np.full((*values.shape[:-1], width), _NAN_FILL if floating else -7, values.dtype)
     wide[..., cols] = values
-    buf = H.from_numpy(wide, None if dtype is None else str(dtype))
+    buf = _fw(wide, None if dtype is None else str(dtype))
     footprint = np.zeros(wide.shape, bool)
     footprint[..., cols] = True
     view = buf[..., ::2] if layout == "every_other" else buf[..., :n]
@@ -439,7 +454,7 @@ def test_fuzzed_out_sharing_memory_with_an_input(op: opbridge.OpDef, data: st.Da
         pytest.skip(f"{FRAMEWORK}: its arrays have no views (and no out= for JAX)")
     _require(op)
     dtype, case, _, _ = data.draw(_calls(op, with_out=False))
-    args = [H.from_numpy(v.copy(), dtype if v.dtype.kind == "f" else None) if isinstance(v, np.ndarray) else v
+    args = [_fw(v.copy(), dtype if v.dtype.kind == "f" else None) if isinstance(v, np.ndarray) else v
             for v in (case[a.name] for a in op.schema.arguments)]
     specs = op.output_specs(args)
     first = specs[0]
@@ -455,7 +470,7 @@ def test_fuzzed_out_sharing_memory_with_an_input(op: opbridge.OpDef, data: st.Da
     ref_args = [_np64(a) if k in core_tensors(op) and a is not None else a for k, a in enumerate(args)]
     ref = op.reference(*ref_args)
     refs = list(ref) if isinstance(ref, tuple) else [ref]
-    outs = [out0] + [H.from_numpy(np.zeros(tuple(int(s) for s in sp.shape)), dtype) for sp in specs[1:]]
+    outs = [out0] + [_fw(np.zeros(tuple(int(s) for s in sp.shape)), dtype) for sp in specs[1:]]
     op.call(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
     rtol, atol = op.tolerance(dtype)
     where = f"{FRAMEWORK} {op.name} {dtype}: out= {'is' if shift == 0 else f'{shift} element(s) past'} '{name}'"
