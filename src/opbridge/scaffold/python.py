@@ -139,7 +139,7 @@ def render_test(spec: OpSpec, layout: Layout) -> str:
     generated = bool(scalars or ints)
     imports = "from typing import Any\n\n" if generated or spec.cuda else ""
     imports += "import numpy as np\n" if ints or spec.cuda else ""
-    imports += "import pytest\nfrom opbridge.testing import check_op\n"
+    imports += "import pytest\nfrom opbridge.testing import check_op\nfrom opbridge.testing.fuzz import fuzz_op\n"
     imports += "from opbridge.testing.matrix import elementwise_cases\n" if generated or spec.cuda else ""
     imports += f"\nfrom {layout.module} import {spec.name}"
     defs = [f"FLOAT_DTYPES = {_tuple(spec.float_dtypes)}", f"INT_DTYPES = {_tuple(ints)}"]
@@ -158,6 +158,7 @@ def render_test(spec: OpSpec, layout: Layout) -> str:
         defs.append("                for k, v in c.items()} for c in out]")
         defs.append("    return out")
         cases = "cases, "
+    fuzz_cases = "cases=cases, " if generated else ""
     tests = []
     if spec.float_dtypes:
         tests.append(f'''
@@ -183,6 +184,17 @@ def test_{spec.name}_int(framework: str, dtype: str) -> None:
     # The cases carry integer arrays; check_op's dtype only applies to floating values.
     report = check_op({spec.name}, lambda d, rng: cases(dtype, rng), dtypes=["float32"], framework=framework)
     assert report.checks["forward"] > 0''')
+    tests.append(f'''
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_{spec.name}_fuzzed(framework: str) -> None:
+    """hypothesis draws dtypes, values and memory layouts, out= buffers and inconsistent arguments."""
+    pytest.importorskip("hypothesis")
+    if framework == "torch":
+        pytest.importorskip("torch")
+    report = fuzz_op({spec.name}, framework, {fuzz_cases}examples=25)
+    assert report.examples["calls"] > 0, report.skipped''')
     if spec.cuda:
         tests.append(render("op/test_cuda.py.tmpl", name=spec.name,
                             cases="cases(dtype, rng)" if generated else

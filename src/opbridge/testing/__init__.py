@@ -12,7 +12,10 @@ gradient with finite differences, and (for PyTorch) runs ``opcheck`` and
         assert report.checks["grad"] > 0
 
 ``assert_close`` is the comparison it uses, with per-dtype defaults from
-``TOLERANCES``. Importing this package imports no framework.
+``TOLERANCES``. :func:`opbridge.testing.fuzz.fuzz_op` (with hypothesis
+installed) draws dtypes, values and memory layouts, ``out=`` buffers and
+inconsistent arguments instead of a fixed matrix. Importing this package
+imports no framework.
 """
 
 from __future__ import annotations

@@ -1,0 +1,89 @@
+"""opbridge.testing.fuzz: fuzz_op on a user's op, and what it catches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import opbridge
+from opbridge import ops
+from opbridge.testing.fuzz import CHECKS, fuzz_op
+
+pytest.importorskip("hypothesis")
+
+# An add whose kernel checks only x: a y of another dtype or shape is read as if it matched.
+SLOPPY_CC = """
+#include <opbridge/opbridge.h>
+using tvm::ffi::TensorView;
+void sloppy_add_cpu(TensorView out, TensorView x, TensorView y) {
+  OPB_CHECK_DTYPE("sloppy_add", x, opbridge::kFloat32);
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* px = static_cast<const float*>(x.data_ptr());
+  const float* py = static_cast<const float*>(y.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = px[i] + py[i];
+}
+OPBRIDGE_EXPORT(sloppy_add_cpu);
+"""
+
+
+@pytest.fixture(scope="module")
+def sloppy_add(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root: Path = tmp_path_factory.mktemp("sloppy")
+    (root / "sloppy.cc").write_text(SLOPPY_CC)
+    lib = opbridge.Library("fuzz_kit_test", sources=["sloppy.cc"], root=root, dtypes=["float32"])
+
+    @lib.op("sloppy_add(Tensor x, Tensor y) -> Tensor", shape=opbridge.like("x"))
+    def sloppy_add(x: Any, y: Any) -> Any:
+        return x + y
+
+    return sloppy_add
+
+
+def test_a_correct_op_passes_every_check_and_says_what_ran() -> None:
+    report = fuzz_op(ops.rms_norm, "numpy", examples=5)
+    assert report.op == "opbridge::rms_norm" and report.framework == "numpy"
+    assert {c: report.examples[c] for c in CHECKS} == {c: 5 for c in CHECKS}
+    assert report.skipped == {}
+
+
+def test_checks_that_cannot_run_say_why() -> None:
+    report = fuzz_op(ops.fused_add_rms_norm, "numpy", examples=3, checks=["calls", "out"])
+    assert report.examples["calls"] == 3
+    assert report.skipped == {"out": "fused_add_rms_norm takes no out="}
+    report = fuzz_op(ops.gelu, "numpy", examples=3, checks=["bad_dtype"])
+    assert "no drawn case had an argument to make inconsistent" in report.skipped["bad_dtype"]
+
+
+def test_the_kernels_own_results_pass(sloppy_add: Any) -> None:
+    report = fuzz_op(sloppy_add, "numpy", examples=10, checks=["calls", "out", "out_sharing"])
+    assert report.examples["calls"] == 10
+
+
+@pytest.mark.parametrize("check", ["bad_dtype", "bad_shape"])
+def test_a_kernel_that_does_not_check_its_arguments_is_caught(sloppy_add: Any, check: str) -> None:
+    with pytest.raises(AssertionError, match=r"sloppy_add .*'y' given .*: no error"):
+        fuzz_op(sloppy_add, "numpy", examples=10, checks=[check])
+
+
+def test_a_case_generator_replaces_the_declared_one(sloppy_add: Any) -> None:
+    seen: list[tuple[int, ...]] = []
+
+    def cases(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
+        x = rng.standard_normal((3, 5))
+        seen.append(x.shape)
+        return [{"x": x, "y": rng.standard_normal((3, 5))}]
+
+    fuzz_op(sloppy_add, "numpy", examples=4, checks=["calls"], cases=cases)
+    assert seen and set(seen) == {(3, 5)}
+
+
+def test_unknown_checks_and_a_missing_hypothesis_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="unknown check"):
+        fuzz_op(ops.add, "numpy", checks=["calls", "speed"])
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    with pytest.raises(ImportError, match="pip install hypothesis"):
+        fuzz_op(ops.add, "numpy")
