@@ -19,6 +19,7 @@ import pytest
 import opbridge
 from opbridge import ops
 from opbridge.testing import assert_close, make_cases
+from opbridge.testing.gradients import directional_check
 from opbridge.testing.harness import get
 from opbridge.testing.matrix import NONCONTIGUOUS
 
@@ -92,20 +93,7 @@ def _directional_check(op: opbridge.OpDef, fn: Callable[..., Any], label: str) -
     g = rng.standard_normal(out_np.shape).astype(np.float32)
     grads = H.vjp(fn, args, diff, g)
     base = [H.to_numpy(a).astype(np.float64) if _is_array(a) else a for a in args]
-    for i, grad in zip(diff, grads):
-        u = rng.standard_normal(base[i].shape)
-        h = 1e-6
-
-        def f_at(t: float, i: int = i, u: np.ndarray = u) -> float:
-            a = list(base)
-            a[i] = base[i] + t * u
-            return float(np.sum(op.reference(*a) * g))
-
-        fd = (f_at(h) - f_at(-h)) / (2 * h)
-        got = float(np.sum(grad.astype(np.float64) * u))
-        assert abs(got - fd) <= 1e-3 * max(1.0, abs(fd)), (
-            f"{FRAMEWORK} {label} d{op.name}/d{op.schema.arguments[i].name}: <grad, u> = {got}, "
-            f"finite differences of the reference give {fd}")
+    directional_check(op, base, grads, diff, g, rng, rtol=1e-3, label=f"{FRAMEWORK} {label}")
 
 
 @pytest.mark.parametrize("op", GRAD_OPS, ids=_ids)

@@ -24,6 +24,7 @@ import opbridge
 from opbridge import ops
 from opbridge.testing import make_cases
 from opbridge.testing.generate import META_KEYS
+from opbridge.testing.gradients import directional_check
 from opbridge.testing.harness import get
 
 FRAMEWORK = os.environ.get("OPBRIDGE_FRAMEWORK", "torch")
@@ -117,21 +118,5 @@ def test_fuzzed_gradients_match_finite_differences(op: opbridge.OpDef, data: st.
     grads = H.vjp(op.call, args, diff, g)
     base = [H.to_numpy(a).astype(np.float64) if isinstance(case[p.name], np.ndarray) else a
             for p, a in zip(op.schema.arguments, args)]
-    for i, grad in zip(diff, grads):
-        u = rng.standard_normal(base[i].shape)
-        h = 1e-6
-
-        def f_at(t: float, i: int = i, u: np.ndarray = u) -> float:
-            a = list(base)
-            a[i] = base[i] + t * u
-            return float(np.sum(op.reference(*a) * g))
-
-        fd = (f_at(h) - f_at(-h)) / (2 * h)
-        terms = np.asarray(grad, np.float64) * u
-        got = float(np.sum(terms))
-        # rounding error grows with the terms summed, not with their (cancelling) sum
-        tol = (1e-6 if dtype == "float64" else 1e-3) * max(1.0, float(np.sum(np.abs(terms))))
-        assert abs(got - fd) <= tol, (
-            f"{FRAMEWORK} d{op.name}/d{op.schema.arguments[i].name} {dtype} "
-            f"{[np.shape(v) for v in case.values()]}: <grad, u> = {got}, finite differences of the reference "
-            f"give {fd} (tolerance {tol:.3g})")
+    directional_check(op, base, grads, diff, g, rng, rtol=1e-6 if dtype == "float64" else 1e-3,
+                      label=f"{FRAMEWORK} {dtype} {[np.shape(v) for v in case.values()]}")

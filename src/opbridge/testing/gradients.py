@@ -12,7 +12,7 @@ from opbridge.testing.generate import case_rng
 if TYPE_CHECKING:
     from opbridge.testing.runner import Runner
 
-__all__ = ["check_directional"]
+__all__ = ["check_directional", "directional_check"]
 
 _FD_STEP = 1e-6
 
@@ -72,3 +72,31 @@ def check_directional(r: Runner, index: int, full: Sequence[Any], ref_in: Sequen
                 f"{abs(ad - fd):.3g} > tolerance {tol:.3g} (rtol={r.grad_rtol:g}, atol={atol:g})"
                 + (" [autograd returned no gradient]" if grad is None else "")
             )
+
+
+def directional_check(op: Any, base: Sequence[Any], grads: Sequence[Any], diff: Sequence[int], cotangent: np.ndarray,
+                      rng: np.random.Generator, *, rtol: float, label: str) -> None:
+    """A framework's gradients of a one-output op against central differences of its float64 reference.
+
+    *base* holds the call's arguments as float64 NumPy (others as they were),
+    *grads* the framework's gradient of ``<cotangent, op(...)>`` for each
+    argument in *diff*. For a random direction ``u`` per argument, ``<grad, u>``
+    must match ``<cotangent, J u>`` within *rtol* of the summed terms'
+    magnitude (rounding grows with the terms, not with their cancelling sum).
+    """
+    for i, grad in zip(diff, grads, strict=True):
+        u = rng.standard_normal(np.shape(base[i]))
+
+        def f_at(t: float, i: int = i, u: np.ndarray = u) -> float:
+            a = list(base)
+            a[i] = np.asarray(base[i], np.float64) + t * u
+            return float(np.sum(op.reference(*a) * cotangent))
+
+        fd = (f_at(_FD_STEP) - f_at(-_FD_STEP)) / (2 * _FD_STEP)
+        terms = np.asarray(grad, np.float64) * u
+        got = float(np.sum(terms))
+        tol = rtol * max(1.0, abs(fd), float(np.sum(np.abs(terms))))
+        if not abs(got - fd) <= tol:
+            raise AssertionError(f"{label} d{op.name}/d{op.schema.arguments[i].name}: <grad, u> = {got}, finite "
+                                 f"differences of the reference give {fd} (tolerance {tol:.3g})")
+
