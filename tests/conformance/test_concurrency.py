@@ -12,25 +12,21 @@ same kernel on the same inputs.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import threading
 from typing import Any
 
 import numpy as np
-import pytest
 
 from opbridge import ops
 from opbridge.call import core
 from opbridge.testing import make_cases
 from opbridge.testing.generate import META_KEYS
-from opbridge.testing.harness import get
 
-FRAMEWORK = os.environ.get("OPBRIDGE_FRAMEWORK", "torch")
-H = get(FRAMEWORK)
-_REASON = H.skip_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"{FRAMEWORK}: {_REASON}")
+from ._framework import FRAMEWORK, H, framework_mark
+
+pytestmark = framework_mark
 
 THREADS = 4
 

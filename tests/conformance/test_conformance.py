@@ -8,7 +8,6 @@ process, and MindSpore needs its own NumPy-1 environment).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,19 +16,14 @@ import numpy as np
 import pytest
 
 import opbridge
-from opbridge import ops
 from opbridge.testing import assert_close, make_cases
 from opbridge.testing.gradients import directional_check
-from opbridge.testing.harness import get
 from opbridge.testing.matrix import NONCONTIGUOUS
 
-FRAMEWORK = os.environ.get("OPBRIDGE_FRAMEWORK", "torch")
-H = get(FRAMEWORK)
-_REASON = H.skip_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"{FRAMEWORK}: {_REASON}")
+from ._framework import FRAMEWORK, GRAD_OPS, OPS, H, framework_mark
 
-OPS = list(ops.LIBRARY.ops.values())
-GRAD_OPS = [op for op in OPS if op.backward is not None]
+pytestmark = framework_mark
+
 #: (op, dtype) for every dtype each op declares (issue 19: the matrix runs every declared dtype)
 OP_DTYPES = [pytest.param(op, d, id=f"{op.name}-{d}") for op in OPS for d in op.dtypes]
 

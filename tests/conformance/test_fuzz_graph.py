@@ -21,19 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import opbridge
-from opbridge import ops
 from opbridge.testing import make_cases
 from opbridge.testing.generate import META_KEYS
 from opbridge.testing.gradients import directional_check
-from opbridge.testing.harness import get
 
-FRAMEWORK = os.environ.get("OPBRIDGE_FRAMEWORK", "torch")
-H = get(FRAMEWORK)
-_REASON = H.skip_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"{FRAMEWORK}: {_REASON}")
+from ._framework import FRAMEWORK, GRAD_OPS, OPS, H, framework_mark
 
-OPS = list(ops.LIBRARY.ops.values())
-GRAD_OPS = [op for op in OPS if op.backward is not None]
+pytestmark = framework_mark
+
 _EXAMPLES = int(os.environ.get("OPBRIDGE_FUZZ_EXAMPLES", "0") or 0)
 FUZZ = settings(max_examples=_EXAMPLES or 4, derandomize=not _EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
