@@ -115,3 +115,46 @@ def test_fuzzed_gradients_match_finite_differences(op: opbridge.OpDef, data: st.
             for p, a in zip(op.schema.arguments, args)]
     directional_check(op, base, grads, diff, g, rng, rtol=1e-6 if dtype == "float64" else 1e-3,
                       label=f"{FRAMEWORK} {dtype} {[np.shape(v) for v in case.values()]}")
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+@FUZZ
+@given(data=st.data(), batch=st.integers(1, 3))
+def test_fuzzed_vmap_matches_a_loop(op: opbridge.OpDef, data: st.DataObject, batch: int) -> None:
+    """JAX: ``jax.vmap`` over a leading batch axis of every tensor argument gives each item's own call."""
+    if FRAMEWORK != "jax":
+        pytest.skip("vmap is JAX's")
+    import jax
+    import jax.numpy as jnp
+
+    dtypes = _dtypes(op)
+    _require(op, dtypes)
+    dtype, case = _draw(data, op, dtypes, nonempty=True)
+    names = [a.name for a in op.schema.arguments if a.type.is_tensor and isinstance(case[a.name], np.ndarray)]
+    if not names:
+        return
+    # Items differ in their float values only (integer arguments, e.g. positions, stay valid).
+    items = [{**case, **{n: case[n] * (1 + 0.25 * b) if case[n].dtype.kind == "f" else case[n] for n in names}}
+             for b in range(batch)]
+    want = [_observed(op, (a := _args(op, item, dtype)), op.call(*a)) for item in items]
+    stacked = [jnp.stack([_args(op, item, dtype)[k] for item in items]) if p.name in names else None
+               for k, p in enumerate(op.schema.arguments)]
+    statics = _args(op, case, dtype)
+
+    def one(*tensors: Any) -> Any:
+        it = iter(tensors)
+        return op.call(*[next(it) if s is not None else statics[k] for k, s in enumerate(stacked)])
+
+    got = jax.vmap(one)(*[s for s in stacked if s is not None])
+    got = [] if got is None else list(got) if isinstance(got, tuple) else [got]
+    where = f"jax.vmap {op.name} {dtype} batch {batch} {[np.shape(v) for v in case.values()]}"
+    assert len(got) == len(want[0]), f"{where}: {len(got)} results, a single call gives {len(want[0])}"
+    for k, r in enumerate(got):
+        if r is None:  # an optional mutated argument that was not given
+            assert all(w[k] is None for w in want), f"{where}: result {k} is None under vmap only"
+            continue
+        g = np.asarray(H.to_numpy(r))
+        for b in range(batch):
+            w = want[b][k]
+            assert w is not None and np.array_equal(g[b], w, equal_nan=g.dtype.kind == "f"), \
+                f"{where}: result {k} of item {b} differs from its own call"
