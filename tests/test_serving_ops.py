@@ -1,4 +1,4 @@
-"""The serving ops (opbridge/ops/serving.py) against independent implementations.
+"""The serving ops (opbridge/ops/serving.py, rotary.py, advance_step.py) against independent implementations.
 
 silu_and_mul / gelu_and_mul (and backward), fused_add_rms_norm,
 rotary_embedding and advance_step_flashattn are compared with torch / NumPy
@@ -845,7 +845,7 @@ OPBRIDGE_EXPORT(overrun_step_cpu);
 def test_check_op_catches_broken_integer_kernels(make_library: Callable[..., Any]) -> None:
     """An int-only mutating op has no NaN sentinel: unwritten elements are caught because the generated
     initial values never equal what the op writes, out-of-bounds writes by the integer guard sentinel."""
-    from opbridge.ops.serving import advance_step_flashattn_cases
+    from opbridge.ops.advance_step import advance_step_flashattn_cases
     from opbridge.testing import check_op
     from opbridge.testing.matrix import NONCONTIGUOUS
 

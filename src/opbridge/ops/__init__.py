@@ -8,17 +8,20 @@ library); the NumPy references in the modules below are the declarations.
 
 from __future__ import annotations
 
+# The modules declare their ops in this order, which is the library's: not sorted.
+# isort: off
 from opbridge.ops._library import LIBRARY
 from opbridge.ops.basic import add, gelu, gelu_backward, rms_norm, rms_norm_backward
 from opbridge.ops.serving import (
-    advance_step_flashattn,
     fused_add_rms_norm,
     gelu_and_mul,
     gelu_and_mul_backward,
-    rotary_embedding,
     silu_and_mul,
     silu_and_mul_backward,
 )
+from opbridge.ops.rotary import rotary_embedding
+from opbridge.ops.advance_step import advance_step_flashattn
+# isort: on
 
 __all__ = [
     "LIBRARY",
