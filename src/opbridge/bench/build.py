@@ -50,8 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from opbridge.bench import BenchError, subproc
+from opbridge.bench import build_scripts as scripts
 from opbridge.bench.report import say
-from opbridge.bench.subproc import CLOCK, OPBRIDGE_COLD, TVM_FFI_WITHOUT_TORCH, peer_source, script_or_raise
+from opbridge.bench.subproc import OPBRIDGE_COLD, peer_source, script_or_raise
 from opbridge.bench.timing import machine_info
 
 DESCRIPTION = (
@@ -69,122 +70,6 @@ _QUICK_COLD_REPEAT = 1
 _QUICK_REPEAT = 2
 _TIMEOUT_S = 600
 _FLAGS = ["-O3", "-fopenmp", "-fvisibility=hidden"]
-
-# -- the scripts run in subprocesses; each prints one JSON document last ----
-
-_TVM_FFI_COLD = CLOCK + """
-import json, sys, time
-from pathlib import Path
-from opbridge.build.compile import INCLUDE_DIR, write_ninja
-from opbridge.loader import build_spec
-from opbridge.ops import LIBRARY
-""" + TVM_FFI_WITHOUT_TORCH + """
-build_dir, flags = json.loads(sys.argv[1])
-# The same inputs as opbridge's build, including the files it generates (written, untimed).
-spec = build_spec(LIBRARY, "cpu")
-gen = Path(build_dir) / "generated"
-gen.mkdir()
-write_ninja(spec, gen, gen / "unused.so")
-sources = [str(s) for s in spec.sources] + sorted(str(p) for p in gen.glob("*.cc"))
-includes = [str(INCLUDE_DIR), *map(str, spec.include_dirs)]
-start, cpu_start = _clock()
-path = tvm_ffi.cpp.build("opbridge_bench_tvm_ffi", sources=sources, extra_cflags=[*flags, *spec.cflags],
-                         extra_ldflags=["-fopenmp", *spec.ldflags], extra_include_paths=includes,
-                         build_directory=build_dir)
-wall, cpu = _clock()
-seconds, cpu_seconds = wall - start, cpu - cpu_start
-assert tvm_ffi.load_module(path)["add_cpu"] is not None
-names = [Path(s).name for s in sources]
-print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "sources": names}))
-"""
-
-_REBUILD_ONE = CLOCK + """
-import dataclasses, json, shutil, sys
-from pathlib import Path
-from opbridge.build import jit
-from opbridge.loader import build_spec
-from opbridge.ops import LIBRARY
-""" + TVM_FFI_WITHOUT_TORCH + """
-work = Path(sys.argv[1])
-spec = build_spec(LIBRARY, "cpu")
-copies = []
-for src in spec.sources:
-    copies.append(work / src.name)
-    shutil.copyfile(src, copies[-1])
-spec = dataclasses.replace(spec, sources=tuple(copies))
-jit.build(spec)  # the cold build of the copies, untimed
-runs = []
-for i, src in enumerate(copies):
-    src.write_text(src.read_text() + f"\\n// opbridge bench build: edit {i}\\n")
-    start, cpu0 = _clock()
-    so = jit.build(spec)
-    end, cpu1 = _clock()
-    compiled = json.loads((so.parent / "manifest.json").read_text())["compiled"]
-    runs.append({"source": src.name, "seconds": end - start, "cpu_seconds": cpu1 - cpu0, "compiled": compiled})
-print(json.dumps({"runs": runs}))
-"""
-
-_TORCH_LOAD_INLINE = CLOCK + """
-import json, sys, time
-import torch
-import torch.utils.cpp_extension as ext
-src, build_dir, flags = json.loads(sys.argv[1])
-start, cpu_start = _clock()
-mod = ext.load_inline("opbridge_bench_torch_add", cpp_sources=[src], functions=["add"],
-                      extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=build_dir)
-wall, cpu = _clock()
-seconds, cpu_seconds = wall - start, cpu - cpu_start
-x, y = torch.randn(8), torch.randn(8)
-assert torch.equal(mod.add(x, y), x + y)
-print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds}))
-"""
-
-_WARM_TORCH = """
-import json, time
-import torch
-x, y = torch.randn(8), torch.randn(8)
-t0 = time.perf_counter()
-import opbridge
-t1 = time.perf_counter()
-from opbridge import ops
-t2 = time.perf_counter()
-z = ops.add(x, y)
-t3 = time.perf_counter()
-assert torch.equal(z, x + y)
-print(json.dumps({"import_opbridge": t1 - t0, "import_ops": t2 - t1, "first_call": t3 - t2,
-                  "total": t3 - t0}))
-"""
-
-_WARM_NUMPY = """
-import json, sys, time
-import numpy as np
-x, y = np.random.rand(8).astype(np.float32), np.random.rand(8).astype(np.float32)
-torch_before = "torch" in sys.modules
-t0 = time.perf_counter()
-import opbridge
-t1 = time.perf_counter()
-from opbridge import ops
-t2 = time.perf_counter()
-z = ops.add(x, y)
-t3 = time.perf_counter()
-assert np.array_equal(z, x + y)
-print(json.dumps({"import_opbridge": t1 - t0, "import_ops": t2 - t1, "first_call": t3 - t2,
-                  "total": t3 - t0, "torch_in_sys_modules_before": torch_before,
-                  "torch_in_sys_modules_after": "torch" in sys.modules}))
-"""
-
-_IMPORT_TVM_FFI = """
-import json, sys, time
-t0 = time.perf_counter()
-if PRE_IMPORT_TORCH:
-    import torch
-t1 = time.perf_counter()
-import tvm_ffi
-t2 = time.perf_counter()
-print(json.dumps({"import_torch": t1 - t0, "import_tvm_ffi": t2 - t1,
-                  "torch_in_sys_modules": "torch" in sys.modules}))
-"""
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this benchmark's options to *parser*."""
@@ -225,7 +110,7 @@ def _tvm_ffi_cold(run_dir: Path) -> dict[str, Any]:
     build_dir = run_dir / "tvm-ffi-build"
     build_dir.mkdir()
     payload = json.dumps([str(build_dir), _FLAGS])
-    res = script_or_raise("tvm_ffi cold build", _TVM_FFI_COLD, _env(run_dir), payload, timeout=_TIMEOUT_S)
+    res = script_or_raise("tvm_ffi cold build", scripts.TVM_FFI_COLD, _env(run_dir), payload, timeout=_TIMEOUT_S)
     return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "sources": res["sources"],
             "flags": _FLAGS}
 
@@ -265,7 +150,7 @@ def _rebuild_one(tmp: Path) -> dict[str, Any]:
     _progress("rebuild after editing one source, each in turn (one untimed cold build first)")
     work = tmp / "rebuild-sources"
     work.mkdir()
-    res = script_or_raise("opbridge one-source rebuilds", _REBUILD_ONE, _env(tmp), str(work), timeout=_TIMEOUT_S)
+    res = script_or_raise("opbridge one-source rebuilds", scripts.REBUILD_ONE, _env(tmp), str(work), timeout=_TIMEOUT_S)
     runs = res["runs"]
     wall = [r["seconds"] for r in runs]
     cpu = [r["cpu_seconds"] for r in runs]
@@ -281,7 +166,7 @@ def _torch_cold(tmp: Path) -> dict[str, Any]:
     build_dir = tmp / "torch-build"
     build_dir.mkdir()
     payload = json.dumps([peer_source("torch_add"), str(build_dir), ["-O3", "-fopenmp"]])
-    res = script_or_raise("torch load_inline cold build", _TORCH_LOAD_INLINE, _env(tmp), payload,
+    res = script_or_raise("torch load_inline cold build", scripts.TORCH_LOAD_INLINE, _env(tmp), payload,
                           timeout=_TIMEOUT_S)
     return {"seconds": round(res["seconds"], 3), "cpu_seconds": round(res["cpu_seconds"], 3),
             "op": "add (float32, torch/extension.h + pybind)"}
@@ -321,12 +206,12 @@ def _warm(tmp: Path, repeat: int) -> dict[str, Any]:
     _progress("populating the cache as a first run would (opbridge build: torch shim, NumPy C entry)")
     populate = _populate(env)
     _progress(f"warm start on torch tensors (torch preimported), {repeat} fresh process(es)")
-    torch_warm = _medians("warm start (torch)", _WARM_TORCH, env, repeat)
+    torch_warm = _medians("warm start (torch)", scripts.WARM_TORCH, env, repeat)
     _progress(f"warm start on numpy arrays (torch not imported), {repeat} fresh process(es)")
-    numpy_warm = _medians("warm start (numpy)", _WARM_NUMPY, env, repeat)
+    numpy_warm = _medians("warm start (numpy)", scripts.WARM_NUMPY, env, repeat)
     _progress(f"`import tvm_ffi` alone, with and without torch preimported, {repeat} process(es) each")
-    bare = _medians("import tvm_ffi", _IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "False"), env, repeat)
-    pre = _medians("import tvm_ffi", _IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "True"), env, repeat)
+    bare = _medians("import tvm_ffi", scripts.IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "False"), env, repeat)
+    pre = _medians("import tvm_ffi", scripts.IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "True"), env, repeat)
     return {
         "populate_seconds": populate,
         "torch": torch_warm,
