@@ -17,7 +17,7 @@ import opbridge
 from opbridge import aot, loader
 from opbridge.aot import setuptools as aot_setuptools
 from opbridge.aot.setuptools import BuildOpbridgeExt, opbridge_extensions
-from opbridge.build.compile import nvcc_path
+from opbridge.build.toolchain import nvcc_path
 from opbridge.errors import BackendUnavailableError, BuildError
 
 SCALE_CC = """

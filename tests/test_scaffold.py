@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from opbridge import scaffold
-from opbridge.build.compile import nvcc_path
+from opbridge.build.toolchain import nvcc_path
 from opbridge.scaffold import cli as scaffold_cli
 from opbridge.scaffold.kernel import render_kernel
 from opbridge.scaffold.spec import ScaffoldError

@@ -42,7 +42,7 @@ from setuptools.command.build_ext import build_ext
 
 from opbridge import config
 from opbridge.aot.build import DEFAULT_MODULE, build_aot, module_filename
-from opbridge.build.compile import nvcc_path
+from opbridge.build.toolchain import nvcc_path
 from opbridge.config import AOT_DEVICE_CHOICES
 from opbridge.errors import BuildError, DeclarationError
 

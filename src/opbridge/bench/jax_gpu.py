@@ -343,7 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = jax.devices(platform)[0]
     build_s = None
     if platform == "gpu":
-        from opbridge.build.compile import nvcc_path
+        from opbridge.build.toolchain import nvcc_path
 
         if nvcc_path() is None:
             raise BenchError("nvcc was not found: the CUDA kernels cannot be built (install the CUDA toolkit)")

@@ -23,6 +23,7 @@ from pathlib import Path
 from opbridge import config
 from opbridge.build.isa import NATIVE_FLAGS, native_isa_id, uses_native_isa
 from opbridge.build.progress import Progress, first_errors
+from opbridge.build.toolchain import cuda_arch_key, cuda_lib_dir, nvcc_path, toolchain_fingerprint
 from opbridge.declare import SOURCE_SUFFIXES
 from opbridge.errors import BackendUnavailableError, BuildError
 
@@ -94,73 +95,8 @@ def _tvm_ffi_paths() -> tuple[list[str], Path]:
     return includes, Path(libinfo.find_libtvm_ffi())
 
 
-@functools.cache
-def _compiler_version(compiler: str) -> str:
-    try:
-        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        return "missing"
-    return (out.stdout or out.stderr).strip()
-
-
-def nvcc_path() -> str | None:
-    """Return the ``nvcc`` executable, or None when CUDA is not installed.
-
-    Looked up on ``PATH``, then in ``$CUDA_HOME/bin`` and ``$CUDA_PATH/bin``
-    (the variables CUDA installers and PyTorch use), then in ``/usr/local/cuda/bin``.
-    """
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    for root in roots:
-        if root and (Path(root) / "bin" / "nvcc").is_file():
-            return str(Path(root) / "bin" / "nvcc")
-    return None
-
-
-@functools.cache
-def cuda_lib_dir(nvcc: str) -> Path | None:
-    """The directory holding the CUDA runtime libraries of *nvcc*'s toolkit.
-
-    ``<toolkit>/lib64`` next to ``bin/nvcc`` when *nvcc* is (a link to) the real
-    compiler; otherwise (a wrapper script on ``PATH``, a conda layout) the
-    library directories nvcc itself reports with ``--dryrun``.
-    """
-    static = "libcudart_static.a"
-    root = Path(nvcc).resolve().parent.parent
-    for cand in (root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib"):
-        if (cand / static).is_file():
-            return cand
-    try:
-        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", "/dev/null", "-o", "/dev/null"],
-                             capture_output=True, text=True, check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in (out.stdout + out.stderr).splitlines():
-        if "LIBRARIES=" in line:
-            for m in re.finditer(r'-L"?([^"\s]+)"?', line):
-                cand = Path(m.group(1))
-                if (cand / static).is_file():
-                    return cand.resolve()
-    return None
-
-
 #: Defined for every C++ unit: ``opbridge.h`` then only declares its runtime (:func:`runtime_tu`).
 SEPARATE_RUNTIME = "OPB_SEPARATE_RUNTIME"
-def _cuda_arch_key(arch: str) -> int:
-    digits = re.match(r"\d+", arch)
-    return int(digits.group()) if digits else 0
-
-
-def toolchain_fingerprint(device: str) -> str:
-    """Describe the compilers a build for *device* uses (part of the cache key)."""
-    parts = [_compiler_version(config.cxx())]
-    if device == "cuda":
-        nvcc = nvcc_path()
-        parts.append(_compiler_version(nvcc) if nvcc else "no-nvcc")
-        parts.append(";".join(config.cuda_archs()))
-    return "\n".join(parts)
 
 
 def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
@@ -180,7 +116,7 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
         if archs:
             # PTX of the newest architecture as well, so that a newer GPU can
             # JIT-compile it instead of failing with "no kernel image".
-            newest = max(archs, key=_cuda_arch_key)
+            newest = max(archs, key=cuda_arch_key)
             cuda += ["-gencode", f"arch=compute_{newest},code=compute_{newest}"]
         cuda += [*inc, *spec.cflags]
     _, lib = _tvm_ffi_paths()

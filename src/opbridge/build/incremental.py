@@ -22,11 +22,11 @@ from opbridge.build.compile import (
     compile_command,
     generated_sources,
     link_command,
-    toolchain_fingerprint,
 )
 from opbridge.build.isa import native_isa_id, uses_native_isa
 from opbridge.build.objects import CompileError, ObjectStore, Unit
 from opbridge.build.progress import Progress, first_errors
+from opbridge.build.toolchain import toolchain_fingerprint
 from opbridge.errors import BuildError
 
 #: First-compile estimates of the generated units, in the size-in-kB scale of the

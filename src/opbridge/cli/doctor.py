@@ -77,7 +77,7 @@ def _release_line(lines: list[str]) -> str:
 
 
 def _nvcc() -> dict[str, Any]:
-    from opbridge.build.compile import nvcc_path
+    from opbridge.build.toolchain import nvcc_path
 
     path = nvcc_path()
     if path is None:

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from opbridge.bench.gpu.timing import copy_bandwidth
     from opbridge.bench.report import checked_result, say, write_json, write_results
     from opbridge.bench.workloads import left_out, workloads
-    from opbridge.build.compile import nvcc_path
+    from opbridge.build.toolchain import nvcc_path
 
     if nvcc_path() is None:
         raise BenchError("nvcc was not found: the CUDA kernels cannot be built (install the CUDA toolkit)")
