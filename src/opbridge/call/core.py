@@ -258,6 +258,24 @@ def dtype_error(op: OpDef, arg: str, got: str) -> TypeError:
     return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (the dtypes {op.name} declares)")
 
 
+def scalar_guards(op: OpDef, names: Sequence[str]) -> list[str]:
+    """Conditions a generated fast path adds so that it passes the kernel only the scalars
+    :func:`opbridge.schema.check_value` accepts where tvm-ffi would convert others silently: a bool
+    given for an ``int`` or ``float`` argument (tvm-ffi takes it as 0 or 1), anything but a bool for a
+    ``bool`` one. The checked path then raises TypeError naming the argument, as every framework does.
+    Other wrong types make tvm-ffi raise TypeError, which sends the call to the checked path anyway."""
+    guards = []
+    for i, a in enumerate(op.schema.arguments):
+        if a.type.is_tensor or a.type.is_list:
+            continue
+        if a.type.base in ("int", "float"):
+            guards.append(f"type({names[i]}) is not bool")
+        elif a.type.base == "bool":
+            guards.append(f"({names[i]} is None or type({names[i]}) is bool)" if a.type.optional
+                          else f"type({names[i]}) is bool")
+    return guards
+
+
 def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any], str]) -> None:
     """Raise :func:`dtype_error` unless ``op.dtype_arg``'s dtype is one *op* declares.
 

@@ -15,6 +15,12 @@ checks, each run on its own draws:
 ``out_sharing``
     ``out=`` the very input, or a view overlapping it by 1 or 3 elements: the
     op of the inputs as they were before the call.
+``scalars``
+    Each ``int``, ``float`` or ``bool`` argument given as NumPy's scalar of
+    the same value (same result bits), and given a wrong type (a bool for a
+    number, a number for a bool, a float for an int, a string, None): a
+    TypeError naming the op and the argument, nothing written (through
+    ``ops.<op>``; ``torch.ops`` parses its arguments by torch's rules).
 ``bad_dtype``, ``bad_shape``
     One argument given another float dtype, or one more column, than the
     dispatching one: a TypeError or ValueError naming the op on every path,
@@ -48,7 +54,7 @@ from opbridge.testing.layouts import READ_LAYOUTS, WRITE_LAYOUTS, Memory, Placed
 
 __all__ = ["CHECKS", "FuzzReport", "Fuzzer", "fuzz_op"]
 
-CHECKS = ("calls", "out", "out_sharing", "bad_dtype", "bad_shape")
+CHECKS = ("calls", "out", "out_sharing", "bad_dtype", "bad_shape", "scalars")
 
 
 @dataclass
@@ -248,6 +254,50 @@ class Fuzzer:
                     self.mem.check_around(p, f"{where}: argument")
         return True
 
+    def check_scalars(self, dtype: str, case: dict[str, Any], layouts: dict[str, str]) -> bool:
+        """NumPy scalars give the plain value's bits; wrong types raise a named TypeError, nothing written.
+
+        False where the op has no int, float or bool argument.
+        """
+        scalars = [a for a in self.args if not a.type.is_tensor and not a.type.is_list
+                   and a.type.base in ("int", "float", "bool") and case[a.name] is not None]
+        if not scalars:
+            return False
+        dtypes = self._float_dtypes(case, dtype)
+        for n, (label, call) in enumerate(self.paths()):
+            _, args = self._placed_args(case, dtypes, layouts)
+            want = [self.mem.np64(x) for x in _written_or_results(self, args, call(*args))]
+            for a in scalars:
+                v = case[a.name]
+                same = {"int": np.int64, "float": np.float64, "bool": None}[a.type.base]
+                if same is not None:
+                    _, args = self._placed_args({**case, a.name: same(v)}, dtypes, layouts)
+                    got = [self.mem.np64(x) for x in _written_or_results(self, args, call(*args))]
+                    assert all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, want)), \
+                        f"{label} {self.op.name}: '{a.name}' = {type(same(v)).__name__}({v!r}) gives other results " \
+                        f"than {v!r}"
+                if n:  # torch.ops.<ns>.<op> parses its arguments by torch's own rules
+                    continue
+                wrong: list[Any] = ["4"] + ([] if a.type.optional else [None])
+                by_type: dict[str, list[Any]] = {"int": [True, float(v) + 0.5], "float": [True], "bool": [1]}
+                wrong += by_type[a.type.base]
+                for w in wrong:
+                    placed, args = self._placed_args({**case, a.name: w}, dtypes, layouts)
+                    before = [None if p is None else self.mem.np64(p.view) for p in placed]
+                    where = f"{label} {self.op.name} {dtype}: '{a.name}' = {w!r} ({a.type})"
+                    try:
+                        call(*args)
+                    except TypeError as e:
+                        assert self.op.name in str(e) and a.name in str(e), \
+                            f"{where}: the TypeError does not name the op and the argument: {e}"
+                    else:
+                        raise AssertionError(f"{where}: no TypeError")
+                    for p, was in zip(placed, before):
+                        if p is not None and was is not None:
+                            assert _same(self.mem.np64(p.view), was), f"{where}: '{p.name}' was written by a call " \
+                                                                      f"that raised"
+        return True
+
     def check_out_sharing(self, dtype: str, case: dict[str, Any], shift: int) -> bool:
         """``out=`` overlapping an input by *shift* elements gives the op of the inputs as they were.
 
@@ -305,6 +355,8 @@ class Fuzzer:
         dtype, case, layouts, out_layouts = self.draw_call(data, with_out=check == "out")
         if check in ("bad_dtype", "bad_shape"):
             return self.check_bad_input(dtype, case, layouts, check[4:])
+        if check == "scalars":
+            return self.check_scalars(dtype, case, layouts)
         for label, call in self.paths() if check == "calls" else self.paths()[:1]:
             self.check_call(dtype, case, layouts, out_layouts, label, call)
         return True
@@ -358,8 +410,9 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
         except Skip as e:
             report.skipped[check] = str(e)
         if not report.examples[check] and check not in report.skipped:
-            report.skipped[check] = ("no drawn case had an argument to make inconsistent" if check.startswith("bad")
-                                     else "no drawn case had a float input shaped like the first output")
+            report.skipped[check] = {"scalars": f"{fuzzer.op.name} has no int, float or bool argument",
+                                     "out_sharing": "no drawn case had a float input shaped like the first output",
+                                     }.get(check, "no drawn case had an argument to make inconsistent")
     return report
 
 
@@ -375,6 +428,14 @@ def _runner(fuzzer: Fuzzer, report: FuzzReport, check: str, examples: int, deran
             report.examples[check] += 1
 
     return run  # type: ignore[no-any-return]
+
+
+def _written_or_results(f: Fuzzer, args: Sequence[Any], result: Any) -> list[Any]:
+    """What a call gives: the arguments it writes (in place, or returned first), then its results."""
+    outs = _as_list(result)
+    if f.h.mutates_in_place:
+        outs = [args[i] for i, a in enumerate(f.args) if a.is_mutated and args[i] is not None] + outs
+    return [o for o in outs if o is not None]
 
 
 def _as_list(result: Any) -> list[Any]:

@@ -43,6 +43,7 @@ from opbridge.call.core import (
     pack_results,
     returns_source,
     rule_plan,
+    scalar_guards,
     validate_args,
 )
 from opbridge.errors import BackendUnavailableError
@@ -159,8 +160,9 @@ def eager_source(op: OpDef) -> str:
             kernel_args.append(a.name)
     lead = names[op.dtype_arg]  # the argument whose dtype the declared dtypes constrain
     # Not a tensor, not on the CPU, a dtype NumPy cannot view, strided: the checked call says or does it.
+    guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
     lines += ["    except Exception:", f"        return _checked({tup})",
-              f"    if {lead}.dtype not in _dtypes:", f"        return _checked({tup})"]
+              f"    if {' or '.join(guards)}:", f"        return _checked({tup})"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ").splitlines()
     n_out = op.n_outputs
     pairs = [f"_p{j}" for j in range(n_out)]

@@ -164,6 +164,7 @@ def _fast_prelude(op: OpDef, entry: bool = False) -> str | None:
         conds += [f"{a.name}.flags.c_contiguous" for a in args if a.type.is_tensor]
     if not op.library.kernels_check_inputs:  # else the kernel's TypeError falls back to the checked path
         conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
+    conds += core.scalar_guards(op, names)
     slow = f"_np_slow({', '.join(names)})"
     if entry:
         conds.remove(lead)

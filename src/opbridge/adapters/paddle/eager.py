@@ -151,7 +151,7 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     typed = [op.dtype_arg, *sorted(set(like) - {op.dtype_arg})]
     lines.append(f"    _p = {names[op.dispatch_arg]}.place" if check_places else "    _p = _cpu")
     lines += [f"    _dt_a{i} = a{i}.dtype" for i in typed]
-    guard = [f"_id(_dt_a{op.dtype_arg}) in _dtids"]
+    guard = [f"_id(_dt_a{op.dtype_arg}) in _dtids", *core.scalar_guards(op, names)]
     for i, a in tensors:
         place = "_p" if i == op.dispatch_arg else f"a{i}.place"
         ok = f"a{i}.is_contiguous()" + (f" and {place}.is_cpu_place()" if check_places else "")

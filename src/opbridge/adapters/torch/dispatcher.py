@@ -180,12 +180,26 @@ def register(lib: Library, on_registered: Callable[[OpDef], None]) -> None:
 
 
 def checked(op: OpDef) -> Callable[..., Any]:
-    """The dispatcher call, with torch's argument-parser errors turned into named TypeErrors."""
+    """The dispatcher call, with torch's argument-parser errors turned into named TypeErrors.
+
+    A bool given for an ``int`` or ``float`` argument, anything else for a ``bool`` one, or None
+    for one that is not optional, raises TypeError, as in every framework (:func:`opbridge.call.core.scalar_guards`);
+    ``torch.ops.<ns>.<op>`` itself keeps torch's rules.
+    """
     overload = packet(op)
     kw_only = [a.name for a in op.schema.arguments if a.kwarg_only]
     n_pos = len(op.schema.arguments) - len(kw_only)
 
+    # torch's parser takes a bool for an int or float argument, and other values for a bool one;
+    # opbridge's declaration does not (core.scalar_guards)
+    # (and None for a non-optional one, which it reads as the default)
+    scalars = [(i, a.type.base == "bool", a.type.optional) for i, a in enumerate(op.schema.arguments)
+               if not a.type.is_tensor and not a.type.is_list and a.type.base in ("int", "float", "bool")]
+
     def call(*args: Any, **kwargs: Any) -> Any:
+        if any(i < len(args) and (not optional if args[i] is None else (type(args[i]) is bool) != want)
+               for i, want, optional in scalars):
+            core.validate_args(op, calls.ordered(op, args, kwargs), calls.is_tensor, "a torch.Tensor")
         if kw_only and len(args) > n_pos:  # opbridge passes everything positionally; torch.ops wants names
             kwargs.update(zip(kw_only, args[n_pos:]))
             args = args[:n_pos]

@@ -69,6 +69,7 @@ def _guards(op: OpDef, extra: list[str]) -> str:
             c = f"(type({a.name}) is _T and not {a.name}.requires_grad)"
             conds.append(f"({a.name} is None or {c})" if a.type.optional else c)
     conds += extra  # after the type tests: they may call tensor methods
+    conds += core.scalar_guards(op, [a.name for a in args])
     if not op.library.kernels_check_inputs:  # else the kernel's TypeError falls back to the checked path
         conds.append(f"{args[op.dtype_arg].name}.dtype in _t_dts")
     return " and ".join(conds + _NO_MODES)
