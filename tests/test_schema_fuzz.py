@@ -9,7 +9,6 @@ parser must read torch's canonical rendering of it as the same schema.
 
 from __future__ import annotations
 
-import math
 import os
 import string
 from typing import Any
@@ -32,10 +31,6 @@ _STRS = st.text(alphabet=string.ascii_letters + string.digits + " _-.", max_size
 
 
 def _literal(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return repr(v)
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else repr(v)
     if isinstance(v, str):
         return '"' + v + '"'
     if isinstance(v, (list, tuple)):
