@@ -63,11 +63,16 @@ def _ref_annotation(t: Type) -> str:
 
 
 def _params(spec: OpSpec) -> str:
-    """The reference's parameters: all positional, in schema order (how opbridge calls references)."""
+    """The reference's parameters: all positional, in schema order (how opbridge calls references).
+
+    A default is written only where every later parameter has one too: a keyword-only argument
+    without a default may follow a defaulted one in a schema, not in a positional signature.
+    """
+    args = spec.schema.arguments
     out: list[str] = []
-    for a in spec.schema.arguments:
+    for i, a in enumerate(args):
         text = f"{a.name}: {_ref_annotation(a.type)}"
-        if a.has_default:
+        if a.has_default and all(b.has_default for b in args[i + 1:]):
             text += f" = {a.default!r}"
         out.append(text)
     return ", ".join(out)
@@ -129,7 +134,9 @@ def _needs_value(a: Argument) -> bool:
 
 
 def _sample(t: Type) -> str:
-    return f"[{_SAMPLE[t.base]}]" if t.is_list else _SAMPLE[t.base]
+    if not t.is_list:
+        return _SAMPLE[t.base]
+    return "[" + ", ".join([_SAMPLE[t.base]] * (t.list_size or 1)) + "]"  # int[2]: two items
 
 
 def render_test(spec: OpSpec, layout: Layout) -> str:

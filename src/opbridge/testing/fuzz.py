@@ -117,6 +117,12 @@ class Fuzzer:
             return f"{self.framework} has no {sorted(ints - set(self.h.dtypes))}, which {self.op.name}'s cases take"
         return None
 
+    def invoke(self, call: Callable[..., Any], args: Sequence[Any], **extra: Any) -> Any:
+        """*call* on the schema-ordered *args*, keyword-only ones by name."""
+        pos = [v for a, v in zip(self.args, args) if not a.kwarg_only]
+        kw = {a.name: v for a, v in zip(self.args, args) if a.kwarg_only}
+        return call(*pos, **kw, **extra)
+
     def paths(self) -> list[tuple[str, Callable[..., Any]]]:
         paths: list[tuple[str, Callable[..., Any]]] = [(f"{self.framework} ops.{self.op.name}", self.op.call)]
         if self.framework == "torch":
@@ -187,7 +193,7 @@ class Fuzzer:
         where = (f"{label} {op.name} {dtype} layouts {layouts or 'contiguous'}"
                  + (f" out= {out_layouts}" if out_layouts else "")
                  + f" shapes {[tuple(v.shape) for v in case.values() if isinstance(v, np.ndarray)]}")
-        outs = _as_list(call(*args, **kwargs))
+        outs = _as_list(self.invoke(call, args, **kwargs))
         written = [args[i] for i in mutated] if self.h.mutates_in_place else outs[:len(mutated)]
         outs = outs if self.h.mutates_in_place else outs[len(mutated):]
         assert len(outs) == len(ref), f"{where}: {len(outs)} results, the reference gives {len(ref)}"
@@ -242,7 +248,7 @@ class Fuzzer:
             where = f"{label} {self.op.name} {dtype}, '{name}' given {how} {bad_dtype} {case[name].shape}, " \
                     f"layouts {layouts}"
             try:
-                call(*args)
+                self.invoke(call, args)
             except (TypeError, ValueError) as e:
                 assert self.op.name in str(e), f"{where}: the error does not name the op: {e}"
             else:
@@ -266,13 +272,13 @@ class Fuzzer:
         dtypes = self._float_dtypes(case, dtype)
         for n, (label, call) in enumerate(self.paths()):
             _, args = self._placed_args(case, dtypes, layouts)
-            want = [self.mem.np64(x) for x in _written_or_results(self, args, call(*args))]
+            want = [self.mem.np64(x) for x in _written_or_results(self, args, self.invoke(call, args))]
             for a in scalars:
                 v = case[a.name]
                 same = {"int": np.int64, "float": np.float64, "bool": None}[a.type.base]
                 if same is not None:
                     _, args = self._placed_args({**case, a.name: same(v)}, dtypes, layouts)
-                    got = [self.mem.np64(x) for x in _written_or_results(self, args, call(*args))]
+                    got = [self.mem.np64(x) for x in _written_or_results(self, args, self.invoke(call, args))]
                     assert all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, want)), \
                         f"{label} {self.op.name}: '{a.name}' = {type(same(v)).__name__}({v!r}) gives other results " \
                         f"than {v!r}"
@@ -286,7 +292,7 @@ class Fuzzer:
                     before = [None if p is None else self.mem.np64(p.view) for p in placed]
                     where = f"{label} {self.op.name} {dtype}: '{a.name}' = {w!r} ({a.type})"
                     try:
-                        call(*args)
+                        self.invoke(call, args)
                     except TypeError as e:
                         assert self.op.name in str(e) and a.name in str(e), \
                             f"{where}: the TypeError does not name the op and the argument: {e}"
@@ -321,7 +327,7 @@ class Fuzzer:
         ref = _as_list(self.reference([mem.np64(x) if isinstance(case[a.name], np.ndarray) else x
                                        for a, x in zip(self.args, args)]))
         outs = [out0] + [mem.array(np.zeros(tuple(int(s) for s in sp.shape)), dtype) for sp in specs[1:]]
-        op.call(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
+        self.invoke(op.call, args, out=outs[0] if len(outs) == 1 else tuple(outs))
         rtol, atol = op.tolerance(dtype)
         where = f"{self.framework} {op.name} {dtype}: out= {'is' if shift == 0 else f'{shift} element(s) past'} " \
                 f"'{name}'"
