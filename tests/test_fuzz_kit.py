@@ -46,7 +46,8 @@ def sloppy_add(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_a_correct_op_passes_every_check_and_says_what_ran() -> None:
     report = fuzz_op(ops.rms_norm, "numpy", examples=5)
     assert report.op == "opbridge::rms_norm" and report.framework == "numpy"
-    assert {c: report.examples[c] for c in CHECKS} == {c: 5 for c in CHECKS}
+    assert report.examples["calls"] == 5
+    assert all(0 < report.examples[c] <= 5 for c in CHECKS), report.examples  # a draw may give nothing to check
     assert report.skipped == {}
 
 

@@ -1,0 +1,107 @@
+"""The checks of :func:`opbridge.testing.fuzz.fuzz_op` whose calls must fail: ``bad_dtype``,
+``bad_shape`` and ``scalars`` (and the equivalent scalars that must not change a result).
+
+Each takes the op's :class:`~opbridge.testing.fuzz_calls.Fuzzer`; a wrong call
+must raise an error naming the op (and, for a scalar, the argument) on every
+path, with nothing written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from opbridge.testing.fuzz_calls import Fuzzer, same_values, written_or_results
+
+__all__ = ["check_bad_input", "check_scalars", "corrupt"]
+
+
+def corrupt(f: Fuzzer, case: dict[str, Any], dtype: str, how: str) -> tuple[dict[str, Any], str, str] | None:
+    """*case* with one tensor argument made inconsistent with the dispatching one, or None.
+
+    ``dtype``: a float argument gets another float dtype; ``shape``: an
+    argument whose last dim is the lead's gets one more column. Returns the
+    case, the argument's name and the dtype it takes.
+    """
+    lead = case[f.args[f.op.dtype_arg].name]
+    floats = [d for d in ("float32", "float64", "float16") if d != dtype and d in f.h.dtypes]
+    for i, a in enumerate(f.args):
+        v = case[a.name]
+        if i == f.op.dtype_arg or not a.type.is_tensor or not isinstance(v, np.ndarray) or not v.size:
+            continue
+        if how == "dtype" and v.dtype.kind == "f" and floats:
+            return case, a.name, floats[0]
+        if how == "shape" and v.ndim and lead.ndim and v.shape[-1] == lead.shape[-1] and v.dtype.kind == "f":
+            return {**case, a.name: np.concatenate([v, v[..., :1]], axis=-1)}, a.name, dtype
+    return None
+
+def check_bad_input(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[str, str], how: str) -> bool:
+    """A named TypeError or ValueError on every path, nothing written; False where *case* cannot be corrupted."""
+    bad = corrupt(f, case, dtype, how)
+    if bad is None:
+        return False
+    case, name, bad_dtype = bad
+    layouts = {k: v for k, v in layouts.items() if k != name or f.mem.usable(v, tuple(case[name].shape))}
+    dtypes = {**f.float_dtypes(case, dtype), name: bad_dtype}
+    for label, call in f.paths():
+        placed, args = f.placed_args(case, dtypes, layouts)
+        before = [None if p is None else f.mem.np64(p.view) for p in placed]
+        where = f"{label} {f.op.name} {dtype}, '{name}' given {how} {bad_dtype} {case[name].shape}, " \
+                f"layouts {layouts}"
+        try:
+            f.invoke(call, args)
+        except (TypeError, ValueError) as e:
+            assert f.op.name in str(e), f"{where}: the error does not name the op: {e}"
+        else:
+            raise AssertionError(f"{where}: no error")
+        for p, was in zip(placed, before):
+            if p is not None and was is not None:
+                assert same_values(f.mem.np64(p.view), was), f"{where}: '{p.name}' ({p.layout}) was written " \
+                                                          f"by a call that raised"
+                f.mem.check_around(p, f"{where}: argument")
+    return True
+
+def check_scalars(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[str, str]) -> bool:
+    """NumPy scalars give the plain value's bits; wrong types raise a named TypeError, nothing written.
+
+    False where the op has no int, float or bool argument.
+    """
+    scalars = [a for a in f.args if not a.type.is_tensor and not a.type.is_list
+               and a.type.base in ("int", "float", "bool") and case[a.name] is not None]
+    if not scalars:
+        return False
+    dtypes = f.float_dtypes(case, dtype)
+    for n, (label, call) in enumerate(f.paths()):
+        _, args = f.placed_args(case, dtypes, layouts)
+        want = [f.mem.np64(x) for x in written_or_results(f, args, f.invoke(call, args))]
+        for a in scalars:
+            v = case[a.name]
+            same = {"int": np.int64, "float": np.float64, "bool": None}[a.type.base]
+            if same is not None:
+                _, args = f.placed_args({**case, a.name: same(v)}, dtypes, layouts)
+                got = [f.mem.np64(x) for x in written_or_results(f, args, f.invoke(call, args))]
+                assert all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, want)), \
+                    f"{label} {f.op.name}: '{a.name}' = {type(same(v)).__name__}({v!r}) gives other results " \
+                    f"than {v!r}"
+            if n:  # torch.ops.<ns>.<op> parses its arguments by torch's own rules
+                continue
+            wrong: list[Any] = ["4"] + ([] if a.type.optional else [None])
+            by_type: dict[str, list[Any]] = {"int": [True, float(v) + 0.5], "float": [True], "bool": [1]}
+            wrong += by_type[a.type.base]
+            for w in wrong:
+                placed, args = f.placed_args({**case, a.name: w}, dtypes, layouts)
+                before = [None if p is None else f.mem.np64(p.view) for p in placed]
+                where = f"{label} {f.op.name} {dtype}: '{a.name}' = {w!r} ({a.type})"
+                try:
+                    f.invoke(call, args)
+                except TypeError as e:
+                    assert f.op.name in str(e) and a.name in str(e), \
+                        f"{where}: the TypeError does not name the op and the argument: {e}"
+                else:
+                    raise AssertionError(f"{where}: no TypeError")
+                for p, was in zip(placed, before):
+                    if p is not None and was is not None:
+                        assert same_values(f.mem.np64(p.view), was), f"{where}: '{p.name}' was written by a call " \
+                                                                  f"that raised"
+    return True
