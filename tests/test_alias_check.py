@@ -61,3 +61,27 @@ def test_nothing_to_check_without_mutation() -> None:
     op = _op("g(Tensor x, Tensor y) -> Tensor")
     assert alias_check_source(op, ["x", "y"], "{s}, {e} = _span({t})", "") == ""
     make_alias_check(op, lambda t: (0, 8))((object(), object()))
+
+
+def test_views_that_interleave_without_sharing_an_element_are_apart() -> None:
+    """vLLM's query and key are column slices of one qkv tensor: their byte spans interleave, their
+    elements do not; the exact test (core.shares_memory) lets them through, a real overlap not."""
+    import numpy as np
+
+    from opbridge.call.core import shares_memory
+
+    qkv = np.zeros((5, 48), np.float32)
+    q, k = qkv[:, :16], qkv[:, 16:32]
+    exact = shares_memory(lambda a: (a.__array_interface__["data"][0], a.shape, a.strides, a.itemsize))
+    assert not exact(q, k) and exact(q, qkv[:, 15:31]) and exact(q, q[::-1])
+    op = _op("g(Tensor(a!) q, Tensor k) -> ()")
+
+    def span(a: Any) -> tuple[int, int]:
+        start = a.__array_interface__["data"][0]
+        return start, start + (a.shape[0] - 1) * a.strides[0] + a.shape[1] * a.itemsize
+
+    with pytest.raises(ValueError, match="overlaps"):  # byte spans alone: a false overlap
+        check_no_alias(op, (q, k), span)
+    check_no_alias(op, (q, k), span, exact)
+    with pytest.raises(ValueError, match="mutated argument 'q' overlaps argument 'k'"):
+        check_no_alias(op, (q, qkv[:, 15:31]), span, exact)

@@ -21,24 +21,62 @@ if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
 
-def check_no_alias(op: OpDef, args: Sequence[Any], span: Callable[[Any], tuple[int, int]]) -> None:
+def check_no_alias(op: OpDef, args: Sequence[Any], span: Callable[[Any], tuple[int, int]],
+                   exact: Callable[[Any, Any], bool] | None = None) -> None:
     """Reject a mutated argument whose memory overlaps another tensor argument.
 
     *span* maps a tensor to ``(start, end)`` byte addresses (``end == start``
     when empty). Empty tensors overlap nothing; None (an absent optional
     tensor) is skipped. The first offending pair in schema order is named.
+    Where *exact* is given (:func:`shares_memory`), a pair whose spans overlap
+    must also share an element: strided views that interleave without one
+    (the ``query`` and ``key`` column slices of one ``qkv`` tensor) are apart.
     This is the definition the adapters' per-op checks
     (:func:`alias_check_source`, :func:`make_alias_check`) defer to for the error.
     """
-    tensors = [(a.name, span(args[i]), a.is_mutated) for i, a in enumerate(op.schema.arguments)
+    tensors = [(a.name, args[i], span(args[i]), a.is_mutated) for i, a in enumerate(op.schema.arguments)
                if a.type.is_tensor and args[i] is not None]
-    for i, (name, (s0, e0), mutated) in enumerate(tensors):
+    for i, (name, t0, (s0, e0), mutated) in enumerate(tensors):
         if not mutated or s0 == e0:
             continue
-        for j, (other, (s1, e1), _) in enumerate(tensors):
-            if i != j and s1 != e1 and s1 < e0 and s0 < e1:
+        for j, (other, t1, (s1, e1), _) in enumerate(tensors):
+            if i != j and s1 != e1 and s1 < e0 and s0 < e1 and (exact is None or exact(t0, t1)):
                 raise ValueError(f"{op.name}: mutated argument '{name}' overlaps argument "
                                  f"'{other}' in memory; pass separate tensors")
+
+
+class _Interface:
+    """An array interface over memory nothing reads: :func:`shares_memory`'s view of a tensor."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+        self.__array_interface__ = {"data": (address, True), "shape": shape, "strides": strides,
+                                    "typestr": f"|V{itemsize}", "version": 3}
+
+
+def shares_memory(describe: Callable[[Any], tuple[int, tuple[int, ...], tuple[int, ...], int]],
+                  ) -> Callable[[Any, Any], bool]:
+    """An exact test of whether two tensors share an element of memory, strides included.
+
+    *describe* gives a tensor's ``(address, shape, byte strides, itemsize)``;
+    ``numpy.shares_memory`` solves the overlap over array interfaces built from
+    them (nothing is read or copied, so the address may be a device's). A case
+    too hard for it within its work bound counts as overlapping.
+    """
+    import numpy as np
+
+    too_hard = getattr(np, "exceptions", np).TooHardError
+
+    def test(a: Any, b: Any) -> bool:
+        va, vb = (np.asarray(_Interface(*describe(t))) for t in (a, b))
+        try:
+            # a bound on the candidates it tries (the stubs know only -1 and 0; any count is valid)
+            return bool(np.shares_memory(va, vb, max_work=1 << 20))  # type: ignore[arg-type]
+        except too_hard:
+            return True
+
+    return test
 
 
 def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, overlap: str | None = None) -> str:
@@ -93,32 +131,36 @@ def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, 
 
 
 AliasCheck = Callable[[Sequence[Any]], None]
-_ALIAS_CHECKS: dict[tuple[Any, Callable[[Any], tuple[int, int]], Callable[[Any, Any], bool] | None], AliasCheck] = {}
+_ALIAS_CHECKS: dict[tuple[Any, ...], AliasCheck] = {}
 
 
 def make_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
-                     overlap: Callable[[Any, Any], bool] | None = None) -> AliasCheck:
+                     overlap: Callable[[Any, Any], bool] | None = None,
+                     exact: Callable[[Any, Any], bool] | None = None) -> AliasCheck:
     """:func:`check_no_alias` specialised to *op*: a function of the schema-ordered arguments.
 
     Compiled from :func:`alias_check_source` on the first request for an
-    (op schema, *span*, *overlap*) and kept, so callers may ask for it per call
-    (the check depends on the schema only). *overlap*, where given, is the
-    quick test of two tensors (else their spans are compared); *span* names
-    the pair that overlaps. For an op that mutates no tensor it does nothing.
+    (op schema, *span*, *overlap*, *exact*) and kept, so callers may ask for it
+    per call (the check depends on the schema only). *overlap*, where given,
+    is the quick test of two tensors (else their spans are compared); *span*
+    and *exact* decide, on a hit, whether the pair overlaps and name it. For
+    an op that mutates no tensor it does nothing.
     """
-    key = (op.schema, span, overlap)
+    key = (op.schema, span, overlap, exact)
     check = _ALIAS_CHECKS.get(key)
     if check is None:
-        check = _ALIAS_CHECKS[key] = _compile_alias_check(op, span, overlap)
+        check = _ALIAS_CHECKS[key] = _compile_alias_check(op, span, overlap, exact)
     return check
 
 
 def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
-                         overlap: Callable[[Any, Any], bool] | None) -> AliasCheck:
+                         overlap: Callable[[Any, Any], bool] | None,
+                         exact: Callable[[Any, Any], bool] | None) -> AliasCheck:
     n = len(op.schema.arguments)
     body = alias_check_source(op, [f"args[{i}]" for i in range(n)], "{s}, {e} = _span({t})", "    ",
                               None if overlap is None else "_overlap({a}, {b})")
-    ns: dict[str, Any] = {"_span": span, "_overlap": overlap, "_alias": lambda a: check_no_alias(op, a, span)}
+    ns: dict[str, Any] = {"_span": span, "_overlap": overlap,
+                          "_alias": lambda a: check_no_alias(op, a, span, exact)}
     compile_source(f"def check(args):\n{body}    return None\n", f"<opbridge alias check {op.qualname}>", ns)
     check: AliasCheck = ns["check"]
     return check

@@ -21,6 +21,11 @@ checks, each run on its own draws:
     number, a number for a bool, a float for an int, a string, None): a
     TypeError naming the op and the argument, nothing written (through
     ``ops.<op>``; ``torch.ops`` parses its arguments by torch's rules).
+``aliasing``
+    A written argument beside another argument of its shape in one buffer
+    (``[..., :n]`` and ``[..., n:2n]``: vLLM's ``query`` and ``key`` slices of
+    ``qkv``): the reference's result, nothing else written. Overlapping it by
+    one element: a ValueError naming the op, nothing written.
 ``bad_dtype``, ``bad_shape``
     One argument given another float dtype, or one more column, than the
     dispatching one: a TypeError or ValueError naming the op on every path,
@@ -49,7 +54,7 @@ from opbridge.testing.fuzz_calls import Fuzzer, Skip
 
 __all__ = ["CHECKS", "FuzzReport", "Fuzzer", "fuzz_op", "run_check"]
 
-CHECKS = ("calls", "out", "out_sharing", "bad_dtype", "bad_shape", "scalars")
+CHECKS = ("calls", "out", "out_sharing", "aliasing", "bad_dtype", "bad_shape", "scalars")
 
 
 @dataclass
@@ -74,6 +79,8 @@ def run_check(f: Fuzzer, check: str, data: Any) -> bool:
         return fuzz_errors.check_bad_input(f, dtype, case, layouts, check[4:])
     if check == "scalars":
         return fuzz_errors.check_scalars(f, dtype, case, layouts)
+    if check == "aliasing":
+        return fuzz_errors.check_aliasing(f, dtype, case)
     for label, call in f.paths() if check == "calls" else f.paths()[:1]:
         f.check_call(dtype, case, layouts, out_layouts, label, call)
     return True
@@ -128,6 +135,8 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
             report.skipped[check] = str(e)
         if not report.examples[check] and check not in report.skipped:
             report.skipped[check] = {"scalars": f"{fuzzer.op.name} has no int, float or bool argument",
+                                     "aliasing": f"{fuzzer.op.name} writes no float argument another one "
+                                                 "matches in shape",
                                      "out_sharing": "no drawn case had a float input shaped like the first output",
                                      }.get(check, "no drawn case had an argument to make inconsistent")
     return report

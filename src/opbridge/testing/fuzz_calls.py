@@ -216,6 +216,10 @@ class Fuzzer:
             if len(self.mem.layouts) == 1:
                 return f"{self.framework}: no views to place out= in" + (" (and no out=)" if self.framework == "jax"
                                                                           else "")
+        if reason is None and check == "aliasing" and len(self.mem.layouts) == 1:
+            return f"{self.framework}: its arrays are immutable, so nothing written can share a buffer"
+        if reason is None and check == "aliasing" and not self.op.schema.is_mutating:
+            return f"{self.op.name} writes no argument"
         return reason
 
 

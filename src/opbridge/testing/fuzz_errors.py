@@ -1,5 +1,6 @@
 """The checks of :func:`opbridge.testing.fuzz.fuzz_op` whose calls must fail: ``bad_dtype``,
-``bad_shape`` and ``scalars`` (and the equivalent scalars that must not change a result).
+``bad_shape``, ``scalars`` and ``aliasing`` (and their near misses, which must succeed: equivalent
+scalars, and written arguments beside another argument in one buffer).
 
 Each takes the op's :class:`~opbridge.testing.fuzz_calls.Fuzzer`; a wrong call
 must raise an error naming the op (and, for a scalar, the argument) on every
@@ -12,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from opbridge.testing.fuzz_calls import Fuzzer, same_values, written_or_results
+from opbridge.testing.compare import assert_close
+from opbridge.testing.fuzz_calls import Fuzzer, Skip, same_values, written_or_results
+from opbridge.testing.layouts import rounded
 
-__all__ = ["check_bad_input", "check_scalars", "corrupt"]
+__all__ = ["check_aliasing", "check_bad_input", "check_scalars", "corrupt"]
 
 
 def corrupt(f: Fuzzer, case: dict[str, Any], dtype: str, how: str) -> tuple[dict[str, Any], str, str] | None:
@@ -105,3 +108,57 @@ def check_scalars(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[str
                         assert same_values(f.mem.np64(p.view), was), f"{where}: '{p.name}' was written by a call " \
                                                                   f"that raised"
     return True
+
+
+def check_aliasing(f: Fuzzer, dtype: str, case: dict[str, Any]) -> bool:
+    """A written argument in one buffer with another argument of its shape.
+
+    Side by side (``[..., :n]`` and ``[..., n:2n]``, byte spans interleaved,
+    no element shared, as vLLM passes ``query`` and ``key``): the call runs and
+    matches the reference, nothing else in the buffer written. Overlapping by
+    one element: a ValueError naming the op, nothing written. False where the
+    op writes no float argument that another argument matches in shape.
+    """
+    pairs = [(i, j) for i, a in enumerate(f.args) if a.is_mutated and _float_array(case[a.name])
+             for j, b in enumerate(f.args) if j != i and b.type.is_tensor and _float_array(case[b.name])
+             and case[b.name].shape == case[a.name].shape]
+    if not pairs:
+        return False
+    i, j = pairs[0]
+    name_i, name_j = f.args[i].name, f.args[j].name
+    dtypes = f.float_dtypes(case, dtype)
+    _, args = f.placed_args(case, dtypes, {})
+    args[i], args[j], whole = f.mem.side_by_side(case[name_i], case[name_j], dtype)
+    ref_args = [f.mem.np64(x) if isinstance(case[a.name], np.ndarray) else x for a, x in zip(f.args, args)]
+    ref = f.reference(ref_args)  # writes the mutated ones of ref_args, which are copies
+    want = [ref_args[k] for k, a in enumerate(f.args) if a.is_mutated and ref_args[k] is not None]
+    want += [] if ref is None else list(ref) if isinstance(ref, tuple) else [ref]
+    where = f"{f.framework} {f.op.name} {dtype}: '{name_i}' and '{name_j}'"
+    got = written_or_results(f, args, f.invoke(f.op.call, args))
+    rtol, atol = f.op.tolerance(dtype)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_close(f.mem.np64(g), rounded(w, dtype), rtol=rtol, atol=atol,
+                     name=f"{where} side by side in one buffer: result {k}")
+    f.mem.check_around(whole, f"{where} side by side:")
+    if case[name_i].size < 2:  # one element shifted by one overlaps nothing
+        return True
+    views = f.mem.shared([case[name_i], case[name_j]], dtype, 1)
+    if views is None:
+        raise Skip(f"{f.framework}: a reshape of a slice copies, so views cannot overlap")
+    _, args = f.placed_args(case, dtypes, {})
+    args[i], args[j] = views
+    before = [f.mem.np64(v) for v in views]
+    try:
+        f.invoke(f.op.call, args)
+    except ValueError as e:
+        assert f.op.name in str(e), f"{where} overlapping: the error does not name the op: {e}"
+    else:
+        raise AssertionError(f"{where} overlapping by one element: no error")
+    for v, was in zip(views, before):
+        assert same_values(f.mem.np64(v), was), f"{where} overlapping: written by a call that raised"
+    return True
+
+
+def _float_array(v: Any) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.ndim >= 1 and v.size > 0
+

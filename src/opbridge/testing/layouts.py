@@ -209,3 +209,20 @@ class Memory:
         views = [buf[k * shift:k * shift + n].reshape(values[0].shape) for k in range(len(values))]
         apart = self.h.data_ptr(views[-1]) - self.h.data_ptr(views[0])
         return views if apart == shift * (len(values) - 1) * np_dtype(dtype).itemsize else None
+
+    def side_by_side(self, a: np.ndarray, b: np.ndarray, dtype: str) -> tuple[Any, Any, Placed]:
+        """*a* and *b* (one shape) as column blocks ``[..., :n]`` and ``[..., n:2n]`` of one buffer.
+
+        The views' byte spans interleave row by row, but they share no element:
+        the ``query`` and ``key`` slices of one ``qkv`` tensor. The buffer's last
+        column holds the sentinel; the returned :class:`Placed` checks it.
+        """
+        n = a.shape[-1]
+        wide = np.full((*a.shape[:-1], 2 * n + 1), _FILL, np.float64)
+        wide[..., :n], wide[..., n:2 * n] = a, b
+        buf = self.array(wide, dtype)
+        footprint = np.zeros(wide.shape, bool)
+        footprint[..., :2 * n] = True
+        whole = Placed("the buffer of both", "side_by_side", buf, buf, footprint.ravel(), self.np64(buf).ravel())
+        return buf[..., :n], buf[..., n:2 * n], whole
+

@@ -50,6 +50,14 @@ def _span(a: np.ndarray) -> tuple[int, int]:
     return start, start + a.nbytes
 
 
+def _describe(a: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.itemsize
+
+
+#: Whether two arrays share an element (strided views that interleave do not): the alias check's verdict.
+_EXACT = core.shares_memory(_describe)
+
+
 def _is_array(x: Any) -> bool:
     return isinstance(x, np.ndarray)
 
@@ -198,7 +206,7 @@ class NumpyAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         kern = loader.kernel(op, "cpu")
-        check_alias = core.make_alias_check(op, _span, np.may_share_memory)
+        check_alias = core.make_alias_check(op, _span, np.may_share_memory, _EXACT)
 
         def call(*args: Any) -> Any:
             core.validate_args(op, args, _is_array, "a numpy.ndarray")
@@ -241,7 +249,7 @@ class NumpyAdapter:
         if not all(o.flags.writeable for o in outs):
             raise ValueError(f"{op.name}: out= holds a read-only array")
         core.check_lead_dtype(op, args, _dtype_name)
-        core.make_alias_check(op, _span, np.may_share_memory)(args)
+        core.make_alias_check(op, _span, np.may_share_memory, _EXACT)(args)
         full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
         fresh = core.outputs_overlap(op, args, outs, np.may_share_memory)
         dense, out_back = core.dense_outputs(outs, _is_dense, _empty_dense, fresh=fresh)

@@ -104,6 +104,15 @@ def strided_span(t: Any) -> tuple[int, int]:
     return p, p + (reach + 1) * t.element_size()
 
 
+def _describe(t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    size = t.element_size()
+    return t.data_ptr(), tuple(t.shape), tuple(s * size for s in t.strides), size
+
+
+#: Whether two tensors share an element (strided views that interleave do not): the alias check's verdict.
+EXACT = core.shares_memory(_describe)
+
+
 #: :func:`span` inline, for :func:`opbridge.call.core.alias_check_source` (``_prod`` is ``math.prod``).
 SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + _prod({t}.shape) * {t}.element_size()"
 

@@ -23,6 +23,7 @@ from opbridge import loader
 from opbridge._codegen import compile_source
 from opbridge.adapters.paddle._base import (
     CORE,
+    EXACT,
     KIND,
     SPAN_SOURCE,
     VALUE,
@@ -67,7 +68,7 @@ def make_checked(op: OpDef) -> Run:
     the kernel of the tensors' device (:func:`~opbridge.adapters.paddle._base.target`),
     densifies strided inputs and writes mutated ones back.
     """
-    check_alias = core.make_alias_check(op, span)
+    check_alias = core.make_alias_check(op, strided_span, exact=EXACT)
     mutated = _mutated(op)
 
     def run(*args: Any) -> tuple[Any, ...]:
@@ -199,7 +200,7 @@ def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
         "_bad": lambda a: core.validate_args(op, a, is_tensor, KIND),
         "_empty_like": _C_ops.empty_like,
         "_alloc": rule_alloc(op) if core.like_indices(op) is None and op.n_outputs else None,
-        "_alias": lambda a: core.check_no_alias(op, a, span),
+        "_alias": lambda a: core.check_no_alias(op, a, span, EXACT),
         "_prod": math.prod,
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_id": id,
@@ -228,7 +229,7 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
                            f"stop_gradient=False); call it under paddle.no_grad() or without out=")
     core.check_lead_dtype(op, args, dtype_name)
     kern, launch, _ = target(op, args, outs)
-    core.make_alias_check(op, span)(args)
+    core.make_alias_check(op, strided_span, exact=EXACT)(args)
     full, back = core.dense_args(op, args, is_dense, densify)
     # a strided out=, or every out= where one shares memory with an input, through dense copies
     fresh = core.outputs_overlap(op, args, outs, core.span_overlap(strided_span))

@@ -84,7 +84,7 @@ class TorchAdapter:
             return core.pack_results(op, args, outs)
         core.check_lead_dtype(op, args, calls.dtype_name)
         calls.check_devices(op, args, outs)
-        core.make_alias_check(op, calls.span)(args)
+        core.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
         full, back = core.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
         fresh = core.outputs_overlap(op, args, outs, _OVERLAP)
         dense, out_back = core.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense, fresh=fresh)

@@ -65,6 +65,15 @@ def span(t: torch.Tensor) -> tuple[int, int]:
 _overlap = core.span_overlap(span)
 
 
+def _describe(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    size = t.element_size()
+    return t.data_ptr(), tuple(t.shape), tuple(s * size for s in t.stride()), size
+
+
+#: Whether two tensors share an element (strided views that interleave do not): the alias check's verdict.
+EXACT = core.shares_memory(_describe)
+
+
 def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
     """Whether *out* may share memory with one of *tensors* (None skipped): the ``out=`` fast path
     leaves such a call to the checked one (:func:`opbridge.call.core.outputs_overlap`)."""
@@ -267,7 +276,7 @@ def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
     """The globals :func:`kernel_lines` uses, for *op*, bound into *ns* (which holds the generated code)."""
     ns.update(_NAMES)
     ns.update({
-        "_t_alias": lambda a: core.check_no_alias(op, a, span),
+        "_t_alias": lambda a: core.check_no_alias(op, a, span, EXACT),
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_t_dts": torch_dtypes(op),
         "_t_dtype_error": dtype_checker(op),
@@ -318,7 +327,7 @@ def strided_call(op: OpDef) -> Callable[[Sequence[Any]], Any]:
     New outputs are contiguous; the alias check uses each view's full reach.
     Returns the op's results like the dispatcher's kernel.
     """
-    check_alias = core.make_alias_check(op, span)
+    check_alias = core.make_alias_check(op, span, exact=EXACT)
 
     def call(args: Sequence[Any]) -> Any:
         check_devices(op, args)
