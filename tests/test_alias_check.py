@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from opbridge.call.core import alias_check_source, check_no_alias, make_alias_check
+from opbridge.call.overlap import alias_check_source, check_no_alias, make_alias_check
 from opbridge.schema import parse_schema
 
 SCHEMA = "f(Tensor(a!) a, Tensor b, Tensor(b!)? c, int n, Tensor? d, Tensor(c!) e) -> ()"
@@ -65,10 +65,10 @@ def test_nothing_to_check_without_mutation() -> None:
 
 def test_views_that_interleave_without_sharing_an_element_are_apart() -> None:
     """vLLM's query and key are column slices of one qkv tensor: their byte spans interleave, their
-    elements do not; the exact test (core.shares_memory) lets them through, a real overlap not."""
+    elements do not; the exact test (overlap.shares_memory) lets them through, a real overlap not."""
     import numpy as np
 
-    from opbridge.call.core import shares_memory
+    from opbridge.call.overlap import shares_memory
 
     qkv = np.zeros((5, 48), np.float32)
     q, k = qkv[:, :16], qkv[:, 16:32]

@@ -31,21 +31,23 @@ from opbridge.adapters.mindspore import graph, primitive
 from opbridge.adapters.mindspore.support import dtype_name, ms_dtype, unsupported_reason
 from opbridge.adapters.mindspore.views import NotOnHostError, alloc, host_view, kernel_arg, relabel, sync
 from opbridge.call.core import (
-    alias_check_source,
     alloc_outputs,
     alloc_source,
     check_lead_dtype,
-    check_no_alias,
-    dense_args,
-    dense_outputs,
     framework_dtypes,
-    outputs_overlap,
     pack_results,
     returns_source,
     rule_plan,
     scalar_guards,
-    shares_memory,
     validate_args,
+)
+from opbridge.call.overlap import (
+    alias_check_source,
+    check_no_alias,
+    dense_args,
+    dense_outputs,
+    outputs_overlap,
+    shares_memory,
 )
 from opbridge.errors import BackendUnavailableError
 

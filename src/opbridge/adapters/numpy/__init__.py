@@ -2,7 +2,7 @@
 
 Non-contiguous arrays are accepted: they reach the kernel as one contiguous
 copy each, and a mutated one is written back in place after the kernel
-(:func:`opbridge.call.core.dense_args`). New outputs are contiguous; those
+(:func:`opbridge.call.overlap.dense_args`). New outputs are contiguous; those
 of 4 MiB and more come from opbridge's pool of recycled, huge-page buffers
 (:func:`opbridge.call.memory.empty_ndarray`). Such an array does not own its
 memory (``flags.owndata`` is False, as for a view; the pool owns it), so the
@@ -38,7 +38,7 @@ import numpy as np
 from opbridge import loader
 from opbridge._tvm import tvm_ffi
 from opbridge.adapters.numpy import native
-from opbridge.call import core, memory
+from opbridge.call import core, memory, overlap
 from opbridge.call.callable import install_prelude
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _describe(a: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int
 
 
 #: Whether two arrays share an element (strided views that interleave do not): the alias check's verdict.
-_EXACT = core.shares_memory(_describe)
+_EXACT = overlap.shares_memory(_describe)
 
 
 def _is_array(x: Any) -> bool:
@@ -206,12 +206,12 @@ class NumpyAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         kern = loader.kernel(op, "cpu")
-        check_alias = core.make_alias_check(op, _span, np.may_share_memory, _EXACT)
+        check_alias = overlap.make_alias_check(op, _span, np.may_share_memory, _EXACT)
 
         def call(*args: Any) -> Any:
             core.validate_args(op, args, _is_array, "a numpy.ndarray")
             core.check_lead_dtype(op, args, _dtype_name)
-            full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
+            full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray)
             outs = core.alloc_outputs(op, full, _empty)
             check_alias(args)
             _run(op, kern, outs, full)
@@ -249,10 +249,10 @@ class NumpyAdapter:
         if not all(o.flags.writeable for o in outs):
             raise ValueError(f"{op.name}: out= holds a read-only array")
         core.check_lead_dtype(op, args, _dtype_name)
-        core.make_alias_check(op, _span, np.may_share_memory, _EXACT)(args)
-        full, back = core.dense_args(op, args, _is_dense, np.ascontiguousarray)
-        fresh = core.outputs_overlap(op, args, outs, np.may_share_memory)
-        dense, out_back = core.dense_outputs(outs, _is_dense, _empty_dense, fresh=fresh)
+        overlap.make_alias_check(op, _span, np.may_share_memory, _EXACT)(args)
+        full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray)
+        fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory)
+        dense, out_back = overlap.dense_outputs(outs, _is_dense, _empty_dense, fresh=fresh)
         _run(op, loader.kernel(op, "cpu"), dense, full)
         for orig, copy in back + out_back:
             orig[...] = copy

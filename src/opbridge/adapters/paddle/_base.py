@@ -33,7 +33,7 @@ from paddle import _C_ops
 from paddle.utils.dlpack import from_dlpack as _from_dlpack
 
 from opbridge import _tvm, loader
-from opbridge.call import core, memory
+from opbridge.call import core, memory, overlap
 from opbridge.errors import BackendUnavailableError, OpbridgeError
 
 if TYPE_CHECKING:
@@ -110,10 +110,10 @@ def _describe(t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
 
 
 #: Whether two tensors share an element (strided views that interleave do not): the alias check's verdict.
-EXACT = core.shares_memory(_describe)
+EXACT = overlap.shares_memory(_describe)
 
 
-#: :func:`span` inline, for :func:`opbridge.call.core.alias_check_source` (``_prod`` is ``math.prod``).
+#: :func:`span` inline, for :func:`opbridge.call.overlap.alias_check_source` (``_prod`` is ``math.prod``).
 SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + _prod({t}.shape) * {t}.element_size()"
 
 

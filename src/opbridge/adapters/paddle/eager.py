@@ -43,7 +43,7 @@ from opbridge.adapters.paddle._base import (
     target,
     write_back,
 )
-from opbridge.call import core, memory
+from opbridge.call import core, memory, overlap
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -68,7 +68,7 @@ def make_checked(op: OpDef) -> Run:
     the kernel of the tensors' device (:func:`~opbridge.adapters.paddle._base.target`),
     densifies strided inputs and writes mutated ones back.
     """
-    check_alias = core.make_alias_check(op, strided_span, exact=EXACT)
+    check_alias = overlap.make_alias_check(op, strided_span, exact=EXACT)
     mutated = _mutated(op)
 
     def run(*args: Any) -> tuple[Any, ...]:
@@ -76,7 +76,7 @@ def make_checked(op: OpDef) -> Run:
         core.check_lead_dtype(op, args, dtype_name)
         kern, launch, place = target(op, args)
         check_alias(args)
-        full, back = core.dense_args(op, args, is_dense, densify)
+        full, back = overlap.dense_args(op, args, is_dense, densify)
         outs = alloc(op, full, place)
         with launch():
             kern(*outs, *full)
@@ -164,7 +164,7 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     new_like = f"(_large_like({{x}}) if {_NBYTES.format(o='{x}')} >= _hmin else _empty_like({{x}}, _dt_{{x}}, _p))"
     alloc_lines = core.alloc_source(op, names, outs, new_like, "_alloc({args}, _p)")
     lines += [f"    {line}" for line in alloc_lines]
-    alias = core.alias_check_source(op, names, SPAN_SOURCE, "    ")
+    alias = overlap.alias_check_source(op, names, SPAN_SOURCE, "    ")
     if alias:
         lines.append(alias.rstrip("\n"))
     lines += ["    try:", f"        _k({', '.join([*outs, *names])})",
@@ -200,7 +200,7 @@ def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
         "_bad": lambda a: core.validate_args(op, a, is_tensor, KIND),
         "_empty_like": _C_ops.empty_like,
         "_alloc": rule_alloc(op) if core.like_indices(op) is None and op.n_outputs else None,
-        "_alias": lambda a: core.check_no_alias(op, a, span, EXACT),
+        "_alias": lambda a: overlap.check_no_alias(op, a, span, EXACT),
         "_prod": math.prod,
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_id": id,
@@ -229,11 +229,11 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
                            f"stop_gradient=False); call it under paddle.no_grad() or without out=")
     core.check_lead_dtype(op, args, dtype_name)
     kern, launch, _ = target(op, args, outs)
-    core.make_alias_check(op, strided_span, exact=EXACT)(args)
-    full, back = core.dense_args(op, args, is_dense, densify)
+    overlap.make_alias_check(op, strided_span, exact=EXACT)(args)
+    full, back = overlap.dense_args(op, args, is_dense, densify)
     # a strided out=, or every out= where one shares memory with an input, through dense copies
-    fresh = core.outputs_overlap(op, args, outs, core.span_overlap(strided_span))
-    dense, out_back = core.dense_outputs(outs, is_dense, densify, fresh=fresh)
+    fresh = overlap.outputs_overlap(op, args, outs, overlap.span_overlap(strided_span))
+    dense, out_back = overlap.dense_outputs(outs, is_dense, densify, fresh=fresh)
     with launch():
         kern(*dense, *full)
     for orig, copy in back + out_back:

@@ -26,7 +26,7 @@ import torch
 
 from opbridge import registry
 from opbridge.adapters.torch import calls, dispatcher, dynamo, fast
-from opbridge.call import core
+from opbridge.call import core, overlap
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
@@ -84,10 +84,10 @@ class TorchAdapter:
             return core.pack_results(op, args, outs)
         core.check_lead_dtype(op, args, calls.dtype_name)
         calls.check_devices(op, args, outs)
-        core.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
-        full, back = core.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
-        fresh = core.outputs_overlap(op, args, outs, _OVERLAP)
-        dense, out_back = core.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense, fresh=fresh)
+        overlap.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
+        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
+        fresh = overlap.outputs_overlap(op, args, outs, _OVERLAP)
+        dense, out_back = overlap.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense, fresh=fresh)
         try:
             calls.run_kernel(op, dense, full)
         except TypeError:
@@ -102,7 +102,7 @@ class TorchAdapter:
         return outs[0] if len(outs) == 1 and len(op.schema.returns) == 1 else core.pack_results(op, args, outs)
 
 
-_OVERLAP = core.span_overlap(calls.span)
+_OVERLAP = overlap.span_overlap(calls.span)
 
 
 def _empty_dense(o: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 
 from opbridge import _tvm, loader
 from opbridge.adapters.torch import native
-from opbridge.call import core, memory
+from opbridge.call import core, memory, overlap
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -62,7 +62,7 @@ def span(t: torch.Tensor) -> tuple[int, int]:
     return start, start + (reach + 1) * t.element_size()
 
 
-_overlap = core.span_overlap(span)
+_overlap = overlap.span_overlap(span)
 
 
 def _describe(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
@@ -71,12 +71,12 @@ def _describe(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], i
 
 
 #: Whether two tensors share an element (strided views that interleave do not): the alias check's verdict.
-EXACT = core.shares_memory(_describe)
+EXACT = overlap.shares_memory(_describe)
 
 
 def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
     """Whether *out* may share memory with one of *tensors* (None skipped): the ``out=`` fast path
-    leaves such a call to the checked one (:func:`opbridge.call.core.outputs_overlap`)."""
+    leaves such a call to the checked one (:func:`opbridge.call.overlap.outputs_overlap`)."""
     return any(t is not None and _overlap(out, t) for t in tensors)
 
 
@@ -213,7 +213,7 @@ def kernel_lines(op: OpDef, device: str, names: Sequence[str], outs: Sequence[st
     synchronisation, so it is safe under CUDA graph capture.
     """
     lead = names[op.dispatch_arg]
-    alias = core.alias_check_source(op, names, SPAN_SOURCE, "")
+    alias = overlap.alias_check_source(op, names, SPAN_SOURCE, "")
     # Our own name for the core's alias-check hook: adapters share the callable's globals.
     lines = alias.replace("_alias((", "_t_alias((").splitlines()
     if allocate:
@@ -276,7 +276,7 @@ def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
     """The globals :func:`kernel_lines` uses, for *op*, bound into *ns* (which holds the generated code)."""
     ns.update(_NAMES)
     ns.update({
-        "_t_alias": lambda a: core.check_no_alias(op, a, span, EXACT),
+        "_t_alias": lambda a: overlap.check_no_alias(op, a, span, EXACT),
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_t_dts": torch_dtypes(op),
         "_t_dtype_error": dtype_checker(op),
@@ -327,12 +327,12 @@ def strided_call(op: OpDef) -> Callable[[Sequence[Any]], Any]:
     New outputs are contiguous; the alias check uses each view's full reach.
     Returns the op's results like the dispatcher's kernel.
     """
-    check_alias = core.make_alias_check(op, span, exact=EXACT)
+    check_alias = overlap.make_alias_check(op, span, exact=EXACT)
 
     def call(args: Sequence[Any]) -> Any:
         check_devices(op, args)
         check_alias(args)
-        full, back = core.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
+        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
         outs = core.alloc_outputs(op, full, new_empty)
         run_kernel(op, outs, full)
         for orig, copy in back:

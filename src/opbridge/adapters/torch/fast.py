@@ -134,7 +134,7 @@ def out_prelude(op: OpDef) -> str:
         return calls.kernel_lines(op, device, names, ["out"], indent, allocate=False)
 
     checked = op.library.kernels_check_inputs
-    # out= sharing memory with an input: the checked path writes a fresh buffer (core.outputs_overlap)
+    # out= sharing memory with an input: the checked path writes a fresh buffer (overlap.outputs_overlap)
     apart = f"not _t_ovl(out, ({''.join(names[i] + ', ' for i in core.tensor_indices(op))}))"
     guards = ["type(out) is _T", "not out.requires_grad", *([] if checked else [dense]), apart]
     lines = [f"        if {_guards(op, guards)}:"]

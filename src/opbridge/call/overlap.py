@@ -1,0 +1,231 @@
+"""Which tensors share memory, for every adapter: the alias check of mutating ops, ``out=`` buffers
+over an input, and the dense copies that strided tensors reach a kernel through.
+
+A quick test of byte spans (or ``numpy.may_share_memory``) finds candidate
+pairs; :func:`shares_memory` decides exactly, strides included, so that
+views which interleave without sharing an element (the ``query`` and ``key``
+column slices of one ``qkv`` tensor) are apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opbridge._codegen import compile_source
+from opbridge.call.core import tensor_indices
+
+if TYPE_CHECKING:
+    from opbridge.declare import OpDef
+
+
+def check_no_alias(op: OpDef, args: Sequence[Any], span: Callable[[Any], tuple[int, int]],
+                   exact: Callable[[Any, Any], bool] | None = None) -> None:
+    """Reject a mutated argument whose memory overlaps another tensor argument.
+
+    *span* maps a tensor to ``(start, end)`` byte addresses (``end == start``
+    when empty). Empty tensors overlap nothing; None (an absent optional
+    tensor) is skipped. The first offending pair in schema order is named.
+    Where *exact* is given (:func:`shares_memory`), a pair whose spans overlap
+    must also share an element: strided views that interleave without one
+    (the ``query`` and ``key`` column slices of one ``qkv`` tensor) are apart.
+    This is the definition the adapters' per-op checks
+    (:func:`alias_check_source`, :func:`make_alias_check`) defer to for the error.
+    """
+    tensors = [(a.name, args[i], span(args[i]), a.is_mutated) for i, a in enumerate(op.schema.arguments)
+               if a.type.is_tensor and args[i] is not None]
+    for i, (name, t0, (s0, e0), mutated) in enumerate(tensors):
+        if not mutated or s0 == e0:
+            continue
+        for j, (other, t1, (s1, e1), _) in enumerate(tensors):
+            if i != j and s1 != e1 and s1 < e0 and s0 < e1 and (exact is None or exact(t0, t1)):
+                raise ValueError(f"{op.name}: mutated argument '{name}' overlaps argument "
+                                 f"'{other}' in memory; pass separate tensors")
+
+
+class _Interface:
+    """An array interface over memory nothing reads: :func:`shares_memory`'s view of a tensor."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+        self.__array_interface__ = {"data": (address, True), "shape": shape, "strides": strides,
+                                    "typestr": f"|V{itemsize}", "version": 3}
+
+
+def shares_memory(describe: Callable[[Any], tuple[int, tuple[int, ...], tuple[int, ...], int]],
+                  ) -> Callable[[Any, Any], bool]:
+    """An exact test of whether two tensors share an element of memory, strides included.
+
+    *describe* gives a tensor's ``(address, shape, byte strides, itemsize)``;
+    ``numpy.shares_memory`` solves the overlap over array interfaces built from
+    them (nothing is read or copied, so the address may be a device's). A case
+    too hard for it within its work bound counts as overlapping.
+    """
+    import numpy as np
+
+    too_hard = getattr(np, "exceptions", np).TooHardError
+
+    def test(a: Any, b: Any) -> bool:
+        va, vb = (np.asarray(_Interface(*describe(t))) for t in (a, b))
+        try:
+            # a bound on the candidates it tries (the stubs know only -1 and 0; any count is valid)
+            return bool(np.shares_memory(va, vb, max_work=1 << 20))  # type: ignore[arg-type]
+        except too_hard:
+            return True
+
+    return test
+
+
+def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, overlap: str | None = None) -> str:
+    """Straight-line source of :func:`check_no_alias` for *op*, for generated fast paths.
+
+    Each tensor's span is computed once (an absent optional one gets the
+    empty span ``(0, 0)``) and only pairs with a mutated tensor are compared,
+    each pair once. A hit calls ``_alias((<names>,))``, which the caller binds
+    to :func:`check_no_alias`: it names the first offending pair in schema
+    order, and returns without raising where an empty tensor made the quick
+    test hit. For ``advance_step_flashattn`` (6 tensors, 4 mutated) with torch
+    spans this is 1.4 µs per call, against 6.7 µs for :func:`check_no_alias`.
+
+    Parameters
+    ----------
+    op
+        The op; ``""`` is returned when it mutates no tensor.
+    names
+        The expression holding each schema argument, in schema order.
+    span
+        A statement setting ``{s}`` and ``{e}`` to the start and end byte
+        address of tensor ``{t}``, e.g. ``"{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes"``.
+    indent
+        Prefix of every line.
+    overlap
+        Instead of spans, an expression that is true when tensors ``{a}`` and
+        ``{b}`` may overlap (NumPy's ``np.may_share_memory``, 0.18 µs a pair,
+        where an ndarray's address costs 0.9 µs to read).
+    """
+    args = op.schema.arguments
+    tensors = [i for i, a in enumerate(args) if a.type.is_tensor]
+    both = [(i, j) for n, i in enumerate(tensors) for j in tensors[n + 1:] if args[i].is_mutated or args[j].is_mutated]
+    if not both:
+        return ""
+    if overlap is not None:
+        def test(i: int, j: int) -> str:
+            present = [f"{names[k]} is not None" for k in (i, j) if args[k].type.optional]
+            return f"({' and '.join([*present, overlap.format(a=names[i], b=names[j])])})"
+
+        return (f"{indent}if {' or '.join(test(i, j) for i, j in both)}:\n"
+                f"{indent}    _alias(({''.join(n + ', ' for n in names)}))\n")
+    pairs = [f"(_as{j} < _ae{i} and _as{i} < _ae{j})" for i, j in both]
+    lines = []
+    for i in tensors:
+        assign = span.format(t=names[i], s=f"_as{i}", e=f"_ae{i}")
+        if args[i].type.optional:
+            lines += [f"_as{i} = _ae{i} = 0", f"if {names[i]} is not None: {assign}"]
+        else:
+            lines.append(assign)
+    lines += [f"if {' or '.join(pairs)}:", f"    _alias(({''.join(n + ', ' for n in names)}))"]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+AliasCheck = Callable[[Sequence[Any]], None]
+_ALIAS_CHECKS: dict[tuple[Any, ...], AliasCheck] = {}
+
+
+def make_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
+                     overlap: Callable[[Any, Any], bool] | None = None,
+                     exact: Callable[[Any, Any], bool] | None = None) -> AliasCheck:
+    """:func:`check_no_alias` specialised to *op*: a function of the schema-ordered arguments.
+
+    Compiled from :func:`alias_check_source` on the first request for an
+    (op schema, *span*, *overlap*, *exact*) and kept, so callers may ask for it
+    per call (the check depends on the schema only). *overlap*, where given,
+    is the quick test of two tensors (else their spans are compared); *span*
+    and *exact* decide, on a hit, whether the pair overlaps and name it. For
+    an op that mutates no tensor it does nothing.
+    """
+    key = (op.schema, span, overlap, exact)
+    check = _ALIAS_CHECKS.get(key)
+    if check is None:
+        check = _ALIAS_CHECKS[key] = _compile_alias_check(op, span, overlap, exact)
+    return check
+
+
+def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
+                         overlap: Callable[[Any, Any], bool] | None,
+                         exact: Callable[[Any, Any], bool] | None) -> AliasCheck:
+    n = len(op.schema.arguments)
+    body = alias_check_source(op, [f"args[{i}]" for i in range(n)], "{s}, {e} = _span({t})", "    ",
+                              None if overlap is None else "_overlap({a}, {b})")
+    ns: dict[str, Any] = {"_span": span, "_overlap": overlap,
+                          "_alias": lambda a: check_no_alias(op, a, span, exact)}
+    compile_source(f"def check(args):\n{body}    return None\n", f"<opbridge alias check {op.qualname}>", ns)
+    check: AliasCheck = ns["check"]
+    return check
+
+
+def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
+               densify: Callable[[Any], Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Arguments for a kernel that takes dense (contiguous) tensors only.
+
+    Each Tensor argument that is not dense is replaced by a dense copy
+    (``densify``). A mutated argument is copied in and must be copied back
+    after the kernel: the pairs ``(original, copy)`` to copy back are
+    returned beside the arguments. Dense arguments pass through untouched,
+    so the common case costs one ``is_dense`` test per tensor.
+    """
+    full = list(args)
+    back: list[tuple[Any, Any]] = []
+    for i, a in enumerate(op.schema.arguments):
+        v = full[i]
+        if not a.type.is_tensor or v is None or is_dense(v):
+            continue
+        full[i] = densify(v)
+        if a.is_mutated:
+            back.append((v, full[i]))
+    return full, back
+
+
+def dense_outputs(outs: Sequence[Any], is_dense: Callable[[Any], bool],
+                  new_dense: Callable[[Any], Any], *, fresh: bool = False) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """The caller's ``out=`` buffers as a kernel that takes dense tensors gets them.
+
+    Each buffer that is not dense (every buffer, with *fresh*: see
+    :func:`outputs_overlap`) is replaced by a new dense one of its shape and
+    dtype (``new_dense``), which the kernel writes and the caller copies back
+    into the buffer afterwards: the pairs ``(buffer, dense)`` are returned
+    beside the list, as :func:`dense_args` returns mutated ones.
+    """
+    dense = list(outs)
+    back: list[tuple[Any, Any]] = []
+    for i, o in enumerate(outs):
+        if fresh or not is_dense(o):
+            dense[i] = new_dense(o)
+            back.append((o, dense[i]))
+    return dense, back
+
+
+def outputs_overlap(op: OpDef, args: Sequence[Any], outs: Sequence[Any], overlap: Callable[[Any, Any], bool]) -> bool:
+    """Whether an ``out=`` buffer may share memory with a Tensor argument or another ``out=`` buffer.
+
+    Such a call runs its kernel into fresh buffers, copied into the caller's
+    after it ran (:func:`dense_outputs` with ``fresh=True``), as NumPy's ufuncs
+    buffer overlapping operands: the inputs are read as they were before the
+    call, whatever order a kernel reads and writes in. *overlap* is the
+    framework's test of two tensors (``np.may_share_memory``, or
+    :func:`span_overlap`).
+    """
+    tensors = [args[i] for i in tensor_indices(op) if args[i] is not None]
+    for k, o in enumerate(outs):
+        if any(overlap(o, t) for t in tensors) or any(overlap(o, p) for p in outs[:k]):
+            return True
+    return False
+
+
+def span_overlap(span: Callable[[Any], tuple[int, int]]) -> Callable[[Any, Any], bool]:
+    """A test of whether two tensors' byte ranges (*span*: ``(start, end)``, strides included) overlap."""
+    def overlap(a: Any, b: Any) -> bool:
+        (s0, e0), (s1, e1) = span(a), span(b)
+        return s0 != e0 and s1 != e1 and s1 < e0 and s0 < e1
+
+    return overlap
