@@ -91,3 +91,37 @@ def test_unknown_checks_and_a_missing_hypothesis_are_named(monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "hypothesis", None)
     with pytest.raises(ImportError, match="pip install hypothesis"):
         fuzz_op(ops.add, "numpy")
+
+
+SLOPPY_MODULE = '''
+from pathlib import Path
+import opbridge
+
+lib = opbridge.Library("fuzz_cli_test", sources=["sloppy.cc"], root=Path(__file__).parent, dtypes=["float32"])
+
+
+@lib.op("sloppy_add(Tensor x, Tensor y) -> Tensor", shape=opbridge.like("x"))
+def sloppy_add(x, y):
+    return x + y
+'''
+
+
+def test_opbridge_fuzz_command(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    (tmp_path / "sloppy.cc").write_text(SLOPPY_CC)
+    (tmp_path / "sloppy_ops.py").write_text(SLOPPY_MODULE)
+    env = {**__import__("os").environ, "OPBRIDGE_NO_PROGRESS": "1"}
+    cmd = [sys.executable, "-m", "opbridge", "fuzz", "--frameworks", "numpy", "--examples", "4"]
+    ok = subprocess.run([*cmd, "--ops", "rms_norm", "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert ok.returncode == 0, ok.stderr
+    records = json.loads(ok.stdout)
+    assert {r["check"] for r in records} == set(CHECKS) and not any("failure" in r for r in records)
+    assert next(r for r in records if r["check"] == "aliasing")["skipped"] == "rms_norm writes no argument"
+    bad = subprocess.run([*cmd, "--import", str(tmp_path / "sloppy_ops.py"), "--ops", "fuzz_cli_test::sloppy_add",
+                          "--checks", "calls", "bad_shape"], capture_output=True, text=True, env=env, timeout=600)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAIL numpy fuzz_cli_test::sloppy_add bad_shape" in bad.stdout and "no error" in bad.stdout
+    usage = subprocess.run([*cmd, "--ops", "no_such_op"], capture_output=True, text=True, env=env, timeout=600)
+    assert usage.returncode == 2 and "no declared op named no_such_op" in usage.stderr

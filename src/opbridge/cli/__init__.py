@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     scaffold_cli.register(sub)  # `new`
     commands.register_demo(sub)
     commands.register_bench(sub)
+    __import__("opbridge.cli.fuzz", fromlist=["register"]).register(sub)  # `fuzz`
     return parser
 
 
