@@ -15,7 +15,7 @@ import numpy as np
 
 from opbridge.testing.compare import assert_close
 from opbridge.testing.fuzz_calls import Fuzzer, Skip, same_values, written_or_results
-from opbridge.testing.layouts import rounded
+from opbridge.testing.layouts import Placed, rounded
 
 __all__ = ["check_aliasing", "check_bad_input", "check_scalars", "corrupt"]
 
@@ -39,6 +39,7 @@ def corrupt(f: Fuzzer, case: dict[str, Any], dtype: str, how: str) -> tuple[dict
             return {**case, a.name: np.concatenate([v, v[..., :1]], axis=-1)}, a.name, dtype
     return None
 
+
 def check_bad_input(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[str, str], how: str) -> bool:
     """A named TypeError or ValueError on every path, nothing written; False where *case* cannot be corrupted."""
     bad = corrupt(f, case, dtype, how)
@@ -49,21 +50,11 @@ def check_bad_input(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[s
     dtypes = {**f.float_dtypes(case, dtype), name: bad_dtype}
     for label, call in f.paths():
         placed, args = f.placed_args(case, dtypes, layouts)
-        before = [None if p is None else f.mem.np64(p.view) for p in placed]
         where = f"{label} {f.op.name} {dtype}, '{name}' given {how} {bad_dtype} {case[name].shape}, " \
                 f"layouts {layouts}"
-        try:
-            f.invoke(call, args)
-        except (TypeError, ValueError) as e:
-            assert f.op.name in str(e), f"{where}: the error does not name the op: {e}"
-        else:
-            raise AssertionError(f"{where}: no error")
-        for p, was in zip(placed, before):
-            if p is not None and was is not None:
-                assert same_values(f.mem.np64(p.view), was), f"{where}: '{p.name}' ({p.layout}) was written " \
-                                                          f"by a call that raised"
-                f.mem.check_around(p, f"{where}: argument")
+        _raises_writing_nothing(f, call, placed, args, (TypeError, ValueError), [f.op.name], where)
     return True
+
 
 def check_scalars(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[str, str]) -> bool:
     """NumPy scalars give the plain value's bits; wrong types raise a named TypeError, nothing written.
@@ -94,19 +85,8 @@ def check_scalars(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[str
             wrong += by_type[a.type.base]
             for w in wrong:
                 placed, args = f.placed_args({**case, a.name: w}, dtypes, layouts)
-                before = [None if p is None else f.mem.np64(p.view) for p in placed]
                 where = f"{label} {f.op.name} {dtype}: '{a.name}' = {w!r} ({a.type})"
-                try:
-                    f.invoke(call, args)
-                except TypeError as e:
-                    assert f.op.name in str(e) and a.name in str(e), \
-                        f"{where}: the TypeError does not name the op and the argument: {e}"
-                else:
-                    raise AssertionError(f"{where}: no TypeError")
-                for p, was in zip(placed, before):
-                    if p is not None and was is not None:
-                        assert same_values(f.mem.np64(p.view), was), f"{where}: '{p.name}' was written by a call " \
-                                                                  f"that raised"
+                _raises_writing_nothing(f, call, placed, args, (TypeError,), [f.op.name, a.name], where)
     return True
 
 
@@ -157,6 +137,25 @@ def check_aliasing(f: Fuzzer, dtype: str, case: dict[str, Any]) -> bool:
     for v, was in zip(views, before):
         assert same_values(f.mem.np64(v), was), f"{where} overlapping: written by a call that raised"
     return True
+
+
+def _raises_writing_nothing(f: Fuzzer, call: Any, placed: list[Placed | None], args: list[Any],
+                            errors: tuple[type[Exception], ...], names: list[str], where: str) -> None:
+    """*call* on *args* raises one of *errors* naming each of *names*, and leaves every placed view (and the
+    memory around it) as it was."""
+    before = [None if p is None else f.mem.np64(p.view) for p in placed]
+    try:
+        f.invoke(call, args)
+    except errors as e:
+        missing = [n for n in names if n not in str(e)]
+        assert not missing, f"{where}: the error does not name {', '.join(repr(n) for n in missing)}: {e}"
+    else:
+        raise AssertionError(f"{where}: no error")
+    for p, was in zip(placed, before):
+        if p is not None and was is not None:
+            assert same_values(f.mem.np64(p.view), was), f"{where}: '{p.name}' ({p.layout}) was written by a " \
+                                                      f"call that raised"
+            f.mem.check_around(p, f"{where}: argument")
 
 
 def _float_array(v: Any) -> bool:
