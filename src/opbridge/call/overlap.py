@@ -77,6 +77,22 @@ def shares_memory(describe: Callable[[Any], tuple[int, tuple[int, ...], tuple[in
     return test
 
 
+def ndarray_layout(a: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    """An ndarray's ``(address, shape, byte strides, itemsize)``, as :func:`shares_memory` takes it."""
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.itemsize
+
+
+#: Whether two ndarrays share an element (NumPy's arrays, MindSpore's host views): the alias check's verdict.
+NDARRAY_SHARES = shares_memory(ndarray_layout)
+
+
+def dense_ndarray(a: Any) -> Any:
+    """A new C-contiguous ndarray of *a*'s shape and dtype (``empty_like`` would keep *a*'s strides)."""
+    import numpy as np
+
+    return np.empty(a.shape, a.dtype)
+
+
 def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, overlap: str | None = None) -> str:
     """Straight-line source of :func:`check_no_alias` for *op*, for generated fast paths.
 

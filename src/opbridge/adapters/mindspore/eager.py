@@ -42,12 +42,13 @@ from opbridge.call.core import (
     validate_args,
 )
 from opbridge.call.overlap import (
+    NDARRAY_SHARES,
     alias_check_source,
     check_no_alias,
     dense_args,
+    dense_ndarray,
     dense_outputs,
     outputs_overlap,
-    shares_memory,
 )
 from opbridge.errors import BackendUnavailableError
 
@@ -101,18 +102,6 @@ def _view_span(v: np.ndarray) -> tuple[int, int]:
     return (lo, lo) if v.size == 0 else (lo, hi)
 
 
-def _view_describe(v: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    return v.__array_interface__["data"][0], v.shape, v.strides, v.itemsize
-
-
-#: Whether two host views share an element (strided views that interleave do not).
-_EXACT = shares_memory(_view_describe)
-
-
-def _empty_dense(view: np.ndarray) -> np.ndarray:
-    return np.empty(view.shape, view.dtype)
-
-
 def _new_output(shape: tuple[int, ...], dtype: Any, lead: Any) -> tuple[Tensor, Any]:
     return alloc(shape, ms_dtype(dtype))
 
@@ -131,7 +120,7 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
     views = host_views(op, args)
     dense, back = dense_args(op, views, _is_dense, np.ascontiguousarray)
     if op.schema.is_mutating:  # on the host views, whose strides say which elements each reaches
-        check_no_alias(op, views, _view_span, _EXACT)
+        check_no_alias(op, views, _view_span, NDARRAY_SHARES)
     if outs is None:
         new = alloc_outputs(op, args, _new_output)
         results, out_args = [t for t, _ in new], [a for _, a in new]
@@ -139,7 +128,7 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
         results = list(outs)
         out_views = host_views_of(op, outs)
         fresh = outputs_overlap(op, views, out_views, np.may_share_memory)
-        out_dense, out_back = dense_outputs(out_views, _is_dense, _empty_dense, fresh=fresh)
+        out_dense, out_back = dense_outputs(out_views, _is_dense, dense_ndarray, fresh=fresh)
         back += out_back
         out_args = [relabel(d, o.dtype) for d, o in zip(out_dense, outs)]
     kargs = [relabel(d, v.dtype) if a.type.is_tensor and v is not None else d
@@ -253,7 +242,7 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
         "_dtypes": framework_dtypes(op, ms_dtype),
         "_checked": checked,
         # a quick hit on byte spans: the host views' strides say whether an element is shared
-        "_alias": lambda a: check_no_alias(op, host_views(op, a), _view_span, _EXACT),
+        "_alias": lambda a: check_no_alias(op, host_views(op, a), _view_span, NDARRAY_SHARES),
         "_alloc": alloc,
         "_from_rule": from_rule,
         "_k": kern,

@@ -50,14 +50,6 @@ def _span(a: np.ndarray) -> tuple[int, int]:
     return start, start + a.nbytes
 
 
-def _describe(a: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    return a.__array_interface__["data"][0], a.shape, a.strides, a.itemsize
-
-
-#: Whether two arrays share an element (strided views that interleave do not): the alias check's verdict.
-_EXACT = overlap.shares_memory(_describe)
-
-
 def _is_array(x: Any) -> bool:
     return isinstance(x, np.ndarray)
 
@@ -86,10 +78,6 @@ def _empty(shape: tuple[int, ...], dtype: Any, lead: Any) -> np.ndarray:
 
 def _empty_like(x: np.ndarray) -> np.ndarray:
     return memory.empty_ndarray(x.shape, x.dtype)
-
-
-def _empty_dense(o: np.ndarray) -> np.ndarray:
-    return np.empty(o.shape, o.dtype)
 
 
 # DLPack's DLTensor starts {void* data; int32 device_type, device_id; int32 ndim; uint8 code, ...}.
@@ -206,7 +194,7 @@ class NumpyAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         kern = loader.kernel(op, "cpu")
-        check_alias = overlap.make_alias_check(op, _span, np.may_share_memory, _EXACT)
+        check_alias = overlap.make_alias_check(op, _span, np.may_share_memory, overlap.NDARRAY_SHARES)
 
         def call(*args: Any) -> Any:
             core.validate_args(op, args, _is_array, "a numpy.ndarray")
@@ -249,10 +237,10 @@ class NumpyAdapter:
         if not all(o.flags.writeable for o in outs):
             raise ValueError(f"{op.name}: out= holds a read-only array")
         core.check_lead_dtype(op, args, _dtype_name)
-        overlap.make_alias_check(op, _span, np.may_share_memory, _EXACT)(args)
+        overlap.make_alias_check(op, _span, np.may_share_memory, overlap.NDARRAY_SHARES)(args)
         full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray)
         fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory)
-        dense, out_back = overlap.dense_outputs(outs, _is_dense, _empty_dense, fresh=fresh)
+        dense, out_back = overlap.dense_outputs(outs, _is_dense, overlap.dense_ndarray, fresh=fresh)
         _run(op, loader.kernel(op, "cpu"), dense, full)
         for orig, copy in back + out_back:
             orig[...] = copy

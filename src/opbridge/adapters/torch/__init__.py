@@ -86,7 +86,7 @@ class TorchAdapter:
         calls.check_devices(op, args, outs)
         overlap.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
         full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
-        fresh = overlap.outputs_overlap(op, args, outs, _OVERLAP)
+        fresh = overlap.outputs_overlap(op, args, outs, calls.OVERLAP)
         dense, out_back = overlap.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense, fresh=fresh)
         try:
             calls.run_kernel(op, dense, full)
@@ -100,9 +100,6 @@ class TorchAdapter:
         for o in outs:
             torch.autograd.graph.increment_version(o)
         return outs[0] if len(outs) == 1 and len(op.schema.returns) == 1 else core.pack_results(op, args, outs)
-
-
-_OVERLAP = overlap.span_overlap(calls.span)
 
 
 def _empty_dense(o: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,8 @@ def span(t: torch.Tensor) -> tuple[int, int]:
     return start, start + (reach + 1) * t.element_size()
 
 
-_overlap = overlap.span_overlap(span)
+#: Whether two tensors' byte spans (strides included) overlap: the out= checks' quick test.
+OVERLAP = overlap.span_overlap(span)
 
 
 def _describe(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
@@ -77,7 +78,7 @@ EXACT = overlap.shares_memory(_describe)
 def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
     """Whether *out* may share memory with one of *tensors* (None skipped): the ``out=`` fast path
     leaves such a call to the checked one (:func:`opbridge.call.overlap.outputs_overlap`)."""
-    return any(t is not None and _overlap(out, t) for t in tensors)
+    return any(t is not None and OVERLAP(out, t) for t in tensors)
 
 
 #: :func:`span` inline for dense tensors (the generated calls run on dense ones only).
