@@ -164,15 +164,21 @@ def scalar_guards(op: OpDef, names: Sequence[str]) -> list[str]:
     ``bool`` one. The checked path then raises TypeError naming the argument, as every framework does.
     Other wrong types make tvm-ffi raise TypeError, which sends the call to the checked path anyway."""
     guards = []
-    for i, a in enumerate(op.schema.arguments):
-        if a.type.is_tensor or a.type.is_list:
-            continue
-        if a.type.base in ("int", "float"):
+    for i, takes_bool, optional in scalar_rules(op):
+        if not takes_bool:
             guards.append(f"type({names[i]}) is not bool")
-        elif a.type.base == "bool":
-            guards.append(f"({names[i]} is None or type({names[i]}) is bool)" if a.type.optional
+        else:
+            guards.append(f"({names[i]} is None or type({names[i]}) is bool)" if optional
                           else f"type({names[i]}) is bool")
     return guards
+
+
+def scalar_rules(op: OpDef) -> list[tuple[int, bool, bool]]:
+    """``(index, takes a bool, optional)`` of each ``int``, ``float`` and ``bool`` argument: the scalars
+    whose type :func:`scalar_guards` tests (and torch's checked path, where the dispatcher's parser
+    converts them)."""
+    return [(i, a.type.base == "bool", a.type.optional) for i, a in enumerate(op.schema.arguments)
+            if not a.type.is_tensor and not a.type.is_list and a.type.base in ("int", "float", "bool")]
 
 
 def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any], str]) -> None:

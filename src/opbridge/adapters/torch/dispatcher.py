@@ -193,8 +193,7 @@ def checked(op: OpDef) -> Callable[..., Any]:
     # torch's parser takes a bool for an int or float argument, and other values for a bool one;
     # opbridge's declaration does not (core.scalar_guards)
     # (and None for a non-optional one, which it reads as the default)
-    scalars = [(i, a.type.base == "bool", a.type.optional) for i, a in enumerate(op.schema.arguments)
-               if not a.type.is_tensor and not a.type.is_list and a.type.base in ("int", "float", "bool")]
+    scalars = core.scalar_rules(op)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if any(i < len(args) and (not optional if args[i] is None else (type(args[i]) is bool) != want)
