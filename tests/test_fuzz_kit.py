@@ -88,6 +88,12 @@ def test_a_case_generator_replaces_the_declared_one(sloppy_add: Any) -> None:
 def test_unknown_checks_and_a_missing_hypothesis_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="unknown check"):
         fuzz_op(ops.add, "numpy", checks=["calls", "speed"])
+    with pytest.raises(ValueError, match="argument 'framework' must be one of numpy"):
+        fuzz_op(ops.add, "tensorflow")
+    with pytest.raises(ValueError, match="argument 'examples' must be a positive int, got 0"):
+        fuzz_op(ops.add, "numpy", examples=0)
+    with pytest.raises(ValueError, match="argument 'device' must be 'cpu', or 'cuda' with torch"):
+        fuzz_op(ops.add, "numpy", device="cuda")
     monkeypatch.setitem(sys.modules, "hypothesis", None)
     with pytest.raises(ImportError, match="pip install hypothesis"):
         fuzz_op(ops.add, "numpy")

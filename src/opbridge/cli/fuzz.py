@@ -18,13 +18,12 @@ from opbridge.cli.common import (
     print_json,
 )
 
-_FRAMEWORKS = ("numpy", "torch", "jax", "paddle", "mindspore")
 _FAILURE_LINES = 12
 
 
 def register(sub: Any) -> None:
     """Add ``opbridge fuzz`` to the subcommands *sub*."""
-    from opbridge.testing.fuzz import CHECKS
+    from opbridge.testing.fuzz import CHECKS, FRAMEWORKS
 
     p = sub.add_parser(
         "fuzz", help="fuzz declared ops against their references (hypothesis)",
@@ -37,7 +36,7 @@ def register(sub: Any) -> None:
     add_import_option(p)
     p.add_argument("--ops", nargs="+", metavar="NAME", help="ops to fuzz, by name or namespace::name "
                                                              "(default: every declared op)")
-    p.add_argument("--frameworks", nargs="+", default=["numpy", "torch"], choices=_FRAMEWORKS, metavar="NAME",
+    p.add_argument("--frameworks", nargs="+", default=["numpy", "torch"], choices=FRAMEWORKS, metavar="NAME",
                    help="frameworks to fuzz in (default: numpy torch; choices: %(choices)s)")
     p.add_argument("--checks", nargs="+", choices=CHECKS, metavar="CHECK",
                    help="checks to run (default: all of %(choices)s)")
@@ -54,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     """Handle ``opbridge fuzz``; return the exit status."""
     if args.examples < 1:
         err("--examples must be at least 1")
+        return EXIT_USAGE
+    if args.device == "cuda" and set(args.frameworks) != {"torch"}:
+        err("--device cuda is for torch: pass --frameworks torch")
         return EXIT_USAGE
     if {"paddle", "mindspore"} <= set(args.frameworks):
         err("Paddle and MindSpore cannot share a process (and MindSpore needs NumPy 1): fuzz them in two runs")

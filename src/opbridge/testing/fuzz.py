@@ -54,6 +54,8 @@ from opbridge.testing.fuzz_calls import Fuzzer, Skip
 
 __all__ = ["CHECKS", "FuzzReport", "Fuzzer", "fuzz_op", "run_check"]
 
+#: The frameworks fuzz_op runs in (each through its harness, :mod:`opbridge.testing.harness`).
+FRAMEWORKS = ("numpy", "torch", "jax", "paddle", "mindspore")
 CHECKS = ("calls", "out", "out_sharing", "aliasing", "bad_dtype", "bad_shape", "scalars")
 
 
@@ -121,6 +123,13 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
     unknown = sorted(set(checks) - set(CHECKS))
     if unknown:
         raise ValueError(f"fuzz_op: unknown check(s) {unknown}; choose from {', '.join(CHECKS)}")
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"fuzz_op: argument 'framework' must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    if type(examples) is not int or examples < 1:
+        raise ValueError(f"fuzz_op: argument 'examples' must be a positive int, got {examples!r}")
+    if device not in ("cpu", "cuda") or (device == "cuda" and framework != "torch"):
+        raise ValueError(f"fuzz_op: argument 'device' must be 'cpu', or 'cuda' with torch; got {device!r} "
+                         f"with {framework}")
     fuzzer = Fuzzer(op, framework, device, cases)
     report = FuzzReport(fuzzer.op.qualname, framework)
     for check in checks:
