@@ -27,16 +27,18 @@ ops. The entries compile into the op's ``backward``, which calls the ops'
 public callables, so it runs in every framework. Tensor arguments without an
 entry get no gradient. Mistakes are :class:`~opbridge.DeclarationError`\\ s
 naming ``file:line``.
+
+Here: :func:`load` and the ``library`` and ``ops`` entries;
+:mod:`opbridge.manifest.derivatives` compiles the ``derivatives`` entries;
+both read the YAML through :mod:`opbridge.manifest.reading`.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from types import CodeType
 from typing import Any
 
 import yaml
@@ -44,6 +46,8 @@ import yaml
 from opbridge.declare import like
 from opbridge.errors import DeclarationError
 from opbridge.library import Library
+from opbridge.manifest.derivatives import Derivative, compile_derivative
+from opbridge.manifest.reading import Loader, Map, Where
 from opbridge.schema import Schema, parse_schema
 
 __all__ = ["Derivative", "load"]
@@ -51,51 +55,6 @@ __all__ = ["Derivative", "load"]
 _OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances")
 _LIBRARY_KEYS = ("namespace", "sources", "include_dirs", "cflags", "ldflags", "prebuilt", "python_module")
 _TOP_KEYS = ("library", "ops", "derivatives")
-_EXPR_NODES = (
-    ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.Subscript, ast.keyword,
-    ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd,
-)
-_EVAL_GLOBALS: dict[str, Any] = {"__builtins__": {}}
-
-
-class _Map(dict[str, Any]):
-    """A YAML mapping that remembers the line it starts on."""
-
-    line = 0
-
-
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """Safe YAML loader whose mappings are :class:`_Map`\\ s."""
-
-
-def _construct_map(loader: yaml.SafeLoader, node: yaml.MappingNode) -> _Map:
-    out = _Map(loader.construct_mapping(node, deep=True))
-    out.line = node.start_mark.line + 1
-    return out
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
-
-
-class _Where:
-    """``file:line`` prefixes for error messages."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def error(self, node: Any, message: str) -> DeclarationError:
-        line = getattr(node, "line", 0)
-        return DeclarationError(f"{self.path}:{line}: {message}" if line else f"{self.path}: {message}")
-
-    def mapping(self, node: Any, what: str, keys: Sequence[str] | None = None) -> _Map:
-        if not isinstance(node, dict):
-            raise self.error(node, f"{what} must be a mapping, got {type(node).__name__}")
-        if keys is not None:
-            unknown = [k for k in node if k not in keys]
-            if unknown:
-                raise self.error(node, f"{what}: unknown key(s) {', '.join(map(repr, unknown))} "
-                                       f"(expected {', '.join(keys)})")
-        return node if isinstance(node, _Map) else _Map(node)
 
 
 def _resolve(dotted: str) -> Any:
@@ -114,7 +73,7 @@ def _resolve(dotted: str) -> Any:
     raise ModuleNotFoundError(f"no module in {dotted!r}")
 
 
-def _callable(where: _Where, node: _Map, key: str, op: str) -> Callable[..., Any]:
+def _callable(where: Where, node: Map, key: str, op: str) -> Callable[..., Any]:
     dotted = node[key]
     parts = dotted.split(".") if isinstance(dotted, str) else []
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
@@ -129,7 +88,7 @@ def _callable(where: _Where, node: _Map, key: str, op: str) -> Callable[..., Any
     return fn  # type: ignore[no-any-return]
 
 
-def _shape(where: _Where, node: _Map, op: str) -> Any:
+def _shape(where: Where, node: Map, op: str) -> Any:
     rule = node.get("shape")
     if rule is None:
         return None
@@ -144,7 +103,7 @@ def _shape(where: _Where, node: _Map, op: str) -> Any:
     return _callable(where, node, "shape", op)
 
 
-def _tolerances(where: _Where, node: _Map, op: str) -> dict[str, tuple[float, float]]:
+def _tolerances(where: Where, node: Map, op: str) -> dict[str, tuple[float, float]]:
     raw = node.get("tolerances") or {}
     where.mapping(raw, f"{op}: tolerances")
     out: dict[str, tuple[float, float]] = {}
@@ -157,133 +116,10 @@ def _tolerances(where: _Where, node: _Map, op: str) -> dict[str, tuple[float, fl
     return out
 
 
-# -- derivatives ---------------------------------------------------------------
-
-
-class Derivative:
-    """An op's backward, compiled from its ``derivatives`` entry.
-
-    Called as ``backward(*grad_outputs, *args)``; returns one gradient (or
-    None) per Tensor argument, computed by the entry's expressions, which
-    call the library's ops through their public callables.
-    """
-
-    def __init__(self, schema: Schema, rules: Sequence[tuple[tuple[int, ...], CodeType]],
-                 calls: Sequence[str], source: str) -> None:
-        self.library: Library | None = None  # set when the op is declared
-        self.schema = schema
-        self.rules = tuple(rules)
-        self.calls = tuple(calls)
-        self.source = source
-        self.n_grads = len(schema.returns)
-        self.arg_names = tuple(a.name for a in schema.arguments)
-        self.n_tensors = sum(1 for a in schema.arguments if a.type.is_tensor)
-
-    def __call__(self, *values: Any) -> tuple[Any, ...]:
-        grads = values[:self.n_grads]
-        ops = self.library.ops if self.library is not None else {}
-        env: dict[str, Any] = {name: ops[name].call for name in self.calls}
-        env.update(zip(self.arg_names, values[self.n_grads:], strict=True))
-        env["grads"] = grads
-        env["grad"] = grads[0] if grads else None
-        out: list[Any] = [None] * self.n_tensors
-        for slots, code in self.rules:
-            value = eval(code, _EVAL_GLOBALS, env)  # noqa: S307 - AST checked: op calls, names, arithmetic
-            if len(slots) == 1:
-                out[slots[0]] = value
-                continue
-            if not isinstance(value, (tuple, list)) or len(value) != len(slots):
-                raise RuntimeError(f"{self.schema.name}: derivative {code.co_filename} returned "
-                                   f"{type(value).__name__}, expected a tuple of {len(slots)} gradients")
-            for s, v in zip(slots, value, strict=True):
-                out[s] = v
-        return tuple(out)
-
-    def __repr__(self) -> str:
-        return f"<opbridge derivative of {self.schema.name} from {self.source}>"
-
-
-def _check_call(where: _Where, entry: _Map, call: ast.Call, schemas: Mapping[str, Schema], op: str) -> str:
-    if not isinstance(call.func, ast.Name) or call.func.id not in schemas:
-        name = call.func.id if isinstance(call.func, ast.Name) else ast.unparse(call.func)
-        raise where.error(entry, f"derivatives of {op}: {name}(...) is not an op of this library "
-                                 f"(ops: {', '.join(sorted(schemas))})")
-    target = schemas[call.func.id]
-    positional = [a.name for a in target.arguments if not a.kwarg_only]
-    given = positional[:len(call.args)]
-    if len(call.args) > len(positional):
-        raise where.error(entry, f"derivatives of {op}: {call.func.id}() takes {len(positional)} positional "
-                                 f"argument(s), {len(call.args)} given")
-    for kw in call.keywords:
-        if kw.arg is None or kw.arg not in {a.name for a in target.arguments} or kw.arg in given:
-            raise where.error(entry, f"derivatives of {op}: {call.func.id}() got a bad keyword {kw.arg!r}")
-        given.append(kw.arg)
-    missing = [a.name for a in target.arguments if not a.has_default and a.name not in given]
-    if missing:
-        raise where.error(entry, f"derivatives of {op}: {call.func.id}() is missing {', '.join(missing)} "
-                                 f"(schema: {target})")
-    return call.func.id
-
-
-def _compile_expr(where: _Where, entry: _Map, text: str, schema: Schema,
-                  schemas: Mapping[str, Schema]) -> tuple[CodeType, set[str]]:
-    op = schema.name
-    try:
-        tree = ast.parse(str(text).strip(), mode="eval")
-    except SyntaxError as e:
-        raise where.error(entry, f"derivatives of {op}: cannot parse {text!r}: {e.msg}") from None
-    names = {a.name for a in schema.arguments} | {"grad", "grads"}
-    calls: set[str] = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, _EXPR_NODES):
-            raise where.error(entry, f"derivatives of {op}: {type(node).__name__} is not allowed in {text!r} "
-                                     f"(use op calls, argument names, grad/grads[i], numbers and + - * / **)")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            calls.add(_check_call(where, entry, node, schemas, op))
-        elif isinstance(node, ast.Name) and node.id not in names and node.id not in calls:
-            if node.id == "result":
-                raise where.error(entry, f"derivatives of {op}: 'result' (the forward output) is not saved; "
-                                         f"recompute it by calling the op")
-            if node.id not in schemas:
-                raise where.error(entry, f"derivatives of {op}: unknown name {node.id!r} in {text!r} "
-                                         f"(arguments: {', '.join(sorted(names))})")
-            calls.add(node.id)  # an op passed as a value
-    code = compile(tree, f"{where.path}:{entry.line}", "eval")
-    return code, calls
-
-
-def _derivative(where: _Where, entry: _Map, schema: Schema, schemas: Mapping[str, Schema]) -> Derivative:
-    tensor_slot = {a.name: i for i, a in enumerate(a for a in schema.arguments if a.type.is_tensor)}
-    mutated = {a.name for a in schema.arguments if a.is_mutated}
-    rules: list[tuple[tuple[int, ...], CodeType]] = []
-    calls: set[str] = set()
-    seen: set[str] = set()
-    for key, text in entry.items():
-        if key == "name":
-            continue
-        targets = [t.strip() for t in str(key).split(",")]
-        for t in targets:
-            if t not in tensor_slot or t in mutated:
-                allowed = ", ".join(n for n in tensor_slot if n not in mutated)
-                raise where.error(entry, f"derivatives of {schema.name}: {t!r} is not a differentiable "
-                                         f"Tensor argument (those are: {allowed})")
-            if t in seen:
-                raise where.error(entry, f"derivatives of {schema.name}: {t!r} has two formulas")
-            seen.add(t)
-        code, used = _compile_expr(where, entry, text, schema, schemas)
-        rules.append((tuple(tensor_slot[t] for t in targets), code))
-        calls |= used
-    if not rules:
-        raise where.error(entry, f"derivatives of {schema.name}: no formulas "
-                                 f"(add '<arg>: <expression>' lines)")
-    return Derivative(schema, rules, sorted(calls), f"{where.path}:{entry.line}")
-
-
 # -- loading ---------------------------------------------------------------------
 
 
-def _new_library(where: _Where, node: Any, caller: str) -> Library:
+def _new_library(where: Where, node: Any, caller: str) -> Library:
     spec = where.mapping(node, "library", _LIBRARY_KEYS)
     if "namespace" not in spec:
         raise where.error(spec, "library: namespace is required")
@@ -329,18 +165,18 @@ def load(path: str | Path, library: Library | None = None) -> Library:
     DeclarationError
         On any mistake in the file, naming ``file:line``; nothing is declared then.
     """
-    where = _Where(Path(path).resolve())
+    where = Where(Path(path).resolve())
     try:
-        doc = yaml.load(where.path.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(where.path.read_text(), Loader=Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise DeclarationError(f"{where.path}: not valid YAML: {e}") from None
-    doc = where.mapping(doc if doc is not None else _Map(), "the manifest", _TOP_KEYS)
+    doc = where.mapping(doc if doc is not None else Map(), "the manifest", _TOP_KEYS)
     ops = doc.get("ops") or []
     entries = doc.get("derivatives") or []
     if not isinstance(ops, list) or not isinstance(entries, list):
         raise where.error(doc, "ops and derivatives must be lists of mappings")
 
-    parsed: list[tuple[_Map, Schema]] = []
+    parsed: list[tuple[Map, Schema]] = []
     for node in ops:
         node = where.mapping(node, "an ops entry", _OP_KEYS)
         for key in ("func", "reference"):
@@ -390,7 +226,7 @@ def load(path: str | Path, library: Library | None = None) -> Library:
             raise where.error(entry, f"derivatives: the schema {schema} differs from the op's {declared}")
         if schema.name in backward:
             raise where.error(entry, f"derivatives: {schema.name} has two entries")
-        backward[schema.name] = _derivative(where, entry, declared, schemas)
+        backward[schema.name] = compile_derivative(where, entry, declared, schemas)
 
     if library is None:
         caller = sys._getframe(1).f_globals.get("__name__", "__main__")  # inspect.stack() reads sources: slow
