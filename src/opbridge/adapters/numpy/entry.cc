@@ -18,6 +18,9 @@
 //
 // It depends on the Python and NumPy C ABIs, so it is built per interpreter and NumPy version (the
 // build's defines carry both into the cache key), never into an op's kernel module.
+//
+// Here: the call (Call) and the C functions the Python side loads. What it keeps per op and how it
+// views and checks the arguments before the kernel: entry_state.h, beside it.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
@@ -26,6 +29,8 @@
 #include <tvm/ffi/c_api.h>
 
 #include <opbridge/raised_error.h>
+
+#include "entry_state.h"  // OpState, View, RuleSpecs, Overlaps
 
 #include <atomic>
 #include <cstdint>
@@ -37,152 +42,10 @@
 
 namespace {
 
-enum Kind : int { kTensor = 0, kFloat = 1, kInt = 2, kBool = 3, kOptionalTensor = 4 };
-
-// One output of a shape rule's answer.
-struct OutSpec {
-  std::vector<npy_intp> shape;
-  int type_num;
-};
-
-// One op, made once by opb_np_entry and kept for the life of the process.
-struct OpState {
-  PyObject* kernel = nullptr;         // the tvm_ffi.Function, kept alive
-  TVMFFIObjectHandle handle = nullptr;  // its C handle
-  std::vector<int> kinds;             // per schema argument
-  std::vector<int> like;              // per output: the argument it is shaped like; empty with a rule
-  PyObject* rule = nullptr;           // else: args -> [(shape, NumPy type number)] per output
-  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;  // by RuleKey; the GIL guards it;
-                                                                     // insert only: answers stay put
-  std::vector<int> returns;           // per return: output k as k, argument i (an alias) as -1 - i
-  size_t n_out = 0;                   // new outputs: the returns >= 0
-  std::vector<int> mutated;           // the tensor arguments the kernel writes
-  int dtype_arg = 0;                  // the argument whose dtype must be declared
-  std::vector<int> dtypes;            // declared NumPy type numbers
-  int64_t max_out_bytes = 0;          // outputs this large go to the Python path (the pool)
-  std::atomic<int64_t> calls{0};
-};
-
 constexpr int kMaxArgs = 16;
 constexpr int64_t kReleaseGilBytes = int64_t(1) << 18;
 
-// The DLPack type of *arr*'s elements by kind and size; false for what DLPack or the kernels do not
-// name here (bfloat16 from ml_dtypes, complex, long double, objects): the Python path takes those.
-bool DLType(PyArrayObject* arr, DLDataType* t) {
-  const int size = static_cast<int>(PyArray_ITEMSIZE(arr));
-  t->lanes = 1;
-  t->bits = static_cast<uint8_t>(8 * size);
-  switch (PyArray_DESCR(arr)->kind) {
-    case 'f': t->code = kDLFloat; return size == 2 || size == 4 || size == 8;
-    case 'i': t->code = kDLInt; return size <= 8;
-    case 'u': t->code = kDLUInt; return size <= 8;
-    case 'b': t->code = kDLBool; return size == 1;
-    default: return false;
-  }
-}
-
-// *o* as a DLTensor the kernel may read and write: an exact, C-contiguous, aligned, writeable,
-// native-byte-order ndarray of a type DLPack names.
-bool View(PyObject* o, DLTensor* d, TVMFFIAny* a) {
-  if (Py_TYPE(o) != &PyArray_Type) return false;
-  auto* arr = reinterpret_cast<PyArrayObject*>(o);
-  constexpr int kNeed = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
-  if ((PyArray_FLAGS(arr) & kNeed) != kNeed || !PyArray_ISNBO(PyArray_DESCR(arr)->byteorder)) return false;
-  if (!DLType(arr, &d->dtype)) return false;
-  d->data = PyArray_DATA(arr);
-  d->device = DLDevice{kDLCPU, 0};
-  d->ndim = PyArray_NDIM(arr);
-  static_assert(sizeof(npy_intp) == sizeof(int64_t), "npy_intp is int64_t on the platforms opbridge supports");
-  d->shape = reinterpret_cast<int64_t*>(PyArray_DIMS(arr));
-  d->strides = nullptr;  // compact row-major
-  d->byte_offset = 0;
-  a->type_index = kTVMFFIDLTensorPtr;
-  a->zero_padding = 0;
-  a->v_ptr = d;
-  return true;
-}
-
 PyObject* NotHandled() { Py_RETURN_NOTIMPLEMENTED; }
-
-constexpr size_t kRuleCacheSize = 256;
-
-// The signature a shape rule's answer depends on: each tensor's shape and type, each scalar's value
-// (a float by its bits), -1 for None. Only called on arguments View and the scalar cases accepted.
-std::vector<int64_t> RuleKey(const OpState& st, PyObject* const* args, const TVMFFIAny* ffi) {
-  std::vector<int64_t> key;
-  for (size_t i = 0; i < st.kinds.size(); ++i) {
-    const TVMFFIAny& a = ffi[i];
-    if (a.type_index == kTVMFFINone) {
-      key.push_back(-1);
-    } else if (a.type_index == kTVMFFIDLTensorPtr) {
-      auto* arr = reinterpret_cast<PyArrayObject*>(args[i]);
-      key.push_back(PyArray_NDIM(arr));
-      key.insert(key.end(), PyArray_DIMS(arr), PyArray_DIMS(arr) + PyArray_NDIM(arr));
-      key.push_back(PyArray_TYPE(arr));
-    } else {
-      key.push_back(a.type_index);
-      key.push_back(a.v_int64);  // the value's bits (v_float64 shares them)
-    }
-  }
-  return key;
-}
-
-// The outputs' shapes and types from the op's shape rule, asked once per signature; null where the
-// rule raises or answers something else (the Python path then takes the call and raises its error).
-// Entries are never removed (the rule is Python: another thread may run while it does, and must not
-// free an answer this one holds); past kRuleCacheSize signatures the answer goes to *spill* instead.
-const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args, Py_ssize_t nargs, const TVMFFIAny* ffi,
-                                      std::vector<OutSpec>* spill) {
-  std::vector<int64_t> key = RuleKey(st, args, ffi);
-  auto it = st.rule_cache.find(key);
-  if (it != st.rule_cache.end()) return &it->second;
-  PyObject* tuple = PyTuple_New(nargs);
-  if (tuple == nullptr) return nullptr;
-  for (Py_ssize_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
-  PyObject* answer = PyObject_CallOneArg(st.rule, tuple);
-  Py_DECREF(tuple);
-  if (answer == nullptr) return nullptr;
-  std::vector<OutSpec> specs;
-  bool ok = PyList_Check(answer) && PyList_GET_SIZE(answer) == static_cast<Py_ssize_t>(st.n_out);
-  for (Py_ssize_t k = 0; ok && k < PyList_GET_SIZE(answer); ++k) {
-    PyObject* item = PyList_GET_ITEM(answer, k);  // (shape tuple, type number)
-    ok = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyTuple_Check(PyTuple_GET_ITEM(item, 0));
-    if (!ok) break;
-    OutSpec spec;
-    PyObject* shape = PyTuple_GET_ITEM(item, 0);
-    for (Py_ssize_t d = 0; ok && d < PyTuple_GET_SIZE(shape); ++d) {
-      spec.shape.push_back(PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)));
-      ok = !PyErr_Occurred();
-    }
-    spec.type_num = ok ? static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(item, 1))) : 0;
-    ok = ok && !PyErr_Occurred();
-    specs.push_back(std::move(spec));
-  }
-  Py_DECREF(answer);
-  if (!ok) return nullptr;
-  if (st.rule_cache.size() >= kRuleCacheSize) {  // bounded under changing shapes
-    *spill = std::move(specs);
-    return spill;
-  }
-  return &st.rule_cache.emplace(std::move(key), std::move(specs)).first->second;
-}
-
-// Whether an argument the op writes overlaps another tensor argument (*dl*, *ffi*: the arguments' views).
-bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi, PyObject* const* args) {
-  const size_t n = st.kinds.size();
-  auto bytes = [&](size_t i) { return PyArray_NBYTES(reinterpret_cast<PyArrayObject*>(args[i])); };
-  for (int m : st.mutated) {
-    if (ffi[m].type_index != kTVMFFIDLTensorPtr) continue;
-    const auto* mb = static_cast<const char*>(dl[m].data);
-    const auto* me = mb + bytes(m);
-    for (size_t j = 0; j < n; ++j) {
-      if (static_cast<int>(j) == m || ffi[j].type_index != kTVMFFIDLTensorPtr) continue;
-      const auto* jb = static_cast<const char*>(dl[j].data);
-      if (mb < jb + bytes(j) && jb < me) return true;
-    }
-  }
-  return false;
-}
 
 PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
   const size_t n = st.kinds.size(), n_out = st.n_out;
