@@ -76,10 +76,16 @@ assert torch.equal(mod.add(x, y), x + y)
 print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds}))
 """
 
-WARM_TORCH = """
-import json, time
-import torch
-x, y = torch.randn(8), torch.randn(8)
+
+def _warm_start(setup: str, check: str, extra: dict[str, str] | None = None) -> str:
+    """A warm start's script: *setup* (imports, the inputs ``x`` and ``y``: untimed), then ``import
+    opbridge``, ``from opbridge import ops`` and the first ``ops.add(x, y)``, each timed; *check*, an
+    expression of ``z``, must hold. Prints the three times and their total as JSON, with *extra*
+    (``{key: Python expression}``) beside them."""
+    fields = "".join(f', "{key}": {value}' for key, value in (extra or {}).items())
+    return f"""
+import json, sys, time
+{setup}
 t0 = time.perf_counter()
 import opbridge
 t1 = time.perf_counter()
@@ -87,28 +93,20 @@ from opbridge import ops
 t2 = time.perf_counter()
 z = ops.add(x, y)
 t3 = time.perf_counter()
-assert torch.equal(z, x + y)
-print(json.dumps({"import_opbridge": t1 - t0, "import_ops": t2 - t1, "first_call": t3 - t2,
-                  "total": t3 - t0}))
+assert {check}
+print(json.dumps({{"import_opbridge": t1 - t0, "import_ops": t2 - t1, "first_call": t3 - t2,
+                  "total": t3 - t0{fields}}}))
 """
 
-WARM_NUMPY = """
-import json, sys, time
-import numpy as np
-x, y = np.random.rand(8).astype(np.float32), np.random.rand(8).astype(np.float32)
-torch_before = "torch" in sys.modules
-t0 = time.perf_counter()
-import opbridge
-t1 = time.perf_counter()
-from opbridge import ops
-t2 = time.perf_counter()
-z = ops.add(x, y)
-t3 = time.perf_counter()
-assert np.array_equal(z, x + y)
-print(json.dumps({"import_opbridge": t1 - t0, "import_ops": t2 - t1, "first_call": t3 - t2,
-                  "total": t3 - t0, "torch_in_sys_modules_before": torch_before,
-                  "torch_in_sys_modules_after": "torch" in sys.modules}))
-"""
+
+WARM_TORCH = _warm_start("import torch\nx, y = torch.randn(8), torch.randn(8)", "torch.equal(z, x + y)")
+
+WARM_NUMPY = _warm_start(
+    "import numpy as np\n"
+    "x, y = np.random.rand(8).astype(np.float32), np.random.rand(8).astype(np.float32)\n"
+    'torch_before = "torch" in sys.modules',  # before import opbridge: does it import torch?
+    "np.array_equal(z, x + y)",
+    {"torch_in_sys_modules_before": "torch_before", "torch_in_sys_modules_after": '"torch" in sys.modules'})
 
 IMPORT_TVM_FFI = """
 import json, sys, time
