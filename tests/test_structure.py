@@ -47,3 +47,16 @@ def test_the_torch_shims_cache_key_covers_every_header_it_includes() -> None:
     for src in build.SOURCES:
         for quoted, angled in re.findall(r'#include\s+(?:"([^"]+)"|<(opbridge/[^>]+)>)', src.read_text()):
             assert (quoted in local) if quoted else (angled in ours), f"{src.name} includes {quoted or angled}"
+
+
+def test_every_file_the_package_reads_at_run_time_ships_in_the_wheel() -> None:
+    """Kernel sources, headers and templates are read at run time (JIT builds, the C entries):
+    each must match a pyproject package-data pattern, or an installed opbridge lacks it."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((SRC.parent.parent / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["opbridge"]
+    files = [p.relative_to(SRC) for p in SRC.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+             and "__pycache__" not in p.parts]
+    missing = [str(f) for f in files if not any(f.match(pat) and len(f.parts) == len(Path(pat).parts)
+                                                 for pat in patterns)]
+    assert files and not missing, f"not in pyproject's [tool.setuptools.package-data]: {missing}"
