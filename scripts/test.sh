@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/envs.sh
 export OPBRIDGE_CACHE_DIR=${OPBRIDGE_CACHE_DIR:-$PWD/.cache/opbridge}
 export OPBRIDGE_NO_PROGRESS=${OPBRIDGE_NO_PROGRESS:-1}
+# A crash in native code prints every thread's Python stack from interpreter start, not only while
+# pytest's faulthandler plugin is active (one Paddle run of 27f1010's suite died with SIGSEGV and
+# no stack; 22 reruns did not reproduce it).
+export PYTHONFAULTHANDLER=${PYTHONFAULTHANDLER:-1}
 # MindSpore writes compile-failure dumps (rank_0/...) into the working directory otherwise.
 export MS_OM_PATH=${MS_OM_PATH:-$PWD/.cache/mindspore-om}
 status=0
