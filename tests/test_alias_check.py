@@ -17,7 +17,7 @@ SCHEMA = "f(Tensor(a!) a, Tensor b, Tensor(b!)? c, int n, Tensor? d, Tensor(c!) 
 def _op(schema: str) -> Any:
     """The part of an OpDef the checks read."""
     parsed = parse_schema(schema)
-    return SimpleNamespace(schema=parsed, name=parsed.name, qualname=f"t::{parsed.name}")
+    return SimpleNamespace(schema=parsed, name=parsed.name, qualname=f"t::{parsed.name}", row_strided=())
 
 
 def _outcome(check: Any, args: tuple[Any, ...]) -> str | None:
@@ -85,3 +85,38 @@ def test_views_that_interleave_without_sharing_an_element_are_apart() -> None:
     check_no_alias(op, (q, k), span, exact)
     with pytest.raises(ValueError, match="mutated argument 'q' overlaps argument 'k'"):
         check_no_alias(op, (q, qkv[:, 15:31]), span, exact)
+
+
+def test_row_strided_arguments_are_judged_exactly() -> None:
+    """Arguments an op declares row_strided may be rows at a stride: the generated check reaches every
+    row and tells rows that interleave from rows that meet, as check_no_alias with the exact test does."""
+    import numpy as np
+
+    from opbridge.call.overlap import NDARRAY_SHARES
+
+    op = _op(SCHEMA)
+    op.row_strided = (0, 2, 4, 5)
+    buf = np.zeros(256, np.uint8)
+
+    def rows(rng: random.Random) -> Any:
+        n, width = rng.randint(0, 4), rng.randint(1, 6)
+        step, start = width + rng.randint(0, 5), rng.randrange(40)
+        return np.lib.stride_tricks.as_strided(buf[start:], (n, width), (step, 1))
+
+    def span(a: Any) -> tuple[int, int]:
+        lo = a.__array_interface__["data"][0]
+        return (lo, lo) if a.size == 0 else np.lib.array_utils.byte_bounds(a)
+
+    fast = make_alias_check(op, span, exact=NDARRAY_SHARES)
+    unsure = make_alias_check(op, span)  # no exact test: every span hit goes to check_no_alias
+    rng = random.Random(1)
+    raised = 0
+    for _ in range(3000):
+        args = (rows(rng), rows(rng), None if rng.random() < 0.3 else rows(rng), 7,
+                None if rng.random() < 0.3 else rows(rng), rows(rng))
+        want = _outcome(lambda a: check_no_alias(op, a, span, NDARRAY_SHARES), args)
+        assert _outcome(fast, args) == want
+        assert _outcome(make_alias_check(op, span, np.may_share_memory, NDARRAY_SHARES), args) == want
+        raised += want is not None
+        assert _outcome(unsure, args) == _outcome(lambda a: check_no_alias(op, a, span), args)
+    assert 500 < raised < 2500, "the cases should exercise both outcomes"

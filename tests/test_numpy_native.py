@@ -319,3 +319,28 @@ def test_an_op_returning_the_argument_it_writes(entry: native.Library, tmp_path:
     got = scale_(x, 3.0)
     assert got is x and npa.entry_calls(lib.ops["scale_"]) == before + 1
     np.testing.assert_array_equal(x, np.full(5, 6.0, np.float32))
+
+
+def test_entry_takes_row_strided_slices_and_leaves_other_layouts(entry: native.Library) -> None:
+    """rotary_embedding declares query and key row_strided: the entry rotates vLLM's column slices of
+    one qkv array in place (no dense copy, no Python path); every-other columns, and a key that meets
+    query, go to the Python path (a dense copy, and the alias error)."""
+    from opbridge.ops.rotary import _cos_sin_cache
+
+    rng = np.random.default_rng(0)
+    pos, cache = rng.integers(0, 16, 6), _cos_sin_cache(16, 8).astype(np.float32)
+    qkv = rng.standard_normal((6, 40)).astype(np.float32)
+    want_q, want_k = np.ascontiguousarray(qkv[:, :16]), np.ascontiguousarray(qkv[:, 16:24])
+    ops.rotary_embedding(pos, want_q, want_k, 8, cache, True)
+    ops.rotary_embedding(pos, want_q, want_k, 8, cache, True)
+    v = qkv[:, 24:].copy()
+    _taken("rotary_embedding", pos, qkv[:, :16], qkv[:, 16:24], 8, cache, True)  # called twice
+    np.testing.assert_array_equal(qkv[:, :16], want_q)
+    np.testing.assert_array_equal(qkv[:, 16:24], want_k)
+    np.testing.assert_array_equal(qkv[:, 24:], v)
+    wide = rng.standard_normal((6, 32)).astype(np.float32)
+    _left("rotary_embedding", pos, wide[:, ::2], None, 8, cache, True)
+    before = _calls("rotary_embedding")
+    with pytest.raises(ValueError, match="rotary_embedding: mutated argument 'query' overlaps argument 'key'"):
+        ops.rotary_embedding(pos, qkv[:, :16], qkv[:, 8:16], 8, cache, True)
+    assert _calls("rotary_embedding") == before

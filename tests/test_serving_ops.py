@@ -401,6 +401,78 @@ def test_rotary_reference_rejects_like_the_kernel() -> None:
             ops.rotary_embedding.reference(**args)
 
 
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rotary_rotates_qkv_slices_where_they_are(framework: str, dtype: str, monkeypatch: Any) -> None:
+    """vLLM's query and key, column slices of one qkv tensor, reach the kernel as they are (the op
+    declares them row_strided): no dense copy in or back, the same result as on dense copies, and
+    the value columns untouched."""
+    from opbridge.call import overlap
+
+    seen: list[list[Any]] = []
+    dense_args = overlap.dense_args
+
+    def spy(*a: Any, **k: Any) -> Any:
+        full, back = dense_args(*a, **k)
+        seen.append(full)
+        return full, back
+
+    monkeypatch.setattr(overlap, "dense_args", spy)
+    tokens, heads, kv_heads, d = 9, 4, 2, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, dtype=getattr(torch, dtype))
+    if framework == "numpy":
+        qkv = qkv.numpy()
+    before = qkv.copy() if framework == "numpy" else qkv.clone()
+    q, k = qkv[:, :heads * d], qkv[:, heads * d:(heads + kv_heads) * d]
+    pos, cache = torch.randint(0, 10, (tokens,)), cos_sin_cache(10, d, getattr(torch, dtype))
+    if framework == "numpy":
+        pos, cache = pos.numpy(), cache.numpy()
+    ops.rotary_embedding(pos, q, k, d, cache, False)
+    # (torch's fast path hands them to the kernel directly; a checked path must keep them too)
+    assert all(full[1] is q and full[2] is k for full in seen), "query and key were copied"
+    dq = np.ascontiguousarray(np.asarray(before[:, :heads * d]))
+    dk = np.ascontiguousarray(np.asarray(before[:, heads * d:(heads + kv_heads) * d]))
+    ops.rotary_embedding(np.asarray(pos), dq, dk, d, np.asarray(cache), False)
+    np.testing.assert_array_equal(np.asarray(q), dq)
+    np.testing.assert_array_equal(np.asarray(k), dk)
+    np.testing.assert_array_equal(np.asarray(qkv)[:, (heads + kv_heads) * d:],
+                                  np.asarray(before)[:, (heads + kv_heads) * d:])
+
+
+def test_rotary_kernel_checks_strided_rows_when_called_directly() -> None:
+    """The kernel's own checks (opbridge::row_stride, check_disjoint): rows at a stride are taken,
+    other layouts named, and rows that interleave are told apart from rows that meet, exactly,
+    at equal and at unequal strides."""
+    from opbridge import loader
+
+    kern = loader.kernel(ops.LIBRARY.ops["rotary_embedding"], "cpu")
+    pos, cache = torch.tensor([0, 3, 9, 2, 5]), cos_sin_cache(10, 8)
+    buf = torch.randn(400)
+
+    def rows(offset: int, width: int, stride: int) -> torch.Tensor:
+        return torch.as_strided(buf, (5, width), (stride, 1), offset)
+
+    def rotated(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dq, dk = q.clone(), k.clone()
+        kern(pos, dq, dk, 8, cache, True)
+        return dq, dk
+
+    # query rows [48i, 48i + 16); key rows at stride 48 (as in one qkv) and at stride 24, between them
+    for k_rows in ((16, 8, 48), (16, 8, 24)):
+        q, k = rows(0, 16, 48), rows(*k_rows)
+        want = rotated(q, k)
+        kern(pos, q, k, 8, cache, True)
+        torch.testing.assert_close((q, k), want, rtol=0, atol=0)
+    before = buf.clone()
+    for k_rows in ((8, 8, 48), (56, 8, 40)):  # a key row meets a query row: equal, then unequal strides
+        with pytest.raises(ValueError, match="rotary_embedding: key must not overlap query"):
+            kern(pos, rows(0, 16, 48), rows(*k_rows), 8, cache, True)
+    with pytest.raises(ValueError, match=r"rotary_embedding: query must be contiguous, or rows at a stride "
+                                         r".*got shape \(5, 16\) with strides \(48, 2\)"):
+        kern(pos, torch.as_strided(buf, (5, 16), (48, 2)), None, 8, cache, True)
+    assert torch.equal(buf, before), "a refused call wrote"
+
+
 def test_rotary_rejects_aliasing() -> None:
     qk = torch.randn(4, 16)
     msg = "rotary_embedding: mutated argument 'query' overlaps argument 'key'"

@@ -264,3 +264,25 @@ def test_importing_builds_nothing(tmp_path: Any) -> None:
                           timeout=300)
     assert done.stdout.split() == ["True", str(len(BUILTINS))]  # found none, so registered to follow later
     assert not (tmp_path / "torch-native").exists()
+
+
+
+def test_row_strided_slices_run_natively() -> None:
+    """rotary_embedding declares query and key row_strided: torch.ops takes vLLM's column slices of one
+    qkv tensor in the native kernel, in place; a key that meets query goes to Python, which names it."""
+    from opbridge.ops.rotary import _cos_sin_cache
+
+    op = ops.rotary_embedding.opdef
+    pos, cache = torch.randint(0, 16, (6,)), torch.from_numpy(_cos_sin_cache(16, 8)).float()
+    qkv = torch.randn(6, 40)
+    want_q, want_k, v = qkv[:, :16].clone(), qkv[:, 16:24].clone(), qkv[:, 24:].clone()
+    torch.ops.opbridge.rotary_embedding(pos, want_q, want_k, 8, cache, True)  # dense; loads the kernel
+    before = native.native_calls(op)
+    assert before is not None
+    torch.ops.opbridge.rotary_embedding(pos, qkv[:, :16], qkv[:, 16:24], 8, cache, True)
+    assert native.native_calls(op) == before + 1, "the slices left the native kernel"
+    assert torch.equal(qkv[:, :16], want_q) and torch.equal(qkv[:, 16:24], want_k) and torch.equal(qkv[:, 24:], v)
+    with pytest.raises(ValueError, match="rotary_embedding: mutated argument 'query' overlaps argument 'key'"):
+        torch.ops.opbridge.rotary_embedding(pos, qkv[:, :16], qkv[:, 8:16], 8, cache, True)
+    torch.ops.opbridge.rotary_embedding(pos, torch.randn(6, 32)[:, ::2], None, 8, cache, True)  # a dense copy
+    assert native.native_calls(op) == before + 1

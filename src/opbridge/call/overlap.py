@@ -37,7 +37,9 @@ def check_no_alias(op: OpDef, args: Sequence[Any], span: Callable[[Any], tuple[i
     for i, (name, t0, (s0, e0), mutated) in enumerate(tensors):
         if not mutated or s0 == e0:
             continue
-        for j, (other, t1, (s1, e1), _) in enumerate(tensors):
+        for j, (other, t1, (s1, e1), other_mutated) in enumerate(tensors):
+            if j < i and other_mutated:
+                continue  # this pair was tested from j's side
             if i != j and s1 != e1 and s1 < e0 and s0 < e1 and (exact is None or exact(t0, t1)):
                 raise ValueError(f"{op.name}: mutated argument '{name}' overlaps argument "
                                  f"'{other}' in memory; pass separate tensors")
@@ -53,21 +55,68 @@ class _Interface:
                                     "typestr": f"|V{itemsize}", "version": 3}
 
 
+ByteRows = tuple[int, int, int, int]
+
+
+def byte_rows(address: int, shape: Sequence[int], strides: Sequence[int], itemsize: int) -> ByteRows | None:
+    """A tensor's memory as ``(begin, rows, bytes per row, bytes between rows)`` when it is contiguous
+    or rows at a stride (*strides* in bytes; :func:`row_strided`), else None: ``opbridge::rows::of``
+    (``include/opbridge/byte_rows.h``), which the kernels' checks and the C entries use."""
+    row = itemsize
+    for k in range(len(shape) - 1, 0, -1):
+        if shape[k] != 1 and strides[k] != row:
+            return None
+        row *= shape[k]
+    n = shape[0] if shape else 1
+    if n <= 1 or row == 0 or strides[0] == row:
+        return address, 1, n * row, n * row
+    if strides[0] < row:
+        return None
+    return address, n, row, strides[0]
+
+
+def rows_meet(a: ByteRows, b: ByteRows) -> bool:
+    """Whether two :func:`byte_rows` share a byte (``opbridge::rows::meet``): O(1) at equal row steps."""
+    (a0, an, ab, astep), (b0, bn, bb, bstep) = a, b
+    if ab == 0 or bb == 0 or a0 + (an - 1) * astep + ab <= b0 or b0 + (bn - 1) * bstep + bb <= a0:
+        return False
+    if an == 1 and bn == 1:
+        return True
+    if astep == bstep:  # row i of a meets row j of b iff -bb < d + (j - i) step < ab
+        d = b0 - a0
+        k = max((-bb - d) // astep + 1, -(an - 1))
+        return k <= bn - 1 and d + k * astep < ab
+    if an > bn:
+        (a0, an, ab, astep), (b0, bn, bb, bstep) = b, a
+    for i in range(an):
+        start = a0 + i * astep
+        if max((start - bb - b0) // bstep + 1, 0) <= min(-((b0 - start - ab) // bstep) - 1, bn - 1):
+            return True
+    return False
+
+
 def shares_memory(describe: Callable[[Any], tuple[int, tuple[int, ...], tuple[int, ...], int]],
                   ) -> Callable[[Any, Any], bool]:
     """An exact test of whether two tensors share an element of memory, strides included.
 
-    *describe* gives a tensor's ``(address, shape, byte strides, itemsize)``;
-    ``numpy.shares_memory`` solves the overlap over array interfaces built from
-    them (nothing is read or copied, so the address may be a device's). A case
-    too hard for it within its work bound counts as overlapping.
+    *describe* gives a tensor's ``(address, shape, byte strides, itemsize)``.
+    Two tensors that are each contiguous or rows at a stride (vLLM's ``query``
+    and ``key`` slices of one ``qkv``) are compared by arithmetic
+    (:func:`rows_meet`); other layouts by ``numpy.shares_memory`` over array
+    interfaces built from them (nothing is read or copied, so the address may
+    be a device's). A case too hard for it within its work bound counts as
+    overlapping.
     """
     import numpy as np
 
     too_hard = getattr(np, "exceptions", np).TooHardError
 
     def test(a: Any, b: Any) -> bool:
-        va, vb = (np.asarray(_Interface(*describe(t))) for t in (a, b))
+        da, db = describe(a), describe(b)
+        ra, rb = byte_rows(*da), byte_rows(*db)
+        if ra is not None and rb is not None:
+            return rows_meet(ra, rb)
+        va, vb = (np.asarray(_Interface(*d)) for d in (da, db))
         try:
             # a bound on the candidates it tries (the stubs know only -1 and 0; any count is valid)
             return bool(np.shares_memory(va, vb, max_work=1 << 20))  # type: ignore[arg-type]
@@ -93,7 +142,8 @@ def dense_ndarray(a: Any) -> Any:
     return np.empty(a.shape, a.dtype)
 
 
-def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, overlap: str | None = None) -> str:
+def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, overlap: str | None = None,
+                       rows: tuple[str, str] | None = None) -> str:
     """Straight-line source of :func:`check_no_alias` for *op*, for generated fast paths.
 
     Each tensor's span is computed once (an absent optional one gets the
@@ -119,23 +169,43 @@ def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, 
         Instead of spans, an expression that is true when tensors ``{a}`` and
         ``{b}`` may overlap (NumPy's ``np.may_share_memory``, 0.18 µs a pair,
         where an ndarray's address costs 0.9 µs to read).
+    rows
+        For the arguments the op declares ``row_strided``, which a fast path
+        may hand over as rows at a stride: a span statement that reaches
+        every row (as *span*, strides included), and an exact expression that
+        is true when two such tensors ``{a}`` and ``{b}`` share an element
+        (:func:`shares_memory`), tested where their spans overlap: vLLM's
+        ``query`` and ``key`` slices of one ``qkv`` interleave without one.
+        Without it, a hit on such an argument always calls ``_alias``.
     """
     args = op.schema.arguments
     tensors = [i for i, a in enumerate(args) if a.type.is_tensor]
     both = [(i, j) for n, i in enumerate(tensors) for j in tensors[n + 1:] if args[i].is_mutated or args[j].is_mutated]
     if not both:
         return ""
+    strided = set(op.row_strided)
+
+    def exact(i: int, j: int) -> str:
+        if rows is None or i not in strided or j not in strided:
+            return ""
+        return " and " + rows[1].format(a=names[i], b=names[j])
+
     if overlap is not None:
         def test(i: int, j: int) -> str:
             present = [f"{names[k]} is not None" for k in (i, j) if args[k].type.optional]
-            return f"({' and '.join([*present, overlap.format(a=names[i], b=names[j])])})"
+            return f"({' and '.join([*present, overlap.format(a=names[i], b=names[j])])}{exact(i, j)})"
 
         return (f"{indent}if {' or '.join(test(i, j) for i, j in both)}:\n"
                 f"{indent}    _alias(({''.join(n + ', ' for n in names)}))\n")
-    pairs = [f"(_as{j} < _ae{i} and _as{i} < _ae{j})" for i, j in both]
+    pairs = [f"(_as{j} < _ae{i} and _as{i} < _ae{j}{exact(i, j)})" for i, j in both]
     lines = []
     for i in tensors:
-        assign = span.format(t=names[i], s=f"_as{i}", e=f"_ae{i}")
+        if i not in strided:
+            assign = span.format(t=names[i], s=f"_as{i}", e=f"_ae{i}")
+        elif rows is not None:
+            assign = rows[0].format(t=names[i], s=f"_as{i}", e=f"_ae{i}")
+        else:  # a span that may not reach its rows: every pair with it goes to _alias
+            assign = f"_as{i}, _ae{i} = 0, 1 << 64"
         if args[i].type.optional:
             lines += [f"_as{i} = _ae{i} = 0", f"if {names[i]} is not None: {assign}"]
         else:
@@ -154,13 +224,13 @@ def make_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
     """:func:`check_no_alias` specialised to *op*: a function of the schema-ordered arguments.
 
     Compiled from :func:`alias_check_source` on the first request for an
-    (op schema, *span*, *overlap*, *exact*) and kept, so callers may ask for it
+    (op schema and row_strided arguments, *span*, *overlap*, *exact*) and kept, so callers may ask for it
     per call (the check depends on the schema only). *overlap*, where given,
     is the quick test of two tensors (else their spans are compared); *span*
     and *exact* decide, on a hit, whether the pair overlaps and name it. For
     an op that mutates no tensor it does nothing.
     """
-    key = (op.schema, span, overlap, exact)
+    key = (op.schema, op.row_strided, span, overlap, exact)
     check = _ALIAS_CHECKS.get(key)
     if check is None:
         check = _ALIAS_CHECKS[key] = _compile_alias_check(op, span, overlap, exact)
@@ -172,29 +242,57 @@ def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
                          exact: Callable[[Any, Any], bool] | None) -> AliasCheck:
     n = len(op.schema.arguments)
     body = alias_check_source(op, [f"args[{i}]" for i in range(n)], "{s}, {e} = _span({t})", "    ",
-                              None if overlap is None else "_overlap({a}, {b})")
-    ns: dict[str, Any] = {"_span": span, "_overlap": overlap,
+                              None if overlap is None else "_overlap({a}, {b})",
+                              None if exact is None else ("{s}, {e} = _span({t})", "_exact({a}, {b})"))
+    ns: dict[str, Any] = {"_span": span, "_overlap": overlap, "_exact": exact,
                           "_alias": lambda a: check_no_alias(op, a, span, exact)}
     compile_source(f"def check(args):\n{body}    return None\n", f"<opbridge alias check {op.qualname}>", ns)
     check: AliasCheck = ns["check"]
     return check
 
 
+def row_strided(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a tensor of *shape* and element *strides* is rows at a stride, as a kernel takes an
+    argument its op declares ``row_strided`` (``opbridge::row_stride``): dims after the first
+    C-contiguous (dims of size 1 have any stride), the first any stride at least a row apart.
+    Contiguous tensors are; negative strides and overlapping rows are not."""
+    n = len(shape)
+    row = 1
+    for k in range(n - 1, 0, -1):
+        if shape[k] != 1 and strides[k] != row:
+            return False
+        row *= shape[k]
+    return n == 0 or shape[0] <= 1 or row == 0 or strides[0] >= row
+
+
+def ndarray_rows(a: Any) -> bool:
+    """:func:`row_strided` of a ``numpy.ndarray`` (or a host view): whether a kernel takes it as rows."""
+    size = a.itemsize
+    if any(s % size for s in a.strides):
+        return False
+    return row_strided(a.shape, [s // size for s in a.strides])
+
+
 def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
-               densify: Callable[[Any], Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
-    """Arguments for a kernel that takes dense (contiguous) tensors only.
+               densify: Callable[[Any], Any],
+               rows: Callable[[Any], bool] | None = None) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Arguments for a kernel that takes dense (contiguous) tensors, and rows at a stride where declared.
 
     Each Tensor argument that is not dense is replaced by a dense copy
-    (``densify``). A mutated argument is copied in and must be copied back
-    after the kernel: the pairs ``(original, copy)`` to copy back are
-    returned beside the arguments. Dense arguments pass through untouched,
-    so the common case costs one ``is_dense`` test per tensor.
+    (``densify``), except one the op declares ``row_strided`` that *rows*
+    (the framework's :func:`row_strided` test of a tensor) accepts: the
+    kernel takes that as it is. A mutated argument is copied in and must be
+    copied back after the kernel: the pairs ``(original, copy)`` to copy back
+    are returned beside the arguments. Dense arguments pass through
+    untouched, so the common case costs one ``is_dense`` test per tensor.
     """
     full = list(args)
     back: list[tuple[Any, Any]] = []
     for i, a in enumerate(op.schema.arguments):
         v = full[i]
         if not a.type.is_tensor or v is None or is_dense(v):
+            continue
+        if rows is not None and i in op.row_strided and rows(v):
             continue
         full[i] = densify(v)
         if a.is_mutated:

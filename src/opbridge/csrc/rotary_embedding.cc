@@ -14,8 +14,9 @@
 //   GPT-J (is_neox=false): pairs (x[2i], x[2i + 1])
 //   (x, y) <- (x c_i - y s_i, y c_i + x s_i), in float32 (float64 in double), rounded once.
 // Every position is checked to lie in [0, max_position) before anything is written.
-// All tensors must be contiguous (a query sliced out of a fused qkv tensor must be made
-// contiguous first -- and then copied back, since the copy is what gets rotated).
+// positions and cos_sin_cache must be contiguous; query and key may be rows at a stride
+// (column slices of one fused qkv tensor, rotated where they are: the op declares them
+// row_strided; see opbridge/ops/rotary_embedding.h).
 #include <opbridge/math.h>
 #include <opbridge/opbridge.h>
 #include <opbridge/ops/rotary_embedding.h>
@@ -28,6 +29,7 @@ namespace {
 using opbridge::Optional;
 using opbridge::TensorView;
 using opbridge::rotary_embedding::kOp;
+using opbridge::rotary_embedding::TokenRows;
 
 template <bool kNeox, typename T>
 OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
@@ -57,15 +59,15 @@ OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t hal
 template <bool kNeox, typename T>
 OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* cache, int64_t t0, int64_t t1,
                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                                     int64_t rot_dim) {
+                                     int64_t rot_dim, TokenRows q_rows, TokenRows k_rows) {
   const int64_t half = rot_dim / 2;
   for (int64_t t = t0; t < t1; ++t) {
     const T* cos = cache + pos[t] * rot_dim;
     const T* sin = cos + half;
-    T* qt = q + t * num_heads * head_size;
+    T* qt = q + q_rows.offset(t);
     for (int64_t h = 0; h < num_heads; ++h) rotate_head<kNeox>(qt + h * head_size, cos, sin, half);
     if (k != nullptr) {
-      T* kt = k + t * num_kv_heads * head_size;
+      T* kt = k + k_rows.offset(t);
       for (int64_t h = 0; h < num_kv_heads; ++h) rotate_head<kNeox>(kt + h * head_size, cos, sin, half);
     }
   }
@@ -99,19 +101,19 @@ OPB_ALWAYS_INLINE void prefetch_row(const double* row, int64_t rot_dim) {
 template <bool kNeox>
 OPB_TARGET_CLONES void rotary_tokens_f64(const int64_t* pos, double* q, double* k, const double* cache, int64_t t0,
                                          int64_t t1, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                                         int64_t rot_dim) {
+                                         int64_t rot_dim, TokenRows q_rows, TokenRows k_rows) {
   const int64_t half = rot_dim / 2;
   for (int64_t t = t0; t < t1; ++t) {
     if (t + 1 < t1) prefetch_row(cache + pos[t + 1] * rot_dim, rot_dim);
     const double* cos = cache + pos[t] * rot_dim;
     const double* sin = cos + half;
-    double* qt = q + t * num_heads * head_size;
+    double* qt = q + q_rows.offset(t);
     for (int64_t h = 0; h < num_heads; ++h) {
       prefetch_ahead(qt + h * head_size, head_size);
       rotate_head<kNeox>(qt + h * head_size, cos, sin, half);
     }
     if (k != nullptr) {
-      double* kt = k + t * num_kv_heads * head_size;
+      double* kt = k + k_rows.offset(t);
       for (int64_t h = 0; h < num_kv_heads; ++h) {
         prefetch_ahead(kt + h * head_size, head_size);
         rotate_head<kNeox>(kt + h * head_size, cos, sin, half);
@@ -151,17 +153,18 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<Tenso
     T* q = opbridge::data_ptr<T>(query);
     T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
     const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
+    const TokenRows qr = dims.q_rows, kr = dims.k_rows;
     opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
       if constexpr (std::is_same_v<T, double>) {
         if (is_neox) {
-          rotary_tokens_f64<true>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim);
+          rotary_tokens_f64<true>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
         } else {
-          rotary_tokens_f64<false>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim);
+          rotary_tokens_f64<false>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
         }
       } else if (is_neox) {
-        rotary_tokens<true, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim);
+        rotary_tokens<true, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
       } else {
-        rotary_tokens<false, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim);
+        rotary_tokens<false, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
       }
     });
   });

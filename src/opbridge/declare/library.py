@@ -104,6 +104,7 @@ class Library:
         hints: CaseHint | None = None,
         dtypes: Sequence[str] | None = None,
         dtype_arg: str | None = None,
+        row_strided: Sequence[str] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare an op by decorating its NumPy reference implementation.
 
@@ -127,6 +128,11 @@ class Library:
         dtype_arg
             The Tensor argument whose dtype ``dtypes`` constrains; default: the
             first non-optional Tensor argument.
+        row_strided
+            Tensor arguments the kernels take as rows at a stride (their dims
+            after the first contiguous; the kernel reads the stride with
+            ``opbridge::row_stride``), which then reach them without a dense
+            copy: e.g. ``("query", "key")``, column slices of one ``qkv``.
 
         Returns
         -------
@@ -136,7 +142,8 @@ class Library:
         parsed = parse_schema(schema)  # SchemaError is a DeclarationError
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
-            return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes, dtype_arg)
+            return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes, dtype_arg,
+                             row_strided)
 
         return decorate
 
@@ -151,6 +158,7 @@ class Library:
         hints: CaseHint | None = None,
         dtypes: Sequence[str] | None = None,
         dtype_arg: str | None = None,
+        row_strided: Sequence[str] = (),
     ) -> Callable[..., Any]:
         name = schema.name
         defaulted = dtypes is None and not self.dtypes_declared
@@ -195,6 +203,7 @@ class Library:
             doc=(reference.__doc__ or "").strip() if reference is not None else "",
             dispatch_arg=tensors[0],
             dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),
+            row_strided=self._row_strided(schema, row_strided),
         )
         self.ops[name] = op
         published: Callable[..., Any] = self._publish(op)
@@ -219,6 +228,22 @@ class Library:
                     raise DeclarationError(f"{schema.name}: dtype_arg {name!r} must be a non-optional Tensor")
                 return i
         raise DeclarationError(f"{schema.name}: dtype_arg {name!r} names no argument")
+
+    @staticmethod
+    def _row_strided(schema: Schema, names: Sequence[str]) -> tuple[int, ...]:
+        if isinstance(names, str):
+            raise DeclarationError(f"{schema.name}: row_strided takes argument names, e.g. ({names!r},), "
+                                   f"not the string {names!r}")
+        index = {a.name: i for i, a in enumerate(schema.arguments)}
+        out = []
+        for n in names:
+            i = index.get(n)
+            if i is None or not schema.arguments[i].type.is_tensor:
+                tensors = [a.name for a in schema.arguments if a.type.is_tensor]
+                raise DeclarationError(f"{schema.name}: row_strided names {n!r}, which is not one of its Tensor "
+                                       f"arguments {tensors}")
+            out.append(i)
+        return tuple(sorted(set(out)))
 
     def _default_kernels(self, name: str) -> dict[str, str]:
         """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources, or no sources (an

@@ -132,6 +132,14 @@ class OpDef:
         Index of the Tensor argument whose dtype the kernel dispatches on
         (default: ``dispatch_arg``; e.g. ``rotary_embedding`` dispatches on
         ``query``, not on its integer ``positions``).
+    row_strided
+        Indices of the Tensor arguments every kernel of the op takes as rows
+        at a stride: dims after the first contiguous, the first any stride at
+        least a row apart (``opbridge::row_stride`` in the kernel), as vLLM's
+        ``query`` and ``key``, column slices of one ``qkv`` tensor. The
+        op-call core hands such an argument to the kernel as it is, where it
+        gives every other strided tensor a dense copy (copied back when the
+        op writes it): :func:`opbridge.call.overlap.dense_args`.
     """
 
     library: Library
@@ -147,6 +155,7 @@ class OpDef:
     doc: str = ""
     dispatch_arg: int = 0
     dtype_arg: int = 0
+    row_strided: tuple[int, ...] = ()
     call: Callable[..., Any] = field(init=False, repr=False)
     preludes: dict[str, str] = field(default_factory=dict, repr=False)
     out_preludes: dict[str, str] = field(default_factory=dict, repr=False)

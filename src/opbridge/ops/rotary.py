@@ -93,6 +93,7 @@ def rotary_embedding_cases(dtype: str, rng: np.random.Generator) -> list[dict[st
     "Tensor cos_sin_cache, bool is_neox) -> ()",
     hints=rotary_embedding_cases,
     dtype_arg="query",
+    row_strided=("query", "key"),  # vLLM's column slices of one qkv tensor, rotated where they are
 )
 def rotary_embedding(positions: Any, query: Any, key: Any, head_size: int, cos_sin_cache: Any,
                      is_neox: bool) -> None:

@@ -48,6 +48,7 @@ from opbridge.call.overlap import (
     dense_args,
     dense_ndarray,
     dense_outputs,
+    ndarray_rows,
     outputs_overlap,
 )
 from opbridge.errors import BackendUnavailableError
@@ -118,7 +119,7 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
     check_lead_dtype(op, args, lambda t: dtype_name(t.dtype))
     sync()
     views = host_views(op, args)
-    dense, back = dense_args(op, views, _is_dense, np.ascontiguousarray)
+    dense, back = dense_args(op, views, _is_dense, np.ascontiguousarray, ndarray_rows)
     if op.schema.is_mutating:  # on the host views, whose strides say which elements each reaches
         check_no_alias(op, views, _view_span, NDARRAY_SHARES)
     if outs is None:
@@ -170,7 +171,8 @@ def eager_source(op: OpDef) -> str:
     guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
     lines += ["    except Exception:", f"        return _checked({tup})",
               f"    if {' or '.join(guards)}:", f"        return _checked({tup})"]
-    lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ").splitlines()
+    lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
+                                rows=("{s}, {e} = _rspan({t})", "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs
     pairs = [f"_p{j}" for j in range(n_out)]
     lines += ["    " + s for s in alloc_source(op, names, pairs, "_alloc({x}.shape, {x}.dtype)", "_from_rule({args})")]
@@ -243,6 +245,9 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
         "_checked": checked,
         # a quick hit on byte spans: the host views' strides say whether an element is shared
         "_alias": lambda a: check_no_alias(op, host_views(op, a), _view_span, NDARRAY_SHARES),
+        # row_strided arguments (rows at a stride reach the kernel as they are): their host views' reach
+        "_rspan": lambda t: _view_span(host_view(t)),
+        "_exact": lambda a, b: NDARRAY_SHARES(host_view(a), host_view(b)),
         "_alloc": alloc,
         "_from_rule": from_rule,
         "_k": kern,

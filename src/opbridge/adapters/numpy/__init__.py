@@ -45,9 +45,16 @@ if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
 
+_byte_bounds = getattr(np.lib, "array_utils", np).byte_bounds  # NumPy 2 moved it
+
+
 def _span(a: np.ndarray) -> tuple[int, int]:
-    start = a.__array_interface__["data"][0]
-    return start, start + a.nbytes
+    """``(start, end)`` byte addresses of everything *a* reaches, strides included (empty: ``start == end``)."""
+    if a.size == 0:
+        start = a.__array_interface__["data"][0]
+        return start, start
+    lo, hi = _byte_bounds(a)
+    return lo, hi
 
 
 def _is_array(x: Any) -> bool:
@@ -199,7 +206,7 @@ class NumpyAdapter:
         def call(*args: Any) -> Any:
             core.validate_args(op, args, _is_array, "a numpy.ndarray")
             core.check_lead_dtype(op, args, _dtype_name)
-            full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray)
+            full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, overlap.ndarray_rows)
             outs = core.alloc_outputs(op, full, _empty)
             check_alias(args)
             _run(op, kern, outs, full)
@@ -238,7 +245,7 @@ class NumpyAdapter:
             raise ValueError(f"{op.name}: out= holds a read-only array")
         core.check_lead_dtype(op, args, _dtype_name)
         overlap.make_alias_check(op, _span, np.may_share_memory, overlap.NDARRAY_SHARES)(args)
-        full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray)
+        full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, overlap.ndarray_rows)
         fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory)
         dense, out_back = overlap.dense_outputs(outs, _is_dense, overlap.dense_ndarray, fresh=fresh)
         _run(op, loader.kernel(op, "cpu"), dense, full)

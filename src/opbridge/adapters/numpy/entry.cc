@@ -59,6 +59,7 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
 
   DLTensor dl[kMaxArgs];
   TVMFFIAny ffi[kMaxArgs];
+  int64_t strides[kMaxArgs][kMaxRowsDims];  // row-strided arguments' element strides
   for (size_t i = 0; i < n; ++i) {
     PyObject* o = args[i];
     TVMFFIAny& a = ffi[n_out + i];
@@ -66,12 +67,12 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
     a.v_int64 = 0;
     switch (st.kinds[i]) {
       case kTensor:
-        if (!View(o, &dl[n_out + i], &a)) return NotHandled();
+        if (!View(o, &dl[n_out + i], &a, st.rows[i] ? strides[i] : nullptr)) return NotHandled();
         break;
       case kOptionalTensor:
         if (o == Py_None) {
           a.type_index = kTVMFFINone;
-        } else if (!View(o, &dl[n_out + i], &a)) {
+        } else if (!View(o, &dl[n_out + i], &a, st.rows[i] ? strides[i] : nullptr)) {
           return NotHandled();
         }
         break;
@@ -104,7 +105,7 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
     }
   }
   // A written argument that overlaps another tensor: the Python path names the pair and raises.
-  if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out, args)) return NotHandled();
+  if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out)) return NotHandled();
 
   PyObject* outs[kMaxArgs] = {};
   auto release = [&] {
@@ -229,17 +230,23 @@ OPB_NP_EXPORT int opb_np_init() {
 // *kinds* per schema argument (0 tensor, 1 float, 2 int, 3 bool, 4 optional tensor), *like* per
 // output the argument it is shaped like, or else *rule* (None with *like*): the arguments' tuple ->
 // [(shape, NumPy type number)] per output; *returns* per schema return the output k (k) or the
-// argument i it aliases (-1 - i), *mutated* the tensor arguments the kernel writes, *dtype_arg* and
+// argument i it aliases (-1 - i), *mutated* the tensor arguments the kernel writes, *rows* those it
+// takes as rows at a stride (the op's row_strided), *dtype_arg* and
 // the declared NumPy *dtypes* (type numbers), *max_out_bytes* the pool's threshold. Returns
 // (builtin, capsule of its state) or None with a Python error set.
 OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* kinds, PyObject* like,
-                                     PyObject* rule, PyObject* returns, PyObject* mutated, int dtype_arg,
-                                     PyObject* dtypes, int64_t max_out_bytes) {
+                                     PyObject* rule, PyObject* returns, PyObject* mutated, PyObject* rows,
+                                     int dtype_arg, PyObject* dtypes, int64_t max_out_bytes) {
   auto* st = new OpState();
+  std::vector<int> row_args;
   if (!IntList(kinds, &st->kinds) || !IntList(like, &st->like) || !IntList(returns, &st->returns) ||
-      !IntList(mutated, &st->mutated) || !IntList(dtypes, &st->dtypes)) {
+      !IntList(mutated, &st->mutated) || !IntList(rows, &row_args) || !IntList(dtypes, &st->dtypes)) {
     delete st;
     return nullptr;
+  }
+  st->rows.assign(st->kinds.size(), 0);
+  for (int i : row_args) {
+    if (i >= 0 && static_cast<size_t>(i) < st->rows.size()) st->rows[i] = 1;
   }
   st->kernel = Py_NewRef(kernel);
   st->rule = rule == Py_None ? nullptr : Py_NewRef(rule);

@@ -11,6 +11,8 @@
 // itself (opbridge.build.compile.local_headers).
 #pragma once
 
+#include <opbridge/byte_rows.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -39,6 +41,7 @@ struct OpState {
   std::vector<int> returns;           // per return: output k as k, argument i (an alias) as -1 - i
   size_t n_out = 0;                   // new outputs: the returns >= 0
   std::vector<int> mutated;           // the tensor arguments the kernel writes
+  std::vector<char> rows;             // per schema argument: the op declares it row_strided
   int dtype_arg = 0;                  // the argument whose dtype must be declared
   std::vector<int> dtypes;            // declared NumPy type numbers
   int64_t max_out_bytes = 0;          // outputs this large go to the Python path (the pool)
@@ -60,13 +63,18 @@ bool DLType(PyArrayObject* arr, DLDataType* t) {
   }
 }
 
-// *o* as a DLTensor the kernel may read and write: an exact, C-contiguous, aligned, writeable,
-// native-byte-order ndarray of a type DLPack names.
-bool View(PyObject* o, DLTensor* d, TVMFFIAny* a) {
+constexpr int kMaxRowsDims = 8;  // a row-strided array with more dims takes the Python path
+
+// *o* as a DLTensor the kernel may read and write: an exact, aligned, writeable, native-byte-order
+// ndarray of a type DLPack names, C-contiguous -- or, where *strides* is given (an argument the op
+// declares row_strided, of at most kMaxRowsDims dims), rows at a stride (opbridge/byte_rows.h),
+// its element strides written to *strides*.
+bool View(PyObject* o, DLTensor* d, TVMFFIAny* a, int64_t* strides = nullptr) {
   if (Py_TYPE(o) != &PyArray_Type) return false;
   auto* arr = reinterpret_cast<PyArrayObject*>(o);
-  constexpr int kNeed = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
-  if ((PyArray_FLAGS(arr) & kNeed) != kNeed || !PyArray_ISNBO(PyArray_DESCR(arr)->byteorder)) return false;
+  constexpr int kNeed = NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
+  const int flags = PyArray_FLAGS(arr);
+  if ((flags & kNeed) != kNeed || !PyArray_ISNBO(PyArray_DESCR(arr)->byteorder)) return false;
   if (!DLType(arr, &d->dtype)) return false;
   d->data = PyArray_DATA(arr);
   d->device = DLDevice{kDLCPU, 0};
@@ -75,6 +83,18 @@ bool View(PyObject* o, DLTensor* d, TVMFFIAny* a) {
   d->shape = reinterpret_cast<int64_t*>(PyArray_DIMS(arr));
   d->strides = nullptr;  // compact row-major
   d->byte_offset = 0;
+  if (!(flags & NPY_ARRAY_C_CONTIGUOUS)) {
+    if (strides == nullptr || d->ndim > kMaxRowsDims) return false;
+    const int64_t item = PyArray_ITEMSIZE(arr);
+    for (int k = 0; k < d->ndim; ++k) {
+      const int64_t b = PyArray_STRIDE(arr, k);
+      if (b % item != 0) return false;
+      strides[k] = b / item;
+    }
+    opbridge::rows::ByteRows r;
+    if (!opbridge::rows::of(d->ndim, d->shape, strides, 1, 0, &r)) return false;
+    d->strides = strides;
+  }
   a->type_index = kTVMFFIDLTensorPtr;
   a->zero_padding = 0;
   a->v_ptr = d;
@@ -144,18 +164,23 @@ const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args, Py_ssi
   return &st.rule_cache.emplace(std::move(key), std::move(specs)).first->second;
 }
 
-// Whether an argument the op writes overlaps another tensor argument (*dl*, *ffi*: the arguments' views).
-bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi, PyObject* const* args) {
+// Whether an argument the op writes shares a byte with another tensor argument (*dl*, *ffi*: the
+// arguments' views, contiguous or rows at a stride: exact, so that vLLM's query and key slices of one
+// qkv array, which interleave, are apart).
+bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi) {
   const size_t n = st.kinds.size();
-  auto bytes = [&](size_t i) { return PyArray_NBYTES(reinterpret_cast<PyArrayObject*>(args[i])); };
+  auto rows_of = [&](size_t i, opbridge::rows::ByteRows* r) {
+    const DLTensor& t = dl[i];
+    const int64_t item = (t.dtype.bits * t.dtype.lanes + 7) / 8;
+    return opbridge::rows::of(t.ndim, t.shape, t.strides, item, reinterpret_cast<int64_t>(t.data), r);
+  };
   for (int m : st.mutated) {
     if (ffi[m].type_index != kTVMFFIDLTensorPtr) continue;
-    const auto* mb = static_cast<const char*>(dl[m].data);
-    const auto* me = mb + bytes(m);
+    opbridge::rows::ByteRows rm, rj;
+    if (!rows_of(m, &rm)) return true;
     for (size_t j = 0; j < n; ++j) {
       if (static_cast<int>(j) == m || ffi[j].type_index != kTVMFFIDLTensorPtr) continue;
-      const auto* jb = static_cast<const char*>(dl[j].data);
-      if (mb < jb + bytes(j) && jb < me) return true;
+      if (!rows_of(j, &rj) || opbridge::rows::meet(rm, rj)) return true;
     }
   }
   return false;

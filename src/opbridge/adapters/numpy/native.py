@@ -57,8 +57,8 @@ class Library:
         lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may set Python errors
         lib.opb_np_init.restype = ctypes.c_int
         lib.opb_np_entry.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.py_object,
-                                     ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int,
-                                     ctypes.py_object, ctypes.c_int64]
+                                     ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object,
+                                     ctypes.c_int, ctypes.py_object, ctypes.c_int64]
         lib.opb_np_entry.restype = ctypes.py_object
         lib.opb_np_calls.argtypes = [ctypes.py_object]
         lib.opb_np_calls.restype = ctypes.c_int64
@@ -83,7 +83,7 @@ class Library:
         mutated = [i for i, a in enumerate(args) if a.is_mutated]
         nums = sorted({np.dtype(dt).num for dt in dtypes})
         fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), kinds, like or [], rule, returns,
-                                            mutated, op.dtype_arg, nums, max_out_bytes)
+                                            mutated, list(op.row_strided), op.dtype_arg, nums, max_out_bytes)
         return fn, capsule
 
     def calls(self, capsule: Any) -> int:

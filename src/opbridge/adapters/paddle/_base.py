@@ -75,6 +75,11 @@ def is_dense(t: Any) -> bool:
     return bool(t.is_contiguous())
 
 
+def rows(t: Any) -> bool:
+    """Whether a kernel takes *t* as rows at a stride, where its op declares it ``row_strided``."""
+    return overlap.row_strided(t.shape, t.strides)
+
+
 def densify(t: Any) -> Any:
     """One contiguous copy of a strided tensor.
 

@@ -37,8 +37,8 @@ from opbridge.adapters.paddle._base import (
     large_like,
     materialise,
     op_dtypes,
+    rows,
     rule_alloc,
-    span,
     strided_span,
     target,
     write_back,
@@ -76,7 +76,7 @@ def make_checked(op: OpDef) -> Run:
         core.check_lead_dtype(op, args, dtype_name)
         kern, launch, place = target(op, args)
         check_alias(args)
-        full, back = overlap.dense_args(op, args, is_dense, densify)
+        full, back = overlap.dense_args(op, args, is_dense, densify, rows)
         outs = alloc(op, full, place)
         with launch():
             kern(*outs, *full)
@@ -128,7 +128,8 @@ def fast_source(op: OpDef, check_places: bool) -> str:
 
     The fast path's guard reads the dispatching tensor's dtype and tests
     every tensor's contiguity (a kernel that does not check it would read a
-    strided view as dense); it checks the declared dtype by identity
+    strided view as dense; an argument the op declares ``row_strided`` may
+    be rows at a stride, and its alias test then reaches every row); it checks the declared dtype by identity
     (Paddle's dtype objects are singletons, and their ``==``/``hash`` cost
     1-2 µs each, a frozenset lookup 2 µs). Where this Paddle can hold only
     host tensors (*check_places* False) no place is read (``tensor.place``
@@ -155,7 +156,8 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     guard = [f"_id(_dt_a{op.dtype_arg}) in _dtids", *core.scalar_guards(op, names)]
     for i, a in tensors:
         place = "_p" if i == op.dispatch_arg else f"a{i}.place"
-        ok = f"a{i}.is_contiguous()" + (f" and {place}.is_cpu_place()" if check_places else "")
+        dense = f"(a{i}.is_contiguous() or _rows(a{i}))" if i in op.row_strided else f"a{i}.is_contiguous()"
+        ok = dense + (f" and {place}.is_cpu_place()" if check_places else "")
         guard.append(f"(a{i} is None or {ok})" if a.type.optional else ok)
     lines.append(f"    if not ({' and '.join(guard)}): return _slow({params})")
     outs = [f"_o{i}" for i in range(op.n_outputs)]
@@ -164,7 +166,8 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     new_like = f"(_large_like({{x}}) if {_NBYTES.format(o='{x}')} >= _hmin else _empty_like({{x}}, _dt_{{x}}, _p))"
     alloc_lines = core.alloc_source(op, names, outs, new_like, "_alloc({args}, _p)")
     lines += [f"    {line}" for line in alloc_lines]
-    alias = overlap.alias_check_source(op, names, SPAN_SOURCE, "    ")
+    alias = overlap.alias_check_source(op, names, SPAN_SOURCE, "    ",
+                                       rows=("{s}, {e} = _rspan({t})", "_exact({a}, {b})"))
     if alias:
         lines.append(alias.rstrip("\n"))
     lines += ["    try:", f"        _k({', '.join([*outs, *names])})",
@@ -200,7 +203,10 @@ def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
         "_bad": lambda a: core.validate_args(op, a, is_tensor, KIND),
         "_empty_like": _C_ops.empty_like,
         "_alloc": rule_alloc(op) if core.like_indices(op) is None and op.n_outputs else None,
-        "_alias": lambda a: overlap.check_no_alias(op, a, span, EXACT),
+        "_alias": lambda a: overlap.check_no_alias(op, a, strided_span, EXACT),
+        "_rows": rows,
+        "_rspan": strided_span,
+        "_exact": EXACT,
         "_prod": math.prod,
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_id": id,
@@ -230,7 +236,7 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
     core.check_lead_dtype(op, args, dtype_name)
     kern, launch, _ = target(op, args, outs)
     overlap.make_alias_check(op, strided_span, exact=EXACT)(args)
-    full, back = overlap.dense_args(op, args, is_dense, densify)
+    full, back = overlap.dense_args(op, args, is_dense, densify, rows)
     # a strided out=, or every out= where one shares memory with an input, through dense copies
     fresh = overlap.outputs_overlap(op, args, outs, overlap.span_overlap(strided_span))
     dense, out_back = overlap.dense_outputs(outs, is_dense, densify, fresh=fresh)

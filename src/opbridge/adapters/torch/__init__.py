@@ -85,7 +85,8 @@ class TorchAdapter:
         core.check_lead_dtype(op, args, calls.dtype_name)
         calls.check_devices(op, args, outs)
         overlap.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
-        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
+        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous,
+                                        calls.rows)
         fresh = overlap.outputs_overlap(op, args, outs, calls.OVERLAP)
         dense, out_back = overlap.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense, fresh=fresh)
         try:

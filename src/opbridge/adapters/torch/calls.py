@@ -75,6 +75,11 @@ def _describe(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], i
 EXACT = overlap.shares_memory(_describe)
 
 
+def rows(t: torch.Tensor) -> bool:
+    """Whether a kernel takes *t* as rows at a stride, where its op declares it ``row_strided``."""
+    return overlap.row_strided(t.shape, t.stride())
+
+
 def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
     """Whether *out* may share memory with one of *tensors* (None skipped): the ``out=`` fast path
     leaves such a call to the checked one (:func:`opbridge.call.overlap.outputs_overlap`)."""
@@ -83,6 +88,9 @@ def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
 
 #: :func:`span` inline for dense tensors (the generated calls run on dense ones only).
 SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes"
+#: For arguments the op declares ``row_strided``, which the fast path hands over as rows at a stride:
+#: their full reach, and the exact test of a pair (:func:`opbridge.call.overlap.alias_check_source`).
+ROWS_SOURCE = ("{s}, {e} = _t_span({t})", "_t_exact({a}, {b})")
 
 
 def ordered(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -214,7 +222,7 @@ def kernel_lines(op: OpDef, device: str, names: Sequence[str], outs: Sequence[st
     synchronisation, so it is safe under CUDA graph capture.
     """
     lead = names[op.dispatch_arg]
-    alias = overlap.alias_check_source(op, names, SPAN_SOURCE, "")
+    alias = overlap.alias_check_source(op, names, SPAN_SOURCE, "", rows=ROWS_SOURCE)
     # Our own name for the core's alias-check hook: adapters share the callable's globals.
     lines = alias.replace("_alias((", "_t_alias((").splitlines()
     if allocate:
@@ -278,6 +286,8 @@ def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
     ns.update(_NAMES)
     ns.update({
         "_t_alias": lambda a: overlap.check_no_alias(op, a, span, EXACT),
+        "_t_span": span,
+        "_t_exact": EXACT,
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_t_dts": torch_dtypes(op),
         "_t_dtype_error": dtype_checker(op),
@@ -333,7 +343,7 @@ def strided_call(op: OpDef) -> Callable[[Sequence[Any]], Any]:
     def call(args: Sequence[Any]) -> Any:
         check_devices(op, args)
         check_alias(args)
-        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous)
+        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous, rows)
         outs = core.alloc_outputs(op, full, new_empty)
         run_kernel(op, outs, full)
         for orig, copy in back:

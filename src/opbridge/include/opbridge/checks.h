@@ -3,7 +3,10 @@
 // runtime these declare; see opbridge/runtime_impl.h).
 #pragma once
 
+#include "opbridge/byte_rows.h"
 #include "opbridge/dtypes.h"
+
+#include <cstdint>
 
 namespace opbridge {
 
@@ -54,6 +57,7 @@ namespace detail {
                                           const char* ref_arg, const TensorView& ref);
 [[noreturn]] OPB_RT_ void fail_contiguous(const char* op, const char* arg, const TensorView& t);
 [[noreturn]] OPB_RT_ void fail_disjoint(const char* op, const char* arg, const char* other_arg);
+[[noreturn]] OPB_RT_ void fail_row_strided(const char* op, const char* arg, const TensorView& t);
 }  // namespace detail
 
 inline void check_dtype(const char* op, const char* arg, const TensorView& t,
@@ -119,19 +123,58 @@ inline void check_contiguous(const char* op, const char* arg, const TensorView& 
   if (!t.IsContiguous()) detail::fail_contiguous(op, arg, t);
 }
 
+// A tensor its op declares `row_strided` (opbridge.Library.op): contiguous, or
+// rows at a stride -- its dims after the first C-contiguous (one row), its first
+// dim any stride at least a row apart, as vLLM's query and key, column slices of
+// one qkv tensor. Returns that stride in elements (a row's size when the tensor
+// is contiguous). The op-call core hands such an argument over as it is, where
+// it densifies every other strided tensor (call.overlap.row_strided).
+inline int64_t row_stride(const char* op, const char* arg, const TensorView& t) {
+  int64_t row = 1;
+  for (int k = 1; k < t.ndim(); ++k) row *= t.size(k);
+  if (t.ndim() == 0 || t.IsContiguous()) return row;
+  rows::ByteRows r;  // in elements: item 1, from 0
+  if (!rows::of(t.ndim(), t.shape().data(), t.strides().data(), 1, 0, &r)) detail::fail_row_strided(op, arg, t);
+  return r.n == 1 ? row : r.step;
+}
+
+namespace detail {
+// t as rows::ByteRows when it is contiguous or row-strided (row_stride's layout); false otherwise.
+inline bool byte_rows(const TensorView& t, rows::ByteRows* r) {
+  const int64_t item = (t.dtype().bits * t.dtype().lanes + 7) / 8;
+  const int64_t begin = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())) + int64_t(t.byte_offset());
+  const bool dense = t.ndim() == 0 || t.IsContiguous();
+  return rows::of(t.ndim(), t.shape().data(), dense ? nullptr : t.strides().data(), item, begin, r);
+}
+}  // namespace detail
+
 // A mutated tensor must not share memory with another argument: the result would
 // depend on the order of a kernel's reads and writes, and validated inputs could
-// change under it. Empty tensors overlap nothing.
+// change under it. Empty tensors overlap nothing. Exact for contiguous and
+// row-strided tensors (vLLM's query and key, column slices of one qkv tensor,
+// interleave without sharing an element); other layouts are judged by their spans.
 inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
                            const TensorView& other) {
-  auto span = [](const TensorView& v, const char*& begin, const char*& end) {
-    begin = static_cast<const char*>(v.data_ptr()) + v.byte_offset();
-    end = begin + v.numel() * ((v.dtype().bits * v.dtype().lanes + 7) / 8);
+  if (t.numel() == 0 || other.numel() == 0) return;
+  rows::ByteRows r0, r1;
+  if (detail::byte_rows(t, &r0) && detail::byte_rows(other, &r1)) {
+    if (!rows::meet(r0, r1)) return;
+    detail::fail_disjoint(op, arg, other_arg);
+  }
+  // Another layout: [begin, end) of every byte each reaches, strides included.
+  auto span = [](const TensorView& v, int64_t& begin, int64_t& end) {
+    const int64_t item = (v.dtype().bits * v.dtype().lanes + 7) / 8;
+    begin = static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data_ptr())) + int64_t(v.byte_offset());
+    int64_t lo = 0, hi = 0;
+    for (int k = 0; k < v.ndim(); ++k) (v.stride(k) < 0 ? lo : hi) += (v.size(k) - 1) * v.stride(k);
+    end = begin + (hi + 1) * item;
+    begin += lo * item;
   };
-  const char *b0, *e0, *b1, *e1;
+  int64_t b0, e0, b1, e1;
   span(t, b0, e0);
   span(other, b1, e1);
-  if (!(b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0)) detail::fail_disjoint(op, arg, other_arg);
+  if (e0 <= b1 || e1 <= b0) return;
+  detail::fail_disjoint(op, arg, other_arg);
 }
 
 // The macros stringise the C++ variable name, which by convention is the

@@ -98,6 +98,14 @@ OPB_RT_ void fail_contiguous(const char* op, const char* arg, const TensorView& 
                         << " with non-contiguous strides";
 }
 
+OPB_RT_ void fail_row_strided(const char* op, const char* arg, const TensorView& t) {
+  std::ostringstream strides;
+  for (int k = 0; k < t.ndim(); ++k) strides << (k ? ", " : "") << t.stride(k);
+  OPB_THROW(ValueError) << op << ": " << arg << " must be contiguous, or rows at a stride (its dims after the "
+                        << "first contiguous, rows at least that far apart), got shape " << shape_str(t)
+                        << " with strides (" << strides.str() << ")";
+}
+
 OPB_RT_ void fail_disjoint(const char* op, const char* arg, const char* other_arg) {
   OPB_THROW(ValueError) << op << ": " << arg << " must not overlap " << other_arg
                         << " in memory; pass separate tensors";

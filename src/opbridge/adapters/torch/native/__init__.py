@@ -303,6 +303,7 @@ def _register(sh: Shim, op: OpDef, kernels: PythonKernels) -> tuple[str, ...] | 
     spec = {
         "qualname": op.qualname, "devices": list(devices),
         "dispatch_arg": op.dispatch_arg, "dtype_arg": op.dtype_arg, "dtypes": list(op.dtypes),
+        "row_strided": list(op.row_strided),
         "n_outputs": op.n_outputs, "like": core.like_indices(op), "rule": kernels.rule,
         "fresh": kernels.fresh, "fresh_min": memory.MIN_BYTES,
         "impl": {d: kernels.impls[d] for d in devices},

@@ -30,12 +30,13 @@ from opbridge.build.progress import Progress, first_errors
 from opbridge.errors import BuildError
 
 SOURCE = Path(__file__).with_name("shim.cc")
-#: opbridge's headers; the shim includes ``opbridge/host_buffers.h`` (the pool's interface) and
-#: ``opbridge/raised_error.h`` (a kernel's error, raised once).
+#: opbridge's headers; the shim includes ``opbridge/host_buffers.h`` (the pool's interface),
+#: ``opbridge/raised_error.h`` (a kernel's error, raised once) and ``opbridge/byte_rows.h`` (rows
+#: at a stride, and whether two tensors share a byte).
 INCLUDE_DIR = Path(__file__).resolve().parents[3] / "include"
 #: Every file the shim is compiled from (``shim.cc`` includes the headers beside it): its cache key.
 SOURCES = (SOURCE, *(SOURCE.with_name(h) for h in ("op_state.h", "python_calls.h", "kernel_call.h", "python_entry.h")),
-           *(INCLUDE_DIR / "opbridge" / h for h in ("host_buffers.h", "raised_error.h")))
+           *(INCLUDE_DIR / "opbridge" / h for h in ("host_buffers.h", "raised_error.h", "byte_rows.h")))
 LIB_NAME = "libopbridge_torch_native.so"
 
 

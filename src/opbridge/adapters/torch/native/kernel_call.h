@@ -5,6 +5,7 @@
 #include "op_state.h"
 #include "python_calls.h"
 
+#include <opbridge/byte_rows.h>
 #include <opbridge/raised_error.h>
 
 #ifdef OPB_WITH_CUDA
@@ -126,13 +127,29 @@ inline at::Tensor NewOutput(const OpState& st, at::IntArrayRef sizes, const at::
   return at::empty(sizes, options);
 }
 
-inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
-  auto s0 = reinterpret_cast<uintptr_t>(a.data_ptr()), s1 = reinterpret_cast<uintptr_t>(b.data_ptr());
-  auto e0 = s0 + a.nbytes(), e1 = s1 + b.nbytes();
-  return s0 != e0 && s1 != e1 && s1 < e0 && s0 < e1;
+// *t*'s memory as rows (opbridge/byte_rows.h): true when it is contiguous or rows at a stride.
+inline bool Rows(const at::Tensor& t, opbridge::rows::ByteRows* r) {
+  return opbridge::rows::of(static_cast<int>(t.dim()), t.sizes().data(), t.strides().data(),
+                            static_cast<int64_t>(t.element_size()),
+                            static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())), r);
 }
 
-// The op's kernel on *args* (schema order) when they are dense, of a declared dtype and on one
+// Whether *a* and *b* (each contiguous or rows at a stride, as RunKernel admits them) share a byte:
+// exact, so that vLLM's query and key slices of one qkv tensor, which interleave, are apart.
+inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
+  opbridge::rows::ByteRows ra, rb;
+  if (!Rows(a, &ra) || !Rows(b, &rb)) return true;
+  return opbridge::rows::meet(ra, rb);
+}
+
+// Whether *t*, not contiguous, is rows at a stride (an argument its op declares row_strided may be).
+inline bool RowStrided(const at::Tensor& t) {
+  opbridge::rows::ByteRows r;
+  return Rows(t, &r);
+}
+
+// The op's kernel on *args* (schema order) when they are dense (or rows at a stride, where the op
+// declares them row_strided), of a declared dtype and on one
 // device: true when it ran. With *allocate*, the outputs are new and appended to *outs* (the `like`
 // rule or the shape rule); else *outs* holds the caller's (out=), which must be dense, on that
 // device too and apart from the arguments and each other in memory. False with `*raised` false leaves every tensor unwritten: nothing was handled (a
@@ -178,7 +195,8 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
       a.type_index = kTVMFFINone;
     } else if (st.kinds[i] == Kind::kTensor) {
       const at::Tensor& t = v.toTensor();
-      if (!t.defined() || t.device() != device || !t.is_contiguous() || !View(t, dl_device, &dl[n_out + i], &a))
+      if (!t.defined() || t.device() != device || !(t.is_contiguous() || (st.rows[i] && RowStrided(t))) ||
+          !View(t, dl_device, &dl[n_out + i], &a))
         return false;
     } else if (st.kinds[i] == Kind::kFloat) {
       if (!v.isDouble() && !v.isInt()) return false;

@@ -43,6 +43,7 @@ struct OpState {
   std::vector<bool> kwarg_only;      // per schema argument
   std::vector<bool> optional;        // per schema argument: whether it may be None
   std::vector<int> mutated;          // indices of Tensor(a!) arguments
+  std::vector<bool> rows;            // per schema argument: the op declares it row_strided
   std::vector<int> returns;          // per return: -1 for a new output, else the aliased argument
   int dispatch_arg = 0;
   int dtype_arg = 0;

@@ -177,6 +177,10 @@ PyObject* Register(PyObject* spec_obj) {
   }
   st->dispatch_arg = Item<int>(spec, "dispatch_arg");
   st->dtype_arg = Item<int>(spec, "dtype_arg");
+  st->rows.assign(st->kinds.size(), false);
+  for (int i : Item<std::vector<int>>(spec, "row_strided")) {
+    if (i >= 0 && static_cast<size_t>(i) < st->rows.size()) st->rows[i] = true;
+  }
   for (const auto& d : Item<std::vector<std::string>>(spec, "dtypes")) {
     c10::ScalarType t;
     if (ScalarTypeOf(d, &t)) st->dtypes |= uint64_t{1} << static_cast<int>(t);

@@ -2,6 +2,10 @@
 // checks included (device: kDLCPU or kDLCUDA; see check_device_like). Errors name
 // the op and the argument. The positions' values are checked by each kernel.
 //
+// query and key may be rows at a stride (the op declares them row_strided): vLLM
+// passes column slices of one qkv tensor. Their dims after the first must be
+// contiguous; TokenRows locates each token.
+//
 // int32_rows: the kernel indexes within a token's row of query or key (heads *
 // head_size elements) in int, as the CUDA kernel does; such a row must then hold
 // at most 2^31 - 1 elements.
@@ -50,7 +54,26 @@ inline int64_t check_heads(const char* op, const char* arg, const TensorView& t,
   return heads;
 }
 
-// positions, query and cos_sin_cache: dtypes, shapes and contiguity. Returns query's number of heads.
+// Where each token's row (heads * head_size elements, contiguous) of query or key starts:
+// tokens are numbered as positions' elements; those sharing one index of the first dim
+// (seq of them with 2-D positions, else one) are contiguous, the first dim `stride` apart.
+struct TokenRows {
+  int64_t stride;   // elements between consecutive indices of the first dim
+  int64_t per_row;  // tokens per index of the first dim
+  int64_t width;    // elements per token
+  OPB_HOST_DEVICE int64_t offset(int64_t t) const {
+    return per_row == 1 ? t * stride : (t / per_row) * stride + (t % per_row) * width;
+  }
+};
+
+inline TokenRows token_rows(const char* op, const char* arg, const TensorView& t, const TensorView& positions,
+                            int64_t heads, int64_t head_size) {
+  const int64_t per_row = positions.ndim() == 2 ? positions.size(1) : 1;
+  return TokenRows{::opbridge::row_stride(op, arg, t), per_row, heads * head_size};
+}
+
+// positions, query and cos_sin_cache: dtypes and shapes; positions and the cache contiguous.
+// Returns query's number of heads.
 inline int64_t check_query_and_cache(const char* op, const TensorView& positions, const TensorView& query,
                                      int64_t head_size, const TensorView& cos_sin_cache, bool int32_rows) {
   OPB_CHECK_DTYPE(op, positions, opbridge::kInt64);
@@ -61,13 +84,13 @@ inline int64_t check_query_and_cache(const char* op, const TensorView& positions
       << opbridge::shape_str(positions);
   OPB_CHECK(head_size > 0, ValueError) << op << ": head_size must be > 0, got " << head_size;
   const int64_t num_heads = check_heads(op, "query", query, positions, head_size, int32_rows);
+  ::opbridge::row_stride(op, "query", query);  // its layout, before any overlap is judged
   OPB_CHECK_NDIM(op, cos_sin_cache, 2);
   const int64_t rot_dim = cos_sin_cache.size(1);
   OPB_CHECK(rot_dim % 2 == 0 && rot_dim >= 2 && rot_dim <= head_size, ValueError)
       << op << ": cos_sin_cache's last dim (rot_dim = [cos | sin] halves) must be even and in "
       << "[2, head_size = " << head_size << "], got shape " << opbridge::shape_str(cos_sin_cache);
   OPB_CHECK_CONTIGUOUS(op, positions);
-  OPB_CHECK_CONTIGUOUS(op, query);
   OPB_CHECK_CONTIGUOUS(op, cos_sin_cache);
   return num_heads;
 }
@@ -82,10 +105,10 @@ inline int64_t check_key_and_overlaps(const char* op, const TensorView& position
     const TensorView& k = key.value();
     ::opbridge::check_same_dtype(op, "key", k, "query", query);
     num_kv_heads = check_heads(op, "key", k, positions, head_size, int32_rows);
+    ::opbridge::row_stride(op, "key", k);
     OPB_CHECK(num_heads % num_kv_heads == 0, ValueError)
         << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's ("
         << num_kv_heads << ")";
-    ::opbridge::check_contiguous(op, "key", k);
     opbridge::check_disjoint(op, "key", k, "query", query);
     opbridge::check_disjoint(op, "key", k, "positions", positions);
     opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
@@ -100,6 +123,8 @@ struct Dims {
   int64_t num_kv_heads;  // key's; 0 without key
   int64_t max_position;  // cos_sin_cache's rows
   int64_t rot_dim;       // cos_sin_cache's width
+  TokenRows q_rows;      // query's tokens
+  TokenRows k_rows;      // key's tokens (query's without key)
 };
 
 // Every argument check of rotary_embedding (kOp), devices first (positions is the anchor).
@@ -114,7 +139,10 @@ inline Dims check_args(int device, const TensorView& positions, const TensorView
   if (key.has_value()) ::opbridge::check_device_like(op, device, "key", key.value(), "positions", positions);
   const int64_t num_kv_heads =
       check_key_and_overlaps(op, positions, query, key, head_size, cos_sin_cache, num_heads, int32_rows);
-  return Dims{num_heads, num_kv_heads, cos_sin_cache.size(0), cos_sin_cache.size(1)};
+  const TokenRows q_rows = token_rows(op, "query", query, positions, num_heads, head_size);
+  const TokenRows k_rows =
+      key.has_value() ? token_rows(op, "key", key.value(), positions, num_kv_heads, head_size) : q_rows;
+  return Dims{num_heads, num_kv_heads, cos_sin_cache.size(0), cos_sin_cache.size(1), q_rows, k_rows};
 }
 
 }  // namespace rotary_embedding
