@@ -25,7 +25,11 @@ from typing import Any
 
 #: The ops with per-call sections (``--ops``), in report order.
 PER_CALL_OPS = ("add", "gelu", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
-                "gelu_and_mul")
+                "gelu_and_mul", "rotary_embedding_qkv")
+#: Sections that call an op on views, and the op: ``rotary_embedding_qkv`` rotates ``query`` and
+#: ``key`` where vLLM passes them, column slices of one ``qkv`` tensor (``[q | k | v]``); not in JAX,
+#: whose arrays have no views.
+VIEW_SECTIONS = {"rotary_embedding_qkv": "rotary_embedding"}
 #: The serving size: 8 tokens, hidden 64 (the gated ops' x; their result is (8, 32)).
 ROWS = (8, 64)
 _SMALL = (8,)
@@ -110,7 +114,23 @@ def inputs(op: str) -> tuple[tuple[int, ...], list[Any]]:
         return shapes["query"], [rng.integers(0, max_position, shapes["positions"], dtype=np.int64),
                                  f32(shapes["query"]), f32(shapes["key"]), rope_heads(hidden)[0],
                                  rope_cache(max_position, rot_dim).astype(np.float32), True]
+    if op == "rotary_embedding_qkv":  # rotary_embedding's arguments, query and key placed in one qkv
+        shape, raw = inputs("rotary_embedding")
+        q, k = raw[1], raw[2]
+        qkv = np.concatenate([q, k, f32(k.shape)], axis=1)
+        n, m = q.shape[1], k.shape[1]
+        return shape, [raw[0], Cols(qkv, 0, n), Cols(qkv, n, n + m), *raw[3:]]
     raise ValueError(f"no per-call inputs for {op!r}; per-call ops: {', '.join(PER_CALL_OPS)}")
+
+
+@dataclass(frozen=True)
+class Cols:
+    """A raw argument that is columns ``[start, stop)`` of the 2-D array *base*: a view of the one
+    framework tensor made from *base* for a call's arguments (:meth:`_Kit.args`)."""
+
+    base: Any
+    start: int
+    stop: int
 
 
 # -- one eager section per op, in any framework -------------------------------------------
@@ -132,7 +152,17 @@ class _Kit:
     sync_note: str | None = None
 
     def args(self, raw: Sequence[Any]) -> list[Any]:
-        return [self.to(a) if hasattr(a, "shape") else a for a in raw]
+        bases: dict[int, Any] = {}
+        out = []
+        for a in raw:
+            if isinstance(a, Cols):
+                base = bases.get(id(a.base))
+                if base is None:
+                    base = bases[id(a.base)] = self.to(a.base)
+                out.append(base[:, a.start:a.stop])
+            else:
+                out.append(self.to(a) if hasattr(a, "shape") else a)
+        return out
 
 
 def _fresh_result(kit: _Kit, raw: Sequence[Any], written: Sequence[int],
@@ -156,18 +186,24 @@ def _eager_sections(kit: _Kit, ops: Sequence[str]) -> list[Section]:
     sections = []
     for op in ops:
         shape, raw = inputs(op)
-        fn = getattr(opbridge_ops, op)
+        called = VIEW_SECTIONS.get(op, op)
+        fn = getattr(opbridge_ops, called)
         makes: dict[str, Factory] = {"opbridge": functools.partial(_ours, kit.call, fn),
-                                     "native": kit.natives[op]}
+                                     "native": kit.natives[called]}
         written = mutated(fn.opdef)
         result = _fresh_result(kit, raw, written, makes) if written and kit.in_place else None
         names = ", ".join(a.name for a in fn.opdef.schema.arguments)
-        ours = f"opbridge.ops.{op}({names})"
+        ours = f"opbridge.ops.{called}({names})"
+        what = kit.what[called]
+        if op in VIEW_SECTIONS:
+            views = ", ".join(f"{a.name} = qkv[:, {v.start}:{v.stop}]"
+                              for a, v in zip(fn.opdef.schema.arguments, raw) if isinstance(v, Cols))
+            ours, what = f"{ours}; {views}", f"{what}; {views}"
         if kit.waits:
             ours = f"jax.block_until_ready({ours})" if written else f"{ours}.block_until_ready()"
         args = kit.args(raw)
         sections.append(Section(op, kit.mode, shape, makes["opbridge"](args), makes["native"](args),
-                                {"opbridge": ours, "native": kit.what[op]}, to_numpy=kit.to_numpy,
+                                {"opbridge": ours, "native": what}, to_numpy=kit.to_numpy,
                                 sync=kit.sync, sync_note=kit.sync_note, result=result))
     return sections
 
@@ -219,7 +255,7 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
     kit = _Kit("eager", jnp.asarray, to_np, natives.natives("jax"), natives.descriptions("jax"),
                call=functools.partial(functools.partial, natives.jax_call),  # call(op, *a): waits too
                waits=True, in_place=False)
-    sections = _eager_sections(kit, ops)
+    sections = _eager_sections(kit, [op for op in ops if op not in VIEW_SECTIONS])
     jit_pairs: list[tuple[str, Callable[..., Any], Callable[..., Any], str, str, int]] = [
         ("add", lambda a, b: opbridge_ops.add(a, b), lambda a, b: a + b,
          "jax.jit(lambda x, y: ops.add(x, y))", "jax.jit(lambda x, y: x + y)", 2),
@@ -248,7 +284,9 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
                  "native": f"{d_theirs}(...).block_until_ready()"},
                 to_numpy=to_np))
     info.update({"jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()]})
-    return sections, {}, info
+    skipped = {f"{op}/eager/{shape_label(inputs(op)[0])}": "JAX arrays have no views"
+               for op in ops if op in VIEW_SECTIONS}
+    return sections, skipped, info
 
 
 def _paddle_sections(ops: Sequence[str]) -> Sections:
@@ -297,8 +335,14 @@ def _mindspore_sections(ops: Sequence[str]) -> Sections:
     queued = {op: natives.bind(f) for op, f in natives.mindspore_formulas().items()}
     kit = _Kit("pynative", lambda a: ms.Tensor(a.copy()), to_np, queued, natives.descriptions("mindspore"),
                sync=sync, sync_note=note)
-    sections = _eager_sections(kit, ops)
-    skipped: dict[str, str] = {}
+    sections = _eager_sections(kit, [op for op in ops if op not in VIEW_SECTIONS])
+    # opbridge rotates MindSpore's qkv slices in place (tests/conformance/test_row_strided.py); the native
+    # formula cannot write them, so there is nothing to time it against.
+    skipped: dict[str, str] = {
+        f"{op}/pynative/{shape_label(inputs(op)[0])}": (
+            "no native in-place formula: MindSpore's Tensor.copy_ does not write a non-contiguous CPU view "
+            "(it warns 'cannot use CPU inplace copy normally' and the qkv tensor keeps its old values)")
+        for op in ops if op in VIEW_SECTIONS}
     extra: dict[str, Any] = {}
     if "add" not in ops:
         return sections, skipped, extra

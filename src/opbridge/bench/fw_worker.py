@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench.fw_sections import PER_CALL_OPS, SECTIONS, Section
+from opbridge.bench.fw_sections import PER_CALL_OPS, SECTIONS, VIEW_SECTIONS, Section
 from opbridge.bench.timing import dist_version, interleaved, summary
 
 #: Bumped when the document's layout changes.
@@ -93,7 +93,7 @@ def _verify(section: Section) -> str:
 
     from opbridge import ops
 
-    opdef = getattr(ops, section.op).opdef
+    opdef = getattr(ops, VIEW_SECTIONS.get(section.op, section.op)).opdef
     written = [a.name for a in opdef.schema.mutated_args]
     ours, theirs = _outcome(section, "opbridge"), _outcome(section, "native")
     if len(ours) != len(theirs) or not ours:
