@@ -112,7 +112,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   T* out = Fused ? x : y;
   Src src = [&] {
     if constexpr (Fused) return Src{x, res, H};
-    else return Src{x, H};
+    else return Src{x, opbridge::StridedRows{H, 1, H}};
   }();
   using Current = std::conditional_t<Fused, cu::RowsByThreads<N>, cu::RowsByUnits<N>>;  // the ops' policies
   const int current_units = cu::cached_units<Current>(hv);

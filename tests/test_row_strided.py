@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,8 @@ from opbridge.errors import DeclarationError
     ((1, 8), (0, 1), True),          # one row: its stride is never used
     ((4, 1, 8), (24, 99, 1), True),  # a dim of size 1 has any stride
     ((0, 8), (3, 1), True),          # empty
-    ((5,), (2,), True),              # 1-D: each row one element
+    ((5,), (2,), False),             # 1-D strided: a kernel's row would span the first dim
+    ((5,), (1,), True),
     ((), (), True),
 ])
 def test_row_strided_layouts(shape: tuple[int, ...], strides: tuple[int, ...], rows: bool) -> None:
@@ -106,9 +108,10 @@ int main() {
   long long a[4], b[4], shape[2], strides[2];
   while (std::scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &a[0], &a[1], &a[2], &a[3],
                     &b[0], &b[1], &b[2], &b[3], &shape[0], &shape[1], &strides[0], &strides[1]) == 12) {
-    opbridge::rows::ByteRows x{a[0], a[1], a[2], a[3]}, y{b[0], b[1], b[2], b[3]}, r;
+    opbridge::rows::ByteRows x{a[0], a[1], a[2], a[3]}, y{b[0], b[1], b[2], b[3]};
     const int64_t sh[2] = {shape[0], shape[1]}, st[2] = {strides[0], strides[1]};
-    std::printf("%d %d\\n", int(opbridge::rows::meet(x, y)), int(opbridge::rows::of(2, sh, st, 1, 0, &r)));
+    std::printf("%d %d %d\\n", int(opbridge::rows::meet(x, y)), int(opbridge::rows::accepts(2, sh, st)),
+                int(opbridge::rows::accepts(1, sh, st)));
   }
 }
 """)
@@ -122,4 +125,79 @@ int main() {
     text = "".join(" ".join(map(str, (*a, *b, *sh, *st))) + "\n" for a, b, sh, st in cases)
     got = subprocess.run([str(tmp_path / "t")], input=text, capture_output=True, text=True, check=True).stdout
     for (a, b, sh, st), line in zip(cases, got.splitlines(), strict=True):
-        assert line == f"{int(rows_meet(a, b))} {int(row_strided(sh, st))}", (a, b, sh, st, line)
+        want = f"{int(rows_meet(a, b))} {int(row_strided(sh, st))} {int(row_strided(sh[:1], st[:1]))}"
+        assert line == want, (a, b, sh, st, line)
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_rms_norm_reads_per_head_views_of_a_qkv_slice(framework: str, dtype: str, monkeypatch: Any) -> None:
+    """vLLM's q-norm (Qwen3): rms_norm over the heads of query, a (tokens, heads, head_size) view of a
+    column slice of qkv. rms_norm declares x row_strided: the kernel reads the view (no dense copy) and
+    gives the bits it gives on a dense copy; torch.ops takes it in the native kernel."""
+    torch = pytest.importorskip("torch")
+    from opbridge import ops
+    from opbridge.call import overlap
+
+    if framework == "numpy" and dtype == "bfloat16":
+        pytest.skip("NumPy has no bfloat16 of its own")
+    seen: list[list[Any]] = []
+    dense_args = overlap.dense_args
+
+    def spy(*a: Any, **k: Any) -> Any:
+        full, back = dense_args(*a, **k)
+        seen.append(full)
+        return full, back
+
+    monkeypatch.setattr(overlap, "dense_args", spy)
+    tokens, heads, kv_heads, d = 5, 4, 2, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d).to(getattr(torch, dtype))
+    w = torch.randn(d).to(qkv.dtype)
+    if framework == "numpy":
+        qkv, w = qkv.numpy(), w.numpy()
+    q = qkv[:, :heads * d].reshape(tokens, heads, d)  # a view: strides (qkv row, d, 1)
+    assert (q.base is not None) if framework == "numpy" else q.data_ptr() == qkv.data_ptr()
+    got = ops.rms_norm(q, w, 1e-6)
+    dense = q.copy() if framework == "numpy" else q.contiguous()
+    assert all(full[0] is q for full in seen), "x was copied"
+    np.testing.assert_array_equal(np.asarray(got.float() if framework == "torch" else got),
+                                  np.asarray(ops.rms_norm(dense, w, 1e-6).float() if framework == "torch"
+                                             else ops.rms_norm(dense, w, 1e-6)))
+    if framework == "torch":
+        from opbridge.adapters.torch import native
+
+        before = native.native_calls(ops.rms_norm.opdef)
+        assert torch.equal(torch.ops.opbridge.rms_norm(q, w, 1e-6), got)
+        if before is not None:
+            assert native.native_calls(ops.rms_norm.opdef) == before + 1
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_rotary_with_batch_strided_2d_positions(framework: str) -> None:
+    """positions (batch, seq) and query/key whose batches are apart (a slice of a longer sequence): the
+    kernel takes them as they are (seq token rows per batch index), with the dense copies' results."""
+    torch = pytest.importorskip("torch")
+    from opbridge import ops
+    from opbridge.ops.rotary import _cos_sin_cache
+
+    b, s, heads, kv_heads, d = 3, 4, 2, 1, 8
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 32, (b, s), generator=gen)
+    qbuf, kbuf = torch.randn(b, s + 2, heads * d, generator=gen), torch.randn(b, s + 1, kv_heads, d, generator=gen)
+    cache = torch.from_numpy(_cos_sin_cache(32, d)).float()
+    q, k = qbuf[:, :s], kbuf[:, 1:]  # batch strides (s + 2) and (s + 1) token rows; dims after the first dense
+    want_q, want_k = q.contiguous(), k.contiguous()
+    ops.rotary_embedding(pos, want_q, want_k, d, cache, False)
+    before = (qbuf.clone(), kbuf.clone())
+    args = (pos, q, k, d, cache, False)
+    if framework == "numpy":
+        args = tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in args)
+    ops.rotary_embedding(*args)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert torch.equal(qbuf[:, s:], before[0][:, s:]) and torch.equal(kbuf[:, :1], before[1][:, :1])
+    # and with only key strided (query dense): the two tensors' rows are found differently
+    q2, kbuf2 = want_q.clone(), kbuf.clone()
+    ops.rotary_embedding(pos, q2, kbuf2[:, 1:], d, cache, False)
+    ref_q, ref_k = want_q.clone(), want_k.clone()
+    ops.rotary_embedding(pos, ref_q, ref_k, d, cache, False)
+    assert torch.equal(q2, ref_q) and torch.equal(kbuf2[:, 1:], ref_k)

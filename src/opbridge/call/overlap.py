@@ -253,16 +253,18 @@ def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
 
 def row_strided(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Whether a tensor of *shape* and element *strides* is rows at a stride, as a kernel takes an
-    argument its op declares ``row_strided`` (``opbridge::row_stride``): dims after the first
-    C-contiguous (dims of size 1 have any stride), the first any stride at least a row apart.
-    Contiguous tensors are; negative strides and overlapping rows are not."""
+    argument its op declares ``row_strided`` (``opbridge::row_stride``): contiguous, or of at least
+    two dims, those after the first C-contiguous (dims of size 1 have any stride), the first any
+    stride at least that block apart. Negative strides and overlapping rows are not."""
     n = len(shape)
     row = 1
     for k in range(n - 1, 0, -1):
         if shape[k] != 1 and strides[k] != row:
             return False
         row *= shape[k]
-    return n == 0 or shape[0] <= 1 or row == 0 or strides[0] >= row
+    if n == 0 or shape[0] <= 1 or row == 0 or strides[0] == row:
+        return True  # contiguous
+    return n >= 2 and strides[0] >= row  # a kernel's rows lie within the dims after the first
 
 
 def ndarray_rows(a: Any) -> bool:

@@ -34,11 +34,11 @@ OPB_ALWAYS_INLINE double sum_squares_f64(const double* x, int64_t H) {
 // through an ifunc and cannot be inlined. Each row is read twice; the second
 // read hits L1/L2 for any realistic H, so DRAM traffic stays one read + one write.
 template <typename T>
-OPB_TARGET_CLONES void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t H,
-                                     opbridge::compute_t<T> eps, bool stream) {
+OPB_TARGET_CLONES void rms_norm_rows(T* out, const T* x, opbridge::StridedRows xs, const T* w, int64_t r0,
+                                     int64_t r1, int64_t H, opbridge::compute_t<T> eps, bool stream) {
   using C = opbridge::compute_t<T>;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * H;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + xs.offset(r);
     T* yr = out + r * H;
     C ss = 0;
     if constexpr (std::is_same_v<T, double>) {
@@ -100,7 +100,8 @@ void sum_partials(T* out, opbridge::compute_t<T>* partial, int nt, int64_t H) {
 
 void rms_norm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm";
-  const int64_t H = opbridge::rms_norm::check_forward(op, kDLCPU, out, x, weight, eps);
+  const opbridge::StridedRows xs = opbridge::rms_norm::check_forward(op, kDLCPU, out, x, weight, eps);
+  const int64_t H = xs.width;
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   OPB_DISPATCH_FLOATING(op, x.dtype(), T, [&] {
@@ -109,7 +110,7 @@ void rms_norm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
     const T* w = opbridge::data_ptr<const T>(weight);
     const bool stream = y != a && opbridge::stream_stores(x.numel() * int64_t(sizeof(T)));
     opbridge::parallel_for(rows, H, [&](int64_t lo, int64_t hi) {
-      rms_norm_rows<T>(y + lo * H, a + lo * H, w, hi - lo, H, opbridge::compute_t<T>(eps), stream);
+      rms_norm_rows<T>(y, a, xs, w, lo, hi, H, opbridge::compute_t<T>(eps), stream);
     });
   });
 }

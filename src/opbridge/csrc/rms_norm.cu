@@ -15,13 +15,13 @@ using opbridge::TensorView;
 namespace cu = opbridge::cuda;
 
 template <int N, typename T, typename C = opbridge::compute_t<T>>
-__global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restrict__ x,
+__global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restrict__ x, opbridge::StridedRows xs,
                                                         const T* __restrict__ w, int64_t rows,
                                                         int64_t H, C eps) {
   __shared__ C scratch[32];
   const int64_t hv = H / N;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * H;
+    const T* xr = x + xs.offset(r);
     T* yr = out + r * H;
     C ss = 0;
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(kColumns* kColumnGroups)
 
 void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
   const char* op = "rms_norm";
-  const int64_t H = opbridge::rms_norm::check_forward(op, kDLCUDA, out, x, weight, eps);
+  const opbridge::StridedRows xs = opbridge::rms_norm::check_forward(op, kDLCUDA, out, x, weight, eps);
+  const int64_t H = xs.width;  // x's rows may be at a stride
 
   const int64_t rows = H == 0 ? 0 : x.numel() / H;
   if (rows == 0) return;
@@ -241,12 +242,12 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
-    if (cu::can_vectorize<T>(H, y, a, w)) {
-      if (!cu::launch_rms_rows_cached<cu::RowsByUnits, V>(ctx, y, cu::RowsOf<V, T>{a, H}, w, rows, H, C(eps))) {
-        rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
+    if (cu::can_vectorize<T>(H, y, a, w) && xs.stride % V == 0) {
+      if (!cu::launch_rms_rows_cached<cu::RowsByUnits, V>(ctx, y, cu::RowsOf<V, T>{a, xs}, w, rows, H, C(eps))) {
+        rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
       }
     } else {
-      rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(y, a, w, rows, H, C(eps));
+      rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
     }
     ctx.check_launch();
   });

@@ -29,7 +29,7 @@ namespace {
 using opbridge::Optional;
 using opbridge::TensorView;
 using opbridge::rotary_embedding::kOp;
-using opbridge::rotary_embedding::TokenRows;
+using opbridge::StridedRows;
 
 template <bool kNeox, typename T>
 OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
@@ -55,19 +55,21 @@ OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t hal
 }
 
 // Tokens [t0, t1): one call per thread (target_clones calls are not inlined).
-// The token's cache row stays in L1 across its heads.
+// The token's cache row stays in L1 across its heads. Token t's query row is
+// at q + t * qs, its key row at k + t * ks (strides in elements: a token's
+// width when dense, the qkv row for vLLM's slices).
 template <bool kNeox, typename T>
 OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* cache, int64_t t0, int64_t t1,
                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                                     int64_t rot_dim, TokenRows q_rows, TokenRows k_rows) {
+                                     int64_t rot_dim, int64_t qs, int64_t ks) {
   const int64_t half = rot_dim / 2;
   for (int64_t t = t0; t < t1; ++t) {
     const T* cos = cache + pos[t] * rot_dim;
     const T* sin = cos + half;
-    T* qt = q + q_rows.offset(t);
+    T* qt = q + t * qs;
     for (int64_t h = 0; h < num_heads; ++h) rotate_head<kNeox>(qt + h * head_size, cos, sin, half);
     if (k != nullptr) {
-      T* kt = k + k_rows.offset(t);
+      T* kt = k + t * ks;
       for (int64_t h = 0; h < num_kv_heads; ++h) rotate_head<kNeox>(kt + h * head_size, cos, sin, half);
     }
   }
@@ -101,19 +103,19 @@ OPB_ALWAYS_INLINE void prefetch_row(const double* row, int64_t rot_dim) {
 template <bool kNeox>
 OPB_TARGET_CLONES void rotary_tokens_f64(const int64_t* pos, double* q, double* k, const double* cache, int64_t t0,
                                          int64_t t1, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                                         int64_t rot_dim, TokenRows q_rows, TokenRows k_rows) {
+                                         int64_t rot_dim, int64_t qs, int64_t ks) {
   const int64_t half = rot_dim / 2;
   for (int64_t t = t0; t < t1; ++t) {
     if (t + 1 < t1) prefetch_row(cache + pos[t + 1] * rot_dim, rot_dim);
     const double* cos = cache + pos[t] * rot_dim;
     const double* sin = cos + half;
-    double* qt = q + q_rows.offset(t);
+    double* qt = q + t * qs;
     for (int64_t h = 0; h < num_heads; ++h) {
       prefetch_ahead(qt + h * head_size, head_size);
       rotate_head<kNeox>(qt + h * head_size, cos, sin, half);
     }
     if (k != nullptr) {
-      double* kt = k + k_rows.offset(t);
+      double* kt = k + t * ks;
       for (int64_t h = 0; h < num_kv_heads; ++h) {
         prefetch_ahead(kt + h * head_size, head_size);
         rotate_head<kNeox>(kt + h * head_size, cos, sin, half);
@@ -153,18 +155,32 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<Tenso
     T* q = opbridge::data_ptr<T>(query);
     T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
     const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
-    const TokenRows qr = dims.q_rows, kr = dims.k_rows;
-    opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
+    const StridedRows qr = dims.q_rows, kr = dims.k_rows;
+    // Tokens [a, b) of one stride each: query rows from qb, key rows from kb, positions from p.
+    auto run = [&](const int64_t* p, T* qb, T* kb, int64_t a, int64_t b, int64_t qs, int64_t ks) {
       if constexpr (std::is_same_v<T, double>) {
         if (is_neox) {
-          rotary_tokens_f64<true>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
+          rotary_tokens_f64<true>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
         } else {
-          rotary_tokens_f64<false>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
+          rotary_tokens_f64<false>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
         }
       } else if (is_neox) {
-        rotary_tokens<true, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
+        rotary_tokens<true, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
       } else {
-        rotary_tokens<false, T>(pos, q, k, cache, lo, hi, num_heads, num_kv_heads, head_size, rot_dim, qr, kr);
+        rotary_tokens<false, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+      }
+    };
+    // With 2-D positions a strided query or key holds seq dense token rows per batch index
+    // (StridedRows::per): each batch's tokens are one run at the token width.
+    const int64_t seq = std::max(qr.per, kr.per);
+    opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
+      if (seq == 1) return run(pos, q, k, lo, hi, qr.stride, kr.stride);
+      const int64_t qb = qr.per == 1 ? seq * qr.width : qr.stride, kb = kr.per == 1 ? seq * kr.width : kr.stride;
+      for (int64_t t = lo; t < hi;) {
+        const int64_t b = t / seq, end = std::min(hi, (b + 1) * seq);
+        run(pos + b * seq, q + b * qb, k == nullptr ? nullptr : k + b * kb, t - b * seq, end - b * seq, qr.width,
+            kr.width);
+        t = end;
       }
     });
   });

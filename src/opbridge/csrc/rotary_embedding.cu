@@ -8,7 +8,7 @@
 //   cos_sin_cache   (max_position, rot_dim): row p = [cos | sin], query's dtype
 //   is_neox         pairs (i, i + rot_dim/2) (GPT-NeoX) or (2i, 2i + 1) (GPT-J)
 // positions and the cache contiguous; query and key may be rows at a stride (column
-// slices of one qkv tensor: opbridge/ops/rotary_embedding.h's TokenRows); math in
+// slices of one qkv tensor: opbridge/checks.h's StridedRows); math in
 // float32 (float64 in double), each result rounded once.
 //
 // Positions index the cache, and they live on the device: checking them on
@@ -27,7 +27,7 @@ namespace {
 using opbridge::Optional;
 using opbridge::TensorView;
 using opbridge::rotary_embedding::kOp;
-using opbridge::rotary_embedding::TokenRows;
+using opbridge::StridedRows;
 namespace cu = opbridge::cuda;
 
 constexpr int kPositionOutOfRange = 1;
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     rotary_embedding_kernel(const int64_t* __restrict__ positions, T* __restrict__ query,
                             T* __restrict__ key, const T* __restrict__ cache, int64_t num_tokens,
                             int64_t max_position, int num_heads, int num_kv_heads, int head_size,
-                            int half, TokenRows q_rows, TokenRows k_rows, cu::ErrorSink err) {
+                            int half, StridedRows q_rows, StridedRows k_rows, cu::ErrorSink err) {
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     const int64_t pos = positions[t];
     if (pos < 0 || pos >= max_position) {
@@ -109,7 +109,7 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
     T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
     const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
     const int nh = int(num_heads), nkh = int(num_kv_heads), hs = int(head_size);
-    const TokenRows qr = dims.q_rows, kr = dims.k_rows;
+    const StridedRows qr = dims.q_rows, kr = dims.k_rows;
     if (is_neox) {
       rotary_embedding_kernel<true><<<grid, threads, 0, ctx.stream>>>(pos, q, k, cache, num_tokens,
                                                                      dims.max_position, nh, nkh, hs, half, qr, kr,

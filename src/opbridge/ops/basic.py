@@ -56,6 +56,7 @@ def _rms_norm_backward(grad: Any, x: Any, weight: Any, eps: float) -> tuple[Any,
     shape=like("x"),
     backward=_rms_norm_backward,
     hints=last_dim_hint(("x",), ("weight",)),
+    row_strided=("x",),  # vLLM's q/k-norm: per-head views of query and key sliced out of qkv
 )
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
     """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``."""

@@ -105,7 +105,7 @@ PyObject* Call(OpState& st, PyObject* const* args, Py_ssize_t nargs) {
     }
   }
   // A written argument that overlaps another tensor: the Python path names the pair and raises.
-  if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out)) return NotHandled();
+  if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out, args)) return NotHandled();
 
   PyObject* outs[kMaxArgs] = {};
   auto release = [&] {

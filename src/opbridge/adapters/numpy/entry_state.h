@@ -91,8 +91,7 @@ bool View(PyObject* o, DLTensor* d, TVMFFIAny* a, int64_t* strides = nullptr) {
       if (b % item != 0) return false;
       strides[k] = b / item;
     }
-    opbridge::rows::ByteRows r;
-    if (!opbridge::rows::of(d->ndim, d->shape, strides, 1, 0, &r)) return false;
+    if (!opbridge::rows::accepts(d->ndim, d->shape, strides)) return false;
     d->strides = strides;
   }
   a->type_index = kTVMFFIDLTensorPtr;
@@ -167,7 +166,7 @@ const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args, Py_ssi
 // Whether an argument the op writes shares a byte with another tensor argument (*dl*, *ffi*: the
 // arguments' views, contiguous or rows at a stride: exact, so that vLLM's query and key slices of one
 // qkv array, which interleave, are apart).
-bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi) {
+bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi, PyObject* const* args) {
   const size_t n = st.kinds.size();
   auto rows_of = [&](size_t i, opbridge::rows::ByteRows* r) {
     const DLTensor& t = dl[i];
@@ -178,8 +177,15 @@ bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi) {
     if (ffi[m].type_index != kTVMFFIDLTensorPtr) continue;
     opbridge::rows::ByteRows rm, rj;
     if (!rows_of(m, &rm)) return true;
+    const int64_t me = opbridge::rows::end(rm);
     for (size_t j = 0; j < n; ++j) {
       if (static_cast<int>(j) == m || ffi[j].type_index != kTVMFFIDLTensorPtr) continue;
+      if (rm.n == 1 && dl[j].strides == nullptr) {  // the common case: two spans
+        const auto jb = reinterpret_cast<int64_t>(dl[j].data);
+        const int64_t je = jb + PyArray_NBYTES(reinterpret_cast<PyArrayObject*>(args[j]));
+        if (rm.bytes != 0 && jb != je && jb < me && rm.begin < je) return true;
+        continue;
+      }
       if (!rows_of(j, &rj) || opbridge::rows::meet(rm, rj)) return true;
     }
   }

@@ -156,7 +156,8 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     guard = [f"_id(_dt_a{op.dtype_arg}) in _dtids", *core.scalar_guards(op, names)]
     for i, a in tensors:
         place = "_p" if i == op.dispatch_arg else f"a{i}.place"
-        dense = f"(a{i}.is_contiguous() or _rows(a{i}))" if i in op.row_strided else f"a{i}.is_contiguous()"
+        # a row_strided argument's contiguity is kept (_ca<i>) for its alias span below
+        dense = f"((_ca{i} := a{i}.is_contiguous()) or _rows(a{i}))" if i in op.row_strided else f"a{i}.is_contiguous()"
         ok = dense + (f" and {place}.is_cpu_place()" if check_places else "")
         guard.append(f"(a{i} is None or {ok})" if a.type.optional else ok)
     lines.append(f"    if not ({' and '.join(guard)}): return _slow({params})")
@@ -166,8 +167,10 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     new_like = f"(_large_like({{x}}) if {_NBYTES.format(o='{x}')} >= _hmin else _empty_like({{x}}, _dt_{{x}}, _p))"
     alloc_lines = core.alloc_source(op, names, outs, new_like, "_alloc({args}, _p)")
     lines += [f"    {line}" for line in alloc_lines]
-    alias = overlap.alias_check_source(op, names, SPAN_SOURCE, "    ",
-                                       rows=("{s}, {e} = _rspan({t})", "_exact({a}, {b})"))
+    alias = overlap.alias_check_source(
+        op, names, SPAN_SOURCE, "    ",
+        rows=("{s}, {e} = (_p := {t}.data_ptr(), _p + _prod({t}.shape) * {t}.element_size()) "
+              "if _c{t} else _rspan({t})", "_exact({a}, {b})"))
     if alias:
         lines.append(alias.rstrip("\n"))
     lines += ["    try:", f"        _k({', '.join([*outs, *names])})",

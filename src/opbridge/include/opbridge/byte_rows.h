@@ -40,6 +40,14 @@ inline bool of(int ndim, const int64_t* shape, const int64_t* strides, int64_t i
   return true;
 }
 
+// Whether a kernel takes the tensor as an argument its op declares row_strided: contiguous, or of
+// at least two dims and rows at a stride (a kernel's rows lie within the dims after the first).
+inline bool accepts(int ndim, const int64_t* shape, const int64_t* strides) {
+  ByteRows r;
+  if (!of(ndim, shape, strides, 1, 0, &r)) return false;
+  return r.n == 1 || ndim >= 2;
+}
+
 inline int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 
 // [begin, end) of every byte `r` covers.

@@ -124,57 +124,65 @@ inline void check_contiguous(const char* op, const char* arg, const TensorView& 
 }
 
 // A tensor its op declares `row_strided` (opbridge.Library.op): contiguous, or
-// rows at a stride -- its dims after the first C-contiguous (one row), its first
-// dim any stride at least a row apart, as vLLM's query and key, column slices of
-// one qkv tensor. Returns that stride in elements (a row's size when the tensor
-// is contiguous). The op-call core hands such an argument over as it is, where
-// it densifies every other strided tensor (call.overlap.row_strided).
+// rows at a stride -- at least two dims, those after the first C-contiguous,
+// the first dim any stride at least that block apart, as vLLM's query and key,
+// column slices of one qkv tensor. Returns that stride in elements (the
+// block's size when the tensor is contiguous). The op-call core hands such an
+// argument over as it is, where it densifies every other strided tensor
+// (call.overlap.row_strided).
 inline int64_t row_stride(const char* op, const char* arg, const TensorView& t) {
-  int64_t row = 1;
-  for (int k = 1; k < t.ndim(); ++k) row *= t.size(k);
-  if (t.ndim() == 0 || t.IsContiguous()) return row;
-  rows::ByteRows r;  // in elements: item 1, from 0
-  if (!rows::of(t.ndim(), t.shape().data(), t.strides().data(), 1, 0, &r)) detail::fail_row_strided(op, arg, t);
-  return r.n == 1 ? row : r.step;
+  int64_t block = 1;
+  for (int k = 1; k < t.ndim(); ++k) block *= t.size(k);
+  if (t.ndim() == 0 || t.IsContiguous()) return block;
+  if (!rows::accepts(t.ndim(), t.shape().data(), t.strides().data())) detail::fail_row_strided(op, arg, t);
+  return t.size(0) <= 1 ? block : t.stride(0);
 }
-
-namespace detail {
-// t as rows::ByteRows when it is contiguous or row-strided (row_stride's layout); false otherwise.
-inline bool byte_rows(const TensorView& t, rows::ByteRows* r) {
-  const int64_t item = (t.dtype().bits * t.dtype().lanes + 7) / 8;
-  const int64_t begin = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())) + int64_t(t.byte_offset());
-  const bool dense = t.ndim() == 0 || t.IsContiguous();
-  return rows::of(t.ndim(), t.shape().data(), dense ? nullptr : t.strides().data(), item, begin, r);
-}
-}  // namespace detail
 
 // A mutated tensor must not share memory with another argument: the result would
 // depend on the order of a kernel's reads and writes, and validated inputs could
 // change under it. Empty tensors overlap nothing. Exact for contiguous and
 // row-strided tensors (vLLM's query and key, column slices of one qkv tensor,
 // interleave without sharing an element); other layouts are judged by their spans.
+// *t_dense*, *other_dense*: each tensor's IsContiguous(), where the caller has it (a kernel
+// checking several pairs tests each tensor once).
 inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
-                           const TensorView& other) {
+                           const TensorView& other, bool t_dense, bool other_dense) {
   if (t.numel() == 0 || other.numel() == 0) return;
+  auto begin_of = [](const TensorView& v) {
+    return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data_ptr())) + int64_t(v.byte_offset());
+  };
+  auto item_of = [](const TensorView& v) { return int64_t((v.dtype().bits * v.dtype().lanes + 7) / 8); };
+  const bool c0 = t_dense, c1 = other_dense;
+  if (c0 && c1) {  // the common case: two spans
+    const int64_t b0 = begin_of(t), b1 = begin_of(other);
+    if (b0 + t.numel() * item_of(t) <= b1 || b1 + other.numel() * item_of(other) <= b0) return;
+    detail::fail_disjoint(op, arg, other_arg);
+  }
   rows::ByteRows r0, r1;
-  if (detail::byte_rows(t, &r0) && detail::byte_rows(other, &r1)) {
+  if (rows::of(t.ndim(), t.shape().data(), c0 ? nullptr : t.strides().data(), item_of(t), begin_of(t), &r0) &&
+      rows::of(other.ndim(), other.shape().data(), c1 ? nullptr : other.strides().data(), item_of(other),
+               begin_of(other), &r1)) {
     if (!rows::meet(r0, r1)) return;
     detail::fail_disjoint(op, arg, other_arg);
   }
   // Another layout: [begin, end) of every byte each reaches, strides included.
-  auto span = [](const TensorView& v, int64_t& begin, int64_t& end) {
-    const int64_t item = (v.dtype().bits * v.dtype().lanes + 7) / 8;
-    begin = static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data_ptr())) + int64_t(v.byte_offset());
+  auto span = [&](const TensorView& v, int64_t& begin, int64_t& end) {
+    begin = begin_of(v);
     int64_t lo = 0, hi = 0;
     for (int k = 0; k < v.ndim(); ++k) (v.stride(k) < 0 ? lo : hi) += (v.size(k) - 1) * v.stride(k);
-    end = begin + (hi + 1) * item;
-    begin += lo * item;
+    end = begin + (hi + 1) * item_of(v);
+    begin += lo * item_of(v);
   };
   int64_t b0, e0, b1, e1;
   span(t, b0, e0);
   span(other, b1, e1);
   if (e0 <= b1 || e1 <= b0) return;
   detail::fail_disjoint(op, arg, other_arg);
+}
+
+inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                           const TensorView& other) {
+  check_disjoint(op, arg, t, other_arg, other, t.IsContiguous(), other.IsContiguous());
 }
 
 // The macros stringise the C++ variable name, which by convention is the
@@ -202,5 +210,30 @@ inline void check_disjoint(const char* op, const char* arg, const TensorView& t,
   if (TVM_FFI_PREDICT_TRUE(cond)) {  \
   } else                             \
     OPB_THROW(Kind)
+
+// The kernel's rows of `width` elements in a row_strided tensor: `per` of them
+// (contiguous) at each index of its first dim, which is `stride` elements from
+// the next. A kernel's rows must lie within the dims after the first (width
+// divides their product): rotary_embedding's tokens, rms_norm's last dim.
+struct StridedRows {
+  int64_t stride, per, width;
+  OPB_HOST_DEVICE int64_t offset(int64_t r) const {
+    return per == 1 ? r * stride : (r / per) * stride + (r % per) * width;
+  }
+};
+
+inline StridedRows strided_rows(const char* op, const char* arg, const TensorView& t, int64_t width) {
+  if (t.ndim() <= 1 || width <= 0 || t.IsContiguous()) {
+    if (t.ndim() == 1 && !t.IsContiguous()) detail::fail_row_strided(op, arg, t);
+    return StridedRows{width, 1, width};
+  }
+  const int64_t stride = row_stride(op, arg, t);
+  int64_t block = 1;
+  for (int k = 1; k < t.ndim(); ++k) block *= t.size(k);
+  OPB_CHECK(block % width == 0, RuntimeError)
+      << op << ": " << arg << "'s rows of " << width << " elements do not lie within its dims after the first "
+      << "(shape " << opbridge::shape_str(t) << "); a kernel may declare row_strided only for such arguments";
+  return StridedRows{stride, block / width, width};
+}
 
 }  // namespace opbridge

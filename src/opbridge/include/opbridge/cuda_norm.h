@@ -139,12 +139,13 @@ __global__ void __launch_bounds__(P::kMaxThreads)
 
 // The row sources of rms_norm.cu and fused_add_rms_norm.cu (and of a tuning
 // harness that launches rms_rows_cached_kernel under other policies).
-// RowsOf: rms_norm's rows, x itself.
+// RowsOf: rms_norm's rows, x itself, contiguous or rows at a stride (its StridedRows; the
+// launcher vectorises only where every row start is 16-byte aligned).
 template <int N, typename T>
 struct RowsOf {
   const T* __restrict__ x;
-  int64_t H;
-  __device__ Vec<T, N> load(int64_t r, int i) const { return cuda::load<N>(x + r * H + int64_t(i) * N); }
+  StridedRows rows;
+  __device__ Vec<T, N> load(int64_t r, int i) const { return cuda::load<N>(x + rows.offset(r) + int64_t(i) * N); }
   __device__ void commit(int64_t, int, const Vec<T, N>&) const {}
 };
 

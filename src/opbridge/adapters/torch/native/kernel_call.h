@@ -136,7 +136,13 @@ inline bool Rows(const at::Tensor& t, opbridge::rows::ByteRows* r) {
 
 // Whether *a* and *b* (each contiguous or rows at a stride, as RunKernel admits them) share a byte:
 // exact, so that vLLM's query and key slices of one qkv tensor, which interleave, are apart.
-inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
+// *dense*: the caller knows both are contiguous (two spans decide).
+inline bool Overlap(const at::Tensor& a, const at::Tensor& b, bool dense = false) {
+  if (dense || (a.is_contiguous() && b.is_contiguous())) {  // the common case: two spans
+    auto s0 = reinterpret_cast<uintptr_t>(a.data_ptr()), s1 = reinterpret_cast<uintptr_t>(b.data_ptr());
+    auto e0 = s0 + a.nbytes(), e1 = s1 + b.nbytes();
+    return s0 != e0 && s1 != e1 && s1 < e0 && s0 < e1;
+  }
   opbridge::rows::ByteRows ra, rb;
   if (!Rows(a, &ra) || !Rows(b, &rb)) return true;
   return opbridge::rows::meet(ra, rb);
@@ -144,8 +150,7 @@ inline bool Overlap(const at::Tensor& a, const at::Tensor& b) {
 
 // Whether *t*, not contiguous, is rows at a stride (an argument its op declares row_strided may be).
 inline bool RowStrided(const at::Tensor& t) {
-  opbridge::rows::ByteRows r;
-  return Rows(t, &r);
+  return opbridge::rows::accepts(static_cast<int>(t.dim()), t.sizes().data(), t.strides().data());
 }
 
 // The op's kernel on *args* (schema order) when they are dense (or rows at a stride, where the op
@@ -186,6 +191,7 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
   if (!allocate && outs->size() != n_out) return false;
   c10::SmallVector<TVMFFIAny, 16> ffi(n_out + n);
   c10::SmallVector<DLTensor, 16> dl(n_out + n);
+  bool any_rows = false;  // an argument is rows at a stride (else every tensor argument is contiguous)
   for (size_t i = 0; i < n; ++i) {
     TVMFFIAny& a = ffi[n_out + i];
     a.zero_padding = 0;
@@ -195,9 +201,12 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
       a.type_index = kTVMFFINone;
     } else if (st.kinds[i] == Kind::kTensor) {
       const at::Tensor& t = v.toTensor();
-      if (!t.defined() || t.device() != device || !(t.is_contiguous() || (st.rows[i] && RowStrided(t))) ||
-          !View(t, dl_device, &dl[n_out + i], &a))
-        return false;
+      if (!t.defined() || t.device() != device) return false;
+      if (!t.is_contiguous()) {
+        if (!st.rows[i] || !RowStrided(t)) return false;
+        any_rows = true;
+      }
+      if (!View(t, dl_device, &dl[n_out + i], &a)) return false;
     } else if (st.kinds[i] == Kind::kFloat) {
       if (!v.isDouble() && !v.isInt()) return false;
       a.type_index = kTVMFFIFloat;
@@ -215,7 +224,7 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
   for (int m : st.mutated) {  // the slower path names the overlapping pair
     if (args[m].isNone()) continue;
     for (size_t j = 0; j < n; ++j) {
-      if (static_cast<int>(j) != m && args[j].isTensor() && Overlap(args[m].toTensor(), args[j].toTensor()))
+      if (static_cast<int>(j) != m && args[j].isTensor() && Overlap(args[m].toTensor(), args[j].toTensor(), !any_rows))
         return false;
     }
   }

@@ -43,7 +43,6 @@ struct OpState {
   std::vector<bool> kwarg_only;      // per schema argument
   std::vector<bool> optional;        // per schema argument: whether it may be None
   std::vector<int> mutated;          // indices of Tensor(a!) arguments
-  std::vector<bool> rows;            // per schema argument: the op declares it row_strided
   std::vector<int> returns;          // per return: -1 for a new output, else the aliased argument
   int dispatch_arg = 0;
   int dtype_arg = 0;
@@ -58,6 +57,7 @@ struct OpState {
   py::object rule;                   // args -> list of meta tensors (the shape rule)
   py::object fresh;                  // huge-page advice for a new CPU output
   std::mutex rule_mutex;
+  std::vector<bool> rows;            // per schema argument: the op declares it row_strided
   std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;
   std::atomic<int64_t> native_calls{0};  // calls the dispatcher's device kernel completed itself
   std::atomic<int64_t> entry_calls{0};   // calls the public callable's C entry completed itself

@@ -67,7 +67,7 @@ inline int64_t check_tensors(const char* op, int64_t num_seqs, int64_t num_queri
   // tensor overlapping another argument could invalidate what was checked.
   for (int m : {0, 2, 3, 4}) {  // the mutated ones against every other
     for (int o = 0; o < 6; ++o) {
-      if (o != m) opbridge::check_disjoint(op, names[m], *all[m], names[o], *all[o]);
+      if (o != m) opbridge::check_disjoint(op, names[m], *all[m], names[o], *all[o], true, true);  // all dense
     }
   }
   return max_blocks;

@@ -30,9 +30,10 @@ inline int64_t check_args(const char* op, int device, const TensorView& input, c
   // !(eps >= 0) also rejects NaN.
   OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
   // Both are written in place, so neither may alias another argument.
-  opbridge::check_disjoint(op, "input", input, "residual", residual);
-  opbridge::check_disjoint(op, "input", input, "weight", weight);
-  opbridge::check_disjoint(op, "residual", residual, "weight", weight);
+  // all three are contiguous (checked above): their spans decide
+  opbridge::check_disjoint(op, "input", input, "residual", residual, true, true);
+  opbridge::check_disjoint(op, "input", input, "weight", weight, true, true);
+  opbridge::check_disjoint(op, "residual", residual, "weight", weight, true, true);
   return H;
 }
 

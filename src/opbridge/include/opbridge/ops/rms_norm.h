@@ -10,15 +10,18 @@
 namespace opbridge {
 namespace rms_norm {
 
-// x (..., H) and weight (H,) of one floating dtype, contiguous, and eps; returns H.
-inline int64_t check_x_weight_eps(const char* op, const TensorView& x, const TensorView& weight, double eps) {
+// x (..., H) and weight (H,) of one floating dtype, contiguous, and eps; returns H. With
+// *x_rows*, x may be rows at a stride (rms_norm declares it row_strided: vLLM's q-norm reads
+// per-head views of a query sliced out of qkv), which the caller checks with strided_rows.
+inline int64_t check_x_weight_eps(const char* op, const TensorView& x, const TensorView& weight, double eps,
+                                  bool x_rows = false) {
   OPB_CHECK_FLOATING(op, x);
   OPB_CHECK_SAME_DTYPE(op, weight, x);
   OPB_CHECK_MIN_NDIM(op, x, 1);
   OPB_CHECK_NDIM(op, weight, 1);
   const int64_t H = x.size(x.ndim() - 1);
   OPB_CHECK_SIZE(op, weight, 0, H, "x's last dim");
-  OPB_CHECK_CONTIGUOUS(op, x);
+  if (!x_rows) OPB_CHECK_CONTIGUOUS(op, x);  // else the caller reads x through strided_rows
   OPB_CHECK_CONTIGUOUS(op, weight);
   // !(eps >= 0) also rejects NaN.
   OPB_CHECK(eps >= 0, ValueError) << op << ": eps must be >= 0, got " << eps;
@@ -45,15 +48,17 @@ inline void check_grads(const char* op, const TensorView& grad_x, const TensorVi
   OPB_CHECK_CONTIGUOUS(op, grad_weight);
 }
 
-// rms_norm(out, x, weight, eps); returns H.
-inline int64_t check_forward(const char* op, int device, const TensorView& out, const TensorView& x,
-                             const TensorView& weight, double eps) {
+// rms_norm(out, x, weight, eps); returns x's rows of H = the result's width (x may be rows at a
+// stride: the kernel reads row r at x + offset(r)).
+inline StridedRows check_forward(const char* op, int device, const TensorView& out, const TensorView& x,
+                                 const TensorView& weight, double eps) {
   OPB_CHECK_DEVICE(op, x, device);
   OPB_CHECK_DEVICE_LIKE(op, device, weight, x);
-  const int64_t H = check_x_weight_eps(op, x, weight, eps);
+  const int64_t H = check_x_weight_eps(op, x, weight, eps, /*x_rows=*/true);
+  const StridedRows rows = strided_rows(op, "x", x, H);
   OPB_CHECK_DEVICE_LIKE(op, device, out, x);
   check_out(op, out, x);
-  return H;
+  return rows;
 }
 
 // rms_norm_backward(grad_x, grad_weight, grad, x, weight, eps); returns H.

@@ -4,7 +4,7 @@
 //
 // query and key may be rows at a stride (the op declares them row_strided): vLLM
 // passes column slices of one qkv tensor. Their dims after the first must be
-// contiguous; TokenRows locates each token.
+// contiguous; StridedRows (checks.h) locates each token's row.
 //
 // int32_rows: the kernel indexes within a token's row of query or key (heads *
 // head_size elements) in int, as the CUDA kernel does; such a row must then hold
@@ -54,24 +54,6 @@ inline int64_t check_heads(const char* op, const char* arg, const TensorView& t,
   return heads;
 }
 
-// Where each token's row (heads * head_size elements, contiguous) of query or key starts:
-// tokens are numbered as positions' elements; those sharing one index of the first dim
-// (seq of them with 2-D positions, else one) are contiguous, the first dim `stride` apart.
-struct TokenRows {
-  int64_t stride;   // elements between consecutive indices of the first dim
-  int64_t per_row;  // tokens per index of the first dim
-  int64_t width;    // elements per token
-  OPB_HOST_DEVICE int64_t offset(int64_t t) const {
-    return per_row == 1 ? t * stride : (t / per_row) * stride + (t % per_row) * width;
-  }
-};
-
-inline TokenRows token_rows(const char* op, const char* arg, const TensorView& t, const TensorView& positions,
-                            int64_t heads, int64_t head_size) {
-  const int64_t per_row = positions.ndim() == 2 ? positions.size(1) : 1;
-  return TokenRows{::opbridge::row_stride(op, arg, t), per_row, heads * head_size};
-}
-
 // positions, query and cos_sin_cache: dtypes and shapes; positions and the cache contiguous.
 // Returns query's number of heads.
 inline int64_t check_query_and_cache(const char* op, const TensorView& positions, const TensorView& query,
@@ -84,7 +66,6 @@ inline int64_t check_query_and_cache(const char* op, const TensorView& positions
       << opbridge::shape_str(positions);
   OPB_CHECK(head_size > 0, ValueError) << op << ": head_size must be > 0, got " << head_size;
   const int64_t num_heads = check_heads(op, "query", query, positions, head_size, int32_rows);
-  ::opbridge::row_stride(op, "query", query);  // its layout, before any overlap is judged
   OPB_CHECK_NDIM(op, cos_sin_cache, 2);
   const int64_t rot_dim = cos_sin_cache.size(1);
   OPB_CHECK(rot_dim % 2 == 0 && rot_dim >= 2 && rot_dim <= head_size, ValueError)
@@ -99,22 +80,26 @@ inline int64_t check_query_and_cache(const char* op, const TensorView& positions
 // overlap no other argument. Returns key's number of heads, 0 without key.
 inline int64_t check_key_and_overlaps(const char* op, const TensorView& positions, const TensorView& query,
                                       const Optional<TensorView>& key, int64_t head_size,
-                                      const TensorView& cos_sin_cache, int64_t num_heads, bool int32_rows) {
+                                      const TensorView& cos_sin_cache, int64_t num_heads, bool int32_rows,
+                                      StridedRows* k_rows) {
   int64_t num_kv_heads = 0;
+  // positions and cos_sin_cache are contiguous (checked); query and key are each tested once
+  const bool qd = query.IsContiguous();
   if (key.has_value()) {
     const TensorView& k = key.value();
     ::opbridge::check_same_dtype(op, "key", k, "query", query);
     num_kv_heads = check_heads(op, "key", k, positions, head_size, int32_rows);
-    ::opbridge::row_stride(op, "key", k);
     OPB_CHECK(num_heads % num_kv_heads == 0, ValueError)
         << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's ("
         << num_kv_heads << ")";
-    opbridge::check_disjoint(op, "key", k, "query", query);
-    opbridge::check_disjoint(op, "key", k, "positions", positions);
-    opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache);
+    *k_rows = strided_rows(op, "key", k, num_kv_heads * head_size);  // its layout, before any overlap
+    const bool kd = k.IsContiguous();
+    opbridge::check_disjoint(op, "key", k, "query", query, kd, qd);
+    opbridge::check_disjoint(op, "key", k, "positions", positions, kd, true);
+    opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache, kd, true);
   }
-  opbridge::check_disjoint(op, "query", query, "positions", positions);
-  opbridge::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache);
+  opbridge::check_disjoint(op, "query", query, "positions", positions, qd, true);
+  opbridge::check_disjoint(op, "query", query, "cos_sin_cache", cos_sin_cache, qd, true);
   return num_kv_heads;
 }
 
@@ -123,8 +108,8 @@ struct Dims {
   int64_t num_kv_heads;  // key's; 0 without key
   int64_t max_position;  // cos_sin_cache's rows
   int64_t rot_dim;       // cos_sin_cache's width
-  TokenRows q_rows;      // query's tokens
-  TokenRows k_rows;      // key's tokens (query's without key)
+  StridedRows q_rows;    // query's tokens
+  StridedRows k_rows;    // key's tokens (query's without key)
 };
 
 // Every argument check of rotary_embedding (kOp), devices first (positions is the anchor).
@@ -136,12 +121,12 @@ inline Dims check_args(int device, const TensorView& positions, const TensorView
   OPB_CHECK_DEVICE_LIKE(op, device, query, positions);
   OPB_CHECK_DEVICE_LIKE(op, device, cos_sin_cache, positions);
   const int64_t num_heads = check_query_and_cache(op, positions, query, head_size, cos_sin_cache, int32_rows);
+  // Tokens are numbered as positions' elements: with 2-D positions, seq of them at each batch index.
+  const StridedRows q_rows = strided_rows(op, "query", query, num_heads * head_size);  // before overlaps
+  StridedRows k_rows = q_rows;
   if (key.has_value()) ::opbridge::check_device_like(op, device, "key", key.value(), "positions", positions);
-  const int64_t num_kv_heads =
-      check_key_and_overlaps(op, positions, query, key, head_size, cos_sin_cache, num_heads, int32_rows);
-  const TokenRows q_rows = token_rows(op, "query", query, positions, num_heads, head_size);
-  const TokenRows k_rows =
-      key.has_value() ? token_rows(op, "key", key.value(), positions, num_kv_heads, head_size) : q_rows;
+  const int64_t num_kv_heads = check_key_and_overlaps(op, positions, query, key, head_size, cos_sin_cache,
+                                                      num_heads, int32_rows, &k_rows);
   return Dims{num_heads, num_kv_heads, cos_sin_cache.size(0), cos_sin_cache.size(1), q_rows, k_rows};
 }
 
