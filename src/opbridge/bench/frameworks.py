@@ -12,8 +12,9 @@ Per-call time
     ``rotary_embedding``, ``silu_and_mul``, ``gelu_and_mul`` at the serving
     size 8 x 64 (rotary: 8 tokens, one head of 64 in query and key, NeoX;
     the gated ops give 8 x 32); ``rotary_embedding_qkv``, the same rotary on
-    query and key column slices of one ``qkv`` tensor as vLLM passes them
-    (not in JAX, which has no views). Ops that mutate their arguments are checked
+    query and key column slices of one ``qkv`` tensor as vLLM passes them,
+    and ``rms_norm_qkv``, rms_norm of such a query slice (not in JAX, which
+    has no views). Ops that mutate their arguments are checked
     on fresh copies, every written argument compared, and timed in place:
 
     =========  ===================================================================
@@ -83,7 +84,8 @@ DESCRIPTION = (
     "framework's own op or formula, in one worker process per framework (numpy, torch, jax, paddle, "
     "mindspore PyNative, plus jax.jit and ms.jit sections), timed interleaved after checking results: add "
     "on 8 float32 elements, gelu and the serving ops (rms_norm, fused_add_rms_norm, rotary_embedding, "
-    "silu_and_mul, gelu_and_mul; rotary_embedding_qkv on column slices of one qkv) at 8 x 64, chosen with "
+    "silu_and_mul, gelu_and_mul; rotary_embedding_qkv and rms_norm_qkv on column slices of one qkv) at 8 x 64, "
+    "chosen with "
     "--ops (--quick: add only); every worker loads the "
     "one cold-built op library; with --builds also the cold build of an equivalent add op with Paddle's "
     "cpp_extension.load and MindSpore's CustomOpBuilder; with --parity instead the parity table (each op "

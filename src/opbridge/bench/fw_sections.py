@@ -25,11 +25,12 @@ from typing import Any
 
 #: The ops with per-call sections (``--ops``), in report order.
 PER_CALL_OPS = ("add", "gelu", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
-                "gelu_and_mul", "rotary_embedding_qkv")
+                "gelu_and_mul", "rotary_embedding_qkv", "rms_norm_qkv")
 #: Sections that call an op on views, and the op: ``rotary_embedding_qkv`` rotates ``query`` and
-#: ``key`` where vLLM passes them, column slices of one ``qkv`` tensor (``[q | k | v]``); not in JAX,
-#: whose arrays have no views.
-VIEW_SECTIONS = {"rotary_embedding_qkv": "rotary_embedding"}
+#: ``key`` where vLLM passes them, column slices of one ``qkv`` tensor (``[q | k | v]``);
+#: ``rms_norm_qkv`` normalises such a query slice (a q-norm over one head of 64). Not in JAX, whose
+#: arrays have no views.
+VIEW_SECTIONS = {"rotary_embedding_qkv": "rotary_embedding", "rms_norm_qkv": "rms_norm"}
 #: The serving size: 8 tokens, hidden 64 (the gated ops' x; their result is (8, 32)).
 ROWS = (8, 64)
 _SMALL = (8,)
@@ -120,6 +121,11 @@ def inputs(op: str) -> tuple[tuple[int, ...], list[Any]]:
         qkv = np.concatenate([q, k, f32(k.shape)], axis=1)
         n, m = q.shape[1], k.shape[1]
         return shape, [raw[0], Cols(qkv, 0, n), Cols(qkv, n, n + m), *raw[3:]]
+    if op == "rms_norm_qkv":  # rms_norm's x, the query columns of one qkv
+        shape, raw = inputs("rms_norm")
+        x = raw[0]
+        qkv = np.concatenate([x, f32(x.shape), f32(x.shape)], axis=1)
+        return shape, [Cols(qkv, 0, x.shape[1]), *raw[1:]]
     raise ValueError(f"no per-call inputs for {op!r}; per-call ops: {', '.join(PER_CALL_OPS)}")
 
 
@@ -335,14 +341,15 @@ def _mindspore_sections(ops: Sequence[str]) -> Sections:
     queued = {op: natives.bind(f) for op, f in natives.mindspore_formulas().items()}
     kit = _Kit("pynative", lambda a: ms.Tensor(a.copy()), to_np, queued, natives.descriptions("mindspore"),
                sync=sync, sync_note=note)
-    sections = _eager_sections(kit, [op for op in ops if op not in VIEW_SECTIONS])
     # opbridge rotates MindSpore's qkv slices in place (tests/conformance/test_row_strided.py); the native
     # formula cannot write them, so there is nothing to time it against.
+    writes = [op for op in ops if op == "rotary_embedding_qkv"]
+    sections = _eager_sections(kit, [op for op in ops if op not in writes])
     skipped: dict[str, str] = {
         f"{op}/pynative/{shape_label(inputs(op)[0])}": (
             "no native in-place formula: MindSpore's Tensor.copy_ does not write a non-contiguous CPU view "
             "(it warns 'cannot use CPU inplace copy normally' and the qkv tensor keeps its old values)")
-        for op in ops if op in VIEW_SECTIONS}
+        for op in writes}
     extra: dict[str, Any] = {}
     if "add" not in ops:
         return sections, skipped, extra
