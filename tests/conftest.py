@@ -6,6 +6,7 @@ import itertools
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,21 @@ def make_library(tmp_path: Path) -> Callable[..., opbridge.Library]:
                                 sources=paths, root=tmp_path)
 
     return make
+
+
+@pytest.fixture
+def kernel_args(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """The arguments each checked call hands its kernel after the core's dense copies
+    (``call.overlap.dense_args``), in call order: a test asserts which tensors arrived as they were."""
+    from opbridge.call import overlap
+
+    seen: list[list[Any]] = []
+    dense_args = overlap.dense_args
+
+    def spy(*a: Any, **k: Any) -> Any:
+        full, back = dense_args(*a, **k)
+        seen.append(full)
+        return full, back
+
+    monkeypatch.setattr(overlap, "dense_args", spy)
+    return seen

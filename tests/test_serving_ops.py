@@ -403,21 +403,11 @@ def test_rotary_reference_rejects_like_the_kernel() -> None:
 
 @pytest.mark.parametrize("framework", ["torch", "numpy"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_rotary_rotates_qkv_slices_where_they_are(framework: str, dtype: str, monkeypatch: Any) -> None:
+def test_rotary_rotates_qkv_slices_where_they_are(framework: str, dtype: str, kernel_args: list[list[Any]]) -> None:
     """vLLM's query and key, column slices of one qkv tensor, reach the kernel as they are (the op
     declares them row_strided): no dense copy in or back, the same result as on dense copies, and
     the value columns untouched."""
-    from opbridge.call import overlap
-
-    seen: list[list[Any]] = []
-    dense_args = overlap.dense_args
-
-    def spy(*a: Any, **k: Any) -> Any:
-        full, back = dense_args(*a, **k)
-        seen.append(full)
-        return full, back
-
-    monkeypatch.setattr(overlap, "dense_args", spy)
+    seen = kernel_args
     tokens, heads, kv_heads, d = 9, 4, 2, 16
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, dtype=getattr(torch, dtype))
     if framework == "numpy":
