@@ -450,6 +450,32 @@ def test_cuda_large_rows_match_cpu(gpu: Any, shape: tuple[int, int]) -> None:
         _assert_same(ops.gelu.opdef, name, [ops.gelu(xc)], [ops.gelu(x)], "gelu")
 
 
+@pytest.mark.parametrize("head_size", [128, 34])  # 34: rows of 9 x 34 elements, 128-bit access nowhere
+def test_qkv_slices_on_cuda_match_cpu(gpu: Any, head_size: int) -> None:
+    """vLLM's query and key column slices of one qkv tensor (and per-head views of them) reach the CUDA
+    kernels as rows at a stride (rotary_embedding, rms_norm declare them row_strided): the CPU kernels'
+    results on the same slices, the value columns untouched."""
+    torch = gpu
+    ops = _ops()
+    from opbridge.ops.rotary import _cos_sin_cache
+
+    tokens, heads, kv_heads, d = 37, 7, 1, head_size
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).rpartition(".")[2]
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d).to(dtype)
+        pos = torch.randint(0, 100, (tokens,))
+        cache = torch.from_numpy(_cos_sin_cache(100, d)).to(dtype)
+        w = torch.randn(d).to(dtype)
+        qkv_c = qkv.cuda()
+        for t, p, c in ((qkv, pos, cache), (qkv_c, pos.cuda(), cache.cuda())):
+            ops.rotary_embedding(p, t[:, :heads * d], t[:, heads * d:(heads + kv_heads) * d], d, c, True)
+        _assert_same(ops.rotary_embedding.opdef, name, [qkv_c], [qkv], "rotary_embedding on qkv slices")
+        q_heads = qkv[:, :heads * d].view(tokens, heads, d)
+        q_heads_c = qkv_c[:, :heads * d].view(tokens, heads, d)
+        _assert_same(ops.rms_norm.opdef, name, [ops.rms_norm(q_heads_c, w.cuda())], [ops.rms_norm(q_heads, w)],
+                     "rms_norm on per-head views")
+
+
 def test_torch_dispatcher_autograd_and_compile_on_cuda(gpu: Any) -> None:
     torch = gpu
     ops = _ops()
