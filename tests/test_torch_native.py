@@ -286,3 +286,14 @@ def test_row_strided_slices_run_natively() -> None:
         torch.ops.opbridge.rotary_embedding(pos, qkv[:, :16], qkv[:, 8:16], 8, cache, True)
     torch.ops.opbridge.rotary_embedding(pos, torch.randn(6, 32)[:, ::2], None, 8, cache, True)  # a dense copy
     assert native.native_calls(op) == before + 1
+
+
+def test_shim_key_names_the_environment_it_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shim's RUNPATH names torch's and tvm-ffi's library directories: two environments sharing a
+    cache (the default ~/.cache/opbridge) must not load each other's shim, which would load the other
+    environment's libraries too."""
+    from opbridge.adapters.torch.native import build
+
+    here = build.cache_key()
+    monkeypatch.setattr(build.torch, "__file__", "/another/env/site-packages/torch/__init__.py")
+    assert build.cache_key() != here

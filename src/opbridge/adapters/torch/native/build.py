@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -56,11 +57,20 @@ def _tvm_ffi_version() -> str:
         return str(getattr(_tvm.tvm_ffi(), "__version__", ""))
 
 
+def _installs() -> list[str]:
+    """Where torch and tvm-ffi are installed: the shim's RUNPATH names their library directories, so a
+    shim built in one environment must not be loaded by another that shares the cache (it would load
+    that environment's libraries beside this one's). Found without importing tvm_ffi."""
+    spec = importlib.util.find_spec("tvm_ffi")
+    tvm_dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return [str(Path(torch.__file__).resolve().parent), *tvm_dirs]
+
+
 def cache_key() -> str:
     """The content hash naming this process's shim in the cache."""
     parts = [torch.__version__, str(torch.version.git_version), str(torch.version.cuda),
              str(sysconfig.get_config_var("EXT_SUFFIX")), sys.implementation.cache_tag or "",
-             _tvm_ffi_version(), config.cxx(), *(p.read_text() for p in SOURCES)]
+             _tvm_ffi_version(), config.cxx(), *_installs(), *(p.read_text() for p in SOURCES)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
