@@ -172,7 +172,7 @@ def eager_source(op: OpDef) -> str:
     lines += ["    except Exception:", f"        return _checked({tup})",
               f"    if {' or '.join(guards)}:", f"        return _checked({tup})"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
-                                rows=("{s}, {e} = (_p := {t}.data_ptr(), _p + {t}.nbytes) if {t}.is_contiguous() "
+                                rows=("{s}, {e} = (_sp := {t}.data_ptr(), _sp + {t}.nbytes) if {t}.is_contiguous() "
                                       "else _rspan({t})", "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs
     pairs = [f"_p{j}" for j in range(n_out)]

@@ -38,6 +38,7 @@ from opbridge.adapters.paddle._base import (
     materialise,
     op_dtypes,
     rows,
+    rows_of,
     rule_alloc,
     strided_span,
     target,
@@ -156,8 +157,11 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     guard = [f"_id(_dt_a{op.dtype_arg}) in _dtids", *core.scalar_guards(op, names)]
     for i, a in tensors:
         place = "_p" if i == op.dispatch_arg else f"a{i}.place"
-        # a row_strided argument's contiguity is kept (_ca<i>) for its alias span below
-        dense = f"((_ca{i} := a{i}.is_contiguous()) or _rows(a{i}))" if i in op.row_strided else f"a{i}.is_contiguous()"
+        # a row_strided argument's contiguity (_ca<i>), else its rows (_ra<i>), are kept for the alias test
+        # of a mutating op; an op that writes no argument only asks whether it is rows at a stride
+        rows_test = f"(_ra{i} := _rows_of(a{i})) is not None" if op.schema.is_mutating else f"_rows(a{i})"
+        dense = (f"((_ca{i} := a{i}.is_contiguous()) or {rows_test})"
+                 if i in op.row_strided else f"a{i}.is_contiguous()")
         ok = dense + (f" and {place}.is_cpu_place()" if check_places else "")
         guard.append(f"(a{i} is None or {ok})" if a.type.optional else ok)
     lines.append(f"    if not ({' and '.join(guard)}): return _slow({params})")
@@ -169,8 +173,9 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     lines += [f"    {line}" for line in alloc_lines]
     alias = overlap.alias_check_source(
         op, names, SPAN_SOURCE, "    ",
-        rows=("{s}, {e} = (_p := {t}.data_ptr(), _p + _prod({t}.shape) * {t}.element_size()) "
-              "if _c{t} else _rspan({t})", "_exact({a}, {b})"))
+        rows=("{s}, {e} = (_sp := {t}.data_ptr(), _sp + _prod({t}.shape) * {t}.element_size()) "
+              "if _c{t} else _rows_span(_r{t})",
+              "_rows_meet(_rows_of({a}) if _c{a} else _r{a}, _rows_of({b}) if _c{b} else _r{b})"))
     if alias:
         lines.append(alias.rstrip("\n"))
     lines += ["    try:", f"        _k({', '.join([*outs, *names])})",
@@ -208,8 +213,9 @@ def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
         "_alloc": rule_alloc(op) if core.like_indices(op) is None and op.n_outputs else None,
         "_alias": lambda a: overlap.check_no_alias(op, a, strided_span, EXACT),
         "_rows": rows,
-        "_rspan": strided_span,
-        "_exact": EXACT,
+        "_rows_of": rows_of,
+        "_rows_span": lambda r: (r[0], r[0] + (r[1] - 1) * r[3] + r[2]),
+        "_rows_meet": overlap.rows_meet,
         "_prod": math.prod,
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_id": id,

@@ -90,7 +90,7 @@ def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
 SPAN_SOURCE = "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes"
 #: For arguments the op declares ``row_strided``, which the fast path hands over as rows at a stride:
 #: their full reach, and the exact test of a pair (:func:`opbridge.call.overlap.alias_check_source`).
-ROWS_SOURCE = ("{s}, {e} = (_p := {t}.data_ptr(), _p + {t}.nbytes) if {t}.is_contiguous() else _t_span({t})",
+ROWS_SOURCE = ("{s}, {e} = (_sp := {t}.data_ptr(), _sp + {t}.nbytes) if {t}.is_contiguous() else _t_span({t})",
                "_t_exact({a}, {b})")
 
 
