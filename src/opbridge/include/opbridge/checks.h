@@ -147,17 +147,18 @@ inline int64_t row_stride(const char* op, const char* arg, const TensorView& t) 
 // checking several pairs tests each tensor once).
 inline void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
                            const TensorView& other, bool t_dense, bool other_dense) {
-  if (t.numel() == 0 || other.numel() == 0) return;
   auto begin_of = [](const TensorView& v) {
     return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data_ptr())) + int64_t(v.byte_offset());
   };
   auto item_of = [](const TensorView& v) { return int64_t((v.dtype().bits * v.dtype().lanes + 7) / 8); };
   const bool c0 = t_dense, c1 = other_dense;
-  if (c0 && c1) {  // the common case: two spans
+  if (c0 && c1) {  // the common case: two spans (an empty one overlaps nothing)
     const int64_t b0 = begin_of(t), b1 = begin_of(other);
-    if (b0 + t.numel() * item_of(t) <= b1 || b1 + other.numel() * item_of(other) <= b0) return;
+    const int64_t e0 = b0 + t.numel() * item_of(t), e1 = b1 + other.numel() * item_of(other);
+    if (b0 == e0 || b1 == e1 || e0 <= b1 || e1 <= b0) return;
     detail::fail_disjoint(op, arg, other_arg);
   }
+  if (t.numel() == 0 || other.numel() == 0) return;
   rows::ByteRows r0, r1;
   if (rows::of(t.ndim(), t.shape().data(), c0 ? nullptr : t.strides().data(), item_of(t), begin_of(t), &r0) &&
       rows::of(other.ndim(), other.shape().data(), c1 ? nullptr : other.strides().data(), item_of(other),
@@ -222,7 +223,9 @@ struct StridedRows {
   }
 };
 
-inline StridedRows strided_rows(const char* op, const char* arg, const TensorView& t, int64_t width) {
+// *dense*: t.IsContiguous(), where the caller has it.
+inline StridedRows strided_rows(const char* op, const char* arg, const TensorView& t, int64_t width, bool dense) {
+  if (dense) return StridedRows{width, 1, width};
   if (t.ndim() <= 1 || width <= 0 || t.IsContiguous()) {
     if (t.ndim() == 1 && !t.IsContiguous()) detail::fail_row_strided(op, arg, t);
     return StridedRows{width, 1, width};
@@ -234,6 +237,10 @@ inline StridedRows strided_rows(const char* op, const char* arg, const TensorVie
       << op << ": " << arg << "'s rows of " << width << " elements do not lie within its dims after the first "
       << "(shape " << opbridge::shape_str(t) << "); a kernel may declare row_strided only for such arguments";
   return StridedRows{stride, block / width, width};
+}
+
+inline StridedRows strided_rows(const char* op, const char* arg, const TensorView& t, int64_t width) {
+  return strided_rows(op, arg, t, width, t.ndim() == 0 || t.IsContiguous());
 }
 
 }  // namespace opbridge

@@ -81,10 +81,10 @@ inline int64_t check_query_and_cache(const char* op, const TensorView& positions
 inline int64_t check_key_and_overlaps(const char* op, const TensorView& positions, const TensorView& query,
                                       const Optional<TensorView>& key, int64_t head_size,
                                       const TensorView& cos_sin_cache, int64_t num_heads, bool int32_rows,
-                                      StridedRows* k_rows) {
+                                      bool q_dense, StridedRows* k_rows) {
   int64_t num_kv_heads = 0;
   // positions and cos_sin_cache are contiguous (checked); query and key are each tested once
-  const bool qd = query.IsContiguous();
+  const bool qd = q_dense;
   if (key.has_value()) {
     const TensorView& k = key.value();
     ::opbridge::check_same_dtype(op, "key", k, "query", query);
@@ -92,8 +92,8 @@ inline int64_t check_key_and_overlaps(const char* op, const TensorView& position
     OPB_CHECK(num_heads % num_kv_heads == 0, ValueError)
         << op << ": query's number of heads (" << num_heads << ") must be a multiple of key's ("
         << num_kv_heads << ")";
-    *k_rows = strided_rows(op, "key", k, num_kv_heads * head_size);  // its layout, before any overlap
     const bool kd = k.IsContiguous();
+    *k_rows = strided_rows(op, "key", k, num_kv_heads * head_size, kd);  // its layout, before any overlap
     opbridge::check_disjoint(op, "key", k, "query", query, kd, qd);
     opbridge::check_disjoint(op, "key", k, "positions", positions, kd, true);
     opbridge::check_disjoint(op, "key", k, "cos_sin_cache", cos_sin_cache, kd, true);
@@ -122,11 +122,12 @@ inline Dims check_args(int device, const TensorView& positions, const TensorView
   OPB_CHECK_DEVICE_LIKE(op, device, cos_sin_cache, positions);
   const int64_t num_heads = check_query_and_cache(op, positions, query, head_size, cos_sin_cache, int32_rows);
   // Tokens are numbered as positions' elements: with 2-D positions, seq of them at each batch index.
-  const StridedRows q_rows = strided_rows(op, "query", query, num_heads * head_size);  // before overlaps
+  const bool q_dense = query.IsContiguous();
+  const StridedRows q_rows = strided_rows(op, "query", query, num_heads * head_size, q_dense);  // before overlaps
   StridedRows k_rows = q_rows;
   if (key.has_value()) ::opbridge::check_device_like(op, device, "key", key.value(), "positions", positions);
   const int64_t num_kv_heads = check_key_and_overlaps(op, positions, query, key, head_size, cos_sin_cache,
-                                                      num_heads, int32_rows, &k_rows);
+                                                      num_heads, int32_rows, q_dense, &k_rows);
   return Dims{num_heads, num_kv_heads, cos_sin_cache.size(0), cos_sin_cache.size(1), q_rows, k_rows};
 }
 
