@@ -251,20 +251,21 @@ def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
     return check
 
 
+def accepted_rows(address: int, shape: Sequence[int], strides: Sequence[int], itemsize: int) -> ByteRows | None:
+    """:func:`byte_rows` of a tensor a kernel takes as an argument its op declares ``row_strided``
+    (``opbridge::rows::accepts``): contiguous, or of at least two dims (a kernel's rows lie within the
+    dims after the first); None for any other layout (*strides* in bytes)."""
+    rows = byte_rows(address, shape, strides, itemsize)
+    return rows if rows is not None and (rows[1] == 1 or len(shape) >= 2) else None
+
+
 def row_strided(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Whether a tensor of *shape* and element *strides* is rows at a stride, as a kernel takes an
     argument its op declares ``row_strided`` (``opbridge::row_stride``): contiguous, or of at least
     two dims, those after the first C-contiguous (dims of size 1 have any stride), the first any
-    stride at least that block apart. Negative strides and overlapping rows are not."""
-    n = len(shape)
-    row = 1
-    for k in range(n - 1, 0, -1):
-        if shape[k] != 1 and strides[k] != row:
-            return False
-        row *= shape[k]
-    if n == 0 or shape[0] <= 1 or row == 0 or strides[0] == row:
-        return True  # contiguous
-    return n >= 2 and strides[0] >= row  # a kernel's rows lie within the dims after the first
+    stride at least that block apart (:func:`accepted_rows`). Negative strides and overlapping rows
+    are not."""
+    return accepted_rows(0, shape, strides, 1) is not None
 
 
 def ndarray_rows(a: Any) -> bool:

@@ -225,12 +225,8 @@ struct StridedRows {
 
 // *dense*: t.IsContiguous(), where the caller has it.
 inline StridedRows strided_rows(const char* op, const char* arg, const TensorView& t, int64_t width, bool dense) {
-  if (dense) return StridedRows{width, 1, width};
-  if (t.ndim() <= 1 || width <= 0 || t.IsContiguous()) {
-    if (t.ndim() == 1 && !t.IsContiguous()) detail::fail_row_strided(op, arg, t);
-    return StridedRows{width, 1, width};
-  }
-  const int64_t stride = row_stride(op, arg, t);
+  if (dense || width <= 0) return StridedRows{width, 1, width};
+  const int64_t stride = row_stride(op, arg, t);  // names any other layout (a strided 1-D one included)
   int64_t block = 1;
   for (int k = 1; k < t.ndim(); ++k) block *= t.size(k);
   OPB_CHECK(block % width == 0, RuntimeError)
