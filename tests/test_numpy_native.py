@@ -144,7 +144,7 @@ def test_off_builds_and_loads_nothing() -> None:
     code = ("import numpy as np, opbridge.ops as ops\n"
             "from opbridge.adapters import numpy as npa\nfrom opbridge.adapters.numpy import native\n"
             "ops.add(np.ones(2, np.float32), np.ones(2, np.float32))\n"
-            "print(native.library(build_now=False) is None, native._BUILDER is None, "
+            "print(native.library(build_now=False) is None, native.ENTRY.builder is None, "
             "npa.entry_calls(ops.add.opdef))\n")
     env = {**os.environ, "OPBRIDGE_NUMPY_NATIVE": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
@@ -236,8 +236,8 @@ def test_writes_the_entry_leaves_to_python(entry: native.Library) -> None:
 
 
 def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (("_LIB", None), ("_BUILDER", None), ("_FAILED", False), ("_WAITING", [])):
-        monkeypatch.setattr(native, name, value)
+    for name, value in (("lib", None), ("builder", None), ("failed", False), ("waiting", [])):
+        monkeypatch.setattr(native.ENTRY, name, value)
 
 
 class _FakeChild:
@@ -260,14 +260,14 @@ def test_built_in_the_background_when_not_cached(entry: native.Library, monkeypa
     entered, release = threading.Event(), threading.Event()
     _fresh_state(monkeypatch)
     monkeypatch.setattr(jit, "cached_artifact", lambda spec: path if release.is_set() else None)
-    monkeypatch.setattr(native, "_start_child", lambda: _FakeChild(entered, release, (0, "")))
+    monkeypatch.setattr(native.ENTRY, "start_child", lambda: _FakeChild(entered, release, (0, "")))
     got: list[native.Library] = []
     native.when_ready(ops.add.opdef, got.append)
     assert entered.wait(10)
     native.when_ready(ops.gelu.opdef, got.append)  # while the compiler runs: must not wait for it
-    assert not got and native._BUILDER is not None and native._BUILDER.is_alive()
+    assert not got and native.ENTRY.builder is not None and native.ENTRY.builder.is_alive()
     release.set()
-    native._BUILDER.join(10)
+    native.ENTRY.builder.join(10)
     assert len(got) == 2 and got[0] is got[1] is native.loaded()
     native.when_ready(ops.rms_norm.opdef, got.append)  # loaded: runs at once
     assert len(got) == 3
@@ -281,14 +281,14 @@ def test_a_failed_build_warns_once_and_changes_nothing(monkeypatch: pytest.Monke
     released = threading.Event()
     released.set()
     log = "entry.cc:3:1: error: no compiler here\n"
-    monkeypatch.setattr(native, "_start_child", lambda: _FakeChild(threading.Event(), released, (1, log)))
+    monkeypatch.setattr(native.ENTRY, "start_child", lambda: _FakeChild(threading.Event(), released, (1, log)))
     got: list[Any] = []
     with pytest.warns(RuntimeWarning, match=r"NumPy calls stay on the Python fast path.*no compiler here"):
         native.when_ready(ops.add.opdef, got.append)
-        assert native._BUILDER is not None
-        native._BUILDER.join(10)
+        assert native.ENTRY.builder is not None
+        native.ENTRY.builder.join(10)
     native.when_ready(ops.gelu.opdef, got.append)
-    assert not got and native.loaded() is None and native._FAILED
+    assert not got and native.loaded() is None and native.ENTRY.failed
 
 
 SCALE_INPLACE_CC = """

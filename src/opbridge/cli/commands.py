@@ -129,24 +129,31 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if built == 0:
         print(f"nothing to build for {args.device}", file=sys.stderr)
     _build_torch_native()
-    _build_numpy_entry()
+    _build_c_entries()
     return EXIT_OK if ok else EXIT_FAILURE
 
 
-def _build_numpy_entry() -> None:
-    """Build NumPy's C entry (one per Python and NumPy version); a failure only warns."""
+def _build_c_entries() -> None:
+    """Build the C entries (one per Python, NumPy's also per NumPy version): NumPy's, and the DLPack
+    exchange entry where Paddle is installed; a failure only warns."""
+    import importlib.util
+
     from opbridge import config
 
-    if not config.numpy_native():
-        return
-    from opbridge.adapters.numpy import native
+    wanted = []
+    if config.numpy_native():
+        wanted.append(("NumPy C entry", "opbridge.adapters.numpy.native", "NumPy calls keep the Python fast path"))
+    if config.exchange_entry() and importlib.util.find_spec("paddle") is not None:
+        wanted.append(("DLPack exchange entry", "opbridge.call.exchange", "Paddle calls keep the Python fast path"))
+    from opbridge.call import c_entry
 
-    start = time.monotonic()
-    lib = native.library(build_now=True)
-    if lib is None:
-        err("NumPy C entry: not available (NumPy calls keep the Python fast path)")
-        return
-    print(f"NumPy C entry: {lib.path} ({time.monotonic() - start:.2f}s)")
+    for label, module, fallback in wanted:
+        start = time.monotonic()
+        lib = c_entry.module_entry(module).library(build_now=True)
+        if lib is None:
+            err(f"{label}: not available ({fallback})")
+            continue
+        print(f"{label}: {lib.path} ({time.monotonic() - start:.2f}s)")
 
 
 def _build_torch_native() -> None:

@@ -165,27 +165,39 @@ def _torch_native(torch_installed: bool) -> dict[str, Any]:
     return {"state": state, "path": lines[-2], "built": built}
 
 
-def _numpy_entry() -> dict[str, Any]:
-    """NumPy's C entry (``adapters/numpy/native.py``): built for this Python and NumPy, not yet, or off."""
-    if not config.numpy_native():
-        return {"state": "off (OPBRIDGE_NUMPY_NATIVE=0): NumPy calls take the Python fast path", "path": None,
-                "built": False}
+def _c_entry(module: str, off: str | None, first: str) -> dict[str, Any]:
+    """A C entry (:mod:`opbridge.call.c_entry`): built for this Python, not yet, or off (*off* says how;
+    None: on). *first* says which calls start its build."""
+    if off is not None:
+        return {"state": off, "path": None, "built": False}
     if not config.cache_dir().exists():  # looking must not create the cache
         path = None
     else:
-        from opbridge.adapters.numpy import native
-        from opbridge.build import jit
+        from opbridge.call import c_entry
         from opbridge.errors import OpbridgeError
 
         try:
-            path = jit.cached_artifact(native.spec())
+            path = c_entry.module_entry(module).cached()
         except (OpbridgeError, OSError) as e:
             return {"state": f"unknown: {e}", "path": None, "built": False}
     if path is None:
-        return {"state": "not built yet: `opbridge build` compiles it (a few seconds); the first NumPy call also "
+        return {"state": f"not built yet: `opbridge build` compiles it (a few seconds); the first {first} call also "
                          "starts it in the background, in a process that finishes even if the program exits first",
                 "path": None, "built": False}
     return {"state": "built", "path": str(path), "built": True}
+
+
+def _numpy_entry() -> dict[str, Any]:
+    """NumPy's C entry (``adapters/numpy/native.py``)."""
+    off = None if config.numpy_native() else "off (OPBRIDGE_NUMPY_NATIVE=0): NumPy calls take the Python fast path"
+    return _c_entry("opbridge.adapters.numpy.native", off, "NumPy")
+
+
+def _exchange_entry() -> dict[str, Any]:
+    """The DLPack exchange entry (``call/exchange.py``), which Paddle's calls go through first."""
+    off = (None if config.exchange_entry()
+           else "off (OPBRIDGE_EXCHANGE_ENTRY=0): Paddle calls take the Python fast path")
+    return _c_entry("opbridge.call.exchange", off, "Paddle")
 
 
 def _outputs() -> dict[str, Any]:
@@ -244,6 +256,7 @@ def doctor_report() -> dict[str, Any]:
         "frameworks": frameworks,
         "torch_native": _torch_native(frameworks["torch"]["installed"]),
         "numpy_entry": _numpy_entry(),
+        "exchange_entry": _exchange_entry(),
         "outputs": _outputs(),
     }
 
@@ -274,9 +287,10 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     native = r["torch_native"]
     where = f" ({native['path']})" if native["built"] else ""
     lines.append(f"{mark(native['built'])} torch shim  {native['state']}{where}")
-    entry = r["numpy_entry"]
-    where = f" ({entry['path']})" if entry["built"] else ""
-    lines.append(f"{mark(entry['built'])} numpy entry {entry['state']}{where}")
+    for key, label in (("numpy_entry", "numpy entry"), ("exchange_entry", "dlpack entry")):
+        entry = r[key]
+        where = f" ({entry['path']})" if entry["built"] else ""
+        lines.append(f"{mark(entry['built'])} {label} {entry['state']}{where}")
     out = r["outputs"]
     lines.append(f"{'-- ' if 'error' in out else '   '} outputs     {out['state']}")
     verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"

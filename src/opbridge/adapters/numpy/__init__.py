@@ -225,7 +225,7 @@ class NumpyAdapter:
                 })
 
             def with_entry(lib: native.Library) -> None:
-                entry, state = lib.entry(op, kern, dtypes, memory.MIN_BYTES)
+                entry, state = lib.entry(op, kern, memory.MIN_BYTES)
                 ENTRIES[op.qualname] = (lib, state)
                 install_prelude(op, "numpy", entry_prelude, {"_np_c": entry, "_np_nd": np.ndarray})
 

@@ -44,7 +44,7 @@ from opbridge.adapters.paddle._base import (
     target,
     write_back,
 )
-from opbridge.call import core, memory, overlap
+from opbridge.call import core, exchange, memory, overlap
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -199,8 +199,21 @@ def _refuse_grad(op: OpDef) -> Callable[..., Any]:
     return refuse
 
 
+#: Paddle's tensors for the DLPack exchange entry: exact ``paddle.Tensor``, nothing to record for autograd
+#: while grad is off or every tensor has ``stop_gradient``; a written argument's inplace version is bumped.
+EXCHANGE = exchange.Framework("paddle", T, _HAS_GRAD, "stop_gradient", "_bump_inplace_version",
+                              lambda d: str(d).rpartition(".")[2])
+
+
 def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
-    """The eager call of *op* on paddle tensors (:func:`fast_source`)."""
+    """The eager call of *op* on paddle tensors (:func:`fast_source`).
+
+    The DLPack exchange entry (:mod:`opbridge.call.exchange`), once loaded,
+    goes first in the op's public callable and takes what this call's fast
+    path would; this call takes the rest.
+    """
+    if "cpu" in op.kernels:
+        exchange.install(op, loader.kernel(op, "cpu"), EXCHANGE)
     run = make_checked(op)
     ns: dict[str, Any] = {
         "_T": T,

@@ -1,0 +1,151 @@
+"""The DLPack exchange entry (``exchange_entry.cc``): an op's public callable in C on any tensor type that
+exports DLPack's C exchange table (``__dlpack_c_exchange_api__``): Paddle's today.
+
+An adapter whose framework has the table asks :func:`install` for each op
+on its first call. Once the entry library is loaded (built in the background
+once per Python version: :class:`opbridge.call.c_entry.CEntry`), the op's
+public callable calls the entry first for arguments of that exact type; the
+entry runs what the adapter's Python fast path would (CPU tensors,
+contiguous or declared rows at a stride, a declared dtype, nothing to record
+for autograd, small outputs) and returns ``NotImplemented`` for the rest,
+which the adapter's own call then takes as before. ``OPBRIDGE_EXCHANGE_ENTRY=0``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opbridge import config
+from opbridge.call import c_entry, callable, memory
+
+if TYPE_CHECKING:
+    from opbridge.build.compile import BuildSpec
+    from opbridge.declare import OpDef
+
+SOURCE = Path(__file__).with_name("exchange_entry.cc")
+
+
+def exchange_table(array_type: type) -> int | None:
+    """The address of *array_type*'s DLPack exchange table, or None where it has none."""
+    capsule = getattr(array_type, "__dlpack_c_exchange_api__", None)
+    if capsule is None:
+        return None
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    try:
+        address: int | None = get(capsule, b"dlpack_exchange_api")
+    except ValueError:  # not a capsule of that name
+        return None
+    return address
+
+
+class Library:
+    """The loaded entry library."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may set Python errors
+        lib.opb_ex_entry.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.py_object,
+                                     ctypes.py_object, ctypes.py_object, ctypes.c_void_p, ctypes.py_object,
+                                     ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object,
+                                     ctypes.py_object, ctypes.c_int, ctypes.py_object, ctypes.c_int64]
+        lib.opb_ex_entry.restype = ctypes.py_object
+        lib.opb_ex_calls.argtypes = [ctypes.py_object]
+        lib.opb_ex_calls.restype = ctypes.c_int64
+        lib.opb_ex_live.restype = ctypes.c_int64
+        self.lib = lib
+        self.path = path
+
+    def entry(self, op: OpDef, kernel: Any, framework: Framework) -> tuple[Callable[..., Any], Any]:
+        """*op*'s builtin on *framework*'s tensors and the capsule of its state (for :meth:`calls`)."""
+        table = exchange_table(framework.tensor_type)
+        if table is None:
+            raise TypeError(f"{framework.tensor_type!r} has no DLPack exchange table")
+        fn, capsule = self.lib.opb_ex_entry(
+            framework.tensor_type, table, framework.grad_enabled, framework.no_grad_attr, framework.bump,
+            kernel, kernel.__chandle__(), *c_entry.op_facts(op, framework.dtype_name), memory.MIN_BYTES)
+        return fn, capsule
+
+    def calls(self, capsule: Any) -> int:
+        """How many calls the entry of *capsule*'s op completed itself."""
+        return int(self.lib.opb_ex_calls(capsule))
+
+    def live(self) -> int:
+        """How many outputs the entry made that their framework has not freed yet."""
+        return int(self.lib.opb_ex_live())
+
+
+class Framework:
+    """What the entry needs to know of one framework's tensors beyond the exchange table.
+
+    *name* keys its prelude in the op's callable; *tensor_type* is the exact
+    type the entry takes; *grad_enabled* ``() -> bool`` says whether the
+    framework records gradients now, and *no_grad_attr* names the tensor
+    attribute that is true when a tensor needs none (then the entry takes the
+    call: nothing to record); *bump* names a method to call on each argument
+    the kernel wrote (Paddle's inplace version), or None; *dtype_name* names
+    a framework dtype (``"float32"``).
+    """
+
+    def __init__(self, name: str, tensor_type: type, grad_enabled: Callable[[], bool], no_grad_attr: str,
+                 bump: str | None, dtype_name: Callable[[Any], str]) -> None:
+        self.name, self.tensor_type, self.grad_enabled = name, tensor_type, grad_enabled
+        self.no_grad_attr, self.bump, self.dtype_name = no_grad_attr, bump, dtype_name
+
+
+def spec() -> BuildSpec:
+    """The entry's build: this interpreter's headers, its ABI in the defines (the key)."""
+    from opbridge.build.compile import BuildSpec
+
+    abi = sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag
+    return BuildSpec(name="opbridge_exchange_entry", sources=(SOURCE,),
+                     include_dirs=(Path(sysconfig.get_paths()["include"]),), cflags=(f"-DOPB_PYTHON_ABI={abi}",))
+
+
+#: When the entry is built and loaded.
+ENTRY: c_entry.CEntry[Library] = c_entry.CEntry(
+    "the DLPack exchange C entry", __name__, spec, Library, config.exchange_entry,
+    "calls on tensors with a DLPack exchange table (Paddle's) stay on their Python fast path")
+
+#: qualname, framework name -> (the library, the op's state): :func:`entry_calls` reads the counter.
+ENTRIES: dict[tuple[str, str], tuple[Library, Any]] = {}
+#: (qualname, framework name) of every op :func:`install` was asked for
+_ASKED: set[tuple[str, str]] = set()
+
+
+def entry_calls(op: OpDef, framework: str) -> int | None:
+    """How many calls of *op* on *framework*'s tensors the entry completed itself (None: none here)."""
+    got = ENTRIES.get((op.qualname, framework))
+    return None if got is None else got[0].calls(got[1])
+
+
+def install(op: OpDef, kernel: Any, framework: Framework) -> None:
+    """Put the entry first in *op*'s public callable for *framework*'s tensors, once it is loaded.
+
+    Nothing happens where the tensor type has no exchange table, the kernel
+    is not a tvm-ffi function, or the entry cannot run the op
+    (:func:`opbridge.call.c_entry.takes`). Once per op and framework: a
+    later call (the adapter's call for a subclass) changes nothing.
+    """
+    key = (op.qualname, framework.name)
+    if key in _ASKED or exchange_table(framework.tensor_type) is None or not hasattr(kernel, "__chandle__"):
+        return
+    _ASKED.add(key)
+
+    def with_entry(lib: Library) -> None:
+        fn, state = lib.entry(op, kernel, framework)
+        ENTRIES[(op.qualname, framework.name)] = (lib, state)
+        names = [a.name for a in op.schema.arguments]
+        key = f"_ex_{framework.name}"
+        prelude = (f"    if type({names[op.dispatch_arg]}) is {key}_T:\n"
+                   f"        _ex_r = {key}_c({', '.join(names)})\n"
+                   "        if _ex_r is not NotImplemented:\n"
+                   "            return _ex_r\n")
+        callable.install_prelude(op, key, prelude, {f"{key}_T": framework.tensor_type, f"{key}_c": fn})
+
+    ENTRY.when_ready(op, with_entry)

@@ -1,0 +1,210 @@
+"""The DLPack exchange entry (opbridge.call.exchange) on Paddle: the calls it takes, the ones it leaves to Python."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from opbridge import loader, ops
+
+paddle = pytest.importorskip("paddle")
+
+from opbridge.adapters.paddle.eager import EXCHANGE  # noqa: E402
+from opbridge.call import c_entry, exchange  # noqa: E402
+from opbridge.testing.compare import assert_close  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def entry() -> exchange.Library:
+    if exchange.exchange_table(paddle.Tensor) is None:
+        pytest.skip("this Paddle has no DLPack exchange table")
+    lib = exchange.ENTRY.library(build_now=True)
+    if lib is None:
+        pytest.skip("the DLPack exchange entry could not be built here")
+    for op in ops.LIBRARY.ops.values():  # as each op's first call on paddle tensors does
+        exchange.install(op, loader.kernel(op, "cpu"), EXCHANGE)
+    return lib
+
+
+def _calls(name: str) -> int:
+    got = exchange.entry_calls(getattr(ops, name).opdef, "paddle")
+    assert got is not None, f"{name} has no exchange entry"
+    return got
+
+
+def _taken(name: str, *args: Any) -> Any:
+    before = _calls(name)
+    got = getattr(ops, name)(*args)
+    assert _calls(name) == before + 1, f"{name}: the entry did not take the call"
+    return got
+
+
+def _left(name: str, *args: Any) -> Any:
+    before = _calls(name)
+    got = getattr(ops, name)(*args)
+    assert _calls(name) == before, f"{name}: the entry took a call it must leave to Python"
+    return got
+
+
+def _t(a: np.ndarray) -> Any:
+    return paddle.to_tensor(a)
+
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_results_equal_the_reference(entry: exchange.Library, dtype: str) -> None:
+    x, y, g = (RNG.standard_normal((5, 64)).astype(dtype) for _ in range(3))
+    w = RNG.standard_normal(64).astype(dtype)
+    tol = {"rtol": 2e-3, "atol": 2e-3} if dtype == "float16" else {}
+    for name, args in (("add", (x, y)), ("gelu", (x,)), ("rms_norm", (x, w, 1e-6)),
+                       ("silu_and_mul", (x,)), ("gelu_and_mul", (x,)), ("gelu_backward", (g, x))):
+        op = getattr(ops, name).opdef
+        got = _taken(name, *map(lambda v: _t(v) if isinstance(v, np.ndarray) else v, args))
+        assert isinstance(got, paddle.Tensor) and got.is_contiguous() and got.stop_gradient
+        assert_close(got.numpy(), op.reference(*args), **tol)
+
+
+def test_outputs_shaped_by_a_shape_rule(entry: exchange.Library) -> None:
+    """silu_and_mul halves the last dim: the rule's answer, kept per signature, across shapes and dtypes."""
+    for shape, dt in (((3, 16), "float32"), ((3, 16), "float64"), ((2, 5, 8), "float32"), ((3, 16), "float32")):
+        x = RNG.standard_normal(shape).astype(dt)
+        got = _taken("silu_and_mul", _t(x))
+        assert got.shape == [*shape[:-1], shape[-1] // 2] and got.dtype == getattr(paddle, dt)
+        assert_close(got.numpy(), ops.silu_and_mul.opdef.reference(x))
+
+
+def test_bfloat16(entry: exchange.Library) -> None:
+    x = paddle.to_tensor(RNG.standard_normal((4, 32)).astype(np.float32)).astype("bfloat16")
+    got = _taken("add", x, x)
+    assert got.dtype == paddle.bfloat16
+    np.testing.assert_array_equal(got.astype("float32").numpy(), 2 * x.astype("float32").numpy())
+
+
+def test_ops_that_write_their_arguments(entry: exchange.Library) -> None:
+    """In place: the arguments are written where they lie, their inplace version bumped, None returned."""
+    x, res = RNG.standard_normal((4, 64)).astype(np.float32), RNG.standard_normal((4, 64)).astype(np.float32)
+    w = RNG.standard_normal(64).astype(np.float32)
+    tx, tres = _t(x), _t(res)
+    px, pres, v0 = tx.data_ptr(), tres.data_ptr(), tx._inplace_version()
+    assert _taken("fused_add_rms_norm", tx, tres, _t(w), 1e-6) is None
+    want_x, want_res = x.copy(), res.copy()
+    ops.fused_add_rms_norm.opdef.reference(want_x, want_res, w, 1e-6)  # writes its arguments, as the kernel
+    assert tx.data_ptr() == px and tres.data_ptr() == pres
+    assert_close(tres.numpy(), want_res)
+    assert_close(tx.numpy(), want_x)
+    assert tx._inplace_version() == v0 + 1 and tres._inplace_version() == v0 + 1
+
+
+def test_qkv_slices_are_taken_where_they_lie(entry: exchange.Library) -> None:
+    """rotary_embedding declares query and key row_strided: column slices of one qkv tensor, no copy."""
+    tokens, heads, size = 6, 2, 16
+    qkv = _t(RNG.standard_normal((tokens, 3 * heads * size)).astype(np.float32))
+    cache = _t(RNG.standard_normal((32, size)).astype(np.float32))
+    pos = _t(np.arange(tokens, dtype=np.int64))
+    q, k = qkv[:, :heads * size], qkv[:, heads * size:2 * heads * size]
+    assert not q.is_contiguous()
+    dense_q, dense_k = q.clone(), k.clone()
+    want = qkv.numpy().copy()
+    _taken("rotary_embedding", pos, q, k, size, cache, True)
+    ops.rotary_embedding(pos, dense_q, dense_k, size, cache, True)
+    want[:, :heads * size], want[:, heads * size:2 * heads * size] = dense_q.numpy(), dense_k.numpy()
+    np.testing.assert_array_equal(qkv.numpy(), want)  # the v third untouched too
+
+
+def test_calls_left_to_python(entry: exchange.Library) -> None:
+    """What the Python path must take: gradients to record, strided, undeclared dtypes, subclasses, pool sizes."""
+    x = _t(np.ones((4, 8), np.float32))
+    xg = x.clone()
+    xg.stop_gradient = False
+    y = _left("gelu", xg)
+    assert not y.stop_gradient
+    y.sum().backward()
+    assert xg.grad is not None
+    with paddle.no_grad():
+        _taken("gelu", xg)  # grad off: nothing to record
+    _taken("gelu", x)
+    _left("gelu", x[:, ::2])  # strided, not declared row_strided: one dense copy on the Python path
+    with pytest.raises(TypeError, match="dtype"):
+        _left("gelu", _t(np.ones(4, np.int32)))
+    param = paddle.create_parameter([4], "float32")
+    param.stop_gradient = True
+    _left("gelu", param)  # a subclass of paddle.Tensor
+    big = paddle.ones([1024, 1024])  # 4 MiB: the pool's output
+    np.testing.assert_array_equal(_left("add", big, big).numpy(), np.full((1024, 1024), 2, np.float32))
+
+
+def test_overlapping_written_arguments_are_named_by_python(entry: exchange.Library) -> None:
+    x = _t(np.ones((2, 64), np.float32))
+    w = _t(np.ones(64, np.float32))
+    before = _calls("fused_add_rms_norm")
+    with pytest.raises(ValueError, match="overlaps argument 'residual' in memory"):
+        ops.fused_add_rms_norm(x, x, w, 1e-6)
+    assert _calls("fused_add_rms_norm") == before
+
+
+def test_kernel_errors_are_raised_after_one_run(entry: exchange.Library) -> None:
+    """A bad shape reaches the kernel, whose error is raised as tvm-ffi raises it: never a second run."""
+    before = _calls("add")
+    with pytest.raises(ValueError, match="add"):
+        ops.add(_t(np.ones(3, np.float32)), _t(np.ones(4, np.float32)))
+    assert _calls("add") == before
+
+
+def test_outputs_are_freed(entry: exchange.Library) -> None:
+    """Every output the entry makes goes back when Paddle frees its tensor (Paddle 3.3 calls a DLPack deleter
+    only when manager_ctx is set: without it each one leaked)."""
+    x = _t(np.ones((8, 64), np.float32))
+    base = entry.live()
+    kept = [_taken("gelu", x) for _ in range(50)]
+    assert entry.live() == base + 50
+    del kept
+    for _ in range(1000):
+        ops.silu_and_mul(x)
+    assert entry.live() == base
+
+
+def test_threads(entry: exchange.Library) -> None:
+    x = _t(RNG.standard_normal((16, 64)).astype(np.float32))
+    want = 2 * x.numpy()
+    bad: list[str] = []
+    before = _calls("add")
+
+    def work() -> None:
+        for _ in range(200):
+            if not np.array_equal(ops.add(x, x).numpy(), want):
+                bad.append("wrong")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad and _calls("add") == before + 800
+
+
+def test_takes_the_ops_their_kernels_declare() -> None:
+    assert {name: c_entry.takes(op) for name, op in ops.LIBRARY.ops.items()} == dict.fromkeys(ops.LIBRARY.ops, True)
+
+
+def test_dl_codes_match_dlpack() -> None:
+    assert c_entry.dl_code("float32") == 2 | 32 << 8 | 1 << 16
+    assert c_entry.dl_code("bfloat16") == 4 | 16 << 8 | 1 << 16
+    assert c_entry.dl_code("bool") == 6 | 8 << 8 | 1 << 16
+
+
+def test_off_builds_and_loads_nothing() -> None:
+    code = ("import opbridge.ops as ops, paddle\nfrom opbridge.call import exchange\n"
+            "x = paddle.ones([2])\nops.add(x, x); ops.add(x, x)\n"
+            "print(exchange.ENTRY.loaded() is None, exchange.ENTRY.builder is None, "
+            "exchange.entry_calls(ops.add.opdef, 'paddle'))\n")
+    env = {**os.environ, "OPBRIDGE_EXCHANGE_ENTRY": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["True", "True", "None"]
