@@ -20,7 +20,7 @@ run() { echo "== $*"; "$@" || status=1; }
 run .venv/bin/lint-imports --no-cache
 # Core, build, CLI, torch and numpy (everything that is not another framework's).
 run .venv/bin/python -m pytest -q -p no:cacheprovider tests \
-  --ignore=tests/test_jax_adapter.py --ignore=tests/test_paddle_adapter.py \
+  --ignore=tests/test_jax_adapter.py --ignore=tests/test_paddle_adapter.py --ignore=tests/test_exchange_entry.py \
   --ignore=tests/test_mindspore_adapter.py --ignore=tests/conformance
 for fw in numpy torch paddle; do
   run env OPBRIDGE_FRAMEWORK=$fw .venv/bin/python -m pytest -q -p no:cacheprovider tests/conformance
@@ -28,7 +28,8 @@ done
 # int64 ops (rotary positions, advance_step) need JAX's 64-bit mode; JAX narrows int64 to int32 without it.
 run env OPBRIDGE_FRAMEWORK=jax JAX_ENABLE_X64=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/conformance
 [ -f tests/test_jax_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_jax_adapter.py
-[ -f tests/test_paddle_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_paddle_adapter.py
+[ -f tests/test_paddle_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_paddle_adapter.py \
+  tests/test_exchange_entry.py
 if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
   run env OPBRIDGE_FRAMEWORK=mindspore .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/conformance
   [ -f tests/test_mindspore_adapter.py ] && run .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/test_mindspore_adapter.py
