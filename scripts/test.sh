@@ -30,6 +30,9 @@ run env OPBRIDGE_FRAMEWORK=jax JAX_ENABLE_X64=1 .venv/bin/python -m pytest -q -p
 [ -f tests/test_jax_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_jax_adapter.py
 [ -f tests/test_paddle_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_paddle_adapter.py \
   tests/test_exchange_entry.py
+# Paddle's Python fast path, which its C entry (call/exchange.py) otherwise takes nearly every call from.
+[ -f tests/test_paddle_adapter.py ] && run env OPBRIDGE_EXCHANGE_ENTRY=0 .venv/bin/python -m pytest -q -p no:cacheprovider \
+  tests/test_paddle_adapter.py
 if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
   run env OPBRIDGE_FRAMEWORK=mindspore .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/conformance
   [ -f tests/test_mindspore_adapter.py ] && run .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/test_mindspore_adapter.py

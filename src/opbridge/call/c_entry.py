@@ -1,6 +1,6 @@
 """The C entries: an op's public callable in C, built beside the running program.
 
-A C entry (``opbridge/py_entry.h``) runs a call without a Python frame,
+A C entry (``call/py_entry.h``) runs a call without a Python frame,
 DLPack capsule or tvm-ffi's Python binding: it views each argument as a
 DLTensor, makes the outputs and calls the kernel through tvm-ffi's C API. It
 returns ``NotImplemented`` for anything it does not take, and the adapter's
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
 L = TypeVar("L")
+
+#: The directory of ``py_entry.h``, the C entries' shared call: an include directory of every entry's build
+#: (kept out of opbridge's kernel include directory, whose every change would rebuild every kernel library).
+SHARED_DIR = Path(__file__).resolve().parent
 
 _KINDS = {"int": 2, "float": 1, "bool": 3}
 MAX_ARGS = 16  # opbridge::entry::kMaxArgs: arguments and new outputs together

@@ -15,7 +15,7 @@
 //
 // What it saves on Paddle: _C_ops.empty (about 0.9 us a call: an output here costs about 0.6 us), the
 // DLPack conversion in tvm-ffi's Python binding, and the Python frames of the dispatch and the fast
-// path. The call itself is the C entries' shared one (opbridge/py_entry.h).
+// path. The call itself is the C entries' shared one (py_entry.h, beside it).
 //
 // It depends on the Python C ABI only (the framework is reached through the table), so it is built
 // once per interpreter, never into an op's kernel module.
@@ -24,7 +24,7 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/c_api.h>
 
-#include <opbridge/py_entry.h>
+#include "py_entry.h"  // the shared call
 
 #include <atomic>
 #include <cstdint>

@@ -1,10 +1,10 @@
 // NumPy's C entry (entry.cc), its arrays: how an ndarray argument is viewed as a DLTensor (View: what
 // the Python fast path takes, checked the same way in C; DLType: its element type) and how a new
 // output is made (PyArray_NewLikeArray, or PyArray_Empty for a shape rule's answer). entry.cc's
-// NumpyArrays hands them to the shared call (opbridge/py_entry.h).
+// NumpyArrays hands them to the shared call (py_entry.h).
 //
 // Included by entry.cc alone, after Python.h, NumPy's arrayobject.h (whose PY_ARRAY_UNIQUE_SYMBOL
-// entry.cc defines), tvm/ffi/c_api.h and opbridge/py_entry.h; like entry.cc, local to its translation
+// entry.cc defines), tvm/ffi/c_api.h and py_entry.h; like entry.cc, local to its translation
 // unit. The entry's cache key covers this file: the build hashes the headers a source includes with
 // quotes from beside itself (opbridge.build.compile.local_headers).
 #pragma once

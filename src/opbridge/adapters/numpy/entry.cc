@@ -19,7 +19,7 @@
 // It depends on the Python and NumPy C ABIs, so it is built per interpreter and NumPy version (the
 // build's defines carry both into the cache key), never into an op's kernel module.
 //
-// The call itself is the C entries' shared one (opbridge/py_entry.h: the op's state, scalars, the shape
+// The call itself is the C entries' shared one (call/py_entry.h: the op's state, scalars, the shape
 // rule's answers, the overlap test, the kernel call and its error). Here: NumPy's arrays for it
 // (NumpyArrays) and the C functions the Python side loads; how an ndarray is viewed and checked:
 // arrays.h, beside it.
@@ -30,7 +30,7 @@
 #include <numpy/arrayobject.h>
 #include <tvm/ffi/c_api.h>
 
-#include <opbridge/py_entry.h>
+#include <py_entry.h>  // the C entries' shared call (opbridge/call/, an include directory of this build)
 
 #include "arrays.h"  // View, DLType, NpyType
 
@@ -42,7 +42,7 @@ namespace {
 
 namespace entry = opbridge::entry;
 
-// NumPy's arrays for the shared call (opbridge/py_entry.h).
+// NumPy's arrays for the shared call (call/py_entry.h).
 struct NumpyArrays {
   using State = entry::OpState;
   using Out = PyObject*;
