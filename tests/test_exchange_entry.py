@@ -38,16 +38,16 @@ def _calls(name: str) -> int:
     return got
 
 
-def _taken(name: str, *args: Any) -> Any:
+def _taken(name: str, *args: Any, **kw: Any) -> Any:
     before = _calls(name)
-    got = getattr(ops, name)(*args)
+    got = getattr(ops, name)(*args, **kw)
     assert _calls(name) == before + 1, f"{name}: the entry did not take the call"
     return got
 
 
-def _left(name: str, *args: Any) -> Any:
+def _left(name: str, *args: Any, **kw: Any) -> Any:
     before = _calls(name)
-    got = getattr(ops, name)(*args)
+    got = getattr(ops, name)(*args, **kw)
     assert _calls(name) == before, f"{name}: the entry took a call it must leave to Python"
     return got
 
@@ -208,3 +208,31 @@ def test_off_builds_and_loads_nothing() -> None:
     env = {**os.environ, "OPBRIDGE_EXCHANGE_ENTRY": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["True", "True", "None"]
+
+
+def test_out_is_written_by_the_entry(entry: exchange.Library) -> None:
+    """out=: the entry's out= builtin writes the caller's tensor (its inplace version bumped) and returns it."""
+    x, y = _t(RNG.standard_normal((4, 16)).astype(np.float32)), _t(RNG.standard_normal((4, 16)).astype(np.float32))
+    o = paddle.empty([4, 16])
+    v0 = o._inplace_version()
+    assert _taken("add", x, y, out=o) is o
+    np.testing.assert_array_equal(o.numpy(), x.numpy() + y.numpy())
+    assert o._inplace_version() == v0 + 1
+    h = paddle.empty([4, 8])
+    assert _taken("silu_and_mul", x, out=h) is h
+    assert_close(h.numpy(), ops.silu_and_mul.opdef.reference(x.numpy()))
+    xc = x.clone()
+    assert _left("add", xc, y, out=xc) is xc  # out= is an input: Python's fresh buffer, copied back
+    np.testing.assert_array_equal(xc.numpy(), x.numpy() + y.numpy())
+    wide = paddle.zeros([4, 32])
+    _left("add", x, y, out=wide[:, ::2])  # strided out=: through a dense copy
+    np.testing.assert_array_equal(wide.numpy()[:, ::2], x.numpy() + y.numpy())
+    og = paddle.empty([4, 16])
+    og.stop_gradient = False
+    with pytest.raises(RuntimeError, match="out= does not support autograd"):
+        _left("add", x, y, out=og)
+    with paddle.no_grad():
+        assert _taken("add", x, y, out=og) is og
+    small = paddle.empty([2, 16])
+    with pytest.raises(ValueError, match="add"):
+        _left("add", x, y, out=small)  # the kernel's error, raised by the entry after one run

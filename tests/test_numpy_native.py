@@ -344,3 +344,44 @@ def test_entry_takes_row_strided_slices_and_leaves_other_layouts(entry: native.L
     with pytest.raises(ValueError, match="rotary_embedding: mutated argument 'query' overlaps argument 'key'"):
         ops.rotary_embedding(pos, qkv[:, :16], qkv[:, 8:16], 8, cache, True)
     assert _calls("rotary_embedding") == before
+
+
+def test_out_is_written_by_the_entry(entry: native.Library) -> None:
+    """out=: the entry's out= builtin writes the caller's array and returns it; what it cannot take, Python does."""
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((4, 16)).astype(np.float32), rng.standard_normal((4, 16)).astype(np.float32)
+    o = np.empty_like(x)
+    ops.add(x, y, out=o)  # a first call registers the op's NumPy path
+    before = _calls("add")
+    assert ops.add(x, y, out=o) is o and _calls("add") == before + 1
+    np.testing.assert_array_equal(o, x + y)
+    h = np.empty((4, 8), np.float32)  # a shape rule's op
+    ops.silu_and_mul(x, out=h)
+    before = _calls("silu_and_mul")
+    assert ops.silu_and_mul(x, out=h) is h and _calls("silu_and_mul") == before + 1
+    assert_close(h, ops.silu_and_mul.opdef.reference(x))
+    before = _calls("add")
+    xc = x.copy()
+    assert ops.add(xc, y, out=xc) is xc  # out= is an input: Python's fresh buffer, copied back
+    np.testing.assert_array_equal(xc, x + y)
+    wide = np.zeros((4, 32), np.float32)
+    ops.add(x, y, out=wide[:, ::2])  # strided out=: written through a dense copy
+    np.testing.assert_array_equal(wide[:, ::2], x + y)
+    np.testing.assert_array_equal(wide[:, 1::2], 0)
+    ro = np.empty_like(x)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ops.add(x, y, out=ro)
+    pair = np.empty_like(x)
+    assert ops.add(x, y, out=(pair,)) is pair
+    assert _calls("add") == before, "the entry took an out= it must leave to Python"
+
+
+def test_out_of_a_wrong_shape_raises_the_kernels_error_once(entry: native.Library) -> None:
+    x = np.ones((4, 16), np.float32)
+    small = np.full((2, 16), 7, np.float32)
+    ops.add(x, x, out=np.empty_like(x))
+    before = _calls("add")
+    with pytest.raises(ValueError, match="add"):
+        ops.add(x, x, out=small)
+    assert _calls("add") == before

@@ -100,6 +100,29 @@ def op_facts(op: OpDef, dtype_name: Callable[[Any], str]) -> tuple[Any, ...]:
             mutated, list(op.row_strided), op.dtype_arg, dtypes)
 
 
+def prelude_source(op: OpDef, array_type: str, fn: str) -> str:
+    """The public callable's lines (4-space indented) that hand a call whose dispatching argument is exactly
+    the global *array_type* to the entry builtin *fn* first (:func:`opbridge.call.callable.install_prelude`)."""
+    names = [a.name for a in op.schema.arguments]
+    return (f"    if type({names[op.dispatch_arg]}) is {array_type}:\n"
+            f"        _ce_r = {fn}({', '.join(names)})\n"
+            "        if _ce_r is not NotImplemented:\n"
+            "            return _ce_r\n")
+
+
+def out_prelude_source(op: OpDef, array_type: str, fn_out: str) -> str:
+    """The same for a call with ``out=`` (8-space indented, for ``install_prelude``'s *out_prelude*): the
+    entry's out= builtin *fn_out*, for an op with one new output that it returns, ``out`` one array of
+    that type; ``""`` for any other op."""
+    if not (op.accepts_out and op.n_outputs == 1 and list(op.return_sources) == [0]):
+        return ""
+    names = [a.name for a in op.schema.arguments]
+    return (f"        if type(out) is {array_type} and type({names[op.dispatch_arg]}) is {array_type}:\n"
+            f"            _ce_r = {fn_out}({', '.join(names)}, out)\n"
+            "            if _ce_r is not NotImplemented:\n"
+            "                return _ce_r\n")
+
+
 # The background build's child (opbridge.build.detached): argv is its niceness, then the module whose
 # ENTRY it builds.
 _CHILD = """\

@@ -4,7 +4,8 @@ exports DLPack's C exchange table (``__dlpack_c_exchange_api__``): Paddle's toda
 An adapter whose framework has the table asks :func:`install` for each op
 on its first call. Once the entry library is loaded (built in the background
 once per Python version: :class:`opbridge.call.c_entry.CEntry`), the op's
-public callable calls the entry first for arguments of that exact type; the
+public callable calls the entry first for arguments of that exact type (and
+its ``out=`` builtin for a call with ``out=`` one such tensor); the
 entry runs what the adapter's Python fast path would (CPU tensors,
 contiguous or declared rows at a stride, a declared dtype, nothing to record
 for autograd, small outputs) and returns ``NotImplemented`` for the rest,
@@ -61,15 +62,16 @@ class Library:
         self.lib = lib
         self.path = path
 
-    def entry(self, op: OpDef, kernel: Any, framework: Framework) -> tuple[Callable[..., Any], Any]:
-        """*op*'s builtin on *framework*'s tensors and the capsule of its state (for :meth:`calls`)."""
+    def entry(self, op: OpDef, kernel: Any, framework: Framework) -> tuple[Callable[..., Any], Callable[..., Any], Any]:
+        """*op*'s builtins on *framework*'s tensors (the call; the call with ``out=`` last) and the capsule of
+        its state (for :meth:`calls`)."""
         table = exchange_table(framework.tensor_type)
         if table is None:
             raise TypeError(f"{framework.tensor_type!r} has no DLPack exchange table")
-        fn, capsule = self.lib.opb_ex_entry(
+        fn, fn_out, capsule = self.lib.opb_ex_entry(
             framework.tensor_type, table, framework.grad_enabled, framework.no_grad_attr, framework.bump,
             kernel, kernel.__chandle__(), *c_entry.op_facts(op, framework.dtype_name), memory.MIN_BYTES)
-        return fn, capsule
+        return fn, fn_out, capsule
 
     def calls(self, capsule: Any) -> int:
         """How many calls the entry of *capsule*'s op completed itself."""
@@ -138,14 +140,11 @@ def install(op: OpDef, kernel: Any, framework: Framework) -> None:
     _ASKED.add(key)
 
     def with_entry(lib: Library) -> None:
-        fn, state = lib.entry(op, kernel, framework)
+        fn, fn_out, state = lib.entry(op, kernel, framework)
         ENTRIES[(op.qualname, framework.name)] = (lib, state)
-        names = [a.name for a in op.schema.arguments]
         key = f"_ex_{framework.name}"
-        prelude = (f"    if type({names[op.dispatch_arg]}) is {key}_T:\n"
-                   f"        _ex_r = {key}_c({', '.join(names)})\n"
-                   "        if _ex_r is not NotImplemented:\n"
-                   "            return _ex_r\n")
-        callable.install_prelude(op, key, prelude, {f"{key}_T": framework.tensor_type, f"{key}_c": fn})
+        callable.install_prelude(op, key, c_entry.prelude_source(op, f"{key}_T", f"{key}_c"),
+                                 {f"{key}_T": framework.tensor_type, f"{key}_c": fn, f"{key}_co": fn_out},
+                                 out_prelude=c_entry.out_prelude_source(op, f"{key}_T", f"{key}_co"))
 
     ENTRY.when_ready(op, with_entry)

@@ -125,8 +125,8 @@ struct ExchangeArrays {
   using State = ExchangeState;
   using Out = Owned*;
 
-  // The dispatching tensor's type, and nothing to record for autograd.
-  static bool Lead(State& st, PyObject* const* args) {
+  // The dispatching tensor's type, and nothing to record for autograd (out= included).
+  static bool Lead(State& st, PyObject* const* args, PyObject* out) {
     if (Py_TYPE(args[st.dtype_arg]) != st.type) return false;
     PyObject* on = PyObject_CallNoArgs(st.grad_enabled);
     if (on == nullptr) {
@@ -142,14 +142,20 @@ struct ExchangeArrays {
     if (grad == 0) return true;
     for (size_t i = 0; i < st.kinds.size(); ++i) {
       const int kind = st.kinds[i];
-      if ((kind != entry::kTensor && kind != entry::kOptionalTensor) || Py_TYPE(args[i]) != st.type) continue;
-      PyObject* no_grad = PyObject_GetAttr(args[i], st.no_grad_attr);
-      const int no = no_grad == nullptr ? -1 : PyObject_IsTrue(no_grad);
-      Py_XDECREF(no_grad);
-      if (no <= 0) {
-        PyErr_Clear();
-        return false;  // a tensor that needs a gradient: the Python path records it
-      }
+      if ((kind == entry::kTensor || kind == entry::kOptionalTensor) && !NoGrad(st, args[i])) return false;
+    }
+    return out == nullptr || NoGrad(st, out);
+  }
+
+  // Whether *t* (a tensor of the entry's type; anything else View refuses) needs no gradient.
+  static bool NoGrad(State& st, PyObject* t) {
+    if (Py_TYPE(t) != st.type) return true;
+    PyObject* no_grad = PyObject_GetAttr(t, st.no_grad_attr);
+    const int no = no_grad == nullptr ? -1 : PyObject_IsTrue(no_grad);
+    Py_XDECREF(no_grad);
+    if (no <= 0) {
+      PyErr_Clear();
+      return false;  // a tensor that needs a gradient: the Python path records it (or refuses out=)
     }
     return true;
   }
@@ -227,21 +233,30 @@ struct ExchangeArrays {
   }
 };
 
+ExchangeState& StateOf(PyObject* self) { return *static_cast<ExchangeState*>(PyCapsule_GetPointer(self, nullptr)); }
+
 PyObject* Entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return entry::Call<ExchangeArrays>(*static_cast<ExchangeState*>(PyCapsule_GetPointer(self, nullptr)), args,
-                                     nargs);
+  return entry::Call<ExchangeArrays>(StateOf(self), args, nargs);
+}
+
+PyObject* EntryOut(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return entry::CallWithOut<ExchangeArrays>(StateOf(self), args, nargs);
 }
 
 PyMethodDef entry_def = {
     "opbridge_exchange_entry", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Entry)), METH_FASTCALL,
     "The op on its schema's arguments in order; NotImplemented where the Python path must take the call."};
+PyMethodDef entry_out_def = {
+    "opbridge_exchange_entry_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(EntryOut)),
+    METH_FASTCALL, "The op on its schema's arguments in order, then out=; NotImplemented where the Python path "
+                   "must take the call."};
 
 }  // namespace
 
 // A new builtin for one op on tensors of *type*: *api* the type's exchange table (its capsule's
 // pointer), *grad_enabled*, *no_grad_attr* and *bump* as ExchangeState says (*bump* None: nothing to
-// call), then the op's facts (opbridge::entry::Init). Returns (builtin, capsule of its state) or None
-// with a Python error set.
+// call), then the op's facts (opbridge::entry::Init). Returns (builtin, out= builtin, capsule of its
+// state) or None with a Python error set.
 OPB_EX_EXPORT PyObject* opb_ex_entry(PyObject* type, void* api, PyObject* grad_enabled, PyObject* no_grad_attr,
                                      PyObject* bump, PyObject* kernel, void* handle, PyObject* kinds, PyObject* like,
                                      PyObject* rule, PyObject* returns, PyObject* mutated, PyObject* rows,
@@ -263,7 +278,7 @@ OPB_EX_EXPORT PyObject* opb_ex_entry(PyObject* type, void* api, PyObject* grad_e
   st->no_grad_attr = Py_NewRef(no_grad_attr);
   st->bump = bump == Py_None ? nullptr : Py_NewRef(bump);
   // never freed: builtins may outlive callers
-  return entry::Builtin(&entry_def, PyCapsule_New(st, nullptr, nullptr));
+  return entry::Builtins(&entry_def, &entry_out_def, PyCapsule_New(st, nullptr, nullptr));
 }
 
 // How many calls the entry of *capsule*'s op completed itself.

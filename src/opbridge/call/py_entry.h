@@ -14,7 +14,8 @@
 // Call<Arrays> is the whole call. Its Arrays policy supplies:
 //   using State = ...;    // OpState, or a struct derived from it with the framework's own facts
 //   using Out = ...;      // a new output before it is handed to Python
-//   static bool Lead(State&, PyObject* const* args);   // the dispatching argument's type; any gate
+//   static bool Lead(State&, PyObject* const* args, PyObject* out);  // the dispatching argument's type;
+//       // any gate (*out*: the caller's out=, or null)
 //   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides);
 //       // o as a DLTensor the kernel may read and write: contiguous, or, where *strides* is given (an
 //       // argument the op declares row_strided, at most kMaxRowsDims dims), rows at a stride
@@ -22,7 +23,7 @@
 //       // a new contiguous output shaped like *like* or by *spec*; false: none (no Python error left)
 //   static PyObject* Finish(State&, Out&);   // the output as a Python object (its reference moves)
 //   static void Drop(Out&);                  // an output never handed out
-//   static void Wrote(State&, PyObject* arg);  // after the kernel wrote argument *arg*
+//   static void Wrote(State&, PyObject* arg);  // after the kernel wrote argument (or out=) *arg*
 // Anything an entry does not take returns NotImplemented having written nothing the caller can see;
 // the Python path then takes the call with its own results and messages.
 //
@@ -215,12 +216,55 @@ inline bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi
   return false;
 }
 
+// The kernel on the arguments already viewed in *dl* and *ffi* (from index 1) and the caller's *out*:
+// Call's out= half. *out* is viewed dense into slot 0 and must share no byte with an argument (the
+// Python path then writes a fresh buffer and copies).
 template <class Arrays>
-PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, PyObject* out, DLTensor* dl, TVMFFIAny* ffi) {
+  const size_t n = st.kinds.size();
+  if (!Arrays::View(st, out, &dl[0], nullptr)) return NotHandled();
+  rows::ByteRows ro, ra;
+  if (!RowsOf(dl[0], &ro)) return NotHandled();
+  for (size_t i = 0; i < n; ++i) {
+    if (ffi[1 + i].type_index == kTVMFFIDLTensorPtr && (!RowsOf(dl[1 + i], &ra) || rows::meet(ro, ra))) {
+      return NotHandled();
+    }
+  }
+  ffi[0].type_index = kTVMFFIDLTensorPtr;
+  ffi[0].zero_padding = 0;
+  ffi[0].v_ptr = &dl[0];
+  TVMFFIAny result;
+  result.type_index = kTVMFFINone;
+  result.zero_padding = 0;
+  result.v_int64 = 0;
+  int rc;
+  if (Bytes(dl[0]) >= kReleaseGilBytes) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = TVMFFIFunctionCall(st.handle, ffi, static_cast<int32_t>(n + 1), &result);
+    Py_END_ALLOW_THREADS
+  } else {
+    rc = TVMFFIFunctionCall(st.handle, ffi, static_cast<int32_t>(n + 1), &result);
+  }
+  if (rc != 0) return set_python_error(take_raised_error());  // never a second run (raised_error.h)
+  if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
+  Arrays::Wrote(st, out);
+  for (int m : st.mutated) {
+    if (ffi[1 + m].type_index == kTVMFFIDLTensorPtr) Arrays::Wrote(st, args[m]);
+  }
+  st.calls.fetch_add(1, std::memory_order_relaxed);
+  return Py_NewRef(out);
+}
+
+// The call of the op on *args* (the schema's arguments in order): new outputs, or, with *out* (the
+// caller's out= of an op with one new output, which it returns), the kernel writes *out*, which must
+// be dense, of the entry's type and apart from every argument.
+template <class Arrays>
+PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs, PyObject* out = nullptr) {
   using Out = typename Arrays::Out;
   const size_t n = st.kinds.size(), n_out = st.n_out;
   if (static_cast<size_t>(nargs) != n || n + n_out > kMaxArgs) return NotHandled();
-  if (!Arrays::Lead(st, args)) return NotHandled();
+  if (out != nullptr && (n_out != 1 || st.returns.size() != 1 || st.returns[0] != 0)) return NotHandled();
+  if (!Arrays::Lead(st, args, out)) return NotHandled();
 
   DLTensor dl[kMaxArgs];
   TVMFFIAny ffi[kMaxArgs];
@@ -250,6 +294,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
   if (!declared) return NotHandled();
   // A written argument that overlaps another tensor: the Python path names the pair and raises.
   if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out)) return NotHandled();
+  if (out != nullptr) return CallInto<Arrays>(st, args, out, dl, ffi);
 
   const std::vector<OutSpec>* specs = nullptr;
   std::vector<OutSpec> spill;
@@ -372,19 +417,24 @@ inline bool Init(OpState* st, PyObject* kernel, void* handle, PyObject* kinds, P
   return true;
 }
 
-// A builtin running *fn* on the state in *capsule* (which it keeps), as (builtin, capsule); None with a
-// Python error set.
-inline PyObject* Builtin(PyMethodDef* def, PyObject* capsule) {
+// The builtins *def* (the call) and *def_out* (the call with out= last) on the state in *capsule*
+// (which they keep), as (builtin, out= builtin, capsule); None with a Python error set.
+inline PyObject* Builtins(PyMethodDef* def, PyMethodDef* def_out, PyObject* capsule) {
   if (capsule == nullptr) return nullptr;
   PyObject* fn = PyCFunction_NewEx(def, capsule, nullptr);
-  if (fn == nullptr) {
-    Py_DECREF(capsule);
-    return nullptr;
-  }
-  PyObject* pair = PyTuple_Pack(2, fn, capsule);
-  Py_DECREF(fn);
+  PyObject* fn_out = fn == nullptr ? nullptr : PyCFunction_NewEx(def_out, capsule, nullptr);
+  PyObject* triple = fn_out == nullptr ? nullptr : PyTuple_Pack(3, fn, fn_out, capsule);
+  Py_XDECREF(fn);
+  Py_XDECREF(fn_out);
   Py_DECREF(capsule);
-  return pair;
+  return triple;
+}
+
+// The call with out= (its last argument), for a builtin's METH_FASTCALL function.
+template <class Arrays>
+PyObject* CallWithOut(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) return NotHandled();
+  return Call<Arrays>(st, args, nargs - 1, args[nargs - 1]);
 }
 
 }  // namespace entry

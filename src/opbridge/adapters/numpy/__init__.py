@@ -38,7 +38,7 @@ import numpy as np
 from opbridge import loader
 from opbridge._tvm import tvm_ffi
 from opbridge.adapters.numpy import native
-from opbridge.call import core, memory, overlap
+from opbridge.call import c_entry, core, memory, overlap
 from opbridge.call.callable import install_prelude
 
 if TYPE_CHECKING:
@@ -225,9 +225,10 @@ class NumpyAdapter:
                 })
 
             def with_entry(lib: native.Library) -> None:
-                entry, state = lib.entry(op, kern, memory.MIN_BYTES)
+                entry, entry_out, state = lib.entry(op, kern, memory.MIN_BYTES)
                 ENTRIES[op.qualname] = (lib, state)
-                install_prelude(op, "numpy", entry_prelude, {"_np_c": entry, "_np_nd": np.ndarray})
+                install_prelude(op, "numpy", entry_prelude, {"_np_c": entry, "_np_co": entry_out, "_np_nd": np.ndarray},
+                                out_prelude=c_entry.out_prelude_source(op, "_np_nd", "_np_co"))
 
             native.when_ready(op, with_entry)
         return call

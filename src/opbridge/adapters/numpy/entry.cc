@@ -46,7 +46,7 @@ namespace entry = opbridge::entry;
 struct NumpyArrays {
   using State = entry::OpState;
   using Out = PyObject*;
-  static bool Lead(State& st, PyObject* const* args) { return Py_TYPE(args[st.dtype_arg]) == &PyArray_Type; }
+  static bool Lead(State& st, PyObject* const* args, PyObject*) { return Py_TYPE(args[st.dtype_arg]) == &PyArray_Type; }
   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides) { return ::View(o, d, strides); }
   static bool New(State&, PyObject* like, const DLTensor*, const entry::OutSpec* spec, Out* out, DLTensor* d) {
     if (spec != nullptr) {  // the shape rule's output
@@ -72,13 +72,23 @@ struct NumpyArrays {
 };
 
 // `self` is a capsule holding the op's state.
+entry::OpState& StateOf(PyObject* self) { return *static_cast<entry::OpState*>(PyCapsule_GetPointer(self, nullptr)); }
+
 PyObject* Entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return entry::Call<NumpyArrays>(*static_cast<entry::OpState*>(PyCapsule_GetPointer(self, nullptr)), args, nargs);
+  return entry::Call<NumpyArrays>(StateOf(self), args, nargs);
+}
+
+PyObject* EntryOut(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return entry::CallWithOut<NumpyArrays>(StateOf(self), args, nargs);
 }
 
 PyMethodDef entry_def = {
     "opbridge_numpy_entry", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Entry)), METH_FASTCALL,
     "The op on its schema's arguments in order; NotImplemented where the Python path must take the call."};
+PyMethodDef entry_out_def = {
+    "opbridge_numpy_entry_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(EntryOut)),
+    METH_FASTCALL, "The op on its schema's arguments in order, then out=; NotImplemented where the Python path "
+                   "must take the call."};
 
 }  // namespace
 
@@ -88,8 +98,8 @@ OPB_NP_EXPORT int opb_np_init() {
   return 0;
 }
 
-// A new builtin for one op, from the op's facts (opbridge::entry::Init says which). Returns
-// (builtin, capsule of its state) or None with a Python error set.
+// New builtins for one op, from the op's facts (opbridge::entry::Init says which). Returns (builtin,
+// out= builtin, capsule of its state) or None with a Python error set.
 OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* kinds, PyObject* like,
                                      PyObject* rule, PyObject* returns, PyObject* mutated, PyObject* rows,
                                      int dtype_arg, PyObject* dtypes, int64_t max_out_bytes) {
@@ -99,7 +109,7 @@ OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* k
     return nullptr;
   }
   // never freed: builtins may outlive callers
-  return entry::Builtin(&entry_def, PyCapsule_New(st, nullptr, nullptr));
+  return entry::Builtins(&entry_def, &entry_out_def, PyCapsule_New(st, nullptr, nullptr));
 }
 
 // How many calls the entry of *capsule*'s op completed itself.

@@ -58,12 +58,12 @@ class Library:
         self.lib = lib
         self.path = path
 
-    def entry(self, op: OpDef, kernel: Any, max_out_bytes: int) -> tuple[Callable[..., Any], Any]:
-        """*op*'s builtin and the capsule of its state (for :meth:`calls`); outputs of *max_out_bytes*
-        or more are left to the Python path."""
-        fn, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(), *c_entry.op_facts(op, _dtype_name),
-                                            max_out_bytes)
-        return fn, capsule
+    def entry(self, op: OpDef, kernel: Any, max_out_bytes: int) -> tuple[Callable[..., Any], Callable[..., Any], Any]:
+        """*op*'s builtins (the call; the call with ``out=`` last) and the capsule of its state (for
+        :meth:`calls`); new outputs of *max_out_bytes* or more are left to the Python path."""
+        fn, fn_out, capsule = self.lib.opb_np_entry(kernel, kernel.__chandle__(),
+                                                    *c_entry.op_facts(op, _dtype_name), max_out_bytes)
+        return fn, fn_out, capsule
 
     def calls(self, capsule: Any) -> int:
         """How many calls the entry of *capsule*'s op completed itself."""
