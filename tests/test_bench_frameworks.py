@@ -104,6 +104,22 @@ def test_worker_times_the_serving_ops(library_path: str, framework: str, in_plac
     assert fused["candidates"]["opbridge"] == "opbridge.ops.fused_add_rms_norm(input, residual, weight, eps)"
 
 
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_worker_times_out_calls(library_path: str, framework: str) -> None:
+    """``add_out`` and ``silu_and_mul_out``: the calls with out= a preallocated array, verified against the
+    framework's own op with out= (add exactly)."""
+    pytest.importorskip(framework)
+    code, doc = _worker(framework, "--rounds", "2", "--number", "5", "--module", library_path,
+                        "--ops", "add_out", "silu_and_mul_out")
+    assert code == 0 and doc["errors"] == {}
+    assert list(doc["sections"]) == ["add_out/eager/8", "silu_and_mul_out/eager/8x64"]
+    for row in doc["sections"].values():
+        _check_section(row)
+    add = doc["sections"]["add_out/eager/8"]
+    assert add["candidates"]["opbridge"] == "opbridge.ops.add(x, y, out=o)" and "out=o" in add["candidates"]["native"]
+    assert add["verified"] == "exact"
+
+
 def test_a_native_that_misses_a_written_argument_fails_verification(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both mutated arguments are compared: a formula that leaves residual alone is an error, not timed."""
     import numpy as np

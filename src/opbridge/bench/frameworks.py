@@ -14,7 +14,9 @@ Per-call time
     the gated ops give 8 x 32); ``rotary_embedding_qkv``, the same rotary on
     query and key column slices of one ``qkv`` tensor as vLLM passes them,
     and ``rms_norm_qkv``, rms_norm of such a query slice (not in JAX, which
-    has no views). Ops that mutate their arguments are checked
+    has no views); ``add_out`` and ``silu_and_mul_out``, the same calls with
+    ``out=`` an array made once, against the framework's own op with ``out=``
+    (NumPy, torch, Paddle). Ops that mutate their arguments are checked
     on fresh copies, every written argument compared, and timed in place:
 
     =========  ===================================================================
@@ -84,7 +86,8 @@ DESCRIPTION = (
     "framework's own op or formula, in one worker process per framework (numpy, torch, jax, paddle, "
     "mindspore PyNative, plus jax.jit and ms.jit sections), timed interleaved after checking results: add "
     "on 8 float32 elements, gelu and the serving ops (rms_norm, fused_add_rms_norm, rotary_embedding, "
-    "silu_and_mul, gelu_and_mul; rotary_embedding_qkv and rms_norm_qkv on column slices of one qkv) at 8 x 64, "
+    "silu_and_mul, gelu_and_mul; rotary_embedding_qkv and rms_norm_qkv on column slices of one qkv; "
+    "add_out and silu_and_mul_out with out=) at 8 x 64, "
     "chosen with "
     "--ops (--quick: add only); every worker loads the "
     "one cold-built op library; with --builds also the cold build of an equivalent add op with Paddle's "

@@ -23,17 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: The ops with per-call sections (``--ops``), in report order.
-PER_CALL_OPS = ("add", "gelu", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
-                "gelu_and_mul", "rotary_embedding_qkv", "rms_norm_qkv")
-#: Sections that call an op on views, and the op: ``rotary_embedding_qkv`` rotates ``query`` and
-#: ``key`` where vLLM passes them, column slices of one ``qkv`` tensor (``[q | k | v]``);
-#: ``rms_norm_qkv`` normalises such a query slice (a q-norm over one head of 64). Not in JAX, whose
-#: arrays have no views.
-VIEW_SECTIONS = {"rotary_embedding_qkv": "rotary_embedding", "rms_norm_qkv": "rms_norm"}
-#: The serving size: 8 tokens, hidden 64 (the gated ops' x; their result is (8, 32)).
-ROWS = (8, 64)
-_SMALL = (8,)
+from opbridge.bench.fw_inputs import OUT_SECTIONS, PER_CALL_OPS, SMALL, VIEW_SECTIONS, Cols, called_op, inputs, rand
+
+__all__ = ["OUT_SECTIONS", "PER_CALL_OPS", "SECTIONS", "VIEW_SECTIONS", "Section", "called_op", "inputs",
+           "shape_label"]
+
 _LARGE = (1024, 1024)
 _EPS = 1e-6
 _C = 0.7978845608028654  # sqrt(2/pi)
@@ -72,71 +66,6 @@ class Section:
     @property
     def key(self) -> str:
         return f"{self.op}/{self.mode}/{shape_label(self.shape)}"
-
-
-# -- inputs ---------------------------------------------------------------------------
-
-
-def _rand(shape: tuple[int, ...], seed: int) -> Any:
-    import numpy as np
-
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def inputs(op: str) -> tuple[tuple[int, ...], list[Any]]:
-    """The section's shape and *op*'s schema-ordered arguments (float32 NumPy arrays and scalars)."""
-    import numpy as np
-
-    from opbridge.bench.workloads import rope_cache, rope_heads, rope_shapes
-
-    if op == "add":
-        return _SMALL, [_rand(_SMALL, 0), _rand(_SMALL, 1)]
-    rng = np.random.default_rng(PER_CALL_OPS.index(op))
-
-    def f32(shape: tuple[int, ...]) -> Any:
-        return rng.standard_normal(shape).astype(np.float32)
-
-    hidden = ROWS[1]
-    if op in ("gelu", "silu_and_mul", "gelu_and_mul"):
-        return ROWS, [f32(ROWS)]
-    if op == "rms_norm":
-        return ROWS, [f32(ROWS), f32((hidden,)), _EPS]
-    if op == "fused_add_rms_norm":
-        # Timing calls it over and over on the same buffers. After the first call input = w * residual / r
-        # (r = rms(residual)), so each call sets residual *= 1 - |w| / r elementwise for negative weights,
-        # which keeps r <= max(r after the first call, max |w| = 1.5) however many calls run; positive
-        # weights would grow the residual by about |w| per call.
-        return ROWS, [f32(ROWS), f32(ROWS), -(0.5 + rng.random(hidden)).astype(np.float32), _EPS]
-    if op == "rotary_embedding":
-        # One head of 64 per token (bench kernels' geometry at this width), NeoX style; rotations keep
-        # query's and key's norms (up to rounding), so repeated calls on the same buffers stay bounded.
-        shapes = rope_shapes(ROWS)
-        max_position, rot_dim = shapes["cos_sin_cache"]
-        return shapes["query"], [rng.integers(0, max_position, shapes["positions"], dtype=np.int64),
-                                 f32(shapes["query"]), f32(shapes["key"]), rope_heads(hidden)[0],
-                                 rope_cache(max_position, rot_dim).astype(np.float32), True]
-    if op == "rotary_embedding_qkv":  # rotary_embedding's arguments, query and key placed in one qkv
-        shape, raw = inputs("rotary_embedding")
-        q, k = raw[1], raw[2]
-        qkv = np.concatenate([q, k, f32(k.shape)], axis=1)
-        n, m = q.shape[1], k.shape[1]
-        return shape, [raw[0], Cols(qkv, 0, n), Cols(qkv, n, n + m), *raw[3:]]
-    if op == "rms_norm_qkv":  # rms_norm's x, the query columns of one qkv
-        shape, raw = inputs("rms_norm")
-        x = raw[0]
-        qkv = np.concatenate([x, f32(x.shape), f32(x.shape)], axis=1)
-        return shape, [Cols(qkv, 0, x.shape[1]), *raw[1:]]
-    raise ValueError(f"no per-call inputs for {op!r}; per-call ops: {', '.join(PER_CALL_OPS)}")
-
-
-@dataclass(frozen=True)
-class Cols:
-    """A raw argument that is columns ``[start, stop)`` of the 2-D array *base*: a view of the one
-    framework tensor made from *base* for a call's arguments (:meth:`_Kit.args`)."""
-
-    base: Any
-    start: int
-    stop: int
 
 
 # -- one eager section per op, in any framework -------------------------------------------
@@ -186,21 +115,23 @@ def _ours(call: Callable[..., Callable[[], Any]], fn: Any, args: Sequence[Any]) 
 
 
 def _eager_sections(kit: _Kit, ops: Sequence[str]) -> list[Section]:
+    import numpy as np
+
     from opbridge import ops as opbridge_ops
     from opbridge.bench.verify import mutated
 
     sections = []
     for op in ops:
         shape, raw = inputs(op)
-        called = VIEW_SECTIONS.get(op, op)
+        called = called_op(op)
         fn = getattr(opbridge_ops, called)
         makes: dict[str, Factory] = {"opbridge": functools.partial(_ours, kit.call, fn),
-                                     "native": kit.natives[called]}
+                                     "native": kit.natives[op if op in OUT_SECTIONS else called]}
         written = mutated(fn.opdef)
         result = _fresh_result(kit, raw, written, makes) if written and kit.in_place else None
         names = ", ".join(a.name for a in fn.opdef.schema.arguments)
         ours = f"opbridge.ops.{called}({names})"
-        what = kit.what[called]
+        what = kit.what[op if op in OUT_SECTIONS else called]
         if op in VIEW_SECTIONS:
             views = ", ".join(f"{a.name} = qkv[:, {v.start}:{v.stop}]"
                               for a, v in zip(fn.opdef.schema.arguments, raw) if isinstance(v, Cols))
@@ -208,7 +139,15 @@ def _eager_sections(kit: _Kit, ops: Sequence[str]) -> list[Section]:
         if kit.waits:
             ours = f"jax.block_until_ready({ours})" if written else f"{ours}.block_until_ready()"
         args = kit.args(raw)
-        sections.append(Section(op, kit.mode, shape, makes["opbridge"](args), makes["native"](args),
+        if op in OUT_SECTIONS:  # each candidate its own out=, made once
+            zeros = np.zeros_like(fn.opdef.reference(*raw))
+            ours = f"opbridge.ops.{called}({names}, out=o)"
+            mine, theirs = kit.to(zeros), kit.to(zeros)
+            run_ours: Callable[[], Any] = functools.partial(fn, *args, out=mine)
+            run_native = makes["native"]([*args, theirs])
+        else:
+            run_ours, run_native = makes["opbridge"](args), makes["native"](args)
+        sections.append(Section(op, kit.mode, shape, run_ours, run_native,
                                 {"opbridge": ours, "native": what}, to_numpy=kit.to_numpy,
                                 sync=kit.sync, sync_note=kit.sync_note, result=result))
     return sections
@@ -253,7 +192,7 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
                                   "(float32 arrays stay float32)")
 
     def arr(shape: tuple[int, ...], seed: int) -> Any:
-        return jnp.asarray(_rand(shape, seed))
+        return jnp.asarray(rand(shape, seed))
 
     def to_np(a: Any) -> Any:
         return np.asarray(a)
@@ -261,7 +200,7 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
     kit = _Kit("eager", jnp.asarray, to_np, natives.natives("jax"), natives.descriptions("jax"),
                call=functools.partial(functools.partial, natives.jax_call),  # call(op, *a): waits too
                waits=True, in_place=False)
-    sections = _eager_sections(kit, [op for op in ops if op not in VIEW_SECTIONS])
+    sections = _eager_sections(kit, [op for op in ops if op not in VIEW_SECTIONS and op not in OUT_SECTIONS])
     jit_pairs: list[tuple[str, Callable[..., Any], Callable[..., Any], str, str, int]] = [
         ("add", lambda a, b: opbridge_ops.add(a, b), lambda a, b: a + b,
          "jax.jit(lambda x, y: ops.add(x, y))", "jax.jit(lambda x, y: x + y)", 2),
@@ -278,7 +217,7 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
     for op, ours, theirs, d_ours, d_theirs, nargs in jit_pairs:
         if op not in ops:
             continue
-        for shape in (_SMALL, _LARGE):
+        for shape in (SMALL, _LARGE):
             if op == "rms_norm":
                 args = (arr(shape, 2), arr(shape[-1:], 3))
             else:
@@ -292,6 +231,9 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
     info.update({"jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()]})
     skipped = {f"{op}/eager/{shape_label(inputs(op)[0])}": "JAX arrays have no views"
                for op in ops if op in VIEW_SECTIONS}
+    skipped.update({f"{op}/eager/{shape_label(inputs(op)[0])}": (
+        "JAX arrays are immutable: out= computes into a buffer jax.jit donates (README, 'On JAX')")
+        for op in ops if op in OUT_SECTIONS})
     return sections, skipped, info
 
 
@@ -344,17 +286,19 @@ def _mindspore_sections(ops: Sequence[str]) -> Sections:
     # opbridge rotates MindSpore's qkv slices in place (tests/conformance/test_row_strided.py); the native
     # formula cannot write them, so there is nothing to time it against.
     writes = [op for op in ops if op == "rotary_embedding_qkv"]
-    sections = _eager_sections(kit, [op for op in ops if op not in writes])
+    sections = _eager_sections(kit, [op for op in ops if op not in writes and op not in OUT_SECTIONS])
     skipped: dict[str, str] = {
         f"{op}/pynative/{shape_label(inputs(op)[0])}": (
             "no native in-place formula: MindSpore's Tensor.copy_ does not write a non-contiguous CPU view "
             "(it warns 'cannot use CPU inplace copy normally' and the qkv tensor keeps its old values)")
         for op in writes}
+    skipped.update({f"{op}/pynative/{shape_label(inputs(op)[0])}": "MindSpore's own ops take no out= to time against"
+                    for op in ops if op in OUT_SECTIONS})
     extra: dict[str, Any] = {}
     if "add" not in ops:
         return sections, skipped, extra
-    x, y = ms.Tensor(_rand(_SMALL, 0)), ms.Tensor(_rand(_SMALL, 1))
-    key = f"add/ms.jit/{shape_label(_SMALL)}"
+    x, y = ms.Tensor(rand(SMALL, 0)), ms.Tensor(rand(SMALL, 1))
+    key = f"add/ms.jit/{shape_label(SMALL)}"
     try:
         from opbridge.adapters import mindspore as adapter
 
@@ -364,7 +308,7 @@ def _mindspore_sections(ops: Sequence[str]) -> Sections:
         ours(x, y).asnumpy()  # compiles; raises if graph mode is not supported
         theirs(x, y).asnumpy()
         sections.append(Section(
-            "add", "ms.jit", _SMALL, functools.partial(ours, x, y), functools.partial(theirs, x, y),
+            "add", "ms.jit", SMALL, functools.partial(ours, x, y), functools.partial(theirs, x, y),
             {"opbridge": "ms.jit(def f(x, y): return opbridge.ops.add(x, y))",
              "native": "ms.jit(def f(x, y): return mindspore.ops.add(x, y))"},
             to_numpy=to_np, sync=sync, sync_note=note))

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench.fw_sections import PER_CALL_OPS, SECTIONS, VIEW_SECTIONS, Section
+from opbridge.bench.fw_sections import PER_CALL_OPS, SECTIONS, Section, called_op
 from opbridge.bench.timing import dist_version, interleaved, summary
 
 #: Bumped when the document's layout changes.
@@ -93,13 +93,13 @@ def _verify(section: Section) -> str:
 
     from opbridge import ops
 
-    opdef = getattr(ops, VIEW_SECTIONS.get(section.op, section.op)).opdef
+    opdef = getattr(ops, called_op(section.op)).opdef
     written = [a.name for a in opdef.schema.mutated_args]
     ours, theirs = _outcome(section, "opbridge"), _outcome(section, "native")
     if len(ours) != len(theirs) or not ours:
         raise AssertionError(f"opbridge gave {len(ours)} result(s), native {len(theirs)}")
     names = written if len(written) == len(ours) else [f"result {i}" for i in range(len(ours))]
-    exact = section.op == "add"
+    exact = called_op(section.op) == "add"
     rtol, atol = (0.0, 0.0) if exact else opdef.tolerance("float32")
     for name, got, want in zip(names, ours, theirs):
         if got.shape != want.shape or got.dtype != want.dtype:

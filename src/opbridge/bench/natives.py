@@ -113,9 +113,15 @@ def _numpy() -> dict[str, Factory]:
             x2 += x1 * sin
             x1[...] = o1
 
+    def silu_and_mul_out(x: Any, out: Any) -> Any:
+        a, b = _halves(x)
+        np.divide(a, 1.0 + np.exp(-a), out=out)
+        return np.multiply(out, b, out=out)
+
     return {"add": bind(np.add), "gelu": bind(gelu), "rms_norm": bind(rms),
             "silu_and_mul": bind(silu_and_mul), "gelu_and_mul": bind(gelu_and_mul),
-            "fused_add_rms_norm": bind(fused_add_rms_norm), "rotary_embedding": bind(rotary_embedding)}
+            "fused_add_rms_norm": bind(fused_add_rms_norm), "rotary_embedding": bind(rotary_embedding),
+            "add_out": bind(np.add), "silu_and_mul_out": bind(silu_and_mul_out)}
 
 
 # -- torch ------------------------------------------------------------------------
@@ -128,6 +134,10 @@ def _torch() -> dict[str, Factory]:
     from opbridge.bench.torch_formulas import torch_impls
 
     impls = torch_impls()
+
+    def silu_and_mul_out(x: Any, out: Any) -> Any:
+        a, b = _halves(x)
+        return torch.mul(F.silu(a), b, out=out)
 
     def first(new: Callable[..., tuple[Any, ...]]) -> Factory:
         return lambda a: lambda: new(*a)[0]
@@ -147,6 +157,8 @@ def _torch() -> dict[str, Factory]:
         "gelu_and_mul": first(impls["gelu_tanh_and_mul"][0].new),
         "fused_add_rms_norm": in_place("fused_add_rms_norm"),
         "rotary_embedding": in_place("rotary_embedding"),
+        "add_out": lambda a: functools.partial(torch.add, a[0], a[1], out=a[2]),
+        "silu_and_mul_out": bind(silu_and_mul_out),
     }
 
 
@@ -240,6 +252,9 @@ def _paddle() -> dict[str, Factory]:
         residual.add_(x)
         paddle.assign(rms(residual, w, eps), output=x)
 
+    def silu_and_mul_out(x: Any, out: Any) -> Any:
+        return paddle.assign(F.swiglu(x) if hasattr(F, "swiglu") else silu_and_mul(x), output=out)
+
     xp = _Xp(lambda ts, axis: paddle.concat(ts, axis=axis), lambda ts, axis: paddle.stack(ts, axis=axis),
              paddle.index_select)
 
@@ -258,6 +273,8 @@ def _paddle() -> dict[str, Factory]:
         "gelu_and_mul": bind(gelu_and_mul),
         "fused_add_rms_norm": bind(fused_add_rms_norm),
         "rotary_embedding": bind(rotary_embedding),
+        "add_out": lambda a: functools.partial(paddle.add, a[0], a[1], out=a[2]),
+        "silu_and_mul_out": bind(silu_and_mul_out),
     }
 
 

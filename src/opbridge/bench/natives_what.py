@@ -24,6 +24,8 @@ _NUMPY_WHAT = {
                           "into input (np.divide(..., out=input), np.multiply(input, w, out=input))",
     "rotary_embedding": "in place on views of query and key: gather the cos/sin rows, o1 = x1 cos - x2 sin, "
                         "x2 *= cos, x2 += x1 sin, x1[...] = o1",
+    "add_out": "np.add(x, y, out=o)",
+    "silu_and_mul_out": "np.divide(a, 1 + np.exp(-a), out=o); np.multiply(o, b, out=o), x = [a | b]",
 }
 
 
@@ -39,7 +41,8 @@ def _torch_what() -> dict[str, str]:
             "silu_and_mul": impls["silu_and_mul"][0].what,
             "gelu_and_mul": impls["gelu_tanh_and_mul"][0].what,
             "fused_add_rms_norm": impls["fused_add_rms_norm"][0].out_note,
-            "rotary_embedding": impls["rotary_embedding"][0].out_note}
+            "rotary_embedding": impls["rotary_embedding"][0].out_note,
+            "add_out": "torch.add(x, y, out=o)", "silu_and_mul_out": "torch.mul(F.silu(a), b, out=o), x = [a | b]"}
 
 
 # -- jax --------------------------------------------------------------------------
@@ -67,6 +70,9 @@ def _paddle_what() -> dict[str, str]:
                               "output=input)",
         "rotary_embedding": "index_select the cos/sin rows, rotate halves (NeoX) or pairs (GPT-J), concat; "
                             "paddle.assign(..., output=query) and key",
+        "add_out": "paddle.add(x, y, out=o)",
+        "silu_and_mul_out": ("paddle.assign(F.swiglu(x), output=o)" if hasattr(F, "swiglu")
+                             else "paddle.assign(F.silu(a) * b, output=o), x = [a | b]"),
     }
 
 
