@@ -140,7 +140,10 @@ def install(op: OpDef, kernel: Any, framework: Framework) -> None:
     _ASKED.add(key)
 
     def with_entry(lib: Library) -> None:
-        fn, fn_out, state = lib.entry(op, kernel, framework)
+        try:
+            fn, fn_out, state = lib.entry(op, kernel, framework)
+        except TypeError:  # a table of another DLPack major version: the Python path stays
+            return
         ENTRIES[(op.qualname, framework.name)] = (lib, state)
         key = f"_ex_{framework.name}"
         callable.install_prelude(op, key, c_entry.prelude_source(op, f"{key}_T", f"{key}_c"),

@@ -33,6 +33,8 @@
 #include <new>
 #include <vector>
 
+#include <pthread.h>
+
 #define OPB_EX_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
@@ -64,7 +66,12 @@ class Buffers {
   static constexpr size_t kKeepBytes = size_t(8) << 20;
 
   static Buffers& Instance() {
-    static Buffers* b = new Buffers();  // never destroyed: tensors may be freed at exit
+    static Buffers* b = [] {
+      auto* made = new Buffers();  // never destroyed: tensors may be freed at exit
+      // A child forked while another thread held the lock would wait for it forever: it starts unlocked.
+      pthread_atfork(nullptr, nullptr, [] { new (&Instance().mu_) std::mutex(); });
+      return made;
+    }();
     return *b;
   }
   // A buffer of at least *bytes* (64-byte aligned), its class in *cls*; null when out of memory.
