@@ -1039,3 +1039,25 @@ def test_large_out_under_jit_needs_no_fresh_memory() -> None:
         z = f(x, z).block_until_ready()
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3 < 50
     assert float(z[0, 0]) == 2.0
+
+
+def test_seen_eager_calls_skip_the_type_lookup() -> None:
+    """A call on concrete arrays of a seen signature runs the jitted executable from the op's public callable
+    (the adapter's prelude), without the dispatch table; anything else still takes the table."""
+    x = jnp.arange(8, dtype=jnp.float32)
+    ops.add(x, x)  # the first call resolves the adapter, installs the prelude and records the signature
+    table = ops.add.__globals__["_table"]
+    saved = table[type(x)]
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the dispatch table was consulted")
+
+    table[type(x)] = refuse
+    try:
+        np.testing.assert_array_equal(np.asarray(ops.add(x, x)), 2 * np.arange(8, dtype=np.float32))
+        with pytest.raises(AssertionError, match="dispatch table"):
+            ops.add(jnp.arange(5, dtype=jnp.float32), jnp.arange(5, dtype=jnp.float32))  # a new shape: the table
+    finally:
+        table[type(x)] = saved
+    assert "jax" in ops.add.opdef.preludes
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: ops.add(a, a))(x)), 2 * np.asarray(x))

@@ -109,6 +109,7 @@ from opbridge.adapters.jax.targets import REGISTERED as _REGISTERED  # noqa: F40
 from opbridge.adapters.jax.targets import target_name
 from opbridge.adapters.jax.variant import DRY_RUN_MAX_BYTES, MIN_POOL_ELEMENTS, Variant
 from opbridge.call import core
+from opbridge.call.callable import install_prelude
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -171,6 +172,7 @@ class _JaxOp:
         self.small_avals: set[Any] = set()
         self.sized = (not self.mutated_idx and op.n_outputs > 0
                       and op.dispatch_arg in self.tensor_idx)
+        self.prelude_installed = False
 
     @staticmethod
     def raw_scalar(v: Any) -> Any:
@@ -267,34 +269,51 @@ class _JaxOp:
         rets = () if n == 0 else rets if n > 1 else (rets,)
         return (*(muts.get(i) for i in self.mutated_idx), *rets)
 
-    def make_call(self, concrete: type) -> Callable[..., Any]:
-        """A call specialised to the schema: concrete arrays and seen statics take one dict lookup."""
+    def fast_lines(self, indent: str, prefix: str = "_") -> list[str]:
+        """Lines that call the op's jitted executable for concrete arrays of a seen signature (one dict lookup)
+        and return; the globals they use start with *prefix* (:meth:`fast_names`)."""
         names = [a.name for a in self.op.schema.arguments]
         tensors = [names[i] for i in self.tensor_idx]
         key = "".join(f"{names[i]}, type({names[i]}), " for i in self.scalar_idx)
         key += "".join(f"{names[i]} is None, " for i in self.optional_tensor_idx)  # the variant's None pattern
         optional = {names[i] for i in self.optional_tensor_idx}
-        conds = [f"({t} is None or type({t}) is _A)" if t in optional else f"type({t}) is _A" for t in tensors]
-        op = self.op
+        conds = [f"({t} is None or type({t}) is {prefix}A)" if t in optional else f"type({t}) is {prefix}A"
+                 for t in tensors]
         if self.sized:
             # Large arrays may have outputs for opbridge's pool (Variant.eager): the checked path.
             # Avals the checked path has seen small (30 ns; `.size` takes 100, `.nbytes` 550).
-            conds.append(f"{names[op.dispatch_arg]}.aval in _small")
-        src = (f"def call({', '.join(names)}):\n"
-               f"    if {' and '.join(conds)}:\n"
-               f"        try:\n"
-               f"            f = _fast.get(({key}))\n"
-               f"        except TypeError:  # an unhashable static: a list, a traced value\n"
-               f"            f = None\n"
-               f"        if f is not None:\n"
-               f"            return f({', '.join(tensors)})\n"
-               f"    return _general({', '.join(names)})\n")
-        ns: dict[str, Any] = {"_A": concrete, "_fast": self.fast, "_general": self.general,
-                              "_small": self.small_avals}
+            conds.append(f"{names[self.op.dispatch_arg]}.aval in {prefix}small")
+        return [f"{indent}if {' and '.join(conds)}:",
+                f"{indent}    try:",
+                f"{indent}        {prefix}f = {prefix}fast.get(({key}))",
+                f"{indent}    except TypeError:  # an unhashable static: a list, a traced value",
+                f"{indent}        {prefix}f = None",
+                f"{indent}    if {prefix}f is not None:",
+                f"{indent}        return {prefix}f({', '.join(tensors)})"]
+
+    def fast_names(self, concrete: type, prefix: str = "_") -> dict[str, Any]:
+        """The globals of :meth:`fast_lines`."""
+        return {f"{prefix}A": concrete, f"{prefix}fast": self.fast, f"{prefix}small": self.small_avals}
+
+    def make_call(self, concrete: type) -> Callable[..., Any]:
+        """A call specialised to the schema: concrete arrays and seen statics take one dict lookup."""
+        names = [a.name for a in self.op.schema.arguments]
+        src = "\n".join([f"def call({', '.join(names)}):", *self.fast_lines("    "),
+                         f"    return _general({', '.join(names)})"]) + "\n"
+        ns: dict[str, Any] = {**self.fast_names(concrete), "_general": self.general}
         compile_source(src, f"<opbridge jax call {self.op.qualname}>", ns)
         call: Callable[..., Any] = ns["call"]
         call.__name__ = self.op.name
         return call
+
+    def install_prelude(self, concrete: type) -> None:
+        """Put :meth:`fast_lines` in the op's public callable (once): a call of a seen signature on concrete
+        arrays then skips the type lookup and this adapter's frame."""
+        if self.prelude_installed:
+            return
+        self.prelude_installed = True
+        install_prelude(self.op, "jax", "\n".join(self.fast_lines("    ", "_jx_")) + "\n",
+                        self.fast_names(concrete, "_jx_"))
 
 
 class JaxAdapter:
@@ -305,7 +324,9 @@ class JaxAdapter:
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         """The call for *op* on arrays of *array_type* (a concrete array or a tracer type)."""
         concrete = array_type if not issubclass(array_type, jax.core.Tracer) else type(jnp.zeros(()))
-        return _jop(op).make_call(concrete)
+        jop = _jop(op)
+        jop.install_prelude(type(jnp.zeros(())))
+        return jop.make_call(concrete)
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
         """``out=``: the result in the (donated) buffers of *outs*; see :mod:`opbridge.adapters.jax.out`."""
