@@ -973,3 +973,33 @@ def test_large_outputs_reuse_memory_and_alias_the_kernels_buffer(name: str) -> N
     assert out.asnumpy()[0, 0] == (2.0 if name == "add" else pytest.approx(1.0, rel=1e-5))
     view = adapter.views.host_view(out)
     assert view.ctypes.data == out.data_ptr()  # the tensor is the kernel's buffer: no copy on the way out
+
+
+def test_out_calls_take_the_generated_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """out= one dense tensor apart from the arguments: the generated call writes it, no checked call; an out=
+    that is an input, or strided, goes to the checked call, which gives the same results."""
+    from opbridge.adapters.mindspore import eager
+
+    checked: list[str] = []
+    real = eager.run_with_out
+
+    def spy(op: opbridge.OpDef, kernel: Any, args: Any, outs: Any) -> Any:
+        checked.append(op.name)
+        return real(op, kernel, args, outs)
+
+    x = _t(np.random.default_rng(7).standard_normal((3, 16)))
+    y = _t(np.random.default_rng(8).standard_normal((3, 16)))
+    buf = Tensor(np.zeros((3, 16), np.float32))
+    ops.add(x, y, out=buf)  # the first call installs the generated out= call
+    monkeypatch.setattr(eager, "run_with_out", spy)
+    assert ops.add(x, y, out=buf) is buf and checked == []
+    np.testing.assert_array_equal(_np(buf), _np(x) + _np(y))
+    h = Tensor(np.zeros((3, 8), np.float32))
+    assert ops.silu_and_mul(x, out=h) is h
+    assert_close(_np(h), ops.silu_and_mul.opdef.reference(_np(x)))
+    xc = Tensor(_np(x).copy())
+    assert ops.add(xc, y, out=xc) is xc  # out= is an input: the checked call's fresh buffer
+    np.testing.assert_array_equal(_np(xc), _np(x) + _np(y))
+    assert checked == ["add"]
+    with pytest.raises(ValueError, match="rms_norm: out must have the same shape as x"):
+        ops.rms_norm(x, _t(np.ones(16)), out=Tensor(np.zeros(16, np.float32)))

@@ -48,9 +48,9 @@ from mindspore import Tensor
 
 from opbridge import loader
 from opbridge.adapters.mindspore import graph, lambdas
-from opbridge.adapters.mindspore.eager import is_tensor, make_eager, requires_grad, run_checked
+from opbridge.adapters.mindspore.eager import make_eager, make_eager_out, run_with_out
 from opbridge.adapters.mindspore.support import unsupported_reason
-from opbridge.call.core import validate_args
+from opbridge.call.callable import install_prelude
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
@@ -104,8 +104,20 @@ class MindSporeAdapter:
     name = "mindspore"
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
-        """The op's eager call on MindSpore tensors (see the module docstring)."""
+        """The op's eager call on MindSpore tensors (see the module docstring).
+
+        The op's call with ``out=`` one tensor goes, from its public callable,
+        to a generated call too (:func:`.eager.make_eager_out`).
+        """
         register(op.library)
+        if "mindspore" not in op.preludes:
+            fast_out = make_eager_out(op)
+            if fast_out is not None:
+                names = [a.name for a in op.schema.arguments]
+                lead = names[op.dispatch_arg]
+                install_prelude(op, "mindspore", "", {"_ms_T": Tensor, "_ms_out": fast_out},
+                                out_prelude=(f"        if type(out) is _ms_T and type({lead}) is _ms_T:\n"
+                                             f"            return _ms_out({', '.join(names)}, out)\n"))
         return make_eager(op)
 
     def register(self, lib: Library) -> None:
@@ -120,15 +132,7 @@ class MindSporeAdapter:
         dtypes; a strided one is written through a dense copy). Returns the
         op's results per schema, *outs* themselves for new outputs.
         """
-        validate_args(op, args, is_tensor, "a mindspore.Tensor")
-        for i, o in enumerate(outs):
-            if not isinstance(o, Tensor):
-                raise TypeError(f"{op.name}: out[{i}] must be a mindspore.Tensor, got {type(o).__name__}")
-        if requires_grad():
-            raise RuntimeError(f"{op.name}: out= writes into existing tensors, which MindSpore cannot "
-                               f"differentiate; call it outside mindspore.grad / value_and_grad or "
-                               f"without out=")
-        return run_checked(op, loader.kernel(op, "cpu"), args, outs)
+        return run_with_out(op, loader.kernel(op, "cpu"), args, outs)
 
 
 ADAPTER = MindSporeAdapter()

@@ -150,13 +150,25 @@ def host_views_of(op: OpDef, outs: Sequence[Tensor]) -> list[np.ndarray]:
             f"for MindSpore tensors; pass CPU tensors") from None
 
 
-def eager_source(op: OpDef) -> str:
-    """Source of the op's eager call, specialised to its schema (no loops, no lookups)."""
+def takes_fast_out(op: OpDef) -> bool:
+    """Whether *op* has a generated ``out=`` call (:func:`eager_source` with *out*): one new output, returned."""
+    return op.accepts_out and op.n_outputs == 1 and list(op.return_sources) == [0]
+
+
+def eager_source(op: OpDef, out: bool = False) -> str:
+    """Source of the op's eager call, specialised to its schema (no loops, no lookups).
+
+    With *out*, the call with ``out=`` one tensor (:func:`takes_fast_out`):
+    the kernel writes it where it lies when it is dense and shares no byte
+    with an argument; anything else takes :func:`run_with_out`'s checked call.
+    """
     args = op.schema.arguments
     names = [a.name for a in args]
     sig = ", ".join(names)
     tup = f"({sig},)"
-    lines = [f"def {op.name}({sig}):", "    if _requires_grad():", f"        return _on_tape({sig})",
+    slow = f"_checked_out({tup}, out)" if out else f"_checked({tup})"
+    lines = [f"def {op.name}({sig}{', out' if out else ''}):", "    if _requires_grad():",
+             f"        return {'_checked_out(' + tup + ', out)' if out else '_on_tape(' + sig + ')'}",
              "    _sync()", "    try:"]
     kernel_args = []
     for i, a in enumerate(args):
@@ -166,25 +178,54 @@ def eager_source(op: OpDef) -> str:
             kernel_args.append(f"_a{i}")
         else:
             kernel_args.append(a.name)
+    if out:
+        lines.append("        _b0 = _arg(out)")
     lead = names[op.dtype_arg]  # the argument whose dtype the declared dtypes constrain
     # Not a tensor, not on the CPU, a dtype NumPy cannot view, strided: the checked call says or does it.
     guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
-    lines += ["    except Exception:", f"        return _checked({tup})",
-              f"    if {' or '.join(guards)}:", f"        return _checked({tup})"]
+    lines += ["    except Exception:", f"        return {slow}",
+              f"    if {' or '.join(guards)}:", f"        return {slow}"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
                                 rows=("{s}, {e} = (_sp := {t}.data_ptr(), _sp + {t}.nbytes) if {t}.is_contiguous() "
                                       "else _rspan({t})", "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs
-    pairs = [f"_p{j}" for j in range(n_out)]
-    lines += ["    " + s for s in alloc_source(op, names, pairs, "_alloc({x}.shape, {x}.dtype)", "_from_rule({args})")]
-    for j in range(n_out):
-        lines.append(f"    _o{j}, _b{j} = _p{j}")
-    outs = [f"_o{j}" for j in range(n_out)]
+    if out:
+        # out= must be dense and apart from every tensor argument (the checked call writes a fresh buffer)
+        lines += ["    if not out.is_contiguous():", f"        return {slow}",
+                  "    _so = out.data_ptr(); _eo = _so + out.nbytes"]
+        for a in args:
+            if a.type.is_tensor:
+                span = (f"(_sp := {a.name}.data_ptr(), _sp + {a.name}.nbytes) if {a.name}.is_contiguous() "
+                        f"else _rspan({a.name})")
+                test = f"{a.name} is not None and " if a.type.optional else ""
+                lines += [f"    if {test}_so < _eo:", f"        _s, _e = {span}",
+                          f"        if _s < _eo and _so < _e and _s != _e: return {slow}"]
+        outs = ["out"]
+    else:
+        pairs = [f"_p{j}" for j in range(n_out)]
+        lines += ["    " + s for s in alloc_source(op, names, pairs, "_alloc({x}.shape, {x}.dtype)",
+                                                     "_from_rule({args})")]
+        for j in range(n_out):
+            lines.append(f"    _o{j}, _b{j} = _p{j}")
+        outs = [f"_o{j}" for j in range(n_out)]
     lines += ["    try:", f"        _k({', '.join([*(f'_b{j}' for j in range(n_out)), *kernel_args])})",
               "    except (TypeError, ValueError):",
-              f"        return _checked({tup})  # a strided input (dense copies), or the kernel's named error"]
-    lines += returns_source(op, names, outs, "    ")
+              f"        return {slow}  # a strided input (dense copies), or the kernel's named error"]
+    lines += ["    return out"] if out else returns_source(op, names, outs, "    ")
     return "\n".join(lines) + "\n"
+
+
+def run_with_out(op: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
+    """*op* into the caller's tensors *outs* (``out=``) with every check: PyNative only, no gradients."""
+    validate_args(op, args, is_tensor, "a mindspore.Tensor")
+    for i, o in enumerate(outs):
+        if not isinstance(o, Tensor):
+            raise TypeError(f"{op.name}: out[{i}] must be a mindspore.Tensor, got {type(o).__name__}")
+    if requires_grad():
+        raise RuntimeError(f"{op.name}: out= writes into existing tensors, which MindSpore cannot "
+                           f"differentiate; call it outside mindspore.grad / value_and_grad or "
+                           f"without out=")
+    return run_checked(op, kernel, args, outs)
 
 
 def on_tape_call(op: OpDef) -> Callable[..., Any]:
@@ -255,5 +296,22 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
         "_pack": lambda a, o: pack_results(op, a, o),
     }
     compile_source(eager_source(op), f"<opbridge mindspore {op.qualname}>", ns)
+    fn: Callable[..., Any] = ns[op.name]
+    return fn
+
+
+def make_eager_out(op: OpDef) -> Callable[..., Any] | None:
+    """The op's generated call with ``out=`` (its last argument), or None (:func:`takes_fast_out`)."""
+    if not takes_fast_out(op):
+        return None
+    kern = loader.kernel(op, "cpu")
+    ns: dict[str, Any] = {
+        "_requires_grad": requires_grad, "_sync": sync, "_arg": kernel_arg, "_dtypes": framework_dtypes(op, ms_dtype),
+        "_checked_out": lambda a, o: run_with_out(op, kern, a, (o,)),
+        "_alias": lambda a: check_no_alias(op, host_views(op, a), _view_span, NDARRAY_SHARES),
+        "_rspan": lambda t: _view_span(host_view(t)), "_exact": lambda a, b: NDARRAY_SHARES(host_view(a), host_view(b)),
+        "_k": kern,
+    }
+    compile_source(eager_source(op, out=True), f"<opbridge mindspore {op.qualname} out=>", ns)
     fn: Callable[..., Any] = ns[op.name]
     return fn
