@@ -41,6 +41,7 @@
 
 namespace opbridge {
 namespace entry {
+namespace {  // internal linkage: each entry's translation unit inlines and optimises its own copy
 
 enum Kind : int { kTensor = 0, kFloat = 1, kInt = 2, kBool = 3, kOptionalTensor = 4 };
 
@@ -437,5 +438,6 @@ PyObject* CallWithOut(typename Arrays::State& st, PyObject* const* args, Py_ssiz
   return Call<Arrays>(st, args, nargs - 1, args[nargs - 1]);
 }
 
+}  // namespace
 }  // namespace entry
 }  // namespace opbridge
