@@ -141,13 +141,14 @@ class CEntry(Generic[L]):
     *what* names it in messages (``"NumPy's C entry"``), *module* is the module
     whose ``ENTRY`` this is (the build's child imports it), *spec* gives its
     build, *load* loads a built library, *enabled* says whether it is on, and
-    *fallback* says what the program does without it (for the warning).
+    *fallback* says what the program does without it (for the warning), and
+    *per* what it is built once for (for the progress line).
     """
 
     def __init__(self, what: str, module: str, spec: Callable[[], BuildSpec], load: Callable[[Path], L],
-                 enabled: Callable[[], bool], fallback: str) -> None:
+                 enabled: Callable[[], bool], fallback: str, per: str = "Python version") -> None:
         self.what, self.module, self.spec, self.load, self.enabled = what, module, spec, load, enabled
-        self.fallback = fallback
+        self.fallback, self.per = fallback, per
         self.lock = threading.RLock()
         self.lib: L | None = None
         self.failed = False
@@ -270,7 +271,7 @@ class CEntry(Generic[L]):
                                             daemon=True)
             self.builder.start()
         if config.show_progress():
-            print(f"opbridge: building {self.what} in the background (once per Python version; it finishes "
+            print(f"opbridge: building {self.what} in the background (once per {self.per}; it finishes "
                   f"even if this program exits first); until it is ready, {self.fallback}", file=sys.stderr)
 
 

@@ -98,7 +98,8 @@ def enabled() -> bool:
 
 #: When the entry is built and loaded.
 ENTRY: c_entry.CEntry[Library] = c_entry.CEntry(
-    "NumPy's C entry", __name__, spec, Library, enabled, "NumPy calls stay on the Python fast path")
+    "NumPy's C entry", __name__, spec, Library, enabled, "NumPy calls stay on the Python fast path",
+    per="Python and NumPy version")
 
 
 def loaded() -> Library | None:
