@@ -221,7 +221,7 @@ inline bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi
 // Call's out= half. *out* is viewed dense into slot 0 and must share no byte with an argument (the
 // Python path then writes a fresh buffer and copies).
 template <class Arrays>
-PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, PyObject* out, DLTensor* dl, TVMFFIAny* ffi) {
+[[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, PyObject* out, DLTensor* dl, TVMFFIAny* ffi) {
   const size_t n = st.kinds.size();
   if (!Arrays::View(st, out, &dl[0], nullptr)) return NotHandled();
   rows::ByteRows ro, ra;
@@ -348,7 +348,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
     return set_python_error(err);
   }
   if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
-  PyObject* done[kMaxArgs] = {};
+  PyObject* done[kMaxArgs];
   for (size_t k = 0; k < n_out; ++k) {
     done[k] = Arrays::Finish(st, outs[k]);
     if (done[k] == nullptr) {  // the kernel ran: raise (a Python error is set), never hand the call on
