@@ -219,9 +219,11 @@ inline bool Overlaps(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi
 
 // The kernel on the arguments already viewed in *dl* and *ffi* (from index 1) and the caller's *out*:
 // Call's out= half. *out* is viewed dense into slot 0 and must share no byte with an argument (the
-// Python path then writes a fresh buffer and copies).
+// Python path then writes a fresh buffer and copies). Out of line: inlined into Call, it cost NumPy's
+// shape-rule calls 0.02-0.035 us.
 template <class Arrays>
-[[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, PyObject* out, DLTensor* dl, TVMFFIAny* ffi) {
+[[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, PyObject* out, DLTensor* dl,
+                                     TVMFFIAny* ffi) {
   const size_t n = st.kinds.size();
   if (!Arrays::View(st, out, &dl[0], nullptr)) return NotHandled();
   rows::ByteRows ro, ra;

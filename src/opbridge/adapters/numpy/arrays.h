@@ -37,7 +37,11 @@ int NpyType(int code) {
   switch (t.code) {
     case kDLFloat: return t.bits == 16 ? NPY_HALF : t.bits == 32 ? NPY_FLOAT : t.bits == 64 ? NPY_DOUBLE : -1;
     case kDLInt:
-      return t.bits == 8 ? NPY_INT8 : t.bits == 16 ? NPY_INT16 : t.bits == 32 ? NPY_INT32 : t.bits == 64 ? NPY_INT64 : -1;
+      return t.bits == 8    ? NPY_INT8
+             : t.bits == 16 ? NPY_INT16
+             : t.bits == 32 ? NPY_INT32
+             : t.bits == 64 ? NPY_INT64
+                            : -1;
     case kDLUInt:
       return t.bits == 8    ? NPY_UINT8
              : t.bits == 16 ? NPY_UINT16
