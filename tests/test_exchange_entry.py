@@ -236,3 +236,16 @@ def test_out_is_written_by_the_entry(entry: exchange.Library) -> None:
     small = paddle.empty([2, 16])
     with pytest.raises(ValueError, match="add"):
         _left("add", x, y, out=small)  # the kernel's error, raised by the entry after one run
+
+
+def test_each_entrys_key_covers_the_shared_call() -> None:
+    """Both entries' builds hash the shared call's headers (call/py_entry.h, entry_state.h) and their own."""
+    from opbridge.adapters.numpy import native
+    from opbridge.build import compile as bcompile
+
+    shared = {"py_entry.h", "entry_state.h"}
+    assert shared <= {name for name, _ in bcompile.local_headers(exchange.spec())}
+    numpy_spec = native.spec()
+    assert c_entry.SHARED_DIR in numpy_spec.include_dirs  # an include directory: every header in it is hashed
+    assert {name for name, _ in bcompile.local_headers(numpy_spec)} == {"arrays.h"}
+    assert shared <= {p.name for p in c_entry.SHARED_DIR.glob("*.h")}
