@@ -297,3 +297,34 @@ def test_shim_key_names_the_environment_it_links(monkeypatch: pytest.MonkeyPatch
     here = build.cache_key()
     monkeypatch.setattr(build.torch, "__file__", "/another/env/site-packages/torch/__init__.py")
     assert build.cache_key() != here
+
+
+def test_first_calls_from_many_threads_load_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads that all make an op's first call get one kernel object, and the native kernels are handed it
+    once: a second one would replace the first while another thread may still be calling it."""
+    import threading
+    import time
+
+    from opbridge import loader
+
+    op = ops.gelu.opdef
+    real = loader.kernel
+    loads: list[str] = []
+    handed: list[Any] = []
+
+    def slow_kernel(o: opbridge.OpDef, device: str) -> Any:
+        loads.append(o.name)
+        time.sleep(0.05)  # wide enough for every thread to arrive while the first loads
+        return real(o, device)
+
+    monkeypatch.setattr(loader, "kernel", slow_kernel)
+    monkeypatch.setattr(native, "kernel_loaded", lambda o, d, k: handed.append(k))
+    monkeypatch.delitem(calls._KERNELS, (op.qualname, "cpu"), raising=False)
+    got: list[Any] = []
+    threads = [threading.Thread(target=lambda: got.append(calls.kernel(op, "cpu"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loads == ["gelu"] and len(handed) == 1
+    assert len(got) == 8 and all(k is got[0] for k in got)

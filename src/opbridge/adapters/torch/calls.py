@@ -15,6 +15,7 @@ calls pay nothing for it.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -273,12 +274,23 @@ def lazy_kernel(op: OpDef, device: str, ns: dict[str, Any]) -> Callable[..., Any
 _KERNELS: dict[tuple[str, str], Any] = {}
 
 
+_KERNEL_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
 def kernel(op: OpDef, device: str) -> Any:
-    """*op*'s compiled kernel for *device* (loaded, or built, on first request)."""
-    k = _KERNELS.get((op.qualname, device))
+    """*op*'s compiled kernel for *device*, loaded (or built) on the first request, once whichever threads
+    ask: the native kernels get one kernel object per op and device (:func:`native.kernel_loaded`)."""
+    key = (op.qualname, device)
+    k = _KERNELS.get(key)
     if k is None:
-        k = _KERNELS[(op.qualname, device)] = loader.kernel(op, device)
-        native.kernel_loaded(op, device, k)
+        with _LOCKS_LOCK:
+            lock = _KERNEL_LOCKS.setdefault(key, threading.Lock())
+        with lock:  # per op and device: another op's first call never waits for this one's build
+            k = _KERNELS.get(key)
+            if k is None:
+                k = _KERNELS[key] = loader.kernel(op, device)
+                native.kernel_loaded(op, device, k)
     return k
 
 

@@ -229,12 +229,13 @@ __attribute__((visibility("default"))) PyObject* opb_register(PyObject* spec) {
   return nullptr;
 }
 
-// Hand the op's compiled kernel for a device (0: CPU, 1: CUDA) to its native kernels.
+// Hand the op's compiled kernel for a device (0: CPU, 1: CUDA) to its native kernels. A kernel it
+// replaces (two threads' first calls can each load one) is kept, never released: a call on another
+// thread may have read it and still be calling it, since RunKernel holds no reference of its own.
 __attribute__((visibility("default"))) void opb_set_kernel(void* handle, int device, void* kernel) {
   auto* st = static_cast<OpState*>(handle);
   if (kernel != nullptr) TVMFFIObjectIncRef(kernel);
-  TVMFFIObjectHandle old = st->kernel[device].exchange(kernel, std::memory_order_acq_rel);
-  if (old != nullptr) TVMFFIObjectDecRef(old);
+  st->kernel[device].exchange(kernel, std::memory_order_acq_rel);  // the old one stays alive (above)
 }
 
 // How many calls of the op the native routine completed.
