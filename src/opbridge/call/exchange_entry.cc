@@ -183,7 +183,9 @@ struct ExchangeArrays {
       d->strides = nullptr;
       return true;
     }
-    if (strides == nullptr || d->ndim < 2 || d->ndim > entry::kMaxRowsDims) return false;
+    // rows at a stride, for an argument the op declares row_strided (opbridge/byte_rows.h's one rule)
+    if (strides == nullptr || d->ndim > entry::kMaxRowsDims) return false;
+    if (!opbridge::rows::accepts(d->ndim, d->shape, d->strides)) return false;
     for (int k = 0; k < d->ndim; ++k) strides[k] = d->strides[k];  // the framework's, valid until we return
     d->strides = strides;
     return true;
@@ -240,27 +242,9 @@ struct ExchangeArrays {
   }
 };
 
-ExchangeState& StateOf(PyObject* self) { return *static_cast<ExchangeState*>(PyCapsule_GetPointer(self, nullptr)); }
-
-PyObject* Entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return entry::Call<ExchangeArrays>(StateOf(self), args, nargs);
-}
-
-PyObject* EntryOut(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return entry::CallWithOut<ExchangeArrays>(StateOf(self), args, nargs);
-}
-
-PyMethodDef entry_def = {
-    "opbridge_exchange_entry", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Entry)), METH_FASTCALL,
-    "The op on its schema's arguments in order; NotImplemented where the Python path must take the call."};
-PyMethodDef entry_out_def = {
-    "opbridge_exchange_entry_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(EntryOut)),
-    METH_FASTCALL, "The op on its schema's arguments in order, then out=; NotImplemented where the Python path "
-                   "must take the call."};
-
 }  // namespace
 
-// A new builtin for one op on tensors of *type*: *api* the type's exchange table (its capsule's
+// New builtins for one op on tensors of *type*: *api* the type's exchange table (its capsule's
 // pointer), *grad_enabled*, *no_grad_attr* and *bump* as ExchangeState says (*bump* None: nothing to
 // call), then the op's facts (opbridge::entry::Init). Returns (builtin, out= builtin, capsule of its
 // state) or None with a Python error set.
@@ -284,15 +268,11 @@ OPB_EX_EXPORT PyObject* opb_ex_entry(PyObject* type, void* api, PyObject* grad_e
   st->grad_enabled = Py_NewRef(grad_enabled);
   st->no_grad_attr = Py_NewRef(no_grad_attr);
   st->bump = bump == Py_None ? nullptr : Py_NewRef(bump);
-  // never freed: builtins may outlive callers
-  return entry::Builtins(&entry_def, &entry_out_def, PyCapsule_New(st, nullptr, nullptr));
+  return entry::Builtins<ExchangeArrays>(st, "opbridge_exchange_entry", "opbridge_exchange_entry_out");
 }
 
 // How many calls the entry of *capsule*'s op completed itself.
-OPB_EX_EXPORT int64_t opb_ex_calls(PyObject* capsule) {
-  auto* st = static_cast<ExchangeState*>(PyCapsule_GetPointer(capsule, nullptr));
-  return st == nullptr ? -1 : st->calls.load(std::memory_order_relaxed);
-}
+OPB_EX_EXPORT int64_t opb_ex_calls(PyObject* capsule) { return entry::Calls<ExchangeArrays>(capsule); }
 
 // How many outputs the entry made that their framework has not freed yet (a leak test's count).
 OPB_EX_EXPORT int64_t opb_ex_live() { return live.load(std::memory_order_relaxed); }

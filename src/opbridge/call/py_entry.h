@@ -9,7 +9,7 @@
 //     signature (RuleSpecs), the test that an argument the op writes shares no memory with another
 //     (Overlaps): entry_state.h;
 //   - the kernel call, the error it raises (opbridge/raised_error.h: never a second run), the returns,
-//     out=, and the builtins: here.
+//     out=, and the builtins that run it (Builtins, Calls): here.
 //
 // Call<Arrays> is the whole call. Its Arrays policy supplies:
 //   using State = ...;    // OpState, or a struct derived from it with the framework's own facts
@@ -225,12 +225,40 @@ inline bool Init(OpState* st, PyObject* kernel, void* handle, PyObject* kinds, P
   return true;
 }
 
-// The builtins *def* (the call) and *def_out* (the call with out= last) on the state in *capsule*
-// (which they keep), as (builtin, out= builtin, capsule); None with a Python error set.
-inline PyObject* Builtins(PyMethodDef* def, PyMethodDef* def_out, PyObject* capsule) {
+// The state an entry's builtin holds (its `self`, a capsule made by Builtins).
+template <class Arrays>
+typename Arrays::State& StateOf(PyObject* capsule) {
+  return *static_cast<typename Arrays::State*>(PyCapsule_GetPointer(capsule, nullptr));
+}
+
+// The builtins' C functions: the call, and the call with out= as its last argument.
+template <class Arrays>
+PyObject* CallFn(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return Call<Arrays>(StateOf<Arrays>(self), args, nargs);
+}
+
+template <class Arrays>
+PyObject* CallOutFn(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) return NotHandled();
+  return Call<Arrays>(StateOf<Arrays>(self), args, nargs - 1, args[nargs - 1]);
+}
+
+// One op's builtins on *st* (kept for the life of the process: builtins may outlive their callers),
+// named *name* and *name_out*, as (builtin, out= builtin, capsule of the state); None with a Python
+// error set. Each entry names its builtins once (the method tables are made on the first call).
+template <class Arrays>
+PyObject* Builtins(typename Arrays::State* st, const char* name, const char* name_out) {
+  static PyMethodDef def = {
+      name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(CallFn<Arrays>)), METH_FASTCALL,
+      "The op on its schema's arguments in order; NotImplemented where the Python path must take the call."};
+  static PyMethodDef def_out = {
+      name_out, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(CallOutFn<Arrays>)), METH_FASTCALL,
+      "The op on its schema's arguments in order, then out=; NotImplemented where the Python path must take "
+      "the call."};
+  PyObject* capsule = PyCapsule_New(st, nullptr, nullptr);
   if (capsule == nullptr) return nullptr;
-  PyObject* fn = PyCFunction_NewEx(def, capsule, nullptr);
-  PyObject* fn_out = fn == nullptr ? nullptr : PyCFunction_NewEx(def_out, capsule, nullptr);
+  PyObject* fn = PyCFunction_NewEx(&def, capsule, nullptr);
+  PyObject* fn_out = fn == nullptr ? nullptr : PyCFunction_NewEx(&def_out, capsule, nullptr);
   PyObject* triple = fn_out == nullptr ? nullptr : PyTuple_Pack(3, fn, fn_out, capsule);
   Py_XDECREF(fn);
   Py_XDECREF(fn_out);
@@ -238,11 +266,12 @@ inline PyObject* Builtins(PyMethodDef* def, PyMethodDef* def_out, PyObject* caps
   return triple;
 }
 
-// The call with out= (its last argument), for a builtin's METH_FASTCALL function.
+// How many calls the entry whose state *capsule* holds completed itself; -1 (a Python error set) for
+// another object.
 template <class Arrays>
-PyObject* CallWithOut(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 1) return NotHandled();
-  return Call<Arrays>(st, args, nargs - 1, args[nargs - 1]);
+int64_t Calls(PyObject* capsule) {
+  auto* st = static_cast<typename Arrays::State*>(PyCapsule_GetPointer(capsule, nullptr));
+  return st == nullptr ? -1 : st->calls.load(std::memory_order_relaxed);
 }
 
 }  // namespace

@@ -71,25 +71,6 @@ struct NumpyArrays {
   static void Wrote(State&, PyObject*) {}
 };
 
-// `self` is a capsule holding the op's state.
-entry::OpState& StateOf(PyObject* self) { return *static_cast<entry::OpState*>(PyCapsule_GetPointer(self, nullptr)); }
-
-PyObject* Entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return entry::Call<NumpyArrays>(StateOf(self), args, nargs);
-}
-
-PyObject* EntryOut(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return entry::CallWithOut<NumpyArrays>(StateOf(self), args, nargs);
-}
-
-PyMethodDef entry_def = {
-    "opbridge_numpy_entry", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Entry)), METH_FASTCALL,
-    "The op on its schema's arguments in order; NotImplemented where the Python path must take the call."};
-PyMethodDef entry_out_def = {
-    "opbridge_numpy_entry_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(EntryOut)),
-    METH_FASTCALL, "The op on its schema's arguments in order, then out=; NotImplemented where the Python path "
-                   "must take the call."};
-
 }  // namespace
 
 // Imports NumPy's C API; 0 on success, -1 with a Python error set.
@@ -108,12 +89,8 @@ OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* k
     delete st;
     return nullptr;
   }
-  // never freed: builtins may outlive callers
-  return entry::Builtins(&entry_def, &entry_out_def, PyCapsule_New(st, nullptr, nullptr));
+  return entry::Builtins<NumpyArrays>(st, "opbridge_numpy_entry", "opbridge_numpy_entry_out");
 }
 
 // How many calls the entry of *capsule*'s op completed itself.
-OPB_NP_EXPORT int64_t opb_np_calls(PyObject* capsule) {
-  auto* st = static_cast<entry::OpState*>(PyCapsule_GetPointer(capsule, nullptr));
-  return st == nullptr ? -1 : st->calls.load(std::memory_order_relaxed);
-}
+OPB_NP_EXPORT int64_t opb_np_calls(PyObject* capsule) { return entry::Calls<NumpyArrays>(capsule); }
