@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from opbridge import config, loader
+from opbridge.call import core
 from opbridge.errors import BuildError, OpbridgeError
 
 if TYPE_CHECKING:
@@ -84,8 +85,6 @@ def op_facts(op: OpDef, dtype_name: Callable[[Any], str]) -> tuple[Any, ...]:
     """What an entry's constructor takes after the kernel (``opbridge::entry::Init``): kinds, like, rule,
     returns, mutated, rows, dtype_arg, dtypes. *dtype_name* names a framework dtype (``"float32"``),
     for the shape rule's answers."""
-    from opbridge.call import core
-
     args = op.schema.arguments
     kinds = [(4 if a.type.optional else 0) if a.type.is_tensor else _KINDS[a.type.base] for a in args]
     like = core.like_indices(op)
@@ -112,9 +111,9 @@ def prelude_source(op: OpDef, array_type: str, fn: str) -> str:
 
 def out_prelude_source(op: OpDef, array_type: str, fn_out: str) -> str:
     """The same for a call with ``out=`` (8-space indented, for ``install_prelude``'s *out_prelude*): the
-    entry's out= builtin *fn_out*, for an op with one new output that it returns, ``out`` one array of
-    that type; ``""`` for any other op."""
-    if not (op.accepts_out and op.n_outputs == 1 and list(op.return_sources) == [0]):
+    entry's out= builtin *fn_out*, for an op whose call returns its ``out=`` (:func:`.core.returns_its_out`),
+    ``out`` one array of that type; ``""`` for any other op."""
+    if not core.returns_its_out(op):
         return ""
     names = [a.name for a in op.schema.arguments]
     return (f"        if type(out) is {array_type} and type({names[op.dispatch_arg]}) is {array_type}:\n"

@@ -50,6 +50,12 @@ def tensor_indices(op: OpDef) -> list[int]:
     return [i for i, a in enumerate(op.schema.arguments) if a.type.is_tensor]
 
 
+def returns_its_out(op: OpDef) -> bool:
+    """Whether a call of *op* with ``out=`` one tensor returns that tensor: the op takes ``out=`` and its one
+    return is its one new output (the adapters' and C entries' fast ``out=`` calls take only such ops)."""
+    return op.accepts_out and list(op.return_sources) == [0]
+
+
 def like_indices(op: OpDef) -> list[int] | None:
     """For a ``like(...)`` shape rule, the index of the argument each output copies; else None."""
     if not isinstance(op.shape, like):

@@ -36,6 +36,7 @@ from opbridge.call.core import (
     check_lead_dtype,
     framework_dtypes,
     pack_results,
+    returns_its_out,
     returns_source,
     rule_plan,
     scalar_guards,
@@ -150,15 +151,16 @@ def host_views_of(op: OpDef, outs: Sequence[Tensor]) -> list[np.ndarray]:
             f"for MindSpore tensors; pass CPU tensors") from None
 
 
-def takes_fast_out(op: OpDef) -> bool:
-    """Whether *op* has a generated ``out=`` call (:func:`eager_source` with *out*): one new output, returned."""
-    return op.accepts_out and op.n_outputs == 1 and list(op.return_sources) == [0]
+#: Tensor ``{t}``'s byte span ``{s}, {e}``, its full reach where it is rows at a stride (an argument the op
+#: declares ``row_strided``): the generated alias checks' and the ``out=`` call's overlap test's.
+_ROWS_SPAN = "{s}, {e} = (_sp := {t}.data_ptr(), _sp + {t}.nbytes) if {t}.is_contiguous() else _rspan({t})"
 
 
 def eager_source(op: OpDef, out: bool = False) -> str:
     """Source of the op's eager call, specialised to its schema (no loops, no lookups).
 
-    With *out*, the call with ``out=`` one tensor (:func:`takes_fast_out`):
+    With *out*, the call with ``out=`` one tensor (an op that returns it:
+    :func:`opbridge.call.core.returns_its_out`):
     the kernel writes it where it lies when it is dense and shares no byte
     with an argument; anything else takes :func:`run_with_out`'s checked call.
     """
@@ -168,7 +170,7 @@ def eager_source(op: OpDef, out: bool = False) -> str:
     tup = f"({sig},)"
     slow = f"_checked_out({tup}, out)" if out else f"_checked({tup})"
     lines = [f"def {op.name}({sig}{', out' if out else ''}):", "    if _requires_grad():",
-             f"        return {'_checked_out(' + tup + ', out)' if out else '_on_tape(' + sig + ')'}",
+             f"        return {slow if out else f'_on_tape({sig})'}",
              "    _sync()", "    try:"]
     kernel_args = []
     for i, a in enumerate(args):
@@ -186,8 +188,7 @@ def eager_source(op: OpDef, out: bool = False) -> str:
     lines += ["    except Exception:", f"        return {slow}",
               f"    if {' or '.join(guards)}:", f"        return {slow}"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
-                                rows=("{s}, {e} = (_sp := {t}.data_ptr(), _sp + {t}.nbytes) if {t}.is_contiguous() "
-                                      "else _rspan({t})", "_exact({a}, {b})")).splitlines()
+                                rows=(_ROWS_SPAN, "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs
     if out:
         # out= must be dense and apart from every tensor argument (the checked call writes a fresh buffer)
@@ -195,10 +196,8 @@ def eager_source(op: OpDef, out: bool = False) -> str:
                   "    _so = out.data_ptr(); _eo = _so + out.nbytes"]
         for a in args:
             if a.type.is_tensor:
-                span = (f"(_sp := {a.name}.data_ptr(), _sp + {a.name}.nbytes) if {a.name}.is_contiguous() "
-                        f"else _rspan({a.name})")
                 test = f"{a.name} is not None and " if a.type.optional else ""
-                lines += [f"    if {test}_so < _eo:", f"        _s, _e = {span}",
+                lines += [f"    if {test}_so < _eo:", "        " + _ROWS_SPAN.format(s="_s", e="_e", t=a.name),
                           f"        if _s < _eo and _so < _e and _s != _e: return {slow}"]
         outs = ["out"]
     else:
@@ -264,6 +263,22 @@ def on_tape_call(op: OpDef) -> Callable[..., Any]:
     return refuse
 
 
+def _generated_names(op: OpDef, kern: Callable[..., Any]) -> dict[str, Any]:
+    """The globals both generated calls (:func:`eager_source`, with and without *out*) use."""
+    return {
+        "_requires_grad": requires_grad,
+        "_sync": sync,
+        "_arg": kernel_arg,
+        "_dtypes": framework_dtypes(op, ms_dtype),
+        # a quick hit on byte spans: the host views' strides say whether an element is shared
+        "_alias": lambda a: check_no_alias(op, host_views(op, a), _view_span, NDARRAY_SHARES),
+        # row_strided arguments (rows at a stride reach the kernel as they are): their host views' reach
+        "_rspan": lambda t: _view_span(host_view(t)),
+        "_exact": lambda a, b: NDARRAY_SHARES(host_view(a), host_view(b)),
+        "_k": kern,
+    }
+
+
 def make_eager(op: OpDef) -> Callable[..., Any]:
     """The op's generated eager call on MindSpore tensors (see the module docstring)."""
     kern = loader.kernel(op, "cpu")
@@ -279,20 +294,11 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
         return [alloc(shape, dt) for shape, dt in plans(args)]
 
     ns: dict[str, Any] = {
-        "_requires_grad": requires_grad,
+        **_generated_names(op, kern),
         "_on_tape": on_tape_call(op),
-        "_sync": sync,
-        "_arg": kernel_arg,
-        "_dtypes": framework_dtypes(op, ms_dtype),
         "_checked": checked,
-        # a quick hit on byte spans: the host views' strides say whether an element is shared
-        "_alias": lambda a: check_no_alias(op, host_views(op, a), _view_span, NDARRAY_SHARES),
-        # row_strided arguments (rows at a stride reach the kernel as they are): their host views' reach
-        "_rspan": lambda t: _view_span(host_view(t)),
-        "_exact": lambda a, b: NDARRAY_SHARES(host_view(a), host_view(b)),
         "_alloc": alloc,
         "_from_rule": from_rule,
-        "_k": kern,
         "_pack": lambda a, o: pack_results(op, a, o),
     }
     compile_source(eager_source(op), f"<opbridge mindspore {op.qualname}>", ns)
@@ -301,17 +307,12 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
 
 
 def make_eager_out(op: OpDef) -> Callable[..., Any] | None:
-    """The op's generated call with ``out=`` (its last argument), or None (:func:`takes_fast_out`)."""
-    if not takes_fast_out(op):
+    """The op's generated call with ``out=`` (its last argument), or None: for an op whose call returns its
+    ``out=`` only (:func:`opbridge.call.core.returns_its_out`)."""
+    if not returns_its_out(op):
         return None
     kern = loader.kernel(op, "cpu")
-    ns: dict[str, Any] = {
-        "_requires_grad": requires_grad, "_sync": sync, "_arg": kernel_arg, "_dtypes": framework_dtypes(op, ms_dtype),
-        "_checked_out": lambda a, o: run_with_out(op, kern, a, (o,)),
-        "_alias": lambda a: check_no_alias(op, host_views(op, a), _view_span, NDARRAY_SHARES),
-        "_rspan": lambda t: _view_span(host_view(t)), "_exact": lambda a, b: NDARRAY_SHARES(host_view(a), host_view(b)),
-        "_k": kern,
-    }
+    ns: dict[str, Any] = {**_generated_names(op, kern), "_checked_out": lambda a, o: run_with_out(op, kern, a, (o,))}
     compile_source(eager_source(op, out=True), f"<opbridge mindspore {op.qualname} out=>", ns)
     fn: Callable[..., Any] = ns[op.name]
     return fn

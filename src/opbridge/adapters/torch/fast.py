@@ -123,8 +123,7 @@ def prelude(op: OpDef) -> str | None:
 def out_prelude(op: OpDef) -> str:
     """Body lines of the fast ``out=`` path (one output), or ``""``."""
     args = op.schema.arguments
-    if (not op.accepts_out or op.n_outputs != 1 or len(op.schema.returns) != 1 or not _devices(op)
-            or any(a.type.is_tensor_list for a in args)):
+    if not core.returns_its_out(op) or not _devices(op) or any(a.type.is_tensor_list for a in args):
         return ""
     names = [a.name for a in args]
     slow = f"_with_out(({''.join(n + ', ' for n in names)}), out)"
