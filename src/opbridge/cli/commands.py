@@ -135,23 +135,22 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 def _build_c_entries() -> None:
     """Build the C entries (one per Python, NumPy's also per NumPy version): NumPy's, and the DLPack
-    exchange entry where Paddle is installed; a failure only warns."""
+    exchange entry where Paddle is installed; each only where it is on, and a failure only warns."""
     import importlib.util
 
-    from opbridge import config
-
-    wanted = []
-    if config.numpy_native():
-        wanted.append(("NumPy C entry", "opbridge.adapters.numpy.native", "NumPy calls keep the Python fast path"))
-    if config.exchange_entry() and importlib.util.find_spec("paddle") is not None:
-        wanted.append(("DLPack exchange entry", "opbridge.call.exchange", "Paddle calls keep the Python fast path"))
     from opbridge.call import c_entry
 
-    for label, module, fallback in wanted:
+    wanted = [("NumPy C entry", "opbridge.adapters.numpy.native")]
+    if importlib.util.find_spec("paddle") is not None:
+        wanted.append(("DLPack exchange entry", "opbridge.call.exchange"))
+    for label, module in wanted:
+        entry = c_entry.module_entry(module)
+        if not entry.enabled():
+            continue
         start = time.monotonic()
-        lib = c_entry.module_entry(module).library(build_now=True)
+        lib = entry.library(build_now=True)
         if lib is None:
-            err(f"{label}: not available ({fallback})")
+            err(f"{label}: not available ({entry.fallback})")
             continue
         print(f"{label}: {lib.path} ({time.monotonic() - start:.2f}s)")
 

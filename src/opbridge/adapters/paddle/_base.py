@@ -55,9 +55,14 @@ def dtype(d: Any) -> Any:
     return getattr(paddle, d) if isinstance(d, str) else d
 
 
+def name_of(d: Any) -> str:
+    """The declared-dtype name of Paddle dtype *d* (``paddle.float32`` -> ``"float32"``)."""
+    return str(d).rpartition(".")[2]
+
+
 def dtype_name(t: Any) -> str:
-    """The declared-dtype name of tensor *t* (``paddle.float32`` -> ``"float32"``)."""
-    return str(t.dtype).rpartition(".")[2]
+    """The declared-dtype name of tensor *t*'s dtype (:func:`name_of`)."""
+    return name_of(t.dtype)
 
 
 def op_dtypes(op: OpDef) -> frozenset[Any]:
@@ -155,7 +160,7 @@ def large_empty(shape: Sequence[int], d: Any) -> Any | None:
     if size is None:
         return None
     shape = tuple(shape)
-    t = memory.host_empty(shape, str(d).rpartition(".")[2], math.prod(shape) * size)
+    t = memory.host_empty(shape, name_of(d), math.prod(shape) * size)
     return None if t is None else _from_dlpack(t)
 
 

@@ -36,6 +36,7 @@ from opbridge.adapters.paddle._base import (
     is_tensor,
     large_like,
     materialise,
+    name_of,
     op_dtypes,
     rows,
     rows_of,
@@ -201,8 +202,7 @@ def _refuse_grad(op: OpDef) -> Callable[..., Any]:
 
 #: Paddle's tensors for the DLPack exchange entry: exact ``paddle.Tensor``, nothing to record for autograd
 #: while grad is off or every tensor has ``stop_gradient``; a written argument's inplace version is bumped.
-EXCHANGE = exchange.Framework("paddle", T, _HAS_GRAD, "stop_gradient", "_bump_inplace_version",
-                              lambda d: str(d).rpartition(".")[2])
+EXCHANGE = exchange.Framework("paddle", T, _HAS_GRAD, "stop_gradient", "_bump_inplace_version", name_of)
 
 
 def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
