@@ -93,6 +93,7 @@ through DLPack (:meth:`.variant.Variant.eager`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -323,14 +324,21 @@ class JaxAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         """The call for *op* on arrays of *array_type* (a concrete array or a tracer type)."""
-        concrete = array_type if not issubclass(array_type, jax.core.Tracer) else type(jnp.zeros(()))
+        array = _array_type()
+        concrete = array_type if not issubclass(array_type, jax.core.Tracer) else array
         jop = _jop(op)
-        jop.install_prelude(type(jnp.zeros(())))
+        jop.install_prelude(array)
         return jop.make_call(concrete)
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
         """``out=``: the result in the (donated) buffers of *outs*; see :mod:`opbridge.adapters.jax.out`."""
         return _jop(op).with_out(args, outs)
+
+
+@functools.cache
+def _array_type() -> type:
+    """The type of a concrete ``jax.Array`` (jaxlib's ArrayImpl), found once by making one."""
+    return type(jnp.zeros(()))
 
 
 def _jop(op: OpDef) -> _JaxOp:
