@@ -4,26 +4,10 @@
 // three-barrier or the one-barrier block sum), each timed as 100 launches in a CUDA graph (median of
 // 10 replays) and checked against the op's current policy. It launches the product's kernel
 // template itself (rms_rows_cached_kernel), so what it measures is what a policy change would ship.
-// Built and run by scripts/cuda-norm-sweep.sh; needs a CUDA GPU. Not part of any build or test.
-#include <opbridge/cuda.h>
+// Built and run by scripts/cuda-sweep.sh norm; needs a CUDA GPU. Not part of any build or test.
 #include <opbridge/cuda_norm.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-namespace cu = opbridge::cuda;
-
-#define CK(x)                                                                         \
-  do {                                                                                \
-    const cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "CUDA error %s at line %d: %s\n", cudaGetErrorString(e_), __LINE__, #x); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "cuda_sweep.h"
 
 // A policy with every knob explicit (the kernel reads kMaxThreads and kFastSum).
 template <int MaxThreads, bool Fast>
@@ -31,67 +15,6 @@ struct Knobs {
   static constexpr int kMaxThreads = MaxThreads;
   static constexpr bool kFastSum = Fast;
 };
-
-template <typename F>
-float graph_us(F launch, cudaStream_t s) {
-  constexpr int kLaunches = 100;
-  launch();
-  CK(cudaGetLastError());
-  CK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch();
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> us;
-  for (int rep = 0; rep < 12; ++rep) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (rep >= 2) us.push_back(ms * 1000.f / kLaunches);
-  }
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
-}
-
-template <typename T>
-__global__ void fill(T* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    p[i] = cu::from_compute<T>(float(h & 0xffff) / 32768.f - 1.f);
-  }
-}
-
-inline float host_float(float v) { return v; }
-inline float host_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> const char* dtype_name();
-template <> const char* dtype_name<float>() { return "float32"; }
-template <> const char* dtype_name<__nv_bfloat16>() { return "bfloat16"; }
-
-double copy_gbps(cudaStream_t s) {  // bytes read + written per second of a device-to-device copy
-  const size_t bytes = size_t(1) << 30;
-  void *a, *b;
-  CK(cudaMalloc(&a, bytes));
-  CK(cudaMalloc(&b, bytes));
-  const float us = graph_us([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s)); }, s);
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  return 2.0 * double(bytes) / (us * 1e-6) / 1e9;
-}
 
 // Every policy for one op, dtype and size. Fused: input and residual are restored before each
 // launch's check (the kernel mutates both), not before timed launches (the values do not matter).
@@ -172,15 +95,9 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
 
 int main() {
   std::setvbuf(stdout, nullptr, _IONBF, 0);
-  int dev = 0;
-  CK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const double copy = copy_gbps(s);
-  std::printf("%s: device-to-device copy %.0f GB/s (read + write); times are per launch inside a CUDA graph\n",
-              prop.name, copy);
+  const double copy = sweep_header(s);
   const int64_t shapes[][2] = {{1, 4096}, {8, 4096}, {256, 4096}, {4096, 4096}, {8192, 8192}};
   for (const auto& sh : shapes) {
     sweep<false, float>(sh[0], sh[1], s, copy);

@@ -299,6 +299,20 @@ def test_cuda_call_without_a_driver_says_so(cuda_module: Any) -> None:
         mod["add_cuda"](_t(3, 4), _t(3, 4), _t(3, 4))
 
 
+@needs_nvcc
+def test_launch_policy_sweeps_build_against_the_shipped_kernel_headers(tmp_path: Path) -> None:
+    # The sweeps launch the product's kernel templates (cuda_norm.h, cuda_gated.h); a header change
+    # that breaks them fails here, not on the next GPU machine.
+    script = Path(__file__).resolve().parents[1] / "scripts" / "cuda-sweep.sh"
+    env = {**os.environ, "SWEEP_BUILD_ONLY": str(tmp_path), "OPBRIDGE_CUDA_ARCHS": "90", "PYTHON": sys.executable}
+    done = subprocess.run([str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("norm", "gated"):
+        assert (tmp_path / f"cuda_{name}_sweep").stat().st_size > 0
+    bad = subprocess.run([str(script), "bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown sweep 'bogus' (norm, gated or all" in bad.stderr
+
+
 def test_gpu_benchmark_says_why_it_skipped() -> None:
     from opbridge.bench import gpu
 

@@ -184,7 +184,7 @@ class Context {
   // 65535). Every block gets one chunk of one row, so few long rows (a decode
   // step's 1-8 rows of 14336 columns) spread over as many SMs as many short
   // ones do, and there is no grid-stride tail inside a row.
-  dim3 rows_grid(int64_t rows, int64_t units, int threads) const {
+  static dim3 rows_grid(int64_t rows, int64_t units, int threads) {
     const int64_t chunks = (std::max<int64_t>(units, 1) + threads - 1) / threads;
     return dim3(static_cast<unsigned>(std::min<int64_t>(chunks, INT32_MAX)),
                 static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)), 1);

@@ -1,0 +1,103 @@
+// Launch-policy sweep of the gated activations' CUDA kernels (include/opbridge/cuda_gated.h):
+// silu_and_mul and gelu_and_mul forward and silu_and_mul's backward at serving sizes (1, 8, 256,
+// 4096 rows of intermediate 14336) and at 8192 x 8192 (d = 4096), float32 and bfloat16, under every
+// policy (32-512 threads per block, 1, 2 or 4 units per thread), each timed as 100 launches in a
+// CUDA graph (median of 10 replays) and checked against the ops' current policy (every policy runs
+// the same arithmetic per element, so any difference is a bug). It launches the product's kernel
+// templates themselves, so what it measures is what a policy change would ship.
+// Built and run by scripts/cuda-sweep.sh gated; needs a CUDA GPU. Not part of any build or test.
+#include <opbridge/cuda_gated.h>
+
+#include <utility>
+
+#include "cuda_sweep.h"
+
+enum class Kind { kSiluForward, kGeluForward, kSiluBackward };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kSiluForward: return "silu_and_mul";
+    case Kind::kGeluForward: return "gelu_and_mul";
+    default: return "silu_and_mul_backward";
+  }
+}
+
+// Every policy for one op, dtype and size, the current one first (its result is the reference).
+template <typename T>
+void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy) {
+  constexpr int N = cu::kVec<T>;
+  const bool backward = kind == Kind::kSiluBackward;
+  const int64_t n_out = rows * d * (backward ? 2 : 1), units = d / N;
+  T *x, *g, *out;
+  CK(cudaMalloc(&x, rows * 2 * d * sizeof(T)));
+  CK(cudaMalloc(&g, rows * d * sizeof(T)));
+  CK(cudaMalloc(&out, n_out * sizeof(T)));
+  fill<<<256, 256, 0, s>>>(x, rows * 2 * d, 1);
+  fill<<<256, 256, 0, s>>>(g, rows * d, 2);
+  CK(cudaGetLastError());
+  // Bytes moved per launch: x (2d per row) and, backward, grad (d) read; out (d) or grad_x (2d) written.
+  const double bytes = double(rows) * d * sizeof(T) * (backward ? 5 : 3);
+  std::vector<T> want, got(n_out);
+  auto one = [&](auto policy) {
+    using P = decltype(policy);
+    const dim3 grid = cu::gated_grid<P>(rows, units);
+    const auto launch = [&] {
+      if (kind == Kind::kSiluForward) {
+        cu::act_and_mul_kernel<P, N, T, cu::Silu><<<grid, P::kThreads, 0, s>>>(out, x, rows, d);
+      } else if (kind == Kind::kGeluForward) {
+        cu::act_and_mul_kernel<P, N, T, cu::GeluTanh><<<grid, P::kThreads, 0, s>>>(out, x, rows, d);
+      } else {
+        cu::act_and_mul_backward_kernel<P, N, T, cu::Silu><<<grid, P::kThreads, 0, s>>>(out, g, x, rows, d);
+      }
+    };
+    CK(cudaMemsetAsync(out, 0, n_out * sizeof(T), s));
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(got.data(), out, n_out * sizeof(T), cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    const bool current = std::is_same_v<P, cu::GatedCurrent>;
+    if (want.empty()) want = got;
+    double diff = 0;
+    for (int64_t i = 0; i < n_out; i += 7) {
+      diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
+    }
+    const float us = graph_us(launch, s);
+    std::printf("%-21s %-8s %5lld x %-5lld threads %3d units %d blocks %6u x %-5u %9.3f us %6.3f copy  "
+                "max|diff| %.2g%s\n", kind_name(kind), dtype_name<T>(), (long long)rows, (long long)d,
+                P::kThreads, P::kUnits, grid.x, grid.y, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+                current ? "  <- current policy" : (diff != 0 ? "  MISMATCH" : ""));
+  };
+  one(cu::GatedCurrent{});
+  auto per_threads = [&](auto threads_c) {
+    constexpr int Threads = decltype(threads_c)::value;
+    auto units = [&](auto units_c) {
+      using P = cu::GatedPolicy<Threads, decltype(units_c)::value>;
+      if constexpr (!std::is_same_v<P, cu::GatedCurrent>) one(P{});
+    };
+    units(std::integral_constant<int, 1>{});
+    units(std::integral_constant<int, 2>{});
+    units(std::integral_constant<int, 4>{});
+  };
+  per_threads(std::integral_constant<int, 32>{});
+  per_threads(std::integral_constant<int, 64>{});
+  per_threads(std::integral_constant<int, 128>{});
+  per_threads(std::integral_constant<int, 256>{});
+  per_threads(std::integral_constant<int, 512>{});
+  for (T* p : {x, g, out}) CK(cudaFree(p));
+}
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy = sweep_header(s);
+  const int64_t shapes[][2] = {{1, 14336}, {8, 14336}, {256, 14336}, {4096, 14336}, {8192, 4096}};
+  for (Kind kind : {Kind::kSiluForward, Kind::kGeluForward, Kind::kSiluBackward}) {
+    for (const auto& sh : shapes) {
+      sweep<float>(kind, sh[0], sh[1], s, copy);
+      sweep<__nv_bfloat16>(kind, sh[0], sh[1], s, copy);
+    }
+  }
+  CK(cudaStreamDestroy(s));
+  return 0;
+}
