@@ -9,10 +9,12 @@ itself.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import sys
 import threading
 from types import ModuleType
+from typing import Any
 
 _LOCK = threading.Lock()
 
@@ -31,3 +33,24 @@ def tvm_ffi() -> ModuleType:
         finally:
             if sys.modules.get("torch", 0) is None:
                 del sys.modules["torch"]
+
+
+#: ``PyCapsule_GetPointer(capsule, name)`` with a prototype of its own (setting ``ctypes.pythonapi``'s
+#: ``restype``/``argtypes`` would change them for every other user of ``ctypes.pythonapi``).
+capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+# DLPack's DLTensor starts {void* data; int32 device_type, device_id; int32 ndim; uint8 code, ...};
+# kDLBfloat is type code 4.
+_DL_CODE_OFFSET = 8 + 4 + 4 + 4
+_DL_BFLOAT = 4
+
+
+def bfloat16_tensor(bits: Any) -> Any:
+    """*bits*, an array of 16-bit elements over bfloat16 memory (a ``uint16`` ndarray view), as a
+    tvm-ffi bfloat16 tensor on the same memory: its DLPack capsule's type code relabelled, no copy.
+    For arrays whose own DLPack export has no bfloat16 (NumPy's)."""
+    capsule = bits.__dlpack__()
+    head = capsule_pointer(capsule, b"dltensor")
+    ctypes.c_uint8.from_address(head + _DL_CODE_OFFSET).value = _DL_BFLOAT
+    return tvm_ffi().from_dlpack(capsule)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opbridge import config
+from opbridge._tvm import capsule_pointer
 from opbridge.call import c_entry, callable, memory
 
 if TYPE_CHECKING:
@@ -32,18 +33,13 @@ if TYPE_CHECKING:
 SOURCE = Path(__file__).with_name("exchange_entry.cc")
 
 
-# PyCapsule_GetPointer with its own prototype (setting ctypes.pythonapi's would change it for every user)
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
-
-
 def exchange_table(array_type: type) -> int | None:
     """The address of *array_type*'s DLPack exchange table, or None where it has none."""
     capsule = getattr(array_type, "__dlpack_c_exchange_api__", None)
     if capsule is None:
         return None
     try:
-        address: int | None = _capsule_pointer(capsule, b"dlpack_exchange_api")
+        address: int | None = capsule_pointer(capsule, b"dlpack_exchange_api")
     except ValueError:  # not a capsule of that name
         return None
     return address

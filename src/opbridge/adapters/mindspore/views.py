@@ -21,7 +21,6 @@ framework and device, so a CPU kernel never receives a device pointer.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +30,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.graph.api import _pynative_executor
 
-from opbridge._tvm import tvm_ffi
+from opbridge._tvm import bfloat16_tensor
 from opbridge.call import memory
 
 #: MindSpore dtype -> NumPy dtype of a view of its memory (bfloat16 as its bits)
@@ -58,21 +57,6 @@ class NotOnHostError(Exception):
     def __init__(self, device: str) -> None:
         super().__init__(device)
         self.device = device
-
-
-class _DLTensor(ctypes.Structure):
-    """The head of DLPack's ``DLTensor`` (the start of a ``DLManagedTensor``), up to its dtype."""
-
-    _fields_ = (("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16))
-
-
-_CODE_OFFSET = _DLTensor.code.offset
-_KDL_BFLOAT = 4
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
 
 
 class _Interface:
@@ -103,24 +87,15 @@ def host_view(t: Tensor) -> np.ndarray:
                                   "strides": strides, "version": 3}))
 
 
-def as_bfloat16(bits: np.ndarray) -> Any:
-    """*bits* (a uint16 view of bfloat16 memory) as a tvm-ffi bfloat16 tensor, without a copy."""
-    capsule = bits.__dlpack__()
-    head = _capsule_pointer(capsule, b"dltensor")
-    ctypes.c_uint8.from_address(head + _CODE_OFFSET).value = _KDL_BFLOAT
-    # tvm_ffi is imported on first use (registering graph substitutes at declaration needs none of it)
-    return tvm_ffi().from_dlpack(capsule)
-
-
 def kernel_arg(t: Tensor) -> Any:
     """CPU tensor *t* as a kernel argument (a NumPy view; bfloat16 relabelled); see :func:`host_view`."""
     view = host_view(t)
-    return as_bfloat16(view) if t.dtype == ms.bfloat16 else view
+    return bfloat16_tensor(view) if t.dtype == ms.bfloat16 else view
 
 
 def relabel(view: np.ndarray, dtype: Any) -> Any:
     """A (possibly dense-copied) view of a tensor of MindSpore *dtype*, as a kernel argument."""
-    return as_bfloat16(view) if dtype == ms.bfloat16 else view
+    return bfloat16_tensor(view) if dtype == ms.bfloat16 else view
 
 
 @functools.cache
@@ -151,9 +126,9 @@ def alloc(shape: Sequence[int], dtype: Any) -> tuple[Tensor, Any]:
         bf16 = _numpy_bfloat16()
         if bf16 is not None:
             out = memory.empty_ndarray(shape, bf16)
-            return Tensor.from_numpy(out), as_bfloat16(out.view(npd))
+            return Tensor.from_numpy(out), bfloat16_tensor(out.view(npd))
         buf = memory.empty_ndarray(shape, npd)
-        return Tensor.from_numpy(buf).view(ms.bfloat16), as_bfloat16(buf)
+        return Tensor.from_numpy(buf).view(ms.bfloat16), bfloat16_tensor(buf)
     buf = memory.empty_ndarray(shape, npd)
     return Tensor.from_numpy(buf), buf
 

@@ -29,14 +29,13 @@ gives the same results and messages. It is built in the background on first use.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from opbridge import loader
-from opbridge._tvm import tvm_ffi
+from opbridge._tvm import bfloat16_tensor
 from opbridge.adapters.numpy import native
 from opbridge.call import c_entry, core, memory, overlap
 from opbridge.call.callable import install_prelude
@@ -87,14 +86,6 @@ def _empty_like(x: np.ndarray) -> np.ndarray:
     return memory.empty_ndarray(x.shape, x.dtype)
 
 
-# DLPack's DLTensor starts {void* data; int32 device_type, device_id; int32 ndim; uint8 code, ...}.
-_DL_CODE_OFFSET = 8 + 4 + 4 + 4
-_DL_BFLOAT = 4
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
-
-
 class _Alias:
     """A writable alias of a read-only array's memory (``__array_interface__``), keeping it alive."""
 
@@ -116,10 +107,7 @@ def _kernel_arg(a: Any) -> Any:
         a = np.asarray(_Alias(a)).view(a.dtype)
     if a.dtype.name != "bfloat16":
         return a
-    capsule = a.view(np.uint16).__dlpack__()
-    head = _capsule_pointer(capsule, b"dltensor")
-    ctypes.c_uint8.from_address(head + _DL_CODE_OFFSET).value = _DL_BFLOAT
-    return tvm_ffi().from_dlpack(capsule)
+    return bfloat16_tensor(a.view(np.uint16))
 
 
 def _run(op: OpDef, kern: Any, outs: list[Any], full: list[Any]) -> None:
