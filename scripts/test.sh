@@ -21,7 +21,7 @@ run .venv/bin/lint-imports --no-cache
 # Core, build, CLI, torch and numpy (everything that is not another framework's).
 run .venv/bin/python -m pytest -q -p no:cacheprovider tests \
   --ignore=tests/test_jax_adapter.py --ignore=tests/test_paddle_adapter.py --ignore=tests/test_exchange_entry.py \
-  --ignore=tests/test_mindspore_adapter.py --ignore=tests/conformance
+  --ignore=tests/test_mindspore_adapter.py --ignore=tests/test_method_entry.py --ignore=tests/conformance
 for fw in numpy torch paddle; do
   run env OPBRIDGE_FRAMEWORK=$fw .venv/bin/python -m pytest -q -p no:cacheprovider tests/conformance
 done
@@ -35,7 +35,11 @@ run env OPBRIDGE_FRAMEWORK=jax JAX_ENABLE_X64=1 .venv/bin/python -m pytest -q -p
   tests/test_paddle_adapter.py
 if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
   run env OPBRIDGE_FRAMEWORK=mindspore .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/conformance
-  [ -f tests/test_mindspore_adapter.py ] && run .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/test_mindspore_adapter.py
+  [ -f tests/test_mindspore_adapter.py ] && run .venv-ms/bin/python -m pytest -q -p no:cacheprovider tests/test_mindspore_adapter.py \
+    tests/test_method_entry.py
+  # MindSpore's generated Python path, which the tensor entry (call/exchange.py) otherwise takes most calls from.
+  [ -f tests/test_mindspore_adapter.py ] && run env OPBRIDGE_EXCHANGE_ENTRY=0 .venv-ms/bin/python -m pytest -q \
+    -p no:cacheprovider tests/test_mindspore_adapter.py
 fi
 # The example plugin: its wheel built in a fresh venv, installed, tested in torch and MindSpore.
 if [ "${OPBRIDGE_SKIP_WHEEL:-0}" != "1" ]; then

@@ -38,9 +38,9 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_NUMPY_NATIVE``  ``0``: NumPy calls keep the Python fast path    ``1``
                            (no C entry is built or loaded;
                            :mod:`opbridge.adapters.numpy.native`)
-``OPBRIDGE_EXCHANGE_ENTRY`` ``0``: Paddle calls keep the Python fast    ``1``
-                           path (no DLPack exchange entry is built or
-                           loaded; :mod:`opbridge.call.exchange`)
+``OPBRIDGE_EXCHANGE_ENTRY`` ``0``: Paddle and MindSpore calls keep the ``1``
+                           Python fast path (no tensor C entry is built
+                           or loaded; :mod:`opbridge.call.exchange`)
 ``OPBRIDGE_TORCH_NATIVE``  ``0``: torch ops keep their Python dispatcher  ``1``
                            kernels (no C++ shim is built or loaded;
                            :mod:`opbridge.adapters.torch.native`)
@@ -173,7 +173,7 @@ def numpy_native() -> bool:
 
 
 def exchange_entry() -> bool:
-    """Whether calls on tensors with a DLPack exchange table (Paddle's) go through opbridge's C entry
+    """Whether calls on Paddle's and MindSpore's tensors go through opbridge's tensor C entry
     (``OPBRIDGE_EXCHANGE_ENTRY``, default on)."""
     return os.environ.get("OPBRIDGE_EXCHANGE_ENTRY", "1").strip().lower() not in ("0", "false", "no", "off")
 

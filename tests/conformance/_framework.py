@@ -22,7 +22,8 @@ framework_mark = pytest.mark.skipif(REASON is not None, reason=f"{FRAMEWORK}: {R
 
 #: The C entry the framework's calls go through first (opbridge.call.c_entry), loaded before any test
 #: (built now where the cache lacks it), so every test meets it, not only those after a background build.
-C_ENTRIES = {"numpy": "opbridge.adapters.numpy.native", "paddle": "opbridge.call.exchange"}
+C_ENTRIES = {"numpy": "opbridge.adapters.numpy.native", "paddle": "opbridge.call.exchange",
+             "mindspore": "opbridge.call.exchange"}
 if REASON is None and FRAMEWORK in C_ENTRIES:
     from opbridge.call import c_entry
 

@@ -5,9 +5,9 @@ DLPack capsule or tvm-ffi's Python binding: it views each argument as a
 DLTensor, makes the outputs and calls the kernel through tvm-ffi's C API. It
 returns ``NotImplemented`` for anything it does not take, and the adapter's
 Python path runs as before. Two use this module: NumPy's
-(:mod:`opbridge.adapters.numpy.native`) and the DLPack exchange entry
-(:mod:`opbridge.call.exchange`, for tensor types that export
-``__dlpack_c_exchange_api__``: Paddle's).
+(:mod:`opbridge.adapters.numpy.native`) and the tensor entry
+(:mod:`opbridge.call.exchange`: Paddle's tensors through their DLPack exchange
+table, MindSpore's through their methods).
 
 Here, once for both:
 

@@ -77,22 +77,32 @@ def make_callable(op: OpDef) -> Callable[..., Any]:
     return fn
 
 
-def install_prelude(op: OpDef, key: str, prelude: str, names: Mapping[str, Any], out_prelude: str = "") -> None:
+def install_prelude(op: OpDef, key: str, prelude: str, names: Mapping[str, Any], out_prelude: str = "",
+                    first: bool = False) -> None:
     """Splice an adapter's inline fast path into *op*'s public callable.
 
     *prelude* is indented function-body source, guarded by the type of the
     dispatching argument, that either returns or falls through to the generic
     dispatch; *names* are the globals it uses (prefix them with the adapter's
     name: all adapters share one namespace). Each adapter (*key*) has at most
-    one prelude; they run in installation order. *out_prelude* (8-space
-    indented) runs first when ``out=`` is given, and either returns or falls
-    through to the generic ``out=`` path.
+    one prelude; they run in installation order, except that one installed
+    *first* runs before every other (a C entry before its adapter's Python
+    fast path for the same type). *out_prelude* (8-space indented) runs
+    first when ``out=`` is given, and either returns or falls through to the
+    generic ``out=`` path.
     """
     fn = op.call
     fn.__globals__.update(names)
-    op.preludes[key] = prelude
-    if out_prelude:
-        op.out_preludes[key] = out_prelude
+    for table, text in ((op.preludes, prelude), (op.out_preludes, out_prelude)):
+        if not text and table is op.out_preludes:
+            continue
+        rest = [(k, v) for k, v in table.items() if k != key]
+        if first:
+            table.clear()
+            table[key] = text
+            table.update(rest)
+        else:
+            table[key] = text
     source = callable_source(op, "".join(op.preludes.values()), "".join(op.out_preludes.values()))
     scratch = compile_source(source, f"<opbridge op {op.qualname}>", dict(fn.__globals__))
     fn.__code__ = scratch[op.name].__code__

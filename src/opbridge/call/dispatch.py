@@ -49,8 +49,13 @@ _LOADED: dict[str, Adapter] = {}
 
 
 def framework_of(x: Any) -> str | None:
-    """The adapter name for array *x*, or None."""
-    return FRAMEWORK_OF_MODULE.get(type(x).__module__.partition(".")[0])
+    """The adapter name for array *x*, or None: by the module of its type, else of a base class (MindSpore
+    makes each ``Parameter``'s class at run time, in module ``abc``)."""
+    for cls in type(x).__mro__:
+        name = FRAMEWORK_OF_MODULE.get(cls.__module__.partition(".")[0])
+        if name is not None:
+            return name
+    return None
 
 
 def initializing(module_name: str) -> bool:

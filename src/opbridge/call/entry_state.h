@@ -23,6 +23,7 @@ enum Kind : int { kTensor = 0, kFloat = 1, kInt = 2, kBool = 3, kOptionalTensor 
 
 constexpr int kMaxArgs = 16;      // arguments and new outputs together (call.c_entry.takes)
 constexpr int kMaxRowsDims = 8;   // a row-strided argument with more dims takes the Python path
+constexpr int kMaxViewDims = 16;  // a tensor read through its methods with more dims takes the Python path
 constexpr int64_t kReleaseGilBytes = int64_t(1) << 18;
 constexpr size_t kRuleCacheSize = 256;
 

@@ -1,7 +1,8 @@
-// The DLPack exchange entry: an op's public callable on the tensors of any framework whose tensor type
-// exports DLPack's C exchange table (__dlpack_c_exchange_api__, dlpack.h's DLPackExchangeAPI): Paddle's
-// today. One builtin per (op, tensor type) (opb_ex_entry), which the adapter puts first in the op's
-// public callable.
+// The tensor entry: an op's public callable on the tensors of other frameworks, read with no framework
+// headers. Its first reader (here) serves any tensor type that exports DLPack's C exchange table
+// (__dlpack_c_exchange_api__, dlpack.h's DLPackExchangeAPI): Paddle's today; its second
+// (method_arrays.h) tensor types read through their methods: MindSpore's. One builtin per (op, tensor
+// type) (opb_ex_entry, opb_ex_method_entry), which the adapter puts first in the op's public callable.
 //
 // It reads each tensor through the table's dltensor_from_py_object_no_sync (the framework fills a
 // DLTensor on our stack: no capsule, no Python frame) and makes each new output in memory of its own,
@@ -25,6 +26,8 @@
 #include <tvm/ffi/c_api.h>
 
 #include "py_entry.h"  // the shared call
+
+#include "method_arrays.h"  // the second reader: tensor types read through their methods
 
 #include <atomic>
 #include <cstdint>
@@ -167,7 +170,7 @@ struct ExchangeArrays {
     return true;
   }
 
-  static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides) {
+  static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides, int64_t*) {
     if (Py_TYPE(o) != st.type || st.api->dltensor_from_py_object_no_sync(o, d) != 0) {
       PyErr_Clear();
       return false;
@@ -276,3 +279,53 @@ OPB_EX_EXPORT int64_t opb_ex_calls(PyObject* capsule) { return entry::Calls<Exch
 
 // How many outputs the entry made that their framework has not freed yet (a leak test's count).
 OPB_EX_EXPORT int64_t opb_ex_live() { return live.load(std::memory_order_relaxed); }
+
+// New builtins for one op on tensors of *type* read through their methods (method_arrays.h):
+// *grad_enabled*, *before* (None: nothing), *new_output*, *host_attr* and *host_value*, *unready_attr*
+// (None: none) as MethodState says, *dtypes* a list of (framework dtype, TypeCode), then the op's facts
+// (opbridge::entry::Init). Returns (builtin, out= builtin, capsule of its state) or None with a Python
+// error set.
+OPB_EX_EXPORT PyObject* opb_ex_method_entry(PyObject* type, PyObject* grad_enabled, PyObject* before,
+                                            PyObject* new_output, PyObject* host_attr, PyObject* host_value,
+                                            PyObject* unready_attr, PyObject* dtypes, PyObject* kernel, void* handle,
+                                            PyObject* kinds, PyObject* like, PyObject* rule, PyObject* returns,
+                                            PyObject* mutated, PyObject* rows, int dtype_arg, PyObject* op_dtypes,
+                                            int64_t max_out_bytes) {
+  if (!PyType_Check(type) || !PyList_Check(dtypes) || !PyUnicode_Check(host_attr) ||
+      (unready_attr != Py_None && !PyUnicode_Check(unready_attr))) {
+    PyErr_SetString(PyExc_TypeError, "opb_ex_method_entry: a tensor type, attribute names and a list of dtypes");
+    return nullptr;
+  }
+  auto* st = new MethodState();
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(dtypes); ++k) {
+    PyObject* pair = PyList_GET_ITEM(dtypes, k);
+    const long code = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyLong_AsLong(PyTuple_GET_ITEM(pair, 1)) : -1;
+    if (code < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "opb_ex_method_entry: dtypes are (dtype, TypeCode)");
+      delete st;
+      return nullptr;
+    }
+    st->known_dtypes.emplace_back(Py_NewRef(PyTuple_GET_ITEM(pair, 0)), entry::FromTypeCode(static_cast<int>(code)));
+  }
+  if (!entry::Init(st, kernel, handle, kinds, like, rule, returns, mutated, rows, dtype_arg, op_dtypes,
+                   max_out_bytes)) {
+    delete st;
+    return nullptr;
+  }
+  st->type = reinterpret_cast<PyTypeObject*>(Py_NewRef(type));
+  st->grad_enabled = Py_NewRef(grad_enabled);
+  st->before = before == Py_None ? nullptr : Py_NewRef(before);
+  st->new_output = Py_NewRef(new_output);
+  st->host_attr = Py_NewRef(host_attr);
+  st->host_value = Py_NewRef(host_value);
+  st->unready_attr = unready_attr == Py_None ? nullptr : Py_NewRef(unready_attr);
+  st->s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  st->s_shape = PyUnicode_InternFromString("shape");
+  st->s_dtype = PyUnicode_InternFromString("dtype");
+  st->s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+  st->s_stride = PyUnicode_InternFromString("stride");
+  return entry::Builtins<MethodArrays>(st, "opbridge_method_entry", "opbridge_method_entry_out");
+}
+
+// How many calls the method entry of *capsule*'s op completed itself.
+OPB_EX_EXPORT int64_t opb_ex_method_calls(PyObject* capsule) { return entry::Calls<MethodArrays>(capsule); }

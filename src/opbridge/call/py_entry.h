@@ -1,9 +1,10 @@
 // The C entries' call: an op's public callable on one framework's tensors, with no Python frame, no
 // DLPack capsule and no trip through tvm-ffi's Python binding.
 //
-// Two entries use it: NumPy's (adapters/numpy/entry.cc: ndarrays, read through NumPy's C API) and the
-// DLPack exchange entry (call/exchange_entry.cc: any tensor type that exports
-// __dlpack_c_exchange_api__, Paddle's). What differs between them is how an argument is viewed as a
+// Three readers use it: NumPy's (adapters/numpy/entry.cc: ndarrays, read through NumPy's C API), and
+// the tensor entry's two (call/exchange_entry.cc): any tensor type that exports
+// __dlpack_c_exchange_api__ (Paddle's), read through that table, and tensor types read through their
+// methods (method_arrays.h: MindSpore's). What differs between them is how an argument is viewed as a
 // DLTensor and how a new output is made; the rest is held once, here and in entry_state.h beside it:
 //   - the op's state (OpState), the scalar arguments, the shape rule's answers kept per argument
 //     signature (RuleSpecs), the test that an argument the op writes shares no memory with another
@@ -16,9 +17,11 @@
 //   using Out = ...;      // a new output before it is handed to Python
 //   static bool Lead(State&, PyObject* const* args, PyObject* out);  // the dispatching argument's type;
 //       // any gate (*out*: the caller's out=, or null)
-//   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides);
+//   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims);
 //       // o as a DLTensor the kernel may read and write: contiguous, or, where *strides* is given (an
-//       // argument the op declares row_strided, at most kMaxRowsDims dims), rows at a stride
+//       // argument the op declares row_strided, at most kMaxRowsDims dims), rows at a stride; *dims*
+//       // is room for kMaxViewDims dims, valid for the call, for a reader whose tensors hold no shape
+//       // array of their own
 //   static bool New(State&, PyObject* like, const DLTensor* like_dl, const OutSpec* spec, Out*, DLTensor*);
 //       // a new contiguous output shaped like *like* or by *spec*; false: none (no Python error left)
 //   static PyObject* Finish(State&, Out&);   // the output as a Python object (its reference moves)
@@ -46,7 +49,8 @@ template <class Arrays>
 [[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, PyObject* out, DLTensor* dl,
                                      TVMFFIAny* ffi) {
   const size_t n = st.kinds.size();
-  if (!Arrays::View(st, out, &dl[0], nullptr)) return NotHandled();
+  int64_t dims[kMaxViewDims];
+  if (!Arrays::View(st, out, &dl[0], nullptr, dims)) return NotHandled();
   rows::ByteRows ro, ra;
   if (!RowsOf(dl[0], &ro)) return NotHandled();
   for (size_t i = 0; i < n; ++i) {
@@ -93,6 +97,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
   DLTensor dl[kMaxArgs];
   TVMFFIAny ffi[kMaxArgs];
   int64_t strides[kMaxArgs][kMaxRowsDims];  // row-strided arguments' element strides
+  int64_t dims[kMaxArgs][kMaxViewDims];     // room for the arguments' shapes (a reader that needs it)
   for (size_t i = 0; i < n; ++i) {
     PyObject* o = args[i];
     TVMFFIAny& a = ffi[n_out + i];
@@ -102,7 +107,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
     if (kind == kOptionalTensor && o == Py_None) {
       a.type_index = kTVMFFINone;
     } else if (kind == kTensor || kind == kOptionalTensor) {
-      if (!Arrays::View(st, o, &dl[n_out + i], st.rows[i] ? strides[i] : nullptr)) return NotHandled();
+      if (!Arrays::View(st, o, &dl[n_out + i], st.rows[i] ? strides[i] : nullptr, dims[i])) return NotHandled();
       a.type_index = kTVMFFIDLTensorPtr;
       a.v_ptr = &dl[n_out + i];
     } else if (!Scalar(kind, o, &a)) {

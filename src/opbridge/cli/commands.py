@@ -134,15 +134,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _build_c_entries() -> None:
-    """Build the C entries (one per Python, NumPy's also per NumPy version): NumPy's, and the DLPack
-    exchange entry where Paddle is installed; each only where it is on, and a failure only warns."""
+    """Build the C entries (one per Python, NumPy's also per NumPy version): NumPy's, and the tensor
+    entry where Paddle or MindSpore is installed; each only where it is on, and a failure only warns."""
     import importlib.util
 
     from opbridge.call import c_entry
 
     wanted = [("NumPy C entry", "opbridge.adapters.numpy.native")]
-    if importlib.util.find_spec("paddle") is not None:
-        wanted.append(("DLPack exchange entry", "opbridge.call.exchange"))
+    if any(importlib.util.find_spec(fw) is not None for fw in ("paddle", "mindspore")):
+        wanted.append(("tensor C entry", "opbridge.call.exchange"))
     for label, module in wanted:
         entry = c_entry.module_entry(module)
         if not entry.enabled():

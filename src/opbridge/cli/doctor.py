@@ -194,10 +194,10 @@ def _numpy_entry() -> dict[str, Any]:
 
 
 def _exchange_entry() -> dict[str, Any]:
-    """The DLPack exchange entry (``call/exchange.py``), which Paddle's calls go through first."""
+    """The tensor entry (``call/exchange.py``), which Paddle's and MindSpore's calls go through first."""
     off = (None if config.exchange_entry()
-           else "off (OPBRIDGE_EXCHANGE_ENTRY=0): Paddle calls take the Python fast path")
-    return _c_entry("opbridge.call.exchange", off, "Paddle")
+           else "off (OPBRIDGE_EXCHANGE_ENTRY=0): Paddle and MindSpore calls take the Python fast path")
+    return _c_entry("opbridge.call.exchange", off, "Paddle or MindSpore")
 
 
 def _outputs() -> dict[str, Any]:
@@ -287,7 +287,7 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     native = r["torch_native"]
     where = f" ({native['path']})" if native["built"] else ""
     lines.append(f"{mark(native['built'])} torch shim  {native['state']}{where}")
-    for key, label in (("numpy_entry", "numpy entry"), ("exchange_entry", "dlpack entry")):
+    for key, label in (("numpy_entry", "numpy entry"), ("exchange_entry", "tensor entry")):
         entry = r[key]
         where = f" ({entry['path']})" if entry["built"] else ""
         lines.append(f"{mark(entry['built'])} {label} {entry['state']}{where}")

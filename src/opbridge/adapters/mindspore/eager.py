@@ -29,7 +29,17 @@ from opbridge import loader
 from opbridge._codegen import compile_source
 from opbridge.adapters.mindspore import graph, primitive
 from opbridge.adapters.mindspore.support import dtype_name, ms_dtype, unsupported_reason
-from opbridge.adapters.mindspore.views import NotOnHostError, alloc, host_view, kernel_arg, relabel, sync
+from opbridge.adapters.mindspore.views import (
+    NUMPY,
+    NotOnHostError,
+    alloc,
+    host_view,
+    kernel_arg,
+    new_tensor,
+    relabel,
+    sync,
+)
+from opbridge.call import exchange
 from opbridge.call.core import (
     alloc_outputs,
     alloc_source,
@@ -279,9 +289,23 @@ def _generated_names(op: OpDef, kern: Callable[..., Any]) -> dict[str, Any]:
     }
 
 
+#: MindSpore's tensors for the tensor C entry, read through their methods: exact ``Tensor`` on the CPU
+#: with its memory there (``has_init`` false), after one wait for queued work, while nothing is recorded
+#: for gradients (then the call goes on the tape here).
+ENTRY_TENSORS = exchange.Framework(
+    "mindspore", Tensor, requires_grad, None, None, dtype_name,
+    exchange.Methods({d: dtype_name(d) for d in NUMPY}, new_tensor, sync, ("device", "CPU"), "has_init"))
+
+
 def make_eager(op: OpDef) -> Callable[..., Any]:
-    """The op's generated eager call on MindSpore tensors (see the module docstring)."""
+    """The op's generated eager call on MindSpore tensors (see the module docstring).
+
+    The tensor C entry (:mod:`opbridge.call.exchange`), once loaded, goes first
+    in the op's public callable and takes what this call's fast path would;
+    this call takes the rest.
+    """
     kern = loader.kernel(op, "cpu")
+    exchange.install(op, kern, ENTRY_TENSORS)
 
     def checked(args: tuple[Any, ...]) -> Any:
         return run_checked(op, kern, args)

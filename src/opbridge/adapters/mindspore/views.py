@@ -133,6 +133,28 @@ def alloc(shape: Sequence[int], dtype: Any) -> tuple[Tensor, Any]:
     return Tensor.from_numpy(buf), buf
 
 
+@functools.cache
+def _new_dtypes() -> dict[int, np.dtype[Any]]:
+    """TypeCode (:func:`opbridge.call.c_entry.dl_code`) -> the NumPy dtype of a new output's buffer, for
+    every dtype :func:`new_tensor` makes (bfloat16 only with ml_dtypes: see :func:`alloc`)."""
+    from opbridge.adapters.mindspore.support import dtype_name
+    from opbridge.call.c_entry import dl_code
+
+    found = {dl_code(dtype_name(d)): npd for d, npd in NUMPY.items() if d != ms.bfloat16}
+    bf16 = _numpy_bfloat16()
+    if bf16 is not None:
+        found[dl_code("bfloat16")] = bf16
+    return found
+
+
+def new_tensor(shape: tuple[int, ...], code: int) -> Tensor | None:
+    """A new contiguous CPU tensor for the tensor C entry (:mod:`opbridge.call.exchange`): *code* its
+    TypeCode; None for a dtype made only on the Python path. The entry makes outputs below the pool's
+    threshold only, so the buffer is NumPy's own."""
+    npd = _new_dtypes().get(code)
+    return None if npd is None else Tensor.from_numpy(np.empty(shape, npd))
+
+
 def span(t: Tensor) -> tuple[int, int]:
     """``(start, end)`` byte addresses of *t*'s memory, for the alias check of mutating ops."""
     p = int(t.data_ptr())

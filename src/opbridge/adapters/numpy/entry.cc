@@ -47,7 +47,7 @@ struct NumpyArrays {
   using State = entry::OpState;
   using Out = PyObject*;
   static bool Lead(State& st, PyObject* const* args, PyObject*) { return Py_TYPE(args[st.dtype_arg]) == &PyArray_Type; }
-  static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides) { return ::View(o, d, strides); }
+  static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t*) { return ::View(o, d, strides); }
   static bool New(State&, PyObject* like, const DLTensor*, const entry::OutSpec* spec, Out* out, DLTensor* d) {
     if (spec != nullptr) {  // the shape rule's output
       const int type = NpyType(spec->type);
