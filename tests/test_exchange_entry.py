@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,16 @@ from opbridge import loader, ops
 
 paddle = pytest.importorskip("paddle")
 
+from _entry_checks import (  # noqa: E402
+    RNG,
+    Entry,
+    kernel_errors_are_raised_after_one_run,
+    outputs_shaped_by_a_shape_rule,
+    overlapping_written_arguments_are_named_by_python,
+    qkv_slices_are_taken_where_they_lie,
+    results_equal_the_reference,
+    threads,
+)
 from opbridge.adapters.paddle.eager import EXCHANGE  # noqa: E402
 from opbridge.call import c_entry, exchange  # noqa: E402
 from opbridge.testing.compare import assert_close  # noqa: E402
@@ -32,53 +41,24 @@ def entry() -> exchange.Library:
     return lib
 
 
-def _calls(name: str) -> int:
-    got = exchange.entry_calls(getattr(ops, name).opdef, "paddle")
-    assert got is not None, f"{name} has no exchange entry"
-    return got
-
-
-def _taken(name: str, *args: Any, **kw: Any) -> Any:
-    before = _calls(name)
-    got = getattr(ops, name)(*args, **kw)
-    assert _calls(name) == before + 1, f"{name}: the entry did not take the call"
-    return got
-
-
-def _left(name: str, *args: Any, **kw: Any) -> Any:
-    before = _calls(name)
-    got = getattr(ops, name)(*args, **kw)
-    assert _calls(name) == before, f"{name}: the entry took a call it must leave to Python"
-    return got
-
-
 def _t(a: np.ndarray) -> Any:
     return paddle.to_tensor(a)
 
 
-RNG = np.random.default_rng(0)
+E = Entry("paddle", _t, lambda t: t.numpy())
+_calls, _taken, _left = E.calls, E.taken, E.left
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_results_equal_the_reference(entry: exchange.Library, dtype: str) -> None:
-    x, y, g = (RNG.standard_normal((5, 64)).astype(dtype) for _ in range(3))
-    w = RNG.standard_normal(64).astype(dtype)
-    tol = {"rtol": 2e-3, "atol": 2e-3} if dtype == "float16" else {}
-    for name, args in (("add", (x, y)), ("gelu", (x,)), ("rms_norm", (x, w, 1e-6)),
-                       ("silu_and_mul", (x,)), ("gelu_and_mul", (x,)), ("gelu_backward", (g, x))):
-        op = getattr(ops, name).opdef
-        got = _taken(name, *map(lambda v: _t(v) if isinstance(v, np.ndarray) else v, args))
+    def check(got: Any) -> None:
         assert isinstance(got, paddle.Tensor) and got.is_contiguous() and got.stop_gradient
-        assert_close(got.numpy(), op.reference(*args), **tol)
+
+    results_equal_the_reference(E, dtype, check)
 
 
 def test_outputs_shaped_by_a_shape_rule(entry: exchange.Library) -> None:
-    """silu_and_mul halves the last dim: the rule's answer, kept per signature, across shapes and dtypes."""
-    for shape, dt in (((3, 16), "float32"), ((3, 16), "float64"), ((2, 5, 8), "float32"), ((3, 16), "float32")):
-        x = RNG.standard_normal(shape).astype(dt)
-        got = _taken("silu_and_mul", _t(x))
-        assert got.shape == [*shape[:-1], shape[-1] // 2] and got.dtype == getattr(paddle, dt)
-        assert_close(got.numpy(), ops.silu_and_mul.opdef.reference(x))
+    outputs_shaped_by_a_shape_rule(E)
 
 
 def test_bfloat16(entry: exchange.Library) -> None:
@@ -104,19 +84,7 @@ def test_ops_that_write_their_arguments(entry: exchange.Library) -> None:
 
 
 def test_qkv_slices_are_taken_where_they_lie(entry: exchange.Library) -> None:
-    """rotary_embedding declares query and key row_strided: column slices of one qkv tensor, no copy."""
-    tokens, heads, size = 6, 2, 16
-    qkv = _t(RNG.standard_normal((tokens, 3 * heads * size)).astype(np.float32))
-    cache = _t(RNG.standard_normal((32, size)).astype(np.float32))
-    pos = _t(np.arange(tokens, dtype=np.int64))
-    q, k = qkv[:, :heads * size], qkv[:, heads * size:2 * heads * size]
-    assert not q.is_contiguous()
-    dense_q, dense_k = q.clone(), k.clone()
-    want = qkv.numpy().copy()
-    _taken("rotary_embedding", pos, q, k, size, cache, True)
-    ops.rotary_embedding(pos, dense_q, dense_k, size, cache, True)
-    want[:, :heads * size], want[:, heads * size:2 * heads * size] = dense_q.numpy(), dense_k.numpy()
-    np.testing.assert_array_equal(qkv.numpy(), want)  # the v third untouched too
+    qkv_slices_are_taken_where_they_lie(E, lambda t: t.clone())
 
 
 def test_calls_left_to_python(entry: exchange.Library) -> None:
@@ -142,20 +110,11 @@ def test_calls_left_to_python(entry: exchange.Library) -> None:
 
 
 def test_overlapping_written_arguments_are_named_by_python(entry: exchange.Library) -> None:
-    x = _t(np.ones((2, 64), np.float32))
-    w = _t(np.ones(64, np.float32))
-    before = _calls("fused_add_rms_norm")
-    with pytest.raises(ValueError, match="overlaps argument 'residual' in memory"):
-        ops.fused_add_rms_norm(x, x, w, 1e-6)
-    assert _calls("fused_add_rms_norm") == before
+    overlapping_written_arguments_are_named_by_python(E)
 
 
 def test_kernel_errors_are_raised_after_one_run(entry: exchange.Library) -> None:
-    """A bad shape reaches the kernel, whose error is raised as tvm-ffi raises it: never a second run."""
-    before = _calls("add")
-    with pytest.raises(ValueError, match="add"):
-        ops.add(_t(np.ones(3, np.float32)), _t(np.ones(4, np.float32)))
-    assert _calls("add") == before
+    kernel_errors_are_raised_after_one_run(E)
 
 
 def test_outputs_are_freed(entry: exchange.Library) -> None:
@@ -172,22 +131,7 @@ def test_outputs_are_freed(entry: exchange.Library) -> None:
 
 
 def test_threads(entry: exchange.Library) -> None:
-    x = _t(RNG.standard_normal((16, 64)).astype(np.float32))
-    want = 2 * x.numpy()
-    bad: list[str] = []
-    before = _calls("add")
-
-    def work() -> None:
-        for _ in range(200):
-            if not np.array_equal(ops.add(x, x).numpy(), want):
-                bad.append("wrong")
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not bad and _calls("add") == before + 800
+    threads(E)
 
 
 def test_takes_the_ops_their_kernels_declare() -> None:
@@ -244,7 +188,7 @@ def test_each_entrys_key_covers_the_shared_call() -> None:
     from opbridge.build import compile as bcompile
 
     shared = {"py_entry.h", "entry_state.h"}
-    assert shared <= {name for name, _ in bcompile.local_headers(exchange.spec())}
+    assert shared | {"method_arrays.h"} <= {name for name, _ in bcompile.local_headers(exchange.spec())}
     numpy_spec = native.spec()
     assert c_entry.SHARED_DIR in numpy_spec.include_dirs  # an include directory: every header in it is hashed
     assert {name for name, _ in bcompile.local_headers(numpy_spec)} == {"arrays.h"}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,16 @@ ms = pytest.importorskip("mindspore")
 from mindspore import Tensor  # noqa: E402
 from mindspore.graph.api import _pynative_executor  # noqa: E402
 
+from _entry_checks import (  # noqa: E402
+    RNG,
+    Entry,
+    kernel_errors_are_raised_after_one_run,
+    outputs_shaped_by_a_shape_rule,
+    overlapping_written_arguments_are_named_by_python,
+    qkv_slices_are_taken_where_they_lie,
+    results_equal_the_reference,
+    threads,
+)
 from opbridge import loader, ops  # noqa: E402
 from opbridge.adapters.mindspore.eager import ENTRY_TENSORS  # noqa: E402
 from opbridge.build import compile as bcompile  # noqa: E402
@@ -34,26 +43,6 @@ def entry() -> exchange.Library:
     return lib
 
 
-def _calls(name: str) -> int:
-    got = exchange.entry_calls(getattr(ops, name).opdef, "mindspore")
-    assert got is not None, f"{name} has no tensor entry"
-    return got
-
-
-def _taken(name: str, *args: Any, **kw: Any) -> Any:
-    before = _calls(name)
-    got = getattr(ops, name)(*args, **kw)
-    assert _calls(name) == before + 1, f"{name}: the entry did not take the call"
-    return got
-
-
-def _left(name: str, *args: Any, **kw: Any) -> Any:
-    before = _calls(name)
-    got = getattr(ops, name)(*args, **kw)
-    assert _calls(name) == before, f"{name}: the entry took a call it must leave to Python"
-    return got
-
-
 def _t(a: np.ndarray) -> Tensor:
     return Tensor(a)
 
@@ -62,29 +51,20 @@ def _np(t: Tensor) -> np.ndarray:
     return t.asnumpy()
 
 
-RNG = np.random.default_rng(0)
+E = Entry("mindspore", _t, _np)
+_calls, _taken, _left = E.calls, E.taken, E.left
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_results_equal_the_reference(entry: exchange.Library, dtype: str) -> None:
-    x, y, g = (RNG.standard_normal((5, 64)).astype(dtype) for _ in range(3))
-    w = RNG.standard_normal(64).astype(dtype)
-    tol = {"rtol": 2e-3, "atol": 2e-3} if dtype == "float16" else {}
-    for name, args in (("add", (x, y)), ("gelu", (x,)), ("rms_norm", (x, w, 1e-6)),
-                       ("silu_and_mul", (x,)), ("gelu_and_mul", (x,)), ("gelu_backward", (g, x))):
-        op = getattr(ops, name).opdef
-        got = _taken(name, *(_t(v) if isinstance(v, np.ndarray) else v for v in args))
+    def check(got: Any) -> None:
         assert type(got) is Tensor and got.is_contiguous() and got.dtype == getattr(ms, dtype)
-        assert_close(_np(got), op.reference(*args), **tol)
+
+    results_equal_the_reference(E, dtype, check)
 
 
 def test_outputs_shaped_by_a_shape_rule(entry: exchange.Library) -> None:
-    """silu_and_mul halves the last dim: the rule's answer, kept per signature, across shapes and dtypes."""
-    for shape, dt in (((3, 16), "float32"), ((3, 16), "float64"), ((2, 5, 8), "float32"), ((3, 16), "float32")):
-        x = RNG.standard_normal(shape).astype(dt)
-        got = _taken("silu_and_mul", _t(x))
-        assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == getattr(ms, dt)
-        assert_close(_np(got), ops.silu_and_mul.opdef.reference(x))
+    outputs_shaped_by_a_shape_rule(E)
 
 
 def test_bfloat16(entry: exchange.Library) -> None:
@@ -156,37 +136,15 @@ def test_tensors_on_a_device_are_left_to_python(entry: exchange.Library, monkeyp
 
 
 def test_qkv_slices_are_taken_where_they_lie(entry: exchange.Library) -> None:
-    """rotary_embedding declares query and key row_strided: column slices of one qkv tensor, no copy."""
-    tokens, heads, size = 6, 2, 16
-    qkv = _t(RNG.standard_normal((tokens, 3 * heads * size)).astype(np.float32))
-    cache = _t(RNG.standard_normal((32, size)).astype(np.float32))
-    pos = _t(np.arange(tokens, dtype=np.int64))
-    q, k = qkv[:, :heads * size], qkv[:, heads * size:2 * heads * size]
-    if q.is_contiguous():
-        pytest.skip("this MindSpore copies column slices")
-    dense_q, dense_k = Tensor(_np(q).copy()), Tensor(_np(k).copy())
-    want = _np(qkv).copy()
-    _taken("rotary_embedding", pos, q, k, size, cache, True)
-    ops.rotary_embedding(pos, dense_q, dense_k, size, cache, True)
-    want[:, :heads * size], want[:, heads * size:2 * heads * size] = _np(dense_q), _np(dense_k)
-    np.testing.assert_array_equal(_np(qkv), want)  # the v third untouched too
+    qkv_slices_are_taken_where_they_lie(E, lambda t: Tensor(_np(t).copy()))
 
 
 def test_overlapping_written_arguments_are_named_by_python(entry: exchange.Library) -> None:
-    x = _t(np.ones((2, 64), np.float32))
-    w = _t(np.ones(64, np.float32))
-    before = _calls("fused_add_rms_norm")
-    with pytest.raises(ValueError, match="overlaps argument 'residual' in memory"):
-        ops.fused_add_rms_norm(x, x, w, 1e-6)
-    assert _calls("fused_add_rms_norm") == before
+    overlapping_written_arguments_are_named_by_python(E)
 
 
 def test_kernel_errors_are_raised_after_one_run(entry: exchange.Library) -> None:
-    """A bad shape reaches the kernel, whose error is raised as tvm-ffi raises it: never a second run."""
-    before = _calls("add")
-    with pytest.raises(ValueError, match="add"):
-        ops.add(_t(np.ones(3, np.float32)), _t(np.ones(4, np.float32)))
-    assert _calls("add") == before
+    kernel_errors_are_raised_after_one_run(E)
 
 
 def test_outputs_are_freed(entry: exchange.Library) -> None:
@@ -199,22 +157,7 @@ def test_outputs_are_freed(entry: exchange.Library) -> None:
 
 
 def test_threads(entry: exchange.Library) -> None:
-    x = _t(RNG.standard_normal((16, 64)).astype(np.float32))
-    want = 2 * _np(x)
-    bad: list[str] = []
-    before = _calls("add")
-
-    def work() -> None:
-        for _ in range(200):
-            if not np.array_equal(_np(ops.add(x, x)), want):
-                bad.append("wrong")
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not bad and _calls("add") == before + 800
+    threads(E)
 
 
 def test_out_is_written_by_the_entry(entry: exchange.Library) -> None:

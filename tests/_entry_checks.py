@@ -1,0 +1,120 @@
+"""What the tensor entry's tests check in every framework it reads (opbridge.call.exchange): Paddle's tensors
+through their DLPack exchange table (test_exchange_entry.py), MindSpore's through their methods
+(test_method_entry.py). Each framework gives how it makes a tensor from an ndarray and reads one back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from opbridge import ops
+from opbridge.call import exchange
+from opbridge.testing.compare import assert_close
+
+
+class Entry:
+    """Counts the calls the entry completed for one framework's tensors; *to* and *back* convert arrays."""
+
+    def __init__(self, framework: str, to: Callable[[np.ndarray], Any], back: Callable[[Any], np.ndarray]) -> None:
+        self.framework, self.to, self.back = framework, to, back
+
+    def calls(self, name: str) -> int:
+        got = exchange.entry_calls(getattr(ops, name).opdef, self.framework)
+        assert got is not None, f"{name} has no tensor entry for {self.framework}"
+        return got
+
+    def taken(self, name: str, *args: Any, **kw: Any) -> Any:
+        """The op's result, asserting the entry took the call."""
+        before = self.calls(name)
+        got = getattr(ops, name)(*args, **kw)
+        assert self.calls(name) == before + 1, f"{name}: the entry did not take the call"
+        return got
+
+    def left(self, name: str, *args: Any, **kw: Any) -> Any:
+        """The op's result, asserting the entry left the call to the Python path."""
+        before = self.calls(name)
+        got = getattr(ops, name)(*args, **kw)
+        assert self.calls(name) == before, f"{name}: the entry took a call it must leave to Python"
+        return got
+
+
+RNG = np.random.default_rng(0)
+
+
+def results_equal_the_reference(e: Entry, dtype: str, check: Callable[[Any], None]) -> None:
+    """Six ops through the entry against their references; *check* looks at each result tensor."""
+    x, y, g = (RNG.standard_normal((5, 64)).astype(dtype) for _ in range(3))
+    w = RNG.standard_normal(64).astype(dtype)
+    tol = {"rtol": 2e-3, "atol": 2e-3} if dtype == "float16" else {}
+    for name, args in (("add", (x, y)), ("gelu", (x,)), ("rms_norm", (x, w, 1e-6)),
+                       ("silu_and_mul", (x,)), ("gelu_and_mul", (x,)), ("gelu_backward", (g, x))):
+        op = getattr(ops, name).opdef
+        got = e.taken(name, *(e.to(v) if isinstance(v, np.ndarray) else v for v in args))
+        check(got)
+        assert_close(e.back(got), op.reference(*args), **tol)
+
+
+def outputs_shaped_by_a_shape_rule(e: Entry) -> None:
+    """silu_and_mul halves the last dim: the rule's answer, kept per signature, across shapes and dtypes."""
+    for shape, dt in (((3, 16), "float32"), ((3, 16), "float64"), ((2, 5, 8), "float32"), ((3, 16), "float32")):
+        x = RNG.standard_normal(shape).astype(dt)
+        got = e.back(e.taken("silu_and_mul", e.to(x)))
+        assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == np.dtype(dt)
+        assert_close(got, ops.silu_and_mul.opdef.reference(x))
+
+
+def qkv_slices_are_taken_where_they_lie(e: Entry, slice_copy: Callable[[Any], Any]) -> None:
+    """rotary_embedding declares query and key row_strided: column slices of one qkv tensor, no copy.
+    *slice_copy* makes a dense copy of a slice."""
+    tokens, heads, size = 6, 2, 16
+    qkv = e.to(RNG.standard_normal((tokens, 3 * heads * size)).astype(np.float32))
+    cache = e.to(RNG.standard_normal((32, size)).astype(np.float32))
+    pos = e.to(np.arange(tokens, dtype=np.int64))
+    q, k = qkv[:, :heads * size], qkv[:, heads * size:2 * heads * size]
+    assert not q.is_contiguous()
+    dense_q, dense_k = slice_copy(q), slice_copy(k)
+    want = e.back(qkv).copy()
+    e.taken("rotary_embedding", pos, q, k, size, cache, True)
+    ops.rotary_embedding(pos, dense_q, dense_k, size, cache, True)
+    want[:, :heads * size], want[:, heads * size:2 * heads * size] = e.back(dense_q), e.back(dense_k)
+    np.testing.assert_array_equal(e.back(qkv), want)  # the v third untouched too
+
+
+def overlapping_written_arguments_are_named_by_python(e: Entry) -> None:
+    x, w = e.to(np.ones((2, 64), np.float32)), e.to(np.ones(64, np.float32))
+    before = e.calls("fused_add_rms_norm")
+    with pytest.raises(ValueError, match="overlaps argument 'residual' in memory"):
+        ops.fused_add_rms_norm(x, x, w, 1e-6)
+    assert e.calls("fused_add_rms_norm") == before
+
+
+def kernel_errors_are_raised_after_one_run(e: Entry) -> None:
+    """A bad shape reaches the kernel, whose error is raised as tvm-ffi raises it: never a second run."""
+    before = e.calls("add")
+    with pytest.raises(ValueError, match="add"):
+        ops.add(e.to(np.ones(3, np.float32)), e.to(np.ones(4, np.float32)))
+    assert e.calls("add") == before
+
+
+def threads(e: Entry) -> None:
+    """Four threads, 200 calls each: every result right, every call the entry's."""
+    x = e.to(RNG.standard_normal((16, 64)).astype(np.float32))
+    want = 2 * e.back(x)
+    bad: list[str] = []
+    before = e.calls("add")
+
+    def work() -> None:
+        for _ in range(200):
+            if not np.array_equal(e.back(ops.add(x, x)), want):
+                bad.append("wrong")
+
+    workers = [threading.Thread(target=work) for _ in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not bad and e.calls("add") == before + 800
