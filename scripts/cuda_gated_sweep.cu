@@ -1,7 +1,8 @@
 // Launch-policy sweep of the gated activations' CUDA kernels (include/opbridge/cuda_gated.h):
 // silu_and_mul and gelu_and_mul forward and silu_and_mul's backward at serving sizes (1, 8, 256,
 // 4096 rows of intermediate 14336) and at 8192 x 8192 (d = 4096), float32 and bfloat16, under every
-// policy (32-512 threads per block, 1, 2 or 4 units per thread), each timed as 100 launches in a
+// policy (32-512 threads per block, 1, 2 or 4 units per thread; units of 128 bits, and of 64 bits at
+// 1 to 256 rows, where more, narrower units spread a row over more SMs), each timed as 100 launches in a
 // CUDA graph (median of 10 replays) and checked against the ops' current policy (every policy runs
 // the same arithmetic per element, so any difference is a bug). It launches the product's kernel
 // templates themselves, so what it measures is what a policy change would ship.
@@ -23,9 +24,8 @@ const char* kind_name(Kind k) {
 }
 
 // Every policy for one op, dtype and size, the current one first (its result is the reference).
-template <typename T>
-void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy) {
-  constexpr int N = cu::kVec<T>;
+template <typename T, int N>
+void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std::vector<T>& want) {
   const bool backward = kind == Kind::kSiluBackward;
   const int64_t n_out = rows * d * (backward ? 2 : 1), units = d / N;
   T *x, *g, *out;
@@ -37,7 +37,7 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy) {
   CK(cudaGetLastError());
   // Bytes moved per launch: x (2d per row) and, backward, grad (d) read; out (d) or grad_x (2d) written.
   const double bytes = double(rows) * d * sizeof(T) * (backward ? 5 : 3);
-  std::vector<T> want, got(n_out);
+  std::vector<T> got(n_out);
   auto one = [&](auto policy) {
     using P = decltype(policy);
     const dim3 grid = cu::gated_grid<P>(rows, units);
@@ -55,24 +55,24 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy) {
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(got.data(), out, n_out * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
-    const bool current = std::is_same_v<P, cu::GatedCurrent>;
+    const bool current = std::is_same_v<P, cu::GatedCurrent> && N == cu::kVec<T>;
     if (want.empty()) want = got;
     double diff = 0;
     for (int64_t i = 0; i < n_out; i += 7) {
       diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
     }
     const float us = graph_us(launch, s);
-    std::printf("%-21s %-8s %5lld x %-5lld threads %3d units %d blocks %6u x %-5u %9.3f us %6.3f copy  "
+    std::printf("%-21s %-8s %5lld x %-5lld %3d-bit threads %3d units %d blocks %6u x %-5u %9.3f us %6.3f copy  "
                 "max|diff| %.2g%s\n", kind_name(kind), dtype_name<T>(), (long long)rows, (long long)d,
-                P::kThreads, P::kUnits, grid.x, grid.y, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+                int(8 * sizeof(T) * N), P::kThreads, P::kUnits, grid.x, grid.y, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
                 current ? "  <- current policy" : (diff != 0 ? "  MISMATCH" : ""));
   };
-  one(cu::GatedCurrent{});
+  if (N == cu::kVec<T>) one(cu::GatedCurrent{});
   auto per_threads = [&](auto threads_c) {
     constexpr int Threads = decltype(threads_c)::value;
     auto units = [&](auto units_c) {
       using P = cu::GatedPolicy<Threads, decltype(units_c)::value>;
-      if constexpr (!std::is_same_v<P, cu::GatedCurrent>) one(P{});
+      if (!std::is_same_v<P, cu::GatedCurrent> || N != cu::kVec<T>) one(P{});
     };
     units(std::integral_constant<int, 1>{});
     units(std::integral_constant<int, 2>{});
@@ -86,6 +86,15 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy) {
   for (T* p : {x, g, out}) CK(cudaFree(p));
 }
 
+// 128-bit units first: the current policy's result (the first launch) is the reference of every launch
+// of both widths (the inputs are the same deterministic values, the arithmetic per element the same).
+template <typename T>
+void sweep_widths(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy) {
+  std::vector<T> want;
+  sweep<T, cu::kVec<T>>(kind, rows, d, s, copy, want);
+  if (rows <= 256) sweep<T, cu::kVec<T> / 2>(kind, rows, d, s, copy, want);
+}
+
 int main() {
   std::setvbuf(stdout, nullptr, _IONBF, 0);
   cudaStream_t s;
@@ -94,8 +103,8 @@ int main() {
   const int64_t shapes[][2] = {{1, 14336}, {8, 14336}, {256, 14336}, {4096, 14336}, {8192, 4096}};
   for (Kind kind : {Kind::kSiluForward, Kind::kGeluForward, Kind::kSiluBackward}) {
     for (const auto& sh : shapes) {
-      sweep<float>(kind, sh[0], sh[1], s, copy);
-      sweep<__nv_bfloat16>(kind, sh[0], sh[1], s, copy);
+      sweep_widths<float>(kind, sh[0], sh[1], s, copy);
+      sweep_widths<__nv_bfloat16>(kind, sh[0], sh[1], s, copy);
     }
   }
   CK(cudaStreamDestroy(s));
