@@ -2,7 +2,8 @@
 // silu_and_mul and gelu_and_mul forward and silu_and_mul's backward at serving sizes (1, 8, 256,
 // 4096 rows of intermediate 14336) and at 8192 x 8192 (d = 4096), float32 and bfloat16, under every
 // policy (32-512 threads per block, 1, 2 or 4 units per thread; units of 128 bits, and of 64 bits at
-// 1 to 256 rows, where more, narrower units spread a row over more SMs), each timed as 100 launches in a
+// 1 to 256 rows, where more, narrower units spread a row over more SMs; four with cache-streaming
+// loads and stores), each timed as 100 launches in a
 // CUDA graph (median of 10 replays) and checked against the ops' current policy (every policy runs
 // the same arithmetic per element, so any difference is a bug). It launches the product's kernel
 // templates themselves, so what it measures is what a policy change would ship.
@@ -62,9 +63,10 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
       diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
     }
     const float us = graph_us(launch, s);
-    std::printf("%-21s %-8s %5lld x %-5lld %3d-bit threads %3d units %d blocks %6u x %-5u %9.3f us %6.3f copy  "
-                "max|diff| %.2g%s\n", kind_name(kind), dtype_name<T>(), (long long)rows, (long long)d,
-                int(8 * sizeof(T) * N), P::kThreads, P::kUnits, grid.x, grid.y, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+    std::printf("%-21s %-8s %5lld x %-5lld %3d-bit threads %3d units %d %-6s blocks %6u x %-5u %9.3f us %6.3f "
+                "copy  max|diff| %.2g%s\n", kind_name(kind), dtype_name<T>(), (long long)rows, (long long)d,
+                int(8 * sizeof(T) * N), P::kThreads, P::kUnits, P::kStream ? "stream" : "cached", grid.x, grid.y, us,
+                bytes / (us * 1e-6) / 1e9 / copy, diff,
                 current ? "  <- current policy" : (diff != 0 ? "  MISMATCH" : ""));
   };
   if (N == cu::kVec<T>) one(cu::GatedCurrent{});
@@ -83,6 +85,11 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
   per_threads(std::integral_constant<int, 128>{});
   per_threads(std::integral_constant<int, 256>{});
   per_threads(std::integral_constant<int, 512>{});
+  // cache-streaming loads and stores, under the current policy and its neighbours
+  one(cu::GatedPolicy<cu::GatedCurrent::kThreads, cu::GatedCurrent::kUnits, true>{});
+  one(cu::GatedPolicy<cu::GatedCurrent::kThreads, 2, true>{});
+  one(cu::GatedPolicy<256, 1, true>{});
+  one(cu::GatedPolicy<64, 1, true>{});
   for (T* p : {x, g, out}) CK(cudaFree(p));
 }
 

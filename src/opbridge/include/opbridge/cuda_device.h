@@ -130,6 +130,47 @@ __device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
+// The same with the cache-streaming hint (ld.global.cs / st.global.cs: the line is evicted first),
+// for data a kernel touches once, so that what it reuses (a norm's weight row) stays in cache. A
+// launch-policy knob (kStream) the sweeps try; no shipped policy sets it yet.
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> load_stream(const T* p) {
+  Vec<T, N> v;
+  if constexpr (sizeof(v) == 16) {
+    *reinterpret_cast<int4*>(&v) = __ldcs(reinterpret_cast<const int4*>(p));
+  } else if constexpr (sizeof(v) == 8) {
+    *reinterpret_cast<int2*>(&v) = __ldcs(reinterpret_cast<const int2*>(p));
+  } else if constexpr (sizeof(v) == 4) {
+    *reinterpret_cast<int*>(&v) = __ldcs(reinterpret_cast<const int*>(p));
+  } else {
+    v = load<N>(p);
+  }
+  return v;
+}
+template <int N, typename T>
+__device__ __forceinline__ void store_stream(T* p, const Vec<T, N>& v) {
+  if constexpr (sizeof(v) == 16) {
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&v));
+  } else if constexpr (sizeof(v) == 8) {
+    __stcs(reinterpret_cast<int2*>(p), *reinterpret_cast<const int2*>(&v));
+  } else if constexpr (sizeof(v) == 4) {
+    __stcs(reinterpret_cast<int*>(p), *reinterpret_cast<const int*>(&v));
+  } else {
+    store<N>(p, v);
+  }
+}
+// load / store, or their streaming forms where Stream.
+template <bool Stream, int N, typename T>
+__device__ __forceinline__ Vec<T, N> load_as(const T* p) {
+  if constexpr (Stream) return load_stream<N>(p);
+  else return load<N>(p);
+}
+template <bool Stream, int N, typename T>
+__device__ __forceinline__ void store_as(T* p, const Vec<T, N>& v) {
+  if constexpr (Stream) store_stream<N>(p, v);
+  else store<N>(p, v);
+}
+
 inline bool is_aligned(const void* p, std::size_t bytes = 16) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }

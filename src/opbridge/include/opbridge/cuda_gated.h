@@ -32,10 +32,11 @@ struct GeluTanh {
 };
 
 // A launch policy: blocks of kThreads threads (also the kernels' __launch_bounds__), kUnits
-// N-element units per thread.
-template <int Threads, int Units>
+// N-element units per thread; kStream: cache-streaming loads and stores (every element is touched once).
+template <int Threads, int Units, bool Stream = false>
 struct GatedPolicy {
   static constexpr int kThreads = Threads, kUnits = Units, kPerBlock = Threads * Units;
+  static constexpr bool kStream = Stream;
 };
 using GatedCurrent = GatedPolicy<128, 1>;
 
@@ -61,8 +62,8 @@ __global__ void __launch_bounds__(P::kThreads)
     for (int u = 0; u < U; ++u) {
       const int64_t i = base + int64_t(u) * P::kThreads;
       if (U == 1 || i < dv) {
-        av[u] = load<N>(xa + i * N);
-        bv[u] = load<N>(xb + i * N);
+        av[u] = load_as<P::kStream, N>(xa + i * N);
+        bv[u] = load_as<P::kStream, N>(xb + i * N);
       }
     }
 #pragma unroll
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(P::kThreads)
       for (int k = 0; k < N; ++k) {
         ov.v[k] = from_compute<T>(Act::act(to_compute(av[u].v[k])) * to_compute(bv[u].v[k]));
       }
-      store<N>(o + i * N, ov);
+      store_as<P::kStream, N>(o + i * N, ov);
     }
   }
 }
@@ -98,9 +99,9 @@ __global__ void __launch_bounds__(P::kThreads)
     for (int u = 0; u < U; ++u) {
       const int64_t i = base + int64_t(u) * P::kThreads;
       if (U == 1 || i < dv) {
-        av[u] = load<N>(xa + i * N);
-        bv[u] = load<N>(xb + i * N);
-        gv[u] = load<N>(g + i * N);
+        av[u] = load_as<P::kStream, N>(xa + i * N);
+        bv[u] = load_as<P::kStream, N>(xb + i * N);
+        gv[u] = load_as<P::kStream, N>(g + i * N);
       }
     }
 #pragma unroll
@@ -115,8 +116,8 @@ __global__ void __launch_bounds__(P::kThreads)
         dav.v[k] = from_compute<T>(gk * to_compute(bv[u].v[k]) * Act::grad(a));
         dbv.v[k] = from_compute<T>(gk * Act::act(a));
       }
-      store<N>(ga + i * N, dav);
-      store<N>(gb + i * N, dbv);
+      store_as<P::kStream, N>(ga + i * N, dav);
+      store_as<P::kStream, N>(gb + i * N, dbv);
     }
   }
 }

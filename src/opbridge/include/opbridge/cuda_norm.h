@@ -27,7 +27,8 @@ namespace cuda {
 // A launch policy: blocks of at most kMaxThreads threads (also the kernel's
 // __launch_bounds__), at most kMaxUnits units per thread (1, 2, 4 or 8), the
 // fewest units that keep blocks at kPreferredThreads or fewer; kFastSum picks
-// block_sum_fast over block_sum.
+// block_sum_fast over block_sum; kStream: cache-streaming loads and stores of the rows (the weight row,
+// read by every block, keeps normal loads), a knob the sweep tries (scripts/cuda_norm_sweep.cu).
 //
 // RowsByUnits: units grow before threads (rms_norm: float32 rows of 8192 at
 // 8 units x 256 threads ran at 0.96 of copy bandwidth, at 4 x 512 at 0.80),
@@ -38,7 +39,7 @@ namespace cuda {
 template <int N>
 struct RowsByUnits {
   static constexpr int kMaxThreads = 256, kPreferredThreads = 256, kMaxUnits = 8;
-  static constexpr bool kFastSum = false;
+  static constexpr bool kFastSum = false, kStream = false;
 };
 // RowsByThreads: threads grow beyond 256 once a thread holds 4 units or 16
 // elements
@@ -48,7 +49,7 @@ struct RowsByUnits {
 template <int N>
 struct RowsByThreads {
   static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
-  static constexpr bool kFastSum = true;
+  static constexpr bool kFastSum = true, kStream = false;
 };
 
 // Units per thread under policy P for rows of `hv` units, with blocks of at
@@ -98,13 +99,13 @@ __global__ void __launch_bounds__(P::kMaxThreads)
       const int i = threadIdx.x + k * blockDim.x;
       if (i < hv) {
         wv[k] = load<N>(w + i * N);
-        zv[k] = src.load(r, i);
+        zv[k] = src.template load<P::kStream>(r, i);
       }
     }
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) src.commit(r, i, zv[k]);
+      if (i < hv) src.template commit<P::kStream>(r, i, zv[k]);
     }
     C ss = 0;
 #pragma unroll
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(P::kMaxThreads)
         Vec<T, N> o;
 #pragma unroll
         for (int j = 0; j < N; ++j) o.v[j] = from_compute<T>(to_compute(zv[k].v[j]) * rs * to_compute(wv[k].v[j]));
-        store<N>(yr + i * N, o);
+        store_as<P::kStream, N>(yr + i * N, o);
       }
     }
   }
@@ -145,7 +146,11 @@ template <int N, typename T>
 struct RowsOf {
   const T* __restrict__ x;
   StridedRows rows;
-  __device__ Vec<T, N> load(int64_t r, int i) const { return cuda::load<N>(x + rows.offset(r) + int64_t(i) * N); }
+  template <bool Stream = false>
+  __device__ Vec<T, N> load(int64_t r, int i) const {
+    return cuda::load_as<Stream, N>(x + rows.offset(r) + int64_t(i) * N);
+  }
+  template <bool Stream = false>
   __device__ void commit(int64_t, int, const Vec<T, N>&) const {}
 };
 
@@ -157,17 +162,19 @@ struct SumRows {
   const T* input;
   T* residual;
   int64_t H;
+  template <bool Stream = false>
   __device__ Vec<T, N> load(int64_t r, int i) const {
     const int64_t at = r * H + int64_t(i) * N;
-    const Vec<T, N> a = cuda::load<N>(input + at);
-    const Vec<T, N> b = cuda::load<N>(residual + at);
+    const Vec<T, N> a = cuda::load_as<Stream, N>(input + at);
+    const Vec<T, N> b = cuda::load_as<Stream, N>(residual + at);
     Vec<T, N> z;
 #pragma unroll
     for (int k = 0; k < N; ++k) z.v[k] = from_compute<T>(to_compute(a.v[k]) + to_compute(b.v[k]));
     return z;
   }
+  template <bool Stream = false>
   __device__ void commit(int64_t r, int i, const Vec<T, N>& z) const {
-    cuda::store<N>(residual + r * H + int64_t(i) * N, z);
+    cuda::store_as<Stream, N>(residual + r * H + int64_t(i) * N, z);
   }
 };
 
