@@ -14,9 +14,13 @@
 #   GPU_CHECK_KERNELS=1 scripts/gpu-check.sh   # the kernel tables against every peer instead of
 #                                  # bench gpu --quick: the norms and gated ops at 1, 8, 256, 4096
 #                                  # rows, every op at 8192 x 8192 (about 4 more minutes on an H200)
+#   GPU_CHECK_SWEEPS=1 scripts/gpu-check.sh    # also the launch-policy sweeps (scripts/cuda-sweep.sh,
+#                                  # built here with nvcc), or =DIR: the binaries already built into
+#                                  # DIR (SWEEP_BUILD_ONLY=DIR scripts/cuda-sweep.sh); per case, the
+#                                  # current and the fastest policy go into the summary
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -76,4 +80,9 @@ if [ "${GPU_CHECK_KERNELS:-0}" = "1" ]; then
     silu_and_mul gelu_and_mul --rows 1 8 256 4096 --no-large --rounds 5 --out "$OUT/bench-gpu-serving"
   step bench_gpu_large "$PY" -m opbridge bench gpu --rows --rounds 5 --out "$OUT/bench-gpu-large"
 fi
+case "${GPU_CHECK_SWEEPS:-0}" in
+  0) ;;
+  1) for sw in norm gated; do step "sweep_$sw" env PYTHON="$PY" scripts/cuda-sweep.sh "$sw"; done ;;
+  *) for sw in norm gated; do step "sweep_$sw" "$GPU_CHECK_SWEEPS/cuda_${sw}_sweep"; done ;;
+esac
 "$PY" scripts/gpu_check_summary.py "$OUT"

@@ -7,6 +7,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import sweep_summary  # beside this script (sys.path[0])
+
 
 def _junit(path: Path) -> dict[str, object]:
     if not path.exists():
@@ -43,6 +45,9 @@ def main(out: Path) -> int:
         summary[key] = json.loads(bench.read_text()) if bench.exists() else None
     log = out / "bench_overhead_cuda.log"
     summary["bench_overhead_cuda"] = _last_json(log.read_text()) if log.exists() else None
+    for name in ("sweep_norm", "sweep_gated"):  # GPU_CHECK_SWEEPS: the launch-policy sweeps, per case
+        log = out / f"{name}.log"
+        summary[name] = [c.as_json() for c in sweep_summary.cases(log.read_text())] if log.exists() else None
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     failed = [n for n, s in steps.items() if s["exit_status"]]
     verdict = "FAILED: " + ", ".join(failed) if failed else "all steps passed"

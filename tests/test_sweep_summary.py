@@ -1,0 +1,59 @@
+"""The launch-policy sweeps' summary (scripts/sweep_summary.py) and its place in gpu-check's summary:
+read from lines in the sweeps' own formats (the sweeps themselves need a GPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import gpu_check_summary  # noqa: E402
+import sweep_summary  # noqa: E402
+
+# As scripts/cuda_norm_sweep.cu and scripts/cuda_gated_sweep.cu print them.
+NORM = """\
+NVIDIA H200: device-to-device copy 4100 GB/s (read + write); times are per launch inside a CUDA graph
+rms_norm           bfloat16  8192 x 8192  units 4 threads  256 bound  256 3bar cached    40.100 us  0.760 copy  max|diff| 0  <- current policy
+rms_norm           bfloat16  8192 x 8192  units 4 threads  256 bound  256 3bar stream    32.000 us  0.952 copy  max|diff| 0
+rms_norm           bfloat16  8192 x 8192  units 8 threads  128 bound  256 fast cached    41.000 us  0.743 copy  max|diff| 0.0078
+rms_norm           float32      1 x 4096  units 1 threads 1024 bound 1024 fast cached     2.100 us  0.010 copy  max|diff| 0
+rms_norm           float32      1 x 4096  units 4 threads  256 bound  256 3bar cached     2.000 us  0.011 copy  max|diff| 0  <- current policy
+rms_norm bfloat16 1 x 4096: rows do not fit the cached kernel (the two-pass form runs)
+"""  # noqa: E501
+GATED = """\
+silu_and_mul          float32      1 x 14336 128-bit threads 128 units 1 cached blocks     28 x 1         3.350 us  0.031 copy  max|diff| 0  <- current policy
+silu_and_mul          float32      1 x 14336  64-bit threads  64 units 1 cached blocks    112 x 1         2.900 us  0.036 copy  max|diff| 0
+"""  # noqa: E501
+
+
+def test_cases_name_the_current_and_the_fastest_policy() -> None:
+    found = sweep_summary.cases(NORM + GATED)
+    assert [(c.op, c.dtype, c.shape) for c in found] == [
+        ("rms_norm", "bfloat16", (8192, 8192)), ("rms_norm", "float32", (1, 4096)),
+        ("silu_and_mul", "float32", (1, 14336))]
+    big, small, gated = found
+    assert big.current is not None and big.current.us == 40.1 and big.current.policy.endswith("3bar cached")
+    assert big.best.policy == "units 4 threads 256 bound 256 3bar stream" and big.best.copy == 0.952
+    assert big.speedup == pytest.approx(40.1 / 32.0, abs=1e-3)
+    assert big.mismatches == ["units 8 threads 128 bound 256 fast cached"]  # a result unlike the current one's
+    assert small.speedup == 1.0 and not small.mismatches  # the current policy is the fastest
+    assert gated.best.policy == "64-bit threads 64 units 1 cached blocks 112 x 1"
+    text = sweep_summary.table(found)
+    assert "MISMATCH in 1" in text and "x1.25" in text and "rows do not fit" not in text
+
+
+def test_gpu_check_summary_folds_the_sweeps(tmp_path: Path) -> None:
+    (tmp_path / "steps.txt").write_text("sweep_norm 0 30\nsweep_gated 0 40\n")
+    (tmp_path / "gpu.txt").write_text("NVIDIA H200, 570.00, 143771 MiB")
+    (tmp_path / "sweep_norm.log").write_text(NORM)
+    (tmp_path / "sweep_gated.log").write_text(GATED)
+    assert gpu_check_summary.main(tmp_path) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [c["shape"] for c in summary["sweep_norm"]] == [[8192, 8192], [1, 4096]]
+    assert summary["sweep_norm"][0]["mismatches"] and summary["sweep_gated"][0]["speedup"] == pytest.approx(1.155)
+    assert summary["cuda_tests"] == {"missing": True}  # the steps not run are said to be missing
