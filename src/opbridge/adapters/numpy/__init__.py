@@ -107,6 +107,9 @@ def _kernel_arg(a: Any) -> Any:
         a = np.asarray(_Alias(a)).view(a.dtype)
     if a.dtype.name != "bfloat16":
         return a
+    lib = native.loaded()
+    if lib is not None:  # ml_dtypes came after the entry: from now on, the entry takes its arrays
+        lib.take_bfloat16()
     return bfloat16_tensor(a.view(np.uint16))
 
 
@@ -213,6 +216,7 @@ class NumpyAdapter:
                 })
 
             def with_entry(lib: native.Library) -> None:
+                lib.take_bfloat16()
                 entry, entry_out, state = lib.entry(op, kern, memory.MIN_BYTES)
                 ENTRIES[op.qualname] = (lib, state)
                 install_prelude(op, "numpy", entry_prelude, {"_np_c": entry, "_np_co": entry_out, "_np_nd": np.ndarray},

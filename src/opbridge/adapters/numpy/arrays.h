@@ -15,8 +15,15 @@ namespace {
 
 using opbridge::entry::kMaxRowsDims;
 
-// The DLPack type of *arr*'s elements by kind and size; false for what DLPack or the kernels do not
-// name here (bfloat16 from ml_dtypes, complex, long double, objects): the Python path takes those.
+// ml_dtypes' bfloat16 (NumPy has none of its own): its dtype and scalar type, once the Python side has
+// met it (opb_np_bfloat16), else null. NumPy names it kind 'V', like any other opaque 2-byte type, so
+// it is told by its scalar type.
+PyArray_Descr* bfloat16_descr = nullptr;
+PyTypeObject* bfloat16_type = nullptr;
+
+// The DLPack type of *arr*'s elements by kind and size (ml_dtypes' bfloat16 by its scalar type);
+// false for what DLPack or the kernels do not name here (complex, long double, objects): the Python
+// path takes those.
 bool DLType(PyArrayObject* arr, DLDataType* t) {
   const int size = static_cast<int>(PyArray_ITEMSIZE(arr));
   t->lanes = 1;
@@ -26,9 +33,12 @@ bool DLType(PyArrayObject* arr, DLDataType* t) {
     case 'i': t->code = kDLInt; return size <= 8;
     case 'u': t->code = kDLUInt; return size <= 8;
     case 'b': t->code = kDLBool; return size == 1;
-    default: return false;
+    default:
+      t->code = kDLBfloat;
+      return size == 2 && bfloat16_type != nullptr && PyArray_DESCR(arr)->typeobj == bfloat16_type;
   }
 }
+
 
 // NumPy's type number for a DLPack element type (opbridge::entry::TypeCode), -1 for none.
 int NpyType(int code) {
@@ -51,6 +61,20 @@ int NpyType(int code) {
     case kDLBool: return t.bits == 8 ? NPY_BOOL : -1;
     default: return -1;
   }
+}
+
+// A new reference to the dtype of a new array of DLPack element type *code* (opbridge::entry::TypeCode),
+// or null (no Python error) for one NumPy cannot make here.
+PyArray_Descr* NewDescr(int code) {
+  const DLDataType t = opbridge::entry::FromTypeCode(code);
+  if (t.code == kDLBfloat && t.bits == 16 && t.lanes == 1 && bfloat16_descr != nullptr) {
+    Py_INCREF(bfloat16_descr);
+    return bfloat16_descr;
+  }
+  const int type = NpyType(code);
+  PyArray_Descr* descr = type < 0 ? nullptr : PyArray_DescrFromType(type);
+  if (descr == nullptr) PyErr_Clear();
+  return descr;
 }
 
 // *o* as a DLTensor the kernel may read and write: an exact, aligned, writeable, native-byte-order

@@ -53,10 +53,13 @@ class Library:
         lib.opb_np_entry.restype = ctypes.py_object
         lib.opb_np_calls.argtypes = [ctypes.py_object]
         lib.opb_np_calls.restype = ctypes.c_int64
+        lib.opb_np_bfloat16.argtypes = [ctypes.py_object]
+        lib.opb_np_bfloat16.restype = ctypes.c_int
         if lib.opb_np_init() != 0:
             raise OSError(f"NumPy's C API could not be imported by {path}")
         self.lib = lib
         self.path = path
+        self.bfloat16 = False  # whether the entry takes ml_dtypes' bfloat16 (take_bfloat16)
 
     def entry(self, op: OpDef, kernel: Any, max_out_bytes: int) -> tuple[Callable[..., Any], Callable[..., Any], Any]:
         """*op*'s builtins (the call; the call with ``out=`` last) and the capsule of its state (for
@@ -68,6 +71,21 @@ class Library:
     def calls(self, capsule: Any) -> int:
         """How many calls the entry of *capsule*'s op completed itself."""
         return int(self.lib.opb_np_calls(capsule))
+
+    def take_bfloat16(self) -> bool:
+        """Let the entry take and make ``ml_dtypes.bfloat16`` arrays (NumPy has no bfloat16 of its own), where
+        ml_dtypes is imported (a program with such arrays has imported it); whether it now does."""
+        if self.bfloat16:
+            return True
+        ml_dtypes = sys.modules.get("ml_dtypes")
+        bf16 = getattr(ml_dtypes, "bfloat16", None)
+        if bf16 is None:
+            return False
+        dtype = np.dtype(bf16)
+        if dtype.itemsize != 2 or dtype.name != "bfloat16":
+            return False
+        self.bfloat16 = self.lib.opb_np_bfloat16(dtype) == 0
+        return self.bfloat16
 
 
 def _dtype_name(d: Any) -> str:
