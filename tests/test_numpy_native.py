@@ -84,9 +84,6 @@ def test_integers_and_scalars(entry: native.Library) -> None:
 def test_calls_left_to_python(entry: native.Library) -> None:
     x = np.ones((4, 8), np.float32)
     _left("add", x[:, ::2], x[:, ::2])  # strided
-    ro = x.copy()
-    ro.flags.writeable = False
-    np.testing.assert_array_equal(_left("add", ro, x), x + x)  # read-only: DLPack cannot say so
     before = _calls("add")
     with pytest.raises(TypeError, match="got >f4"):  # byte-swapped: refused, by the Python path
         ops.add(x.astype(">f4"), x.astype(">f4"))
@@ -98,6 +95,30 @@ def test_calls_left_to_python(entry: native.Library) -> None:
     with pytest.raises(TypeError):  # another opaque 2-byte type than ml_dtypes' bfloat16
         ops.add(np.zeros(4, "V2"), np.zeros(4, "V2"))
     assert _calls("add") == before
+
+
+def test_read_only_inputs(entry: native.Library) -> None:
+    """A read-only array (NumPy's view of a JAX array is one) the kernel only reads: taken as it is (the
+    Python path aliased it for DLPack, 15 us a call); one the op writes, or out=: the Python path names it."""
+    x = np.arange(8, dtype=np.float32)
+    ro = x.copy()
+    ro.flags.writeable = False
+    np.testing.assert_array_equal(_taken("add", ro, ro), x + x)
+    w, res = np.ones(64, np.float32), np.ones((2, 64), np.float32)
+    frozen = np.ones((2, 64), np.float32)
+    frozen.flags.writeable = False
+    _taken("fused_add_rms_norm", res.copy(), frozen.copy(), w, 1e-6)  # writeable arguments: taken
+    before = _calls("fused_add_rms_norm")
+    with pytest.raises(ValueError, match="argument 'input' is read-only, and fused_add_rms_norm writes it"):
+        ops.fused_add_rms_norm(frozen, res, w, 1e-6)
+    assert _calls("fused_add_rms_norm") == before
+    np.testing.assert_array_equal(res, np.ones((2, 64), np.float32))
+    out = np.zeros(8, np.float32)
+    out.flags.writeable = False
+    before = _calls("add")
+    with pytest.raises(ValueError, match="out= holds a read-only array"):
+        ops.add(x, x, out=out)
+    assert _calls("add") == before and not out.any()
 
 
 def test_ml_dtypes_bfloat16(entry: native.Library) -> None:

@@ -63,6 +63,7 @@ struct OpState {
   std::vector<int> returns;             // per return: output k as k, argument i (an alias) as -1 - i
   size_t n_out = 0;                     // new outputs: the returns >= 0
   std::vector<int> mutated;             // the tensor arguments the kernel writes
+  std::vector<char> written;            // per schema argument: in mutated
   std::vector<char> rows;               // per schema argument: the op declares it row_strided
   int dtype_arg = 0;                    // the argument whose dtype must be declared
   std::vector<int> dtypes;              // declared TypeCodes

@@ -170,7 +170,7 @@ struct ExchangeArrays {
     return true;
   }
 
-  static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides, int64_t*) {
+  static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides, int64_t*, bool) {
     if (Py_TYPE(o) != st.type || st.api->dltensor_from_py_object_no_sync(o, d) != 0) {
       PyErr_Clear();
       return false;

@@ -91,7 +91,7 @@ struct MethodArrays {
     return true;
   }
 
-  static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims) {
+  static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims, bool) {
     if (Py_TYPE(o) != st.type) return false;
     if (st.unready_attr != nullptr && AttrTruth(o, st.unready_attr) != 0) return false;
     bool ok = ReadView(st, o, d, strides, dims);

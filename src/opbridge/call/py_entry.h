@@ -17,11 +17,11 @@
 //   using Out = ...;      // a new output before it is handed to Python
 //   static bool Lead(State&, PyObject* const* args, PyObject* out);  // the dispatching argument's type;
 //       // any gate (*out*: the caller's out=, or null)
-//   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims);
-//       // o as a DLTensor the kernel may read and write: contiguous, or, where *strides* is given (an
-//       // argument the op declares row_strided, at most kMaxRowsDims dims), rows at a stride; *dims*
-//       // is room for kMaxViewDims dims, valid for the call, for a reader whose tensors hold no shape
-//       // array of their own
+//   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims, bool written);
+//       // o as a DLTensor the kernel may read (and write, where *written*: an argument the op writes,
+//       // or out=): contiguous, or, where *strides* is given (an argument the op declares
+//       // row_strided, at most kMaxRowsDims dims), rows at a stride; *dims* is room for kMaxViewDims
+//       // dims, valid for the call, for a reader whose tensors hold no shape array of their own
 //   static bool New(State&, PyObject* like, const DLTensor* like_dl, const OutSpec* spec, Out*, DLTensor*);
 //       // a new contiguous output shaped like *like* or by *spec*; false: none (no Python error left)
 //   static PyObject* Finish(State&, Out&);   // the output as a Python object (its reference moves)
@@ -50,7 +50,7 @@ template <class Arrays>
                                      TVMFFIAny* ffi) {
   const size_t n = st.kinds.size();
   int64_t dims[kMaxViewDims];
-  if (!Arrays::View(st, out, &dl[0], nullptr, dims)) return NotHandled();
+  if (!Arrays::View(st, out, &dl[0], nullptr, dims, true)) return NotHandled();
   rows::ByteRows ro, ra;
   if (!RowsOf(dl[0], &ro)) return NotHandled();
   for (size_t i = 0; i < n; ++i) {
@@ -107,7 +107,9 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
     if (kind == kOptionalTensor && o == Py_None) {
       a.type_index = kTVMFFINone;
     } else if (kind == kTensor || kind == kOptionalTensor) {
-      if (!Arrays::View(st, o, &dl[n_out + i], st.rows[i] ? strides[i] : nullptr, dims[i])) return NotHandled();
+      if (!Arrays::View(st, o, &dl[n_out + i], st.rows[i] ? strides[i] : nullptr, dims[i], st.written[i])) {
+        return NotHandled();
+      }
       a.type_index = kTVMFFIDLTensorPtr;
       a.v_ptr = &dl[n_out + i];
     } else if (!Scalar(kind, o, &a)) {
@@ -220,6 +222,10 @@ inline bool Init(OpState* st, PyObject* kernel, void* handle, PyObject* kinds, P
   st->rows.assign(st->kinds.size(), 0);
   for (int i : row_args) {
     if (i >= 0 && static_cast<size_t>(i) < st->rows.size()) st->rows[i] = 1;
+  }
+  st->written.assign(st->kinds.size(), 0);
+  for (int i : st->mutated) {
+    if (i >= 0 && static_cast<size_t>(i) < st->written.size()) st->written[i] = 1;
   }
   st->kernel = Py_NewRef(kernel);
   st->rule = rule == Py_None ? nullptr : Py_NewRef(rule);

@@ -77,16 +77,18 @@ PyArray_Descr* NewDescr(int code) {
   return descr;
 }
 
-// *o* as a DLTensor the kernel may read and write: an exact, aligned, writeable, native-byte-order
-// ndarray of a type DLPack names, C-contiguous -- or, where *strides* is given (an argument the op
-// declares row_strided, of at most kMaxRowsDims dims), rows at a stride (opbridge/byte_rows.h),
-// its element strides written to *strides*.
-bool View(PyObject* o, DLTensor* d, int64_t* strides) {
+// *o* as a DLTensor the kernel may read (and write, where *written*): an exact, aligned (and then
+// writeable), native-byte-order ndarray of a type DLPack names, C-contiguous -- or, where *strides*
+// is given (an argument the op declares row_strided, of at most kMaxRowsDims dims), rows at a stride
+// (opbridge/byte_rows.h), its element strides written to *strides*. A read-only input is taken as
+// it is: the kernel only reads it (NumPy arrays of JAX arrays are read-only; DLPack, which cannot
+// say so, made the Python path alias them, 15 us a call).
+bool View(PyObject* o, DLTensor* d, int64_t* strides, bool written) {
   if (Py_TYPE(o) != &PyArray_Type) return false;
   auto* arr = reinterpret_cast<PyArrayObject*>(o);
-  constexpr int kNeed = NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
+  const int need = written ? NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE : NPY_ARRAY_ALIGNED;
   const int flags = PyArray_FLAGS(arr);
-  if ((flags & kNeed) != kNeed || !PyArray_ISNBO(PyArray_DESCR(arr)->byteorder)) return false;
+  if ((flags & need) != need || !PyArray_ISNBO(PyArray_DESCR(arr)->byteorder)) return false;
   if (!DLType(arr, &d->dtype)) return false;
   d->data = PyArray_DATA(arr);
   d->device = DLDevice{kDLCPU, 0};

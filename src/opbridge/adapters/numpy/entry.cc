@@ -47,7 +47,9 @@ struct NumpyArrays {
   using State = entry::OpState;
   using Out = PyObject*;
   static bool Lead(State& st, PyObject* const* args, PyObject*) { return Py_TYPE(args[st.dtype_arg]) == &PyArray_Type; }
-  static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t*) { return ::View(o, d, strides); }
+  static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t*, bool written) {
+    return ::View(o, d, strides, written);
+  }
   static bool New(State&, PyObject* like, const DLTensor*, const entry::OutSpec* spec, Out* out, DLTensor* d) {
     if (spec != nullptr) {  // the shape rule's output
       PyArray_Descr* descr = NewDescr(spec->type);
@@ -57,7 +59,7 @@ struct NumpyArrays {
     } else {
       *out = PyArray_NewLikeArray(reinterpret_cast<PyArrayObject*>(like), NPY_CORDER, nullptr, 0);
     }
-    if (*out != nullptr && ::View(*out, d, nullptr)) return true;
+    if (*out != nullptr && ::View(*out, d, nullptr, true)) return true;
     PyErr_Clear();
     Py_XDECREF(*out);
     return false;
