@@ -15,7 +15,6 @@
 // Call<Arrays> is the whole call. Its Arrays policy supplies:
 //   using State = ...;    // OpState, or a struct derived from it with the framework's own facts
 //   using Out = ...;      // a new output before it is handed to Python
-//   static constexpr bool kViewDims = ...;  // whether View uses its dims room (below)
 //   static bool Lead(State&, PyObject* const* args, PyObject* out);  // the dispatching argument's type;
 //       // any gate (*out*: the caller's out=, or null)
 //   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims, bool written);
@@ -23,7 +22,6 @@
 //       // or out=): contiguous, or, where *strides* is given (an argument the op declares
 //       // row_strided, at most kMaxRowsDims dims), rows at a stride; *dims* is room for kMaxViewDims
 //       // dims, valid for the call, for a reader whose tensors hold no shape array of their own
-//       // (kViewDims; for the others it is one row shared by every argument)
 //   static bool New(State&, PyObject* like, const DLTensor* like_dl, const OutSpec* spec, Out*, DLTensor*);
 //       // a new contiguous output shaped like *like* or by *spec*; false: none (no Python error left)
 //   static PyObject* Finish(State&, Out&);   // the output as a Python object (its reference moves)
