@@ -134,7 +134,6 @@ void Free(DLManagedTensorVersioned* m) {
 struct ExchangeArrays {
   using State = ExchangeState;
   using Out = Owned*;
-  static constexpr bool kViewDims = false;  // View uses its dims room
 
   // The dispatching tensor's type, and nothing to record for autograd (out= included).
   static bool Lead(State& st, PyObject* const* args, PyObject* out) {

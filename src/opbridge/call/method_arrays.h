@@ -70,7 +70,6 @@ int Ints(PyObject* seq, int64_t* to, int room) {
 struct MethodArrays {
   using State = MethodState;
   using Out = MethodOut;
-  static constexpr bool kViewDims = true;  // View uses its dims room
 
   static bool Lead(State& st, PyObject* const* args, PyObject*) {
     if (Py_TYPE(args[st.dtype_arg]) != st.type) return false;

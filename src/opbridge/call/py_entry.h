@@ -97,9 +97,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
   DLTensor dl[kMaxArgs];
   TVMFFIAny ffi[kMaxArgs];
   int64_t strides[kMaxArgs][kMaxRowsDims];  // row-strided arguments' element strides
-  // room for the arguments' shapes, for a reader that needs it (Arrays::kViewDims: one whose tensors
-  // hold no shape array of their own); a single row for the others, whose stack frame stays as it was
-  int64_t dims[Arrays::kViewDims ? kMaxArgs : 1][kMaxViewDims];
+  int64_t dims[kMaxArgs][kMaxViewDims];     // room for the arguments' shapes (a reader that needs it)
   for (size_t i = 0; i < n; ++i) {
     PyObject* o = args[i];
     TVMFFIAny& a = ffi[n_out + i];
@@ -109,8 +107,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
     if (kind == kOptionalTensor && o == Py_None) {
       a.type_index = kTVMFFINone;
     } else if (kind == kTensor || kind == kOptionalTensor) {
-      if (!Arrays::View(st, o, &dl[n_out + i], st.rows[i] ? strides[i] : nullptr,
-                        dims[Arrays::kViewDims ? i : 0], st.written[i])) {
+      if (!Arrays::View(st, o, &dl[n_out + i], st.rows[i] ? strides[i] : nullptr, dims[i], st.written[i])) {
         return NotHandled();
       }
       a.type_index = kTVMFFIDLTensorPtr;
