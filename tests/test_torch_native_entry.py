@@ -175,6 +175,16 @@ def test_calls_the_entry_declines_give_the_python_paths_results_and_messages(nam
     _assert_same_outcome(op.opdef, call)
 
 
+def test_a_numpy_float64_scalar_is_taken_as_the_python_path_takes_it() -> None:
+    """numpy.float64 is a float: the entry takes it where a float is declared, as the other C entries do,
+    with the Python path's result; numpy.float32 is not, and goes to the Python path."""
+    import numpy as np
+
+    x, w = torch.randn(2, 8), torch.randn(8)
+    _assert_same_outcome(ops.rms_norm.opdef, lambda: ops.rms_norm(x, w, np.float64(1e-6)), entered=True)
+    _assert_same_outcome(ops.rms_norm.opdef, lambda: ops.rms_norm(x, w, np.float32(1e-6)))
+
+
 def test_grad_flows_as_before() -> None:
     x = torch.randn(3, 8, requires_grad=True)
     before = _entry(ops.rms_norm.opdef)

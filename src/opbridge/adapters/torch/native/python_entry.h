@@ -57,7 +57,7 @@ inline bool FromPython(const OpState& st, size_t i, PyObject* o, c10::SmallVecto
       return true;
     }
     case Kind::kFloat:
-      if (!PyFloat_CheckExact(o)) return false;
+      if (!PyFloat_Check(o)) return false;  // a subclass too (numpy.float64), as the other C entries take it
       args->emplace_back(PyFloat_AS_DOUBLE(o));
       return true;
     case Kind::kInt: {
