@@ -118,3 +118,13 @@ def threads(e: Entry) -> None:
     for t in workers:
         t.join()
     assert not bad and e.calls("add") == before + 800
+
+
+def parameter_weights(e: Entry, parameter: Callable[[np.ndarray], Any]) -> None:
+    """A model's weight is its framework's parameter type (a subclass of its tensor): taken beside a plain
+    dispatching tensor, with the reference's result; as the dispatching argument it goes to Python."""
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    w = RNG.standard_normal(64).astype(np.float32)
+    got = e.taken("rms_norm", e.to(x), parameter(w), 1e-6)
+    assert_close(e.back(got), ops.rms_norm.opdef.reference(x, w, 1e-6))
+    e.left("gelu", parameter(w))

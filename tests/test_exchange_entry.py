@@ -20,6 +20,7 @@ from _entry_checks import (  # noqa: E402
     kernel_errors_are_raised_after_one_run,
     outputs_shaped_by_a_shape_rule,
     overlapping_written_arguments_are_named_by_python,
+    parameter_weights,
     qkv_slices_are_taken_where_they_lie,
     results_equal_the_reference,
     threads,
@@ -193,3 +194,14 @@ def test_each_entrys_key_covers_the_shared_call() -> None:
     assert c_entry.SHARED_DIR in numpy_spec.include_dirs  # an include directory: every header in it is hashed
     assert {name for name, _ in bcompile.local_headers(numpy_spec)} == {"arrays.h"}
     assert shared <= {p.name for p in c_entry.SHARED_DIR.glob("*.h")}
+
+
+def test_parameter_weights(entry: exchange.Library) -> None:
+    def param(a: np.ndarray) -> Any:
+        p = paddle.create_parameter([a.shape[0]], "float32")
+        p.set_value(a)
+        p.stop_gradient = True
+        return p
+
+    with paddle.no_grad():
+        parameter_weights(E, param)

@@ -22,6 +22,7 @@ from _entry_checks import (  # noqa: E402
     kernel_errors_are_raised_after_one_run,
     outputs_shaped_by_a_shape_rule,
     overlapping_written_arguments_are_named_by_python,
+    parameter_weights,
     qkv_slices_are_taken_where_they_lie,
     results_equal_the_reference,
     threads,
@@ -200,3 +201,7 @@ def test_off_builds_and_loads_nothing() -> None:
 
 def test_the_entrys_key_covers_the_method_reader() -> None:
     assert "method_arrays.h" in {name for name, _ in bcompile.local_headers(exchange.spec())}
+
+
+def test_parameter_weights(entry: exchange.Library) -> None:
+    parameter_weights(E, lambda a: ms.Parameter(Tensor(a), name="w"))

@@ -119,8 +119,9 @@ class Methods:
 class Framework:
     """What the entry needs to know of one framework's tensors.
 
-    *name* keys its prelude in the op's callable; *tensor_type* is the exact
-    type the entry takes; *grad_enabled* ``() -> bool`` says whether the
+    *name* keys its prelude in the op's callable; *tensor_type* is the type
+    the entry takes (exactly for the dispatching tensor; the others may be a
+    subclass: a model's parameters); *grad_enabled* ``() -> bool`` says whether the
     framework records gradients now, and *no_grad_attr* names the tensor
     attribute that is true when a tensor needs none (then the entry takes the
     call: nothing to record; None: any recording leaves the call to Python);

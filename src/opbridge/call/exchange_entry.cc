@@ -7,7 +7,8 @@
 // It reads each tensor through the table's dltensor_from_py_object_no_sync (the framework fills a
 // DLTensor on our stack: no capsule, no Python frame) and makes each new output in memory of its own,
 // handed to the framework through managed_tensor_to_py_object_no_sync once the kernel has written it.
-// It takes what the adapter's Python fast path takes: tensors of exactly that type on the CPU,
+// It takes what the adapter's Python fast path takes: tensors of that type on the CPU (the dispatching
+// one exactly, the others may be a subclass: a model's parameters),
 // contiguous (or rows at a stride where the op declares row_strided), the dispatching tensor's dtype
 // among the declared ones, no written argument overlapping another tensor, no gradient to record
 // (grad mode off, or no tensor argument that needs one), Python scalars; below the pool's threshold.
@@ -49,7 +50,7 @@ constexpr size_t kAlign = 64;
 
 // One op on one tensor type.
 struct ExchangeState : entry::OpState {
-  PyTypeObject* type = nullptr;            // the tensor type (exactly: a subclass takes the Python path)
+  PyTypeObject* type = nullptr;            // the tensor type (the dispatching tensor's exactly)
   const DLPackExchangeAPI* api = nullptr;  // its exchange table
   PyObject* grad_enabled = nullptr;        // () -> bool: whether the framework records gradients now
   PyObject* no_grad_attr = nullptr;        // a tensor attribute, true when it needs no gradient ("stop_gradient")
@@ -157,9 +158,9 @@ struct ExchangeArrays {
     return out == nullptr || NoGrad(st, out);
   }
 
-  // Whether *t* (a tensor of the entry's type; anything else View refuses) needs no gradient.
+  // Whether *t* (a tensor of the entry's type or a subclass; anything else View refuses) needs no gradient.
   static bool NoGrad(State& st, PyObject* t) {
-    if (Py_TYPE(t) != st.type) return true;
+    if (!PyObject_TypeCheck(t, st.type)) return true;
     PyObject* no_grad = PyObject_GetAttr(t, st.no_grad_attr);
     const int no = no_grad == nullptr ? -1 : PyObject_IsTrue(no_grad);
     Py_XDECREF(no_grad);
@@ -171,7 +172,8 @@ struct ExchangeArrays {
   }
 
   static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides, int64_t*, bool) {
-    if (Py_TYPE(o) != st.type || st.api->dltensor_from_py_object_no_sync(o, d) != 0) {
+    // a subclass too (a framework's parameter type) beside the dispatching tensor, which Lead wants exact
+    if (!PyObject_TypeCheck(o, st.type) || st.api->dltensor_from_py_object_no_sync(o, d) != 0) {
       PyErr_Clear();
       return false;
     }

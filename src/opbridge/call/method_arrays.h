@@ -3,8 +3,8 @@
 // dtype, is_contiguous() and stride() (MindSpore's Tensor). A new output is made by the framework's
 // own allocator, a Python callable (shape, TypeCode) -> tensor, called from here.
 //
-// What it takes is what the adapter's Python fast path takes: tensors of exactly the entry's type
-// whose host attribute names the host ("device" == "CPU"), whose memory is there (the `unready`
+// What it takes is what the adapter's Python fast path takes: tensors of the entry's type (the
+// dispatching one exactly; the others may be a subclass: a model's Parameter weights) whose host attribute names the host ("device" == "CPU"), whose memory is there (the `unready`
 // attribute false: MindSpore's has_init), of a dtype the adapter listed, contiguous or rows at a
 // stride where the op declares them; nothing to record for autograd (grad_enabled() false). The
 // framework's `before` runs once per call before any tensor is read (MindSpore: wait for the queued
@@ -26,7 +26,7 @@ namespace {
 
 // One op on one tensor type read through its methods.
 struct MethodState : opbridge::entry::OpState {
-  PyTypeObject* type = nullptr;  // the tensor type (exactly: a subclass takes the Python path)
+  PyTypeObject* type = nullptr;  // the tensor type (the dispatching tensor's exactly)
   PyObject* grad_enabled = nullptr;  // () -> bool: whether the framework records gradients now
   PyObject* before = nullptr;        // () -> None, run before a call reads any tensor; or null
   PyObject* new_output = nullptr;    // (shape tuple, TypeCode) -> a new contiguous tensor, or None
@@ -92,7 +92,8 @@ struct MethodArrays {
   }
 
   static bool View(State& st, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims, bool) {
-    if (Py_TYPE(o) != st.type) return false;
+    // a subclass too (MindSpore's Parameter) beside the dispatching tensor, which Lead wants exact
+    if (!PyObject_TypeCheck(o, st.type)) return false;
     if (st.unready_attr != nullptr && AttrTruth(o, st.unready_attr) != 0) return false;
     bool ok = ReadView(st, o, d, strides, dims);
     if (!ok) PyErr_Clear();

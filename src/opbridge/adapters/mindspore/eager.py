@@ -289,7 +289,8 @@ def _generated_names(op: OpDef, kern: Callable[..., Any]) -> dict[str, Any]:
     }
 
 
-#: MindSpore's tensors for the tensor C entry, read through their methods: exact ``Tensor`` on the CPU
+#: MindSpore's tensors for the tensor C entry, read through their methods: ``Tensor`` (a ``Parameter`` too,
+#: except as the dispatching argument) on the CPU
 #: with its memory there (``has_init`` false), after one wait for queued work, while nothing is recorded
 #: for gradients (then the call goes on the tape here).
 ENTRY_TENSORS = exchange.Framework(

@@ -200,7 +200,8 @@ def _refuse_grad(op: OpDef) -> Callable[..., Any]:
     return refuse
 
 
-#: Paddle's tensors for the DLPack exchange entry: exact ``paddle.Tensor``, nothing to record for autograd
+#: Paddle's tensors for the DLPack exchange entry: ``paddle.Tensor`` (a parameter too, except as the
+#: dispatching argument), nothing to record for autograd
 #: while grad is off or every tensor has ``stop_gradient``; a written argument's inplace version is bumped.
 EXCHANGE = exchange.Framework("paddle", T, _HAS_GRAD, "stop_gradient", "_bump_inplace_version", name_of)
 
