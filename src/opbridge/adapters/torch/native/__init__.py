@@ -123,8 +123,13 @@ class Shim:
         lib.opb_entry.argtypes = [ctypes.c_void_p, ctypes.c_int]
         lib.opb_entry.restype = ctypes.py_object
         lib.opb_has_cuda.restype = ctypes.c_int
+        lib.opb_set_parameter_type.argtypes = [ctypes.py_object]
+        lib.opb_set_parameter_type.restype = None
         lib.opb_pool_empty.argtypes = [ctypes.py_object, ctypes.py_object]
         lib.opb_pool_empty.restype = ctypes.py_object
+        import torch
+
+        lib.opb_set_parameter_type(torch.nn.Parameter)  # the C entries take Parameters beside plain tensors
         self.lib = lib
         self.path = path
         self.devices = ("cpu", "cuda") if lib.opb_has_cuda() else ("cpu",)

@@ -270,6 +270,15 @@ __attribute__((visibility("default"))) PyObject* opb_pool_empty(PyObject* shape,
   return nullptr;
 }
 
+// torch.nn.Parameter's type, which the C entries then take beside a plain dispatching tensor
+// (python_entry.h's PlainTensor); kept for the life of the process.
+__attribute__((visibility("default"))) void opb_set_parameter_type(PyObject* type) {
+  if (ParameterType() == nullptr && PyType_Check(type)) {
+    Py_INCREF(type);
+    ParameterType() = reinterpret_cast<PyTypeObject*>(type);
+  }
+}
+
 // Whether this shim runs CUDA kernels.
 __attribute__((visibility("default"))) int opb_has_cuda() {
 #ifdef OPB_WITH_CUDA
