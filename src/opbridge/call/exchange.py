@@ -64,9 +64,8 @@ class Library:
         lib.opb_ex_method_entry.argtypes = [*[ctypes.py_object] * 9, ctypes.c_void_p, *[ctypes.py_object] * 6,
                                             ctypes.c_int, ctypes.py_object, ctypes.c_int64]
         lib.opb_ex_method_entry.restype = ctypes.py_object
-        for counter in (lib.opb_ex_calls, lib.opb_ex_method_calls):
-            counter.argtypes = [ctypes.py_object]
-            counter.restype = ctypes.c_int64
+        lib.opb_ex_calls.argtypes = [ctypes.py_object]
+        lib.opb_ex_calls.restype = ctypes.c_int64
         lib.opb_ex_live.restype = ctypes.c_int64
         self.lib = lib
         self.path = path
@@ -89,9 +88,9 @@ class Library:
             framework.tensor_type, table, framework.grad_enabled, framework.no_grad_attr, framework.bump, *facts)
         return fn, fn_out, capsule
 
-    def calls(self, capsule: Any, methods: bool = False) -> int:
-        """How many calls the entry of *capsule*'s op completed itself (*methods*: a method-read type's)."""
-        return int((self.lib.opb_ex_method_calls if methods else self.lib.opb_ex_calls)(capsule))
+    def calls(self, capsule: Any) -> int:
+        """How many calls the entry of *capsule*'s op completed itself."""
+        return int(self.lib.opb_ex_calls(capsule))
 
     def live(self) -> int:
         """How many outputs the entry made that their framework has not freed yet."""
@@ -155,9 +154,8 @@ ENTRY: c_entry.CEntry[Library] = c_entry.CEntry(
     "the tensor C entry", __name__, spec, Library, config.exchange_entry,
     "Paddle and MindSpore calls stay on their Python fast path")
 
-#: qualname, framework name -> (the library, the op's state, whether read through methods): :func:`entry_calls`
-#: reads the counter.
-ENTRIES: dict[tuple[str, str], tuple[Library, Any, bool]] = {}
+#: qualname, framework name -> (the library, the op's state): :func:`entry_calls` reads the counter.
+ENTRIES: dict[tuple[str, str], tuple[Library, Any]] = {}
 #: (qualname, framework name) of every op :func:`install` was asked for
 _ASKED: set[tuple[str, str]] = set()
 
@@ -165,7 +163,7 @@ _ASKED: set[tuple[str, str]] = set()
 def entry_calls(op: OpDef, framework: str) -> int | None:
     """How many calls of *op* on *framework*'s tensors the entry completed itself (None: none here)."""
     got = ENTRIES.get((op.qualname, framework))
-    return None if got is None else got[0].calls(got[1], got[2])
+    return None if got is None else got[0].calls(got[1])
 
 
 def install(op: OpDef, kernel: Any, framework: Framework) -> None:
@@ -186,7 +184,7 @@ def install(op: OpDef, kernel: Any, framework: Framework) -> None:
             fn, fn_out, state = lib.entry(op, kernel, framework)
         except TypeError:  # a table of another DLPack major version: the Python path stays
             return
-        ENTRIES[(op.qualname, framework.name)] = (lib, state, framework.methods is not None)
+        ENTRIES[(op.qualname, framework.name)] = (lib, state)
         key = f"_ex_{framework.name}"
         callable.install_prelude(op, key, c_entry.prelude_source(op, f"{key}_T", f"{key}_c"),
                                  {f"{key}_T": framework.tensor_type, f"{key}_c": fn, f"{key}_co": fn_out},

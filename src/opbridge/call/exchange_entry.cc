@@ -276,8 +276,8 @@ OPB_EX_EXPORT PyObject* opb_ex_entry(PyObject* type, void* api, PyObject* grad_e
   return entry::Builtins<ExchangeArrays>(st, "opbridge_exchange_entry", "opbridge_exchange_entry_out");
 }
 
-// How many calls the entry of *capsule*'s op completed itself.
-OPB_EX_EXPORT int64_t opb_ex_calls(PyObject* capsule) { return entry::Calls<ExchangeArrays>(capsule); }
+// How many calls the entry of *capsule*'s op completed itself (either reader's).
+OPB_EX_EXPORT int64_t opb_ex_calls(PyObject* capsule) { return entry::Calls(capsule); }
 
 // How many outputs the entry made that their framework has not freed yet (a leak test's count).
 OPB_EX_EXPORT int64_t opb_ex_live() { return live.load(std::memory_order_relaxed); }
@@ -328,6 +328,3 @@ OPB_EX_EXPORT PyObject* opb_ex_method_entry(PyObject* type, PyObject* grad_enabl
   st->s_stride = PyUnicode_InternFromString("stride");
   return entry::Builtins<MethodArrays>(st, "opbridge_method_entry", "opbridge_method_entry_out");
 }
-
-// How many calls the method entry of *capsule*'s op completed itself.
-OPB_EX_EXPORT int64_t opb_ex_method_calls(PyObject* capsule) { return entry::Calls<MethodArrays>(capsule); }

@@ -236,10 +236,11 @@ inline bool Init(OpState* st, PyObject* kernel, void* handle, PyObject* kinds, P
   return true;
 }
 
-// The state an entry's builtin holds (its `self`, a capsule made by Builtins).
+// The state an entry's builtin holds (its `self`, a capsule made by Builtins, which holds it as its
+// OpState, so that one Calls reads every reader's counter).
 template <class Arrays>
 typename Arrays::State& StateOf(PyObject* capsule) {
-  return *static_cast<typename Arrays::State*>(PyCapsule_GetPointer(capsule, nullptr));
+  return static_cast<typename Arrays::State&>(*static_cast<OpState*>(PyCapsule_GetPointer(capsule, nullptr)));
 }
 
 // The builtins' C functions: the call, and the call with out= as its last argument.
@@ -266,7 +267,7 @@ PyObject* Builtins(typename Arrays::State* st, const char* name, const char* nam
       name_out, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(CallOutFn<Arrays>)), METH_FASTCALL,
       "The op on its schema's arguments in order, then out=; NotImplemented where the Python path must take "
       "the call."};
-  PyObject* capsule = PyCapsule_New(st, nullptr, nullptr);
+  PyObject* capsule = PyCapsule_New(static_cast<OpState*>(st), nullptr, nullptr);
   if (capsule == nullptr) return nullptr;
   PyObject* fn = PyCFunction_NewEx(&def, capsule, nullptr);
   PyObject* fn_out = fn == nullptr ? nullptr : PyCFunction_NewEx(&def_out, capsule, nullptr);
@@ -277,11 +278,10 @@ PyObject* Builtins(typename Arrays::State* st, const char* name, const char* nam
   return triple;
 }
 
-// How many calls the entry whose state *capsule* holds completed itself; -1 (a Python error set) for
-// another object.
-template <class Arrays>
-int64_t Calls(PyObject* capsule) {
-  auto* st = static_cast<typename Arrays::State*>(PyCapsule_GetPointer(capsule, nullptr));
+// How many calls the entry whose state *capsule* holds (any reader's: Builtins) completed itself; -1
+// (a Python error set) for another object.
+inline int64_t Calls(PyObject* capsule) {
+  auto* st = static_cast<OpState*>(PyCapsule_GetPointer(capsule, nullptr));
   return st == nullptr ? -1 : st->calls.load(std::memory_order_relaxed);
 }
 

@@ -106,4 +106,4 @@ OPB_NP_EXPORT PyObject* opb_np_entry(PyObject* kernel, void* handle, PyObject* k
 }
 
 // How many calls the entry of *capsule*'s op completed itself.
-OPB_NP_EXPORT int64_t opb_np_calls(PyObject* capsule) { return entry::Calls<NumpyArrays>(capsule); }
+OPB_NP_EXPORT int64_t opb_np_calls(PyObject* capsule) { return entry::Calls(capsule); }
