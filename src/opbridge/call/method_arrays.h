@@ -4,8 +4,9 @@
 // own allocator, a Python callable (shape, TypeCode) -> tensor, called from here.
 //
 // What it takes is what the adapter's Python fast path takes: tensors of the entry's type (the
-// dispatching one exactly; the others may be a subclass: a model's Parameter weights) whose host attribute names the host ("device" == "CPU"), whose memory is there (the `unready`
-// attribute false: MindSpore's has_init), of a dtype the adapter listed, contiguous or rows at a
+// dispatching one exactly; the others may be a subclass: a model's Parameter weights) whose host
+// attribute names the host ("device" == "CPU"), whose memory is there (the `unready` attribute false:
+// MindSpore's has_init), of a dtype the adapter listed, contiguous or rows at a
 // stride where the op declares them; nothing to record for autograd (grad_enabled() false). The
 // framework's `before` runs once per call before any tensor is read (MindSpore: wait for the queued
 // ops, _pynative_executor.sync()). Everything else returns NotImplemented and the Python path runs.
@@ -67,6 +68,14 @@ int Ints(PyObject* seq, int64_t* to, int room) {
   return static_cast<int>(n);
 }
 
+// *o*'s data_ptr() into *data*; false (a Python error may be left) where it has none.
+bool DataPtr(const MethodState& st, PyObject* o, void** data) {
+  PyObject* ptr = PyObject_CallMethodNoArgs(o, st.s_data_ptr);
+  *data = ptr == nullptr ? nullptr : PyLong_AsVoidPtr(ptr);
+  Py_XDECREF(ptr);
+  return !PyErr_Occurred();
+}
+
 struct MethodArrays {
   using State = MethodState;
   using Out = MethodOut;
@@ -122,10 +131,8 @@ struct MethodArrays {
     const int ndim = Ints(shape, dims, opbridge::entry::kMaxViewDims);
     Py_XDECREF(shape);
     if (ndim < 0) return false;
-    PyObject* ptr = PyObject_CallMethodNoArgs(o, st.s_data_ptr);
-    void* data = ptr == nullptr ? nullptr : PyLong_AsVoidPtr(ptr);
-    Py_XDECREF(ptr);
-    if (PyErr_Occurred()) return false;
+    void* data = nullptr;
+    if (!DataPtr(st, o, &data)) return false;
     d->data = data;
     d->device = DLDevice{kDLCPU, 0};
     d->ndim = ndim;
@@ -172,10 +179,8 @@ struct MethodArrays {
       Py_XDECREF(t);
       return false;
     }
-    PyObject* ptr = PyObject_CallMethodNoArgs(t, st.s_data_ptr);
-    void* data = ptr == nullptr ? nullptr : PyLong_AsVoidPtr(ptr);
-    Py_XDECREF(ptr);
-    if (PyErr_Occurred()) {
+    void* data = nullptr;
+    if (!DataPtr(st, t, &data)) {
       PyErr_Clear();
       Py_DECREF(t);
       return false;
