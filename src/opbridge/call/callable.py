@@ -77,6 +77,17 @@ def make_callable(op: OpDef) -> Callable[..., Any]:
     return fn
 
 
+def _place(table: dict[str, str], key: str, text: str, first: bool) -> None:
+    """Set ``table[key] = text``, moving the entry to the front with *first* (a dict keeps insertion order)."""
+    if first:
+        rest = {k: v for k, v in table.items() if k != key}
+        table.clear()
+        table[key] = text
+        table.update(rest)
+    else:
+        table[key] = text
+
+
 def install_prelude(op: OpDef, key: str, prelude: str, names: Mapping[str, Any], out_prelude: str = "",
                     first: bool = False) -> None:
     """Splice an adapter's inline fast path into *op*'s public callable.
@@ -93,16 +104,9 @@ def install_prelude(op: OpDef, key: str, prelude: str, names: Mapping[str, Any],
     """
     fn = op.call
     fn.__globals__.update(names)
-    for table, text in ((op.preludes, prelude), (op.out_preludes, out_prelude)):
-        if not text and table is op.out_preludes:
-            continue
-        rest = [(k, v) for k, v in table.items() if k != key]
-        if first:
-            table.clear()
-            table[key] = text
-            table.update(rest)
-        else:
-            table[key] = text
+    _place(op.preludes, key, prelude, first)
+    if out_prelude:
+        _place(op.out_preludes, key, out_prelude, first)
     source = callable_source(op, "".join(op.preludes.values()), "".join(op.out_preludes.values()))
     scratch = compile_source(source, f"<opbridge op {op.qualname}>", dict(fn.__globals__))
     fn.__code__ = scratch[op.name].__code__
