@@ -107,6 +107,8 @@ class Shim:
     """The loaded shim library."""
 
     def __init__(self, path: Path) -> None:
+        import torch  # the shim links against it; imported already wherever ops register with torch
+
         lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may raise Python errors
         try:
             os.utime(path)  # its last use, for `opbridge cache prune` (build/housekeeping.py)
@@ -127,8 +129,6 @@ class Shim:
         lib.opb_set_parameter_type.restype = None
         lib.opb_pool_empty.argtypes = [ctypes.py_object, ctypes.py_object]
         lib.opb_pool_empty.restype = ctypes.py_object
-        import torch
-
         lib.opb_set_parameter_type(torch.nn.Parameter)  # the C entries take Parameters beside plain tensors
         self.lib = lib
         self.path = path
