@@ -15,15 +15,16 @@ namespace {
 
 using opbridge::entry::kMaxRowsDims;
 
-// ml_dtypes' bfloat16 (NumPy has none of its own): the type number NumPy gave it when ml_dtypes
-// registered it, once the Python side has met it (opb_np_bfloat16), else -1. NumPy names it kind 'V',
-// like any other opaque 2-byte type, so it is told by that number.
-int bfloat16_num = -1;
+// ml_dtypes' bfloat16 (NumPy has none of its own): its dtype and scalar type, once the Python side has
+// met it (opb_np_bfloat16), else null. NumPy names it kind 'V', like any other opaque 2-byte type, so
+// it is told by its scalar type.
+PyArray_Descr* bfloat16_descr = nullptr;
+PyTypeObject* bfloat16_type = nullptr;
 
 // Whether *arr* holds ml_dtypes' bfloat16. Out of line and cold: inline, it made DLType too large to
 // inline into View, which cost NumPy's shape-rule calls 0.013-0.017 us.
 [[gnu::noinline, gnu::cold]] bool IsBfloat16(PyArrayObject* arr) {
-  return bfloat16_num >= 0 && PyArray_DESCR(arr)->type_num == bfloat16_num;
+  return bfloat16_type != nullptr && PyArray_DESCR(arr)->typeobj == bfloat16_type;
 }
 
 // The DLPack type of *arr*'s elements by kind and size (ml_dtypes' bfloat16 by its scalar type);
@@ -44,6 +45,7 @@ int bfloat16_num = -1;
   }
 }
 
+
 // NumPy's type number for a DLPack element type (opbridge::entry::TypeCode), -1 for none.
 int NpyType(int code) {
   const DLDataType t = opbridge::entry::FromTypeCode(code);
@@ -63,9 +65,22 @@ int NpyType(int code) {
              : t.bits == 64 ? NPY_UINT64
                             : -1;
     case kDLBool: return t.bits == 8 ? NPY_BOOL : -1;
-    case kDLBfloat: return t.bits == 16 ? bfloat16_num : -1;
     default: return -1;
   }
+}
+
+// A new reference to the dtype of a new array of DLPack element type *code* (opbridge::entry::TypeCode),
+// or null (no Python error) for one NumPy cannot make here.
+PyArray_Descr* NewDescr(int code) {
+  const DLDataType t = opbridge::entry::FromTypeCode(code);
+  if (t.code == kDLBfloat && t.bits == 16 && t.lanes == 1 && bfloat16_descr != nullptr) {
+    Py_INCREF(bfloat16_descr);
+    return bfloat16_descr;
+  }
+  const int type = NpyType(code);
+  PyArray_Descr* descr = type < 0 ? nullptr : PyArray_DescrFromType(type);
+  if (descr == nullptr) PyErr_Clear();
+  return descr;
 }
 
 // *o* as a DLTensor the kernel may read (and write, where *written*): an exact, aligned (and then

@@ -32,7 +32,7 @@
 
 #include <py_entry.h>  // the C entries' shared call (opbridge/call/, an include directory of this build)
 
-#include "arrays.h"  // View, DLType, NpyType
+#include "arrays.h"  // View, DLType, NewDescr
 
 #include <cstdint>
 
@@ -52,12 +52,8 @@ struct NumpyArrays {
   }
   static bool New(State&, PyObject* like, const DLTensor*, const entry::OutSpec* spec, Out* out, DLTensor* d) {
     if (spec != nullptr) {  // the shape rule's output
-      const int type = NpyType(spec->type);
-      PyArray_Descr* descr = type < 0 ? nullptr : PyArray_DescrFromType(type);
-      if (descr == nullptr) {
-        PyErr_Clear();
-        return false;
-      }
+      PyArray_Descr* descr = NewDescr(spec->type);
+      if (descr == nullptr) return false;
       *out = PyArray_Empty(static_cast<int>(spec->shape.size()), const_cast<npy_intp*>(spec->shape.data()), descr,
                            0);  // steals descr
     } else {
@@ -82,14 +78,17 @@ OPB_NP_EXPORT int opb_np_init() {
 }
 
 // ml_dtypes' bfloat16 dtype *dtype* (native.Library.take_bfloat16 checks it is one), which the entry
-// then takes and makes (a registered type's number, kept for the life of the process); 0, or -1 with
-// a Python error set for anything but a NumPy dtype registered beside NumPy's own.
+// then takes and makes (kept for the life of the process); 0, or -1 with a Python error set for
+// anything but a NumPy dtype.
 OPB_NP_EXPORT int opb_np_bfloat16(PyObject* dtype) {
-  if (!PyArray_DescrCheck(dtype) || reinterpret_cast<PyArray_Descr*>(dtype)->type_num < NPY_USERDEF) {
-    PyErr_SetString(PyExc_TypeError, "opb_np_bfloat16: a numpy dtype registered beside NumPy's own");
+  if (!PyArray_DescrCheck(dtype)) {
+    PyErr_SetString(PyExc_TypeError, "opb_np_bfloat16: a numpy dtype");
     return -1;
   }
-  if (bfloat16_num < 0) bfloat16_num = reinterpret_cast<PyArray_Descr*>(dtype)->type_num;
+  if (bfloat16_descr == nullptr) {
+    bfloat16_descr = reinterpret_cast<PyArray_Descr*>(Py_NewRef(dtype));
+    bfloat16_type = bfloat16_descr->typeobj;
+  }
   return 0;
 }
 
