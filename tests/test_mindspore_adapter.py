@@ -1006,3 +1006,21 @@ def test_out_calls_take_the_generated_path(monkeypatch: pytest.MonkeyPatch) -> N
     assert checked == ["add"]
     with pytest.raises(ValueError, match="rms_norm: out must have the same shape as x"):
         ops.rms_norm(x, _t(np.ones(16)), out=Tensor(np.zeros(16, np.float32)))
+
+
+@pytest.mark.parametrize("entry", ["1", "0"])
+def test_strided_inputs_reach_a_kernel_that_checks_no_layout_as_dense_copies(
+        toy: opbridge.Library, entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`twice`'s kernel reads x.data_ptr() as dense memory and checks nothing: a strided view must reach it as
+    a dense copy from either path (the tensor C entry declines it; the generated call must too), with and
+    without out=."""
+    monkeypatch.setenv("OPBRIDGE_EXCHANGE_ENTRY", entry)
+    twice = toy.ops["twice"].call
+    base = _t(np.arange(48).reshape(4, 12))
+    for view in (base[::2], base[..., ::2], base[:, 1:5], base.T):
+        assert not view.is_contiguous()
+        want = 2 * _np(view)
+        np.testing.assert_array_equal(_np(twice(view)), want)
+        out = Tensor(np.zeros(view.shape, np.float32))
+        assert twice(view, out=out) is out
+        np.testing.assert_array_equal(_np(out), want)

@@ -195,6 +195,11 @@ def eager_source(op: OpDef, out: bool = False) -> str:
     lead = names[op.dtype_arg]  # the argument whose dtype the declared dtypes constrain
     # Not a tensor, not on the CPU, a dtype NumPy cannot view, strided: the checked call says or does it.
     guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
+    # A strided tensor reaches the kernel as a dense copy (the checked call), except one the op declares
+    # row_strided, which the kernel takes as it lies: a kernel that does not check its layout would
+    # otherwise read a strided view as dense memory.
+    guards += [f"{'' if not a.type.optional else a.name + ' is not None and '}not {a.name}.is_contiguous()"
+               for i, a in enumerate(args) if a.type.is_tensor and i not in op.row_strided]
     lines += ["    except Exception:", f"        return {slow}",
               f"    if {' or '.join(guards)}:", f"        return {slow}"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
