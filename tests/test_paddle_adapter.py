@@ -62,6 +62,14 @@ void addresses_cpu(TensorView out, TensorView x) {
   o[1] = reinterpret_cast<int64_t>(x.data_ptr());
 }
 OPBRIDGE_EXPORT(addresses_cpu);
+// maybe_mul(Tensor x, Tensor? w) -> Tensor: x * w, or x where w is None.
+void maybe_mul_cpu(TensorView out, TensorView x, tvm::ffi::Optional<TensorView> w) {
+  const float* a = static_cast<const float*>(x.data_ptr());
+  const float* b = w.has_value() ? static_cast<const float*>(w.value().data_ptr()) : nullptr;
+  float* o = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = b ? a[i] * b[i] : a[i];
+}
+OPBRIDGE_EXPORT(maybe_mul_cpu);
 """
 
 _NS = itertools.count()
@@ -90,6 +98,10 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
     @lib.op("twice64(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float64",))
     def twice64(x: Any) -> Any:
         return 2 * x
+
+    @lib.op("maybe_mul(Tensor x, Tensor? w) -> Tensor", shape=opbridge.like("x"), dtypes=("float32",))
+    def maybe_mul(x: Any, w: Any) -> Any:
+        return x if w is None else x * w
 
     @lib.op("addresses(Tensor x) -> Tensor", shape=lambda x: opbridge.Spec((2,), "int64"))
     def addresses(x: Any) -> Any:
@@ -406,6 +418,26 @@ def test_harness_compile() -> None:
     assert compiled is not None
     x, w = paddle.randn([3, 8]), paddle.randn([8])
     np.testing.assert_allclose(compiled(x, w).numpy(), (ops.rms_norm(x, w) + 1).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("none_first", [True, False], ids=["none-first", "tensor-first"])
+def test_to_static_optional_tensor_given_and_left_out(lib: opbridge.Library, none_first: bool) -> None:
+    """Programs that pass an optional Tensor and programs that leave it out each get their own Python op:
+    before, the second form reused the first's (a tensor ignored, or None given where a Value was
+    expected, which aborted the process)."""
+    maybe_mul = lib.ops["maybe_mul"].call
+
+    def without(a: Any) -> Any:
+        return maybe_mul(a, None)
+
+    def given(a: Any, b: Any) -> Any:
+        return maybe_mul(a, b)
+
+    x, w = paddle.to_tensor([1.0, 2.0, 3.0]), paddle.to_tensor([10.0, 20.0, 30.0])
+    calls = [(paddle.jit.to_static(without, full_graph=True), (x,), [1.0, 2.0, 3.0]),
+             (paddle.jit.to_static(given, full_graph=True), (x, w), [10.0, 40.0, 90.0])]
+    for fn, args, want in calls if none_first else calls[::-1]:
+        np.testing.assert_array_equal(fn(*args).numpy(), np.float32(want))
 
 
 def test_to_static_mutating_op_raises_clear_error(lib: opbridge.Library) -> None:

@@ -36,7 +36,7 @@ def _python_op(op: OpDef, run: Run, cache: dict[str, Any], args: Sequence[Any]) 
     slots = [i for i, v in enumerate(args) if isinstance(v, VALUE)]
     template = [None if isinstance(v, VALUE) else v for v in args]
     specs = op.output_specs(args)  # shape-rule errors surface here, at trace time
-    key = repr(template)
+    key = repr((slots, template))  # which arguments are Values: a None there is an optional left out
     entry = cache.get(key)
     if entry is None:
         # Paddle keys a Python op's runtime function on its name: one name per constant set.
