@@ -108,11 +108,27 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
 def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    commands = [c for c in sub.choices if c != "demo"]  # demo hands --help on to opbridge.demo
-    assert {"list", "build", "doctor", "codegen", "new", "bench"} <= set(commands)
+    commands = list(sub.choices)
+    assert {"list", "build", "doctor", "codegen", "new", "bench", "demo"} <= set(commands)
     for command in commands:
         assert main([command, "--help"]) == 0, command
         assert capsys.readouterr().out.startswith(f"usage: opbridge {command}")
+
+
+def test_demo_help_shows_the_demos_options_and_passes_them_on(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from opbridge import demo
+
+    for flag in ("--help", "-h"):
+        assert main(["demo", flag]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: opbridge demo") and "--frameworks" in out and "--rounds" in out
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(demo, "run", lambda args: seen.append(args) or 0)
+    assert main(["demo", "--frameworks", "numpy,torch", "--rounds", "2"]) == 0
+    assert (seen[0].frameworks, seen[0].rounds, seen[0].number) == (["numpy", "torch"], 2, 200)
+    assert main(["demo", "--frameworks", "nope"]) == 2  # checked before anything builds
+    assert "unknown framework 'nope'" in capsys.readouterr().err
 
 
 def test_python_dash_m_opbridge_is_the_opbridge_command(cli_env: dict[str, str]) -> None:

@@ -110,15 +110,27 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
     return ok_all, rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m opbridge.demo``."""
-    parser = argparse.ArgumentParser(prog="python -m opbridge.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frameworks", default=",".join(DEFAULT_FRAMEWORKS),
-                        help=f"comma-separated subset of {', '.join(HARNESSES)}")
+def _framework_list(text: str) -> list[str]:
+    """``--frameworks``: a comma-separated list of harness names, each checked before anything runs."""
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [n for n in names if n not in HARNESSES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown framework {unknown[0]!r} (choose from {', '.join(HARNESSES)})")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the demo's options to *parser* (``python -m opbridge.demo`` and ``opbridge demo``)."""
+    parser.add_argument("--frameworks", type=_framework_list, default=list(DEFAULT_FRAMEWORKS),
+                        help=f"comma-separated subset of {', '.join(HARNESSES)} "
+                             f"(default {','.join(DEFAULT_FRAMEWORKS)})")
     parser.add_argument("--rounds", type=int, default=15, help="timing rounds per op")
     parser.add_argument("--number", type=int, default=200, help="calls per round")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with *args* parsed by a parser that :func:`add_arguments` filled."""
     from opbridge import ops
 
     t0 = time.perf_counter()
@@ -128,14 +140,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'framework':10s} {'op':18s} {'shape':>10s} {'max |err|':>10s} {'ref':>5s} "
           f"{'ours µs':>10s} {'native µs':>10s} {'ratio':>7s}")
     ok_all = True
-    for name in [f.strip() for f in args.frameworks.split(",") if f.strip()]:
-        if name not in HARNESSES:
-            parser.error(f"unknown framework {name!r}")
+    for name in args.frameworks:
         ok, rows = run_framework(name, args.rounds, args.number)
         ok_all &= ok
         print("\n".join(rows), flush=True)
     print("all results match their references" if ok_all else "SOME RESULTS DISAGREE WITH THE REFERENCE")
     return 0 if ok_all else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m opbridge.demo``."""
+    parser = argparse.ArgumentParser(prog="python -m opbridge.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -198,16 +198,17 @@ def register_build(sub: Any) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from opbridge import demo
 
-    return demo.main(args.rest)
+    return demo.run(args)
 
 
 def register_demo(sub: Any) -> None:
-    """Add ``opbridge demo`` (every option goes on to ``python -m opbridge.demo``) to *sub*."""
+    """Add ``opbridge demo``, with the options of ``python -m opbridge.demo``, to *sub*."""
+    from opbridge import demo
+
     p = sub.add_parser("demo", help="the main job: build, check and time every op in every framework",
                        description="Build the built-in library, run every op in each installed framework, "
-                                   "check it against its reference and time it against the framework's own op.",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of python -m opbridge.demo (see --help)")
+                                   "check it against its reference and time it against the framework's own op.")
+    demo.add_arguments(p)
     p.set_defaults(func=_cmd_demo)
 
 
