@@ -23,7 +23,13 @@ from pathlib import Path
 from opbridge import config
 from opbridge.build.isa import NATIVE_FLAGS, native_isa_id, uses_native_isa
 from opbridge.build.progress import Progress, first_errors
-from opbridge.build.toolchain import cuda_arch_key, cuda_lib_dir, nvcc_path, toolchain_fingerprint
+from opbridge.build.toolchain import (
+    cuda_arch_key,
+    cuda_lib_dir,
+    nvcc_path,
+    require_compiler,
+    toolchain_fingerprint,
+)
 from opbridge.declare import SOURCE_SUFFIXES
 from opbridge.errors import BackendUnavailableError, BuildError
 
@@ -321,6 +327,7 @@ def _ninja_command(args: list[str]) -> str:
 
 def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
     """Run ninja in *build_dir*, with progress; raise BuildError on failure."""
+    require_compiler(config.cxx())  # ninja's own "c++: not found" would not say how to get one
     ninja = shutil.which("ninja")
     if ninja is None:
         try:

@@ -24,17 +24,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opbridge.build.cache import build_lock
+from opbridge.build.toolchain import missing_compiler
 
 #: How much lower than the program a background build runs (``nice``).
 BACKGROUND_NICENESS = 10
 
 # The child that compiles one library: run by the interpreter in isolated mode, standard library only.
-# argv: niceness, output, temporary output, lock file, then the compiler command (which writes the
-# temporary output). Under the lock: nothing to do if another build installed the output; else
-# compile, install by rename, then write the compiler's log. Exit status 0: the output is installed.
+# argv: niceness, output, temporary output, lock file, the log line for a compiler that is not there,
+# then the compiler command (which writes the temporary output). Under the lock: nothing to do if
+# another build installed the output; else compile, install by rename, then write the compiler's
+# log. Exit status 0: the output is installed.
 _LOCKED_COMPILE = """\
 import fcntl, os, subprocess, sys
-nice, out, tmp, lock, *cmd = sys.argv[1:]
+nice, out, tmp, lock, missing, *cmd = sys.argv[1:]
 os.nice(int(nice))
 fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -44,8 +46,10 @@ try:
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             log, code = r.stdout, r.returncode
-        except OSError as e:  # no such compiler
-            log, code = f"cannot run {cmd[0]}: {e}", 127
+        except FileNotFoundError:  # no such compiler
+            log, code = missing, 127
+        except OSError as e:
+            log, code = f"cannot run {cmd[0]}: {e}", 126
         if code == 0:
             os.replace(tmp, out)
 finally:
@@ -112,8 +116,9 @@ def locked_compile(command: Sequence[str], out: Path, tmp: Path, background: boo
 
     The child compiles nothing when *out* exists once it holds the lock (a
     concurrent build installed it). Its exit status is 0 once *out* is in
-    place; otherwise its output is the compiler's log.
+    place; otherwise its output is the compiler's log (for a compiler that is not there, the
+    message of :func:`~opbridge.build.toolchain.missing_compiler`).
     """
     argv = [sys.executable, "-I", "-c", _LOCKED_COMPILE, str(niceness(background)), str(out), str(tmp),
-            str(build_lock(out)), *command]
+            str(build_lock(out)), str(missing_compiler(command[0])), *command]
     return Child(argv)

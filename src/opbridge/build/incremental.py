@@ -10,7 +10,6 @@ one to start is a short one; then one link step writes the module.
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from opbridge.build.compile import (
 from opbridge.build.isa import native_isa_id, uses_native_isa
 from opbridge.build.objects import CompileError, ObjectStore, Unit
 from opbridge.build.progress import Progress, first_errors
-from opbridge.build.toolchain import toolchain_fingerprint
+from opbridge.build.toolchain import require_compiler, run_compiler, toolchain_fingerprint
 from opbridge.errors import BuildError
 
 #: First-compile estimates of the generated units, in the size-in-kB scale of the
@@ -71,8 +70,9 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
     ------
     BuildError
         With the failing command and the compiler's first errors, if a unit
-        does not compile or the link fails.
+        does not compile or the link fails; saying how to get one if there is no C++ compiler.
     """
+    require_compiler(config.cxx())  # at once, not from a compile thread (it links too)
     store = store if store is not None else ObjectStore()
     report = BuildReport()
     all_units = units(spec, store)
@@ -91,7 +91,7 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
         cmd = link_command(spec, objects, output)
         progress.status = f"{len(missing)} compiled, {len(report.reused)} reused, linking"
         _say(shlex.join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = run_compiler(cmd)
         if proc.returncode != 0:
             log = proc.stdout + proc.stderr
             raise BuildError(f"opbridge: linking {label} failed (exit {proc.returncode})",

@@ -42,7 +42,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from opbridge.build.cache import cache_root
+from opbridge.build.toolchain import run_compiler
 
 #: Bumped when the key or layout changes, which orphans (and so prunes) every entry.
 FORMAT = "opbridge-objects-1"
@@ -251,6 +251,8 @@ class ObjectStore:
         ------
         CompileError
             If the compiler fails (nothing is stored).
+        BuildError
+            If the compiler is not there.
         """
         from opbridge.build.compile import compile_args
 
@@ -258,7 +260,7 @@ class ObjectStore:
         args = compile_args(list(unit.command), dest, depfile)
         base = self.base_key(unit)
         start_wall, start = time.time(), time.monotonic()
-        proc = subprocess.run(args, capture_output=True, text=True, check=False)
+        proc = run_compiler(args)
         seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise CompileError(args, proc.stdout + proc.stderr)

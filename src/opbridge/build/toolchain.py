@@ -1,5 +1,10 @@
 """The toolchain a build uses: the C++ compiler's and nvcc's identity, nvcc and the CUDA runtime's
-location, CUDA architectures. :func:`toolchain_fingerprint` is part of every build's cache key."""
+location, CUDA architectures. :func:`toolchain_fingerprint` is part of every build's cache key.
+
+Every compiler opbridge starts is run through :func:`run_compiler` (or checked first with
+:func:`require_compiler` where another program starts it: ninja, a detached build), so a compiler
+that is not installed is one :class:`~opbridge.errors.BuildError` saying how to get one.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,49 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from opbridge import config
+from opbridge.errors import BuildError
 
-__all__ = ["compiler_version", "cuda_arch_key", "cuda_lib_dir", "nvcc_path", "toolchain_fingerprint"]
+__all__ = ["compiler_version", "cuda_arch_key", "cuda_lib_dir", "missing_compiler", "nvcc_path",
+           "require_compiler", "run_compiler", "toolchain_fingerprint"]
+
+
+def missing_compiler(compiler: str) -> BuildError:
+    """The error for a *compiler* that is not there: what was looked for, where from, how to fix it."""
+    if compiler != config.cxx():
+        return BuildError(f"opbridge: cannot run {compiler}: No such file or directory")
+    origin = next((f"from ${v}" for v in ("OPBRIDGE_CXX", "CXX") if os.environ.get(v)),
+                  "the default when neither OPBRIDGE_CXX nor CXX is set")
+    where = "" if os.sep in compiler else " on PATH"
+    return BuildError(f"opbridge: no C++ compiler found: looked for {compiler!r}{where} ({origin}). "
+                      "Install one (g++ or clang++, e.g. `apt-get install g++`), or set OPBRIDGE_CXX "
+                      "to the compiler to use (a name on PATH or a full path)")
+
+
+def require_compiler(compiler: str) -> None:
+    """Raise :func:`missing_compiler`'s error unless *compiler* can be run (before another program runs it)."""
+    if shutil.which(compiler) is None:
+        raise missing_compiler(compiler)
+
+
+def run_compiler(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run the compiler *command*, its output captured; a missing compiler raises BuildError.
+
+    Raises
+    ------
+    BuildError
+        If ``command[0]`` cannot be started (not installed, not executable).
+    """
+    try:
+        return subprocess.run(list(command), capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise missing_compiler(command[0]) from None
+    except OSError as e:
+        raise BuildError(f"opbridge: cannot run the compiler {command[0]!r}: {e}",
+                         command=" ".join(command)) from None
 
 
 @functools.cache
