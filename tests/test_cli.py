@@ -221,6 +221,25 @@ def test_list_text(cli_env: dict[str, str]) -> None:
     assert f"dtypes: {', '.join(LIBRARY.ops['rms_norm'].dtypes)};" in details
 
 
+def _made_by_a_factory() -> object:
+    def rule(x: object) -> object:
+        return x
+
+    return rule
+
+
+def test_list_names_shape_rules_readably() -> None:
+    def op(rule: object) -> argparse.Namespace:
+        return argparse.Namespace(shape=rule)  # all shape_rule reads
+
+    halved = cli.shape_rule(LIBRARY.ops["silu_and_mul"])  # made by a factory, named and documented there
+    assert halved == "silu_and_mul_shape (x's shape with the last dim halved, in x's dtype)"
+    assert cli.shape_rule(LIBRARY.ops["add"]) == "like('x')"
+    assert cli.shape_rule(op(textwrap.dedent)) == "textwrap.dedent"  # a module's own function
+    assert cli.shape_rule(op(_made_by_a_factory())) == f"rule (in {__name__}._made_by_a_factory)"
+    assert cli.shape_rule(op(lambda x: x)) == f"lambda (in {__name__}.test_list_names_shape_rules_readably)"
+
+
 def test_list_shows_an_ops_own_dtypes(cli_env: dict[str, str], tmp_path: Path) -> None:
     module = tmp_path / "dtypelib_decl.py"
     (tmp_path / "k.cc").write_text("// not compiled by list\n")

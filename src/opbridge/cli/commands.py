@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
@@ -29,15 +30,30 @@ if TYPE_CHECKING:
 
 
 def shape_rule(op: OpDef) -> str | None:
-    """How ``opbridge list`` names *op*'s shape rule: ``like(...)``, ``module.function``, or None."""
+    """How ``opbridge list`` names *op*'s shape rule, or None.
+
+    ``like(...)``; ``module.function`` for a function its module defines; for one made inside
+    another function (a rule factory's) or a lambda, its name and its docstring's first line,
+    else its name and where it was made.
+    """
     rule = op.shape
     if rule is None:
         return None
     if type(rule).__name__ == "like":
         return repr(rule)
-    name = getattr(rule, "__qualname__", None)
+    qualname = getattr(rule, "__qualname__", None)
     module = getattr(rule, "__module__", None)
-    return f"{module}.{name}" if name and module else repr(rule)
+    if not qualname or not module:
+        return repr(rule)
+    if "<" not in qualname:  # neither <locals> nor <lambda>: a name the module has
+        return f"{module}.{qualname}"
+    name = getattr(rule, "__name__", "") or "rule"
+    name = "lambda" if name == "<lambda>" else name
+    doc = (inspect.getdoc(rule) or "").strip().splitlines()
+    if doc:
+        return f"{name} ({doc[0].rstrip('.')})"
+    outer = qualname.split(".<locals>")[0] if ".<locals>" in qualname else ""
+    return f"{name} (in {module}{'.' + outer if outer else ''})"
 
 
 def op_info(op: OpDef) -> dict[str, Any]:
