@@ -131,3 +131,37 @@ def test_opbridge_fuzz_command(tmp_path: Path) -> None:
     assert "FAIL numpy fuzz_cli_test::sloppy_add bad_shape" in bad.stdout and "no error" in bad.stdout
     usage = subprocess.run([*cmd, "--ops", "no_such_op"], capture_output=True, text=True, env=env, timeout=600)
     assert usage.returncode == 2 and "no declared op named no_such_op" in usage.stderr
+
+
+def test_opbridge_fuzz_import_fuzzes_the_imported_libraries_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import opbridge.testing.fuzz as fuzz_module
+    from opbridge import registry
+    from opbridge.cli import main
+
+    seen: list[str] = []
+
+    def record(op: Any, framework: str, **kw: Any) -> Any:
+        seen.append(op.qualname)
+        return SimpleNamespace(examples={c: 1 for c in kw["checks"]}, skipped={})
+
+    monkeypatch.setattr(fuzz_module, "fuzz_op", record)
+    (tmp_path / "sloppy.cc").write_text(SLOPPY_CC)
+    module = tmp_path / "fuzz_scope_ops.py"
+    module.write_text(SLOPPY_MODULE.replace("fuzz_cli_test", "fuzz_scope_test"))
+    (tmp_path / "fuzz_scope_none.py").write_text("declared = None\n")
+    cmd = ["fuzz", "--frameworks", "numpy", "--checks", "calls"]
+
+    def fuzzed(*argv: str, status: int = 0) -> set[str]:
+        seen.clear()
+        assert main([*cmd, *argv]) == status
+        return set(seen)
+
+    assert fuzzed("--import", str(module)) == {"fuzz_scope_test::sloppy_add"}
+    assert fuzzed("--import", "fuzz_scope_ops") == {"fuzz_scope_test::sloppy_add"}  # imported already
+    assert fuzzed("--import", "fuzz_scope_ops", "--ops", "add") == {"opbridge::add"}  # --ops picks from all
+    everything = fuzzed()  # without --import: every declared op, the built-in ones too
+    assert everything == {op.qualname for op in registry.all_ops()} and "opbridge::add" in everything
+    assert fuzzed("--import", str(tmp_path / "fuzz_scope_none.py"), status=2) == set()

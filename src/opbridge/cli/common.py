@@ -77,10 +77,22 @@ def import_user_module(spec: str) -> None:
         raise
 
 
-def import_all(specs: Sequence[str] | None) -> None:
-    """Import each ``--import`` module or file, in order."""
+def import_all(specs: Sequence[str] | None) -> list[Library]:
+    """Import each ``--import`` module or file, in order; return the libraries they declare.
+
+    Those are the libraries declared while importing them, and those a module
+    imported before (by an earlier ``--import``, or by another) declared under
+    its name or a submodule's.
+    """
+    from opbridge import registry
+
+    before = {lib.namespace for lib in libraries()}
+    names = []
     for spec in specs or ():
         import_user_module(spec)
+        names.append(Path(spec).stem if spec.endswith(".py") or Path(spec).is_file() else spec)
+    return [lib for lib in registry.libraries() if lib.namespace not in before
+            or any(lib.python_module == n or lib.python_module.startswith(n + ".") for n in names)]
 
 
 def add_import_option(parser: argparse.ArgumentParser) -> None:

@@ -34,8 +34,9 @@ def register(sub: Any) -> None:
                     "MindSpore cannot share one; MindSpore needs its own environment). Exit status 1 when a "
                     "check fails. Needs hypothesis.")
     add_import_option(p)
-    p.add_argument("--ops", nargs="+", metavar="NAME", help="ops to fuzz, by name or namespace::name "
-                                                             "(default: every declared op)")
+    p.add_argument("--ops", nargs="+", metavar="NAME",
+                   help="ops to fuzz, by name or namespace::name (default: the ops of the libraries the "
+                        "--import modules declare; without --import, every declared op)")
     p.add_argument("--frameworks", nargs="+", default=["numpy", "torch"], choices=FRAMEWORKS, metavar="NAME",
                    help="frameworks to fuzz in (default: numpy torch; choices: %(choices)s)")
     p.add_argument("--checks", nargs="+", choices=CHECKS, metavar="CHECK",
@@ -64,11 +65,17 @@ def run(args: argparse.Namespace) -> int:
         from opbridge.testing.fuzz import CHECKS, fuzz_op
         from opbridge.testing.harness import get
 
-        import_all(args.imports)
+        imported = import_all(args.imports)
     except ImportError as e:
         err(str(e))
         return EXIT_USAGE
+    if args.imports and not imported and not args.ops:
+        err(f"--import {' '.join(args.imports)}: declares no opbridge library, so there is no op to fuzz "
+            "(name ops with --ops)")
+        return EXIT_USAGE
     ops = [op for lib in libraries() for op in lib.ops.values()]
+    if args.imports and not args.ops:  # your ops, not the built-in ones too
+        ops = [op for lib in imported for op in lib.ops.values()]
     if args.ops:
         wanted = set(args.ops)
         ops = [op for op in ops if op.name in wanted or op.qualname in wanted]
