@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from opbridge.errors import BackendUnavailableError, DeclarationError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
+    from opbridge.schema import Type
 
 __all__ = ["KNOWN_DEVICES", "build", "build_spec", "exports", "kernel", "load", "loaded_path", "threading_policy"]
 
@@ -128,26 +130,63 @@ def kernel(op: OpDef, device: str) -> Any:
 #: Kernel argument letters (``export.h``'s ``kind_letter``) as C++ types, for messages.
 _LETTER_TYPES = {"T": "TensorView", "O": "Optional<TensorView>", "X": "tvm::ffi::Tensor",
                  "Y": "Optional<tvm::ffi::Tensor>", "d": "double", "f": "float", "l": "int64_t", "i": "int32_t",
-                 "b": "bool", "o": "another type"}
-#: Schema types a kernel must take as one of these letters; any other (a list, a string, an
-#: optional scalar) is converted by tvm-ffi's own rules and not checked here.
-_SCHEMA_LETTERS = {"Tensor": "T", "Tensor?": "O", "float": "df", "int": "li", "bool": "b"}
+                 "n": "an unsigned or narrower integer", "b": "bool", "s": "tvm::ffi::String",
+                 "a": "tvm::ffi::Any", "o": "another type"}
+#: The letter a kernel takes each schema scalar type as (a list: ``[`` and this letter, an optional
+#: value: ``?`` before it). Left unchecked, converted by tvm-ffi's own rules (whose error names the
+#: kernel, not the op): ``Tensor[]`` and ``ScalarType`` arguments, and a type the recording has no
+#: letter for (``o``: a nested list, a tvm-ffi ``Tuple``, ``Variant`` or ``Map``) taken for a list,
+#: a ``str`` or an optional scalar, which is also how modules built before opbridge recorded
+#: those record every list, string and optional scalar.
+_SCALAR_LETTERS = {"float": "d", "int": "l", "bool": "b", "str": "s"}
+#: What a narrower kernel type than the schema's does to the values it is passed.
+_NARROW = {("f", "d"): "which would round every value to float precision silently",
+           ("i", "l"): "which would truncate values beyond its range silently",
+           ("n", "l"): "which would truncate values beyond its range silently"}
+#: One argument's code in a recorded signature: ``?`` (optional) and ``[`` (a list) before a letter.
+_CODE = re.compile(r"[?\[]*.")
 
 
-def _expected(op: OpDef) -> list[tuple[str, str, str]]:
-    """(name, schema type, allowed letters) of each argument the adapters pass *op*'s kernel."""
+def _type_name(code: str) -> str:
+    """The C++ type a recorded argument *code* stands for, for messages."""
+    if code.startswith("?"):
+        return f"Optional<{_type_name(code[1:])}>"
+    if code.startswith("["):
+        return f"tvm::ffi::Array<{_type_name(code[1:])}>"
+    return _LETTER_TYPES.get(code, code)
+
+
+def _allowed(t: Type) -> tuple[str, ...]:
+    """The codes a kernel may take schema type *t* as, the one to advise first; empty if unchecked."""
+    if t.is_tensor:
+        return ("O",) if t.optional else ("T",)
+    letter = _SCALAR_LETTERS.get(t.base)
+    if letter is None:  # Tensor[], ScalarType
+        return ()
+    codes = ("[" + letter, "[a") if t.is_list else (letter,)
+    unknown = ("o",) if t.is_list or t.optional or t.base == "str" else ()
+    # Any takes every value; an optional kernel parameter also takes a value that is always given.
+    if t.optional:
+        return (*(f"?{c}" for c in codes), "?a", "a", *unknown)
+    return (*codes, "a", *(f"?{c}" for c in codes), *unknown)
+
+
+def _expected(op: OpDef) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, schema type, allowed codes) of each argument the adapters pass *op*'s kernel."""
     outs = [r.name or ("out" if op.n_outputs == 1 else f"out{i}")
             for i, r in enumerate(r for r in op.schema.returns if r.type.alias is None)]
-    args = [(name, "Tensor", "T") for name in outs]
-    for a in op.schema.arguments:
-        t = a.type
-        key = "Tensor?" if t.is_tensor and t.optional else str(t.base) if not (t.is_list or t.optional) else ""
-        args.append((a.name, str(t), _SCHEMA_LETTERS.get(key, "")))
+    args: list[tuple[str, str, tuple[str, ...]]] = [(name, "Tensor", ("T",)) for name in outs]
+    args += [(a.name, str(a.type), _allowed(a.type)) for a in op.schema.arguments]
     return args
 
 
 def check_signature(op: OpDef, name: str, signature: str) -> None:
     """Check that kernel *name*'s exported *signature* takes what *op*'s schema passes it.
+
+    Each tensor, scalar (``float`` as ``double``, ``int`` as ``int64_t``: a narrower type
+    would round or truncate silently), ``str`` and list of them, optional or not, is checked;
+    ``Tensor[]`` and ``ScalarType`` are not (tvm-ffi converts them by its own rules), nor are
+    kernels of a module built before opbridge recorded signatures.
 
     Raises
     ------
@@ -156,25 +195,28 @@ def check_signature(op: OpDef, name: str, signature: str) -> None:
         first, then the schema's arguments in order) and the first mismatch.
     """
     returns, _, letters = signature.partition(":")
+    codes = _CODE.findall(letters)
     expected = _expected(op)
-    takes = ", ".join(_LETTER_TYPES.get(c, c) for c in letters)
+    takes = ", ".join(_type_name(c) for c in codes)
     passes = ", ".join(f"{kind} {arg}" for arg, kind, _ in expected)
     where = (f"{op.name}: kernel {name}({takes}) does not take what the schema {str(op.schema)!r} passes it: "
              f"({passes}), the new outputs first, then the schema's arguments in order")
-    owning = [i for i, c in enumerate(letters) if c in "XY"]
+    owning = [i for i, c in enumerate(codes) if c in ("X", "Y")]
     if owning:
         i = owning[0]
         raise DeclarationError(
-            f"{where}; argument #{i} is {_LETTER_TYPES[letters[i]]}, an owning tensor, but opbridge passes "
+            f"{where}; argument #{i} is {_LETTER_TYPES[codes[i]]}, an owning tensor, but opbridge passes "
             f"tensors as views (its C entries hold no tensor object to give): take "
-            f"{'Optional<TensorView>' if letters[i] == 'Y' else 'TensorView'} (opbridge::TensorView) instead")
+            f"{'Optional<TensorView>' if codes[i] == 'Y' else 'TensorView'} (opbridge::TensorView) instead")
     if returns != "v":
         raise DeclarationError(f"{where}; it returns a value, but kernels write their outputs into the "
                                f"tensors passed first (destination passing) and return void")
-    if len(letters) != len(expected):
-        raise DeclarationError(f"{where}; it takes {len(letters)} argument(s), the schema passes {len(expected)}")
-    for i, (letter, (arg, kind, allowed)) in enumerate(zip(letters, expected, strict=True)):
-        if allowed and letter not in allowed:
-            raise DeclarationError(f"{where}; argument #{i} ({kind} {arg}) arrives as "
-                                   f"{' or '.join(_LETTER_TYPES[c] for c in allowed)}, the kernel takes "
-                                   f"{_LETTER_TYPES.get(letter, letter)}")
+    if len(codes) != len(expected):
+        raise DeclarationError(f"{where}; it takes {len(codes)} argument(s), the schema passes {len(expected)}")
+    for i, (code, (arg, kind, allowed)) in enumerate(zip(codes, expected, strict=True)):
+        if allowed and code not in allowed:
+            want = allowed[0]
+            narrow = _NARROW.get((code[-1:], want[-1]), "") if code[:-1] == want[:-1] else ""
+            raise DeclarationError(f"{where}; argument #{i} ({kind} {arg}) arrives as {_type_name(want)}, the "
+                                   f"kernel takes {_type_name(code)}{', ' + narrow if narrow else ''}: take "
+                                   f"{_type_name(want)}")

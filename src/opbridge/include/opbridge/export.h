@@ -5,6 +5,13 @@
 
 #include "opbridge/checks.h"
 
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/list.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
 namespace opbridge {
 
 // ---------------------------------------------------------------------------
@@ -32,11 +39,15 @@ constexpr ArgKind arg_kind() {
   else return ArgKind::kOther;
 }
 
-// One letter per argument kind, for the module's signature list (export_list.h):
-// T tensor (TensorView or DLTensor*), O optional tensor, X / Y tvm-ffi's owning
-// Tensor / Optional<Tensor> (which the C entries cannot pass: they hold views),
-// d double, f float, l int64_t, i int32_t, b bool, o anything else (a list, a
-// string, an optional scalar).
+// The code of one argument type, for the module's signature list (export_list.h):
+// a letter, after '?' for an optional value (Optional<T>, std::optional<T>) and
+// '[' for a list (Array<T>, List<T>, std::vector<T>, Shape = "[l"), e.g. "?[l"
+// for Optional<Array<int64_t>>. Letters: T tensor (TensorView or DLTensor*),
+// O optional tensor, X / Y tvm-ffi's owning Tensor / Optional<Tensor> (which the
+// C entries cannot pass: they hold views), d double, f float, l a 64-bit signed
+// integer (int64_t, long long), i a 32-bit one (int32_t), n any other integer
+// (unsigned, 16-bit, ...), b bool, s a string (String, std::string, const
+// char*), a Any / AnyView, o anything else.
 template <typename T>
 constexpr char kind_letter() {
   using U = std::remove_cv_t<std::remove_reference_t<T>>;
@@ -48,18 +59,49 @@ constexpr char kind_letter() {
   else if constexpr (kind == ArgKind::kOptionalTensor) return 'O';
   else if constexpr (kind == ArgKind::kFloat64) return 'd';
   else if constexpr (kind == ArgKind::kFloat32) return 'f';
-  else if constexpr (kind == ArgKind::kInt64) return 'l';
-  else if constexpr (kind == ArgKind::kInt32) return 'i';
   else if constexpr (kind == ArgKind::kBool) return 'b';
+  else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 8) return 'l';
+  else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 4) return 'i';
+  else if constexpr (std::is_integral_v<U>) return 'n';
+  else if constexpr (std::is_same_v<U, ::tvm::ffi::String> || std::is_same_v<U, std::string> ||
+                     std::is_same_v<U, const char*>) return 's';
+  else if constexpr (std::is_same_v<U, ::tvm::ffi::Any> || std::is_same_v<U, ::tvm::ffi::AnyView>) return 'a';
   else return 'o';
+}
+
+template <typename T>
+struct OptionalOf : std::false_type {};
+template <typename E>
+struct OptionalOf<Optional<E>> : std::true_type { using type = E; };
+template <typename E>
+struct OptionalOf<std::optional<E>> : std::true_type { using type = E; };
+
+template <typename T>
+struct ListOf : std::false_type {};
+template <typename E>
+struct ListOf<::tvm::ffi::Array<E>> : std::true_type { using type = E; };
+template <typename E>
+struct ListOf<::tvm::ffi::List<E>> : std::true_type { using type = E; };
+template <typename E, typename A>
+struct ListOf<std::vector<E, A>> : std::true_type { using type = E; };
+template <>
+struct ListOf<::tvm::ffi::Shape> : std::true_type { using type = int64_t; };
+
+template <typename T>
+std::string kind_code() {
+  using U = std::remove_cv_t<std::remove_reference_t<T>>;
+  if constexpr (kind_letter<U>() != 'o') return std::string(1, kind_letter<U>());
+  else if constexpr (OptionalOf<U>::value) return "?" + kind_code<typename OptionalOf<U>::type>();
+  else if constexpr (ListOf<U>::value) return "[" + kind_code<typename ListOf<U>::type>();
+  else return "o";
 }
 
 // "v:TTd" for void f(TensorView, TensorView, double): what the loader checks
 // an exported kernel against before its first call.
 template <typename R, typename... Args>
 const char* signature_of(R (*)(Args...)) {
-  static const char sig[] = {std::is_void_v<R> ? 'v' : 'r', ':', kind_letter<Args>()..., '\0'};
-  return sig;
+  static const std::string sig = (std::string(std::is_void_v<R> ? "v:" : "r:") + ... + kind_code<Args>());
+  return sig.c_str();
 }
 
 // An exported kernel, for the messages of a wrong call.

@@ -14,8 +14,8 @@ struct __attribute__((visibility("hidden"))) ExportList {
   }
   std::string names;
   // "name=signature" per kernel, comma-separated; a signature is the return
-  // ('v' void, 'r' a value), ':' and one letter per argument (see
-  // export.h's kind_letter), which the loader checks against the op's schema.
+  // ('v' void, 'r' a value), ':' and one code per argument (see export.h's
+  // kind_code), which the loader checks against the op's schema.
   std::string signatures;
   int add(const char* name, const char* signature) {
     if (!names.empty()) {
