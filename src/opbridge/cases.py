@@ -112,7 +112,10 @@ def elementwise_cases(op: Any, dtype: str, rng: np.random.Generator) -> list[Cas
     """The generic matrix: every Tensor argument has the lead argument's shape.
 
     Runs over :data:`ELEMENTWISE_SHAPES` plus a sliced and non-contiguous
-    variants (see :func:`shaped_cases`). Optional Tensor arguments get ``None``.
+    variants (see :func:`shaped_cases`). Each shape runs with the optional
+    Tensor arguments given a tensor of that shape too, and then as ``None``
+    (so a kernel that ignores one fails); the sliced and non-contiguous
+    variants give them a tensor.
 
     Parameters
     ----------
@@ -129,8 +132,11 @@ def elementwise_cases(op: Any, dtype: str, rng: np.random.Generator) -> list[Cas
     """
     opdef = getattr(op, "opdef", op)
     tensors = [a for a in opdef.schema.arguments if a.type.is_tensor]
-    sets = [{a.name: (None if a.type.optional else s) for a in tensors} for s in ELEMENTWISE_SHAPES]
-    return shaped_cases(sets, rng)
+    given = [dict.fromkeys((a.name for a in tensors), s) for s in ELEMENTWISE_SHAPES]
+    if not any(a.type.optional for a in tensors):
+        return shaped_cases(given, rng)
+    left_out = [{a.name: (None if a.type.optional else s) for a in tensors} for s in ELEMENTWISE_SHAPES]
+    return shaped_cases([ss for pair in zip(given, left_out, strict=True) for ss in pair], rng)
 
 
 def elementwise_hint(*names: str) -> CaseHint:

@@ -51,6 +51,7 @@ from typing import Any
 from opbridge.cases import CaseHint
 from opbridge.testing import fuzz_errors
 from opbridge.testing.fuzz_calls import Fuzzer, Skip
+from opbridge.testing.generate import only_none
 
 __all__ = ["CHECKS", "FuzzReport", "Fuzzer", "fuzz_op", "run_check"]
 
@@ -114,7 +115,8 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
     Returns
     -------
     FuzzReport
-        Examples run per check, and the checks that could not run here, with why.
+        Examples run per check, and the checks that could not run here, with why (under
+        ``"Tensor?"``: the optional Tensor arguments no drawn case gave a tensor).
     """
     try:
         import hypothesis  # noqa: F401
@@ -148,6 +150,9 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
                                                  "matches in shape",
                                      "out_sharing": "no drawn case had a float input shaped like the first output",
                                      }.get(check, "no drawn case had an argument to make inconsistent")
+    untested = only_none(fuzzer.op, [dict.fromkeys(fuzzer.given, True)]) if fuzzer.given else None
+    if untested is not None:
+        report.skipped["Tensor?"] = untested
     return report
 
 

@@ -37,6 +37,8 @@ class Fuzzer:
         self.framework = framework
         self.mem = Memory(self.h, device)
         self.args = self.op.schema.arguments
+        #: The arguments some drawn case gave a value other than None (for ``Tensor?`` ones never given a tensor).
+        self.given: set[str] = set()
 
     # -- what can run ---------------------------------------------------------------------
 
@@ -98,6 +100,7 @@ class Fuzzer:
         dtype = data.draw(st.sampled_from(self.dtypes()), label="dtype")
         seed = data.draw(st.integers(0, 2**20), label="seed")
         case = data.draw(st.sampled_from(self.cases(dtype, seed)), label="case")
+        self.given.update(n for n, v in case.items() if v is not None)
         layouts: dict[str, str] = {}
         out_layouts: dict[str, str] = {}
         if len(self.mem.layouts) > 1:

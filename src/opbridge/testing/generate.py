@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy as np
 from opbridge.cases import LAYOUT, META_KEYS, NONCONTIGUOUS, Case, CaseHint, elementwise_cases
 from opbridge.declare import OpDef
 
-__all__ = ["CASE_HINTS", "as_opdef", "case_rng", "complete_case", "make_cases"]
+__all__ = ["CASE_HINTS", "as_opdef", "case_rng", "complete_case", "make_cases", "only_none"]
 
 
 class _DeprecatedCaseHints(dict[str, CaseHint]):
@@ -131,6 +131,20 @@ def make_cases(op: Any, dtype: str = "float32", seed: int = 0) -> list[Case]:
     hint = opdef.hints or dict.get(CASE_HINTS, opdef.qualname)
     raw = hint(dtype, rng) if hint is not None else elementwise_cases(opdef, dtype, rng)
     return [complete_case(opdef, c) for c in raw]
+
+
+def only_none(op: OpDef, cases: Iterable[Mapping[str, Any]]) -> str | None:
+    """What to report when *cases* never give one of *op*'s ``Tensor?`` arguments a tensor, else None.
+
+    A kernel that ignores such an argument passes every case, so a check
+    that ran only these says so (in its report's ``skipped``).
+    """
+    given = {n for c in cases for n, v in c.items() if v is not None}
+    names = [a.name for a in op.schema.arguments if a.type.is_tensor and a.type.optional and a.name not in given]
+    if not names:
+        return None
+    return (f"{', '.join(names)} (Tensor?): only tested as None, no case gives {'them' if len(names) > 1 else 'it'} "
+            f"a tensor (declare Library.op(..., hints=...) with cases that do)")
 
 
 def case_rng(seed: int, *keys: object) -> np.random.Generator:

@@ -59,7 +59,7 @@ from opbridge.cases import (
     shaped_cases,
 )
 from opbridge.declare import DEFAULT_DTYPES, OpDef  # noqa: F401 - DEFAULT_DTYPES: importable here, as before
-from opbridge.testing.generate import CASE_HINTS, as_opdef, case_rng, complete_case, make_cases
+from opbridge.testing.generate import CASE_HINTS, as_opdef, case_rng, complete_case, make_cases, only_none
 from opbridge.testing.kits import NumpyKit, TorchKit, dtype_str
 from opbridge.testing.runner import CheckReport, Runner
 from opbridge.testing.torch_checks import run_compile, run_gradcheck, run_opcheck, small_case
@@ -146,7 +146,8 @@ def check_op(
     Returns
     -------
     CheckReport
-        Counts per check kind, so tests can assert what was covered.
+        Counts per check kind, so tests can assert what was covered; its
+        ``skipped`` also names each ``Tensor?`` argument no case gave a tensor.
 
     Raises
     ------
@@ -177,6 +178,7 @@ def check_op(
                          f"on {framework} (it supports {', '.join(kit.dtypes)})")
     runner = Runner(opdef, kit, report, seed=seed, sentinel=sentinel, check_grad=check_grad,
                      grad_rtol=grad_rtol)
+    ran: list[Case] = []
     for dtype in run:
         runner.dtype = dtype
         if cases is None:
@@ -185,6 +187,7 @@ def check_op(
             dcases = [complete_case(opdef, c) for c in cases(dtype, case_rng(seed, opdef.qualname, dtype))]
         else:
             dcases = [complete_case(opdef, c) for c in cases]
+        ran.extend(dcases)
         for i, case in enumerate(dcases):
             runner.run_case(i, case)
         if framework != "torch":
@@ -204,6 +207,9 @@ def check_op(
         why = (f"the op declares no float64 (dtypes: {', '.join(opdef.dtypes)})" if "float64" not in opdef.dtypes
                else "float64 is not among the dtypes run")
         report.skipped.append(f"gradcheck: needs float64 kernels, and {why}")
+    untested = only_none(opdef, ran)
+    if untested is not None:
+        report.skipped.append(untested)
     if framework != "torch" and (check_grad or check_opcheck or check_compile or check_gradcheck):
         report.skipped.append("grad/gradcheck/opcheck/compile: torch only")
     return report
