@@ -8,5 +8,5 @@ def scale(x, alpha):          # the NumPy reference *is* the declaration
     return x * alpha
 
 import torch
-print(scale(torch.ones(3), 2.0))            # eager; builds on first use (~2 s, then cached)
+print(scale(torch.ones(3), 2.0))            # eager; builds on first use (3-6 s, then cached)
 print(torch.ops.myops.scale(torch.ones(3), 2.0))
