@@ -640,7 +640,7 @@ def test_out_writes_into_the_callers_tensors() -> None:
     assert res[0] is dx and res[1] is dw
     want = ops.rms_norm_backward(x, x, w)
     np.testing.assert_array_equal(_np(dw), _np(want[1]))
-    with pytest.raises(ValueError, match="rms_norm: out must have the same shape as x"):
+    with pytest.raises(ValueError, match=r"rms_norm: out has shape \(.*\) and dtype float32, but the output"):
         ops.rms_norm(x, w, out=Tensor(np.zeros(16, np.float32)))
     with pytest.raises(TypeError, match=r"gelu: out\[0\] must be an array of the same framework"):
         ops.gelu(x, out=np.zeros((3, 16), np.float32))
@@ -1004,7 +1004,7 @@ def test_out_calls_take_the_generated_path(monkeypatch: pytest.MonkeyPatch) -> N
     assert ops.add(xc, y, out=xc) is xc  # out= is an input: the checked call's fresh buffer
     np.testing.assert_array_equal(_np(xc), _np(x) + _np(y))
     assert checked == ["add"]
-    with pytest.raises(ValueError, match="rms_norm: out must have the same shape as x"):
+    with pytest.raises(ValueError, match=r"rms_norm: out has shape \(.*\) and dtype float32, but the output"):
         ops.rms_norm(x, _t(np.ones(16)), out=Tensor(np.zeros(16, np.float32)))
 
 

@@ -532,7 +532,7 @@ def test_out_writes_into_given_tensors() -> None:
     dx, dw = paddle.empty([3, 8]), paddle.empty([8])
     got = ops.rms_norm_backward(x, x, w, out=(dx, dw))
     assert got[0] is dx and got[1] is dw
-    with pytest.raises(ValueError, match="rms_norm: out must have the same shape as x"):
+    with pytest.raises(ValueError, match=r"rms_norm: out has shape \(.*\) and dtype float32, but the output"):
         ops.rms_norm(x, w, out=paddle.empty([3, 7]))
     x.stop_gradient = False
     with pytest.raises(RuntimeError, match="rms_norm: out= does not support autograd"):

@@ -198,6 +198,27 @@ def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any],
         raise dtype_error(op, op.schema.arguments[op.dtype_arg].name, got)
 
 
+def check_outs(op: OpDef, args: Sequence[Any], outs: Sequence[Any], dtype_name: Callable[[Any], str]) -> None:
+    """Raise ValueError unless each ``out=`` array has the shape and dtype *op*'s shape rule gives that output.
+
+    A kernel writes an output as the rule says it is: handed any other buffer, it would write past its
+    end or store its bits in another type. (*dtype_name* names an array's dtype, as for
+    :func:`check_lead_dtype`.) Every adapter's ``out=`` path checks this before the kernel runs; the
+    fast paths and C entries hand a mismatch to that path.
+    """
+    for k, (o, s) in enumerate(zip(outs, op.output_specs(args), strict=True)):
+        got = dtype_name(o)
+        if isinstance(s.dtype, str):
+            want, same = s.dtype, got == s.dtype
+        else:  # an input's dtype object: named by an input that has it
+            same = o.dtype == s.dtype
+            want = next((dtype_name(a) for a in args if hasattr(a, "dtype") and a.dtype == s.dtype), str(s.dtype))
+        if not same or tuple(o.shape) != tuple(s.shape):
+            name = "out" if len(outs) == 1 else f"out[{k}]"
+            raise ValueError(f"{op.name}: {name} has shape {tuple(o.shape)} and dtype {got}, but the output has "
+                             f"shape {tuple(s.shape)} and dtype {want}")
+
+
 def framework_dtypes(op: OpDef, convert: Callable[[str], Any]) -> frozenset[Any]:
     """The op's declared dtypes as one framework's dtype objects (names it lacks are left out)."""
     out = set()
@@ -226,6 +247,20 @@ def alloc_source(op: OpDef, names: Sequence[str], outs: Sequence[str], new_like:
     if outs:
         return [f"{', '.join(outs)}, = {from_rule.format(args='(' + ''.join(n + ', ' for n in names) + ')')}"]
     return []
+
+
+def out_fits_source(op: OpDef, names: Sequence[str], out: str, plan: str) -> str:
+    """A condition true where the one array *out* has the shape and dtype of *op*'s one output: a generated
+    ``out=`` fast path's guard (anything else goes to the checked path, :func:`check_outs`).
+
+    For a ``like`` rule it compares with that argument; else *plan* names the adapter's
+    :func:`rule_plan` over ``{t}.shape, {t}.dtype`` whose answer per output is ``(shape, dtype)`` as the
+    framework gives them.
+    """
+    idx = like_indices(op)
+    if idx is not None:
+        return f"{out}.shape == {names[idx[0]]}.shape and {out}.dtype == {names[idx[0]]}.dtype"
+    return f"{plan}(({''.join(n + ', ' for n in names)})) == [(tuple({out}.shape), {out}.dtype)]"
 
 
 def returns_source(op: OpDef, names: Sequence[str], outs: Sequence[str], indent: str) -> list[str]:

@@ -35,22 +35,49 @@
 
 #include <opbridge/raised_error.h>
 
+#include <algorithm>
+
 #include "entry_state.h"  // OpState, OutSpec, TypeCode, Scalar, RuleSpecs, Overlaps, IntList
 
 namespace opbridge {
 namespace entry {
 namespace {  // internal linkage: each entry's translation unit inlines and optimises its own copy
 
+// Whether the caller's out=, viewed in *dl[0]*, has the shape and type of the op's one output: its
+// `like` argument's, or the shape rule's answer. A kernel writes the output as the rule says it is, so
+// any other buffer would be written past its end or given another type's bits; the Python path then
+// raises the ValueError that names both (call.core.check_outs).
+template <class Arrays>
+bool OutMatches(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs, const DLTensor* dl,
+                const TVMFFIAny* ffi) {
+  const DLTensor& o = dl[0];
+  if (st.rule == nullptr) {
+    const DLTensor& like = dl[1 + st.like[0]];
+    return TypeCode(o.dtype) == TypeCode(like.dtype) && o.ndim == like.ndim &&
+           std::equal(o.shape, o.shape + o.ndim, like.shape);
+  }
+  std::vector<OutSpec> spill;
+  const std::vector<OutSpec>* specs = RuleSpecs(st, args, nargs, dl + 1, ffi + 1, &spill);
+  if (specs == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const OutSpec& s = (*specs)[0];
+  return TypeCode(o.dtype) == s.type && static_cast<size_t>(o.ndim) == s.shape.size() &&
+         std::equal(o.shape, o.shape + o.ndim, s.shape.begin());
+}
+
 // The kernel on the arguments already viewed in *dl* and *ffi* (from index 1) and the caller's *out*:
 // Call's out= half. *out* is viewed dense into slot 0 and must share no byte with an argument (the
 // Python path then writes a fresh buffer and copies). Out of line: inlined into Call, it cost NumPy's
 // shape-rule calls 0.02-0.035 us.
 template <class Arrays>
-[[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, PyObject* out, DLTensor* dl,
-                                     TVMFFIAny* ffi) {
+[[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs,
+                                     PyObject* out, DLTensor* dl, TVMFFIAny* ffi) {
   const size_t n = st.kinds.size();
   int64_t dims[kMaxViewDims];
   if (!Arrays::View(st, out, &dl[0], nullptr, dims, true)) return NotHandled();
+  if (!OutMatches<Arrays>(st, args, nargs, dl, ffi)) return NotHandled();
   rows::ByteRows ro, ra;
   if (!RowsOf(dl[0], &ro)) return NotHandled();
   for (size_t i = 0; i < n; ++i) {
@@ -125,7 +152,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
   if (!declared) return NotHandled();
   // A written argument that overlaps another tensor: the Python path names the pair and raises.
   if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out)) return NotHandled();
-  if (out != nullptr) return CallInto<Arrays>(st, args, out, dl, ffi);
+  if (out != nullptr) return CallInto<Arrays>(st, args, nargs, out, dl, ffi);
 
   const std::vector<OutSpec>* specs = nullptr;
   std::vector<OutSpec> spill;

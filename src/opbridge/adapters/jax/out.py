@@ -22,7 +22,6 @@ differentiable (use the op without ``out=`` under ``jax.grad``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -68,17 +67,8 @@ class OutVariant:
         full = self.full_of(ts)
         core.check_lead_dtype(op, full, dtype_name)
         specs = output_specs(op, full)
-        check_outs(op, outs, specs)
+        core.check_outs(op, full, outs, dtype_name)
         call = jax.ffi.ffi_call(self.target, [_sds(s, d) for s, d in specs], vmap_method="sequential",
                                 input_output_aliases=self.aliases)
         res = call(*(full[i] for i in self.present), *outs, **self.attrs)
         return self.jop.pack(full, list(res), {})
-
-
-def check_outs(op: Any, outs: Sequence[Any], specs: Sequence[tuple[tuple[int, ...], Any]]) -> None:
-    """Raise ValueError unless each out array has its output's shape and dtype."""
-    for k, (o, (shape, dt)) in enumerate(zip(outs, specs, strict=True)):
-        if tuple(o.shape) != shape or o.dtype != dt:
-            name = "out" if len(specs) == 1 else f"out[{k}]"
-            raise ValueError(f"{op.name}: {name} has shape {tuple(o.shape)} and dtype {o.dtype}, but the output "
-                             f"has shape {shape} and dtype {dt}")

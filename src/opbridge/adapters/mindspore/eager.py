@@ -44,7 +44,10 @@ from opbridge.call.core import (
     alloc_outputs,
     alloc_source,
     check_lead_dtype,
+    check_outs,
     framework_dtypes,
+    like_indices,
+    out_fits_source,
     pack_results,
     returns_its_out,
     returns_source,
@@ -206,8 +209,10 @@ def eager_source(op: OpDef, out: bool = False) -> str:
                                 rows=(_ROWS_SPAN, "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs
     if out:
-        # out= must be dense and apart from every tensor argument (the checked call writes a fresh buffer)
-        lines += ["    if not out.is_contiguous():", f"        return {slow}",
+        # out= must be of the output's shape and dtype (else the checked call's ValueError), dense and apart
+        # from every tensor argument (the checked call writes a fresh buffer)
+        fits = out_fits_source(op, names, "out", "_out_plan")
+        lines += [f"    if not ({fits}) or not out.is_contiguous():", f"        return {slow}",
                   "    _so = out.data_ptr(); _eo = _so + out.nbytes"]
         for a in args:
             if a.type.is_tensor:
@@ -239,6 +244,8 @@ def run_with_out(op: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], o
         raise RuntimeError(f"{op.name}: out= writes into existing tensors, which MindSpore cannot "
                            f"differentiate; call it outside mindspore.grad / value_and_grad or "
                            f"without out=")
+    check_lead_dtype(op, args, lambda t: dtype_name(t.dtype))
+    check_outs(op, args, outs, lambda t: dtype_name(t.dtype))
     return run_checked(op, kernel, args, outs)
 
 
@@ -343,6 +350,8 @@ def make_eager_out(op: OpDef) -> Callable[..., Any] | None:
         return None
     kern = loader.kernel(op, "cpu")
     ns: dict[str, Any] = {**_generated_names(op, kern), "_checked_out": lambda a, o: run_with_out(op, kern, a, (o,))}
+    if like_indices(op) is None:
+        ns["_out_plan"] = rule_plan(op, "{t}.shape, {t}.dtype", lambda s, dt: (s, ms_dtype(dt)), "mindspore out=")
     compile_source(eager_source(op, out=True), f"<opbridge mindspore {op.qualname} out=>", ns)
     fn: Callable[..., Any] = ns[op.name]
     return fn

@@ -226,7 +226,7 @@ class NumpyAdapter:
         return call
 
     def call_with_out(self, op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> Any:
-        """Run *op* into the caller's arrays *outs* (shapes and dtypes validated by the kernel).
+        """Run *op* into the caller's arrays *outs*, each of its output's shape and dtype (else ValueError).
 
         A strided array in *outs* is written through a dense copy, as a
         strided mutated argument is, and so is every array in *outs* where one
@@ -237,6 +237,7 @@ class NumpyAdapter:
         if not all(o.flags.writeable for o in outs):
             raise ValueError(f"{op.name}: out= holds a read-only array")
         core.check_lead_dtype(op, args, _dtype_name)
+        core.check_outs(op, args, outs, _dtype_name)
         overlap.make_alias_check(op, _span, np.may_share_memory, overlap.NDARRAY_SHARES)(args)
         full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, overlap.ndarray_rows)
         fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory)

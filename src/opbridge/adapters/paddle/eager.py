@@ -257,6 +257,7 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
         raise RuntimeError(f"{op.name}: out= does not support autograd (a tensor has "
                            f"stop_gradient=False); call it under paddle.no_grad() or without out=")
     core.check_lead_dtype(op, args, dtype_name)
+    core.check_outs(op, args, outs, dtype_name)
     kern, launch, _ = target(op, args, outs)
     overlap.make_alias_check(op, strided_span, exact=EXACT)(args)
     full, back = overlap.dense_args(op, args, is_dense, densify, rows)

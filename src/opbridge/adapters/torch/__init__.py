@@ -78,11 +78,13 @@ class TorchAdapter:
                                f"call it under torch.no_grad() or without out=")
         if not (all(type(t) is torch.Tensor for t in tensors) and _no_modes()):
             core.validate_args(op, args, calls.is_tensor, "a torch.Tensor")
+            core.check_outs(op, args, outs, calls.dtype_name)
             results = dispatcher.packet(op)(*args)
             for o, r in zip(outs, results if isinstance(results, tuple) else (results,)):
                 o.copy_(r)
             return core.pack_results(op, args, outs)
         core.check_lead_dtype(op, args, calls.dtype_name)
+        core.check_outs(op, args, outs, calls.dtype_name)
         calls.check_devices(op, args, outs)
         overlap.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
         full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous,

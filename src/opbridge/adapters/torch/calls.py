@@ -308,6 +308,8 @@ def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
     })
     if core.like_indices(op) is None and op.n_outputs:
         ns["_t_alloc"] = rule_alloc(op, False)
+        # the fast out= path's guard (core.out_fits_source)
+        ns["_t_out_plan"] = core.rule_plan(op, "{t}.shape, {t}.dtype", lambda s, dt: (s, to_dtype(dt)), "torch out=")
         if "cuda" in op.kernels:
             ns["_t_alloc_dev"] = rule_alloc(op, True)
     for device in DEVICES:

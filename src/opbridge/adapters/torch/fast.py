@@ -135,7 +135,8 @@ def out_prelude(op: OpDef) -> str:
     checked = op.library.kernels_check_inputs
     # out= sharing memory with an input: the checked path writes a fresh buffer (overlap.outputs_overlap)
     apart = f"not _t_ovl(out, ({''.join(names[i] + ', ' for i in core.tensor_indices(op))}))"
-    guards = ["type(out) is _T", "not out.requires_grad", *([] if checked else [dense]), apart]
+    fits = core.out_fits_source(op, names, "out", "_t_out_plan")  # else the checked path's ValueError
+    guards = ["type(out) is _T", "not out.requires_grad", fits, *([] if checked else [dense]), apart]
     lines = [f"        if {_guards(op, guards)}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
     lines += _device_branches(op, body, slow, dense, devices, " " * 12)

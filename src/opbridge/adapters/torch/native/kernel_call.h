@@ -249,10 +249,21 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
       if (outs->size() != n_out) return false;
     }
   }
+  // out=: each must have its output's shape and dtype (the `like` argument's, or the shape rule's);
+  // else the checked path raises the ValueError naming both (call.core.check_outs).
+  std::vector<OutSpec> out_specs;
+  if (!allocate && st.like.empty() && n_out) out_specs = RuleSpecs(st, args);
   for (size_t k = 0; k < n_out; ++k) {
     const at::Tensor& t = (*outs)[k];
     if (!allocate && (!t.defined() || t.device() != device || !t.is_contiguous())) return false;
-    if (!allocate) {  // an out= sharing memory with an input: the checked path writes a fresh buffer
+    if (!allocate) {
+      if (st.like.empty()) {
+        if (t.scalar_type() != out_specs[k].dtype || t.sizes() != c10::IntArrayRef(out_specs[k].shape)) return false;
+      } else {
+        const at::Tensor& like = args[st.like[k]].toTensor();
+        if (t.scalar_type() != like.scalar_type() || t.sizes() != like.sizes()) return false;
+      }
+      // an out= sharing memory with an input: the checked path writes a fresh buffer
       for (size_t j = 0; j < n; ++j) {
         if (args[j].isTensor() && Overlap(t, args[j].toTensor())) return false;
       }
