@@ -110,6 +110,7 @@ inline bool Scalar(int kind, PyObject* o, TVMFFIAny* a) {
 // (a float by its bits), -1 for None. Only called on arguments the entry accepted.
 inline std::vector<int64_t> RuleKey(const OpState& st, const DLTensor* dl, const TVMFFIAny* ffi) {
   std::vector<int64_t> key;
+  key.reserve(4 * st.kinds.size());  // one allocation for the usual shapes (ndim, 2 dims, type)
   for (size_t i = 0; i < st.kinds.size(); ++i) {
     const TVMFFIAny& a = ffi[i];
     if (a.type_index == kTVMFFINone) {

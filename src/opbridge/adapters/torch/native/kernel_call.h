@@ -251,15 +251,12 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
   }
   // out=: each must have its output's shape and dtype (the `like` argument's, or the shape rule's);
   // else the checked path raises the ValueError naming both (call.core.check_outs).
-  std::vector<OutSpec> out_specs;
-  if (!allocate && st.like.empty() && n_out) out_specs = RuleSpecs(st, args);
+  if (!allocate && st.like.empty() && n_out && !RuleOutsMatch(st, args, *outs)) return false;
   for (size_t k = 0; k < n_out; ++k) {
     const at::Tensor& t = (*outs)[k];
     if (!allocate && (!t.defined() || t.device() != device || !t.is_contiguous())) return false;
     if (!allocate) {
-      if (st.like.empty()) {
-        if (t.scalar_type() != out_specs[k].dtype || t.sizes() != c10::IntArrayRef(out_specs[k].shape)) return false;
-      } else {
+      if (!st.like.empty()) {
         const at::Tensor& like = args[st.like[k]].toTensor();
         if (t.scalar_type() != like.scalar_type() || t.sizes() != like.sizes()) return false;
       }

@@ -8,6 +8,7 @@ namespace opbridge_native {
 // The signature a shape rule's answer depends on: shapes and dtypes of tensors, scalar values.
 std::vector<int64_t> RuleKey(const OpState& st, const c10::IValue* args) {
   std::vector<int64_t> key;
+  key.reserve(4 * st.kinds.size());  // one allocation for the usual shapes (ndim, 2 dims, dtype)
   for (size_t i = 0; i < st.kinds.size(); ++i) {
     const c10::IValue& v = args[i];
     if (v.isNone()) {
@@ -89,6 +90,25 @@ std::vector<OutSpec> RuleSpecs(OpState& st, const c10::IValue* args) {
   if (st.rule_cache.size() >= kRuleCacheSize) st.rule_cache.clear();
   st.rule_cache[std::move(key)] = specs;
   return specs;
+}
+
+// Whether *outs* (out=) have the shapes and dtypes of the shape rule's answer for *args*: compared under
+// the cache's lock, without copying the answer (RuleSpecs copies it: another thread may clear the cache).
+bool RuleOutsMatch(OpState& st, const c10::IValue* args, const c10::SmallVectorImpl<at::Tensor>& outs) {
+  auto match = [&](const std::vector<OutSpec>& specs) {
+    if (specs.size() != outs.size()) return false;
+    for (size_t k = 0; k < specs.size(); ++k) {
+      if (outs[k].scalar_type() != specs[k].dtype || outs[k].sizes() != c10::IntArrayRef(specs[k].shape)) return false;
+    }
+    return true;
+  };
+  {
+    std::vector<int64_t> key = RuleKey(st, args);
+    std::lock_guard<std::mutex> lock(st.rule_mutex);
+    auto it = st.rule_cache.find(key);
+    if (it != st.rule_cache.end()) return match(it->second);
+  }
+  return match(RuleSpecs(st, args));
 }
 
 }  // namespace opbridge_native
