@@ -1061,3 +1061,46 @@ def test_seen_eager_calls_skip_the_type_lookup() -> None:
         table[type(x)] = saved
     assert "jax" in ops.add.opdef.preludes
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: ops.add(a, a))(x)), 2 * np.asarray(x))
+
+
+# -- the variant cache is bounded ---------------------------------------------------------------------
+
+
+def test_variants_are_bounded_and_a_forgotten_one_is_freed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A static argument that changes every call (an eps schedule) must not keep an executable per value."""
+    import gc
+    import threading
+    import weakref
+
+    monkeypatch.setattr(jax_adapter, "MAX_VARIANTS", 4)
+    jop = jax_adapter._jop(ops.LIBRARY.ops["rms_norm"])
+    x, w = _rand(4, 8), jnp.ones(8, jnp.float32)
+    ops.rms_norm(x, w, 0.5)
+    jax.grad(lambda a: ops.rms_norm(a, w, 0.5).sum())(x)  # the traced backward must not pin it either
+    first = weakref.ref(next(v for k, v in jop.variants.items() if k[0][0][0] == 0.5))
+
+    def run(eps: list[float]) -> None:
+        for e in eps:
+            got = np.asarray(ops.rms_norm(x, w, e))
+            xf = np.asarray(x, np.float64)
+            np.testing.assert_allclose(got, xf / np.sqrt((xf * xf).mean(-1, keepdims=True) + e), rtol=1e-5)
+
+    errors: list[BaseException] = []
+
+    def worker(eps: list[float]) -> None:
+        try:
+            run(eps)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=([0.01 * (t * 10 + i + 1) for i in range(10)],))
+               for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    run([0.7, 0.8])
+    gc.collect()
+    assert len(jop.variants) <= 4 and len(jop.fast) <= 4 * 4
+    assert first() is None

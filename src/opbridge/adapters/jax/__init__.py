@@ -64,6 +64,14 @@ Batching
     ``jax.vmap`` runs the kernel once per batch element
     (``vmap_method="sequential"``): correct for every op, not vectorised.
 
+Sharding
+    Inside ``jax.shard_map`` a result varies over the mesh axes its inputs
+    vary over, and on a mesh of explicit axes a ``like`` output has the
+    sharding of the argument it copies (:mod:`.avals`), so ``out_specs``
+    checks and ``jax.grad`` work as with jnp. The custom calls have no
+    partitioning rule yet: XLA gathers sharded operands to every device and
+    runs the whole kernel there.
+
 Checks
     Argument types are checked in Python. When JAX traces a call (once per
     shape, dtype and static arguments; never on a call that reuses a compiled
@@ -86,9 +94,10 @@ Checks
     is the result.
 
 Eager calls on concrete arrays dispatch one ``jax.jit``-compiled executable,
-cached per op and static arguments; one whose outputs are large CPU arrays
-runs the kernel directly into buffers of opbridge's pool, shared with JAX
-through DLPack (:meth:`.variant.Variant.eager`).
+cached per op and static arguments (the last :data:`MAX_VARIANTS`); one
+whose outputs are large CPU arrays runs the kernel directly into buffers of
+opbridge's pool, shared with JAX through DLPack, on the input's device
+(:meth:`.eager.Compiled.eager`).
 """
 
 from __future__ import annotations
@@ -103,12 +112,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from opbridge._codegen import compile_source
-from opbridge.adapters.jax import targets
+from opbridge.adapters.jax import avals, targets
+from opbridge.adapters.jax.eager import MIN_POOL_ELEMENTS, Compiled
 from opbridge.adapters.jax.out import OutVariant
 from opbridge.adapters.jax.targets import LOCK as _LOCK
 from opbridge.adapters.jax.targets import REGISTERED as _REGISTERED  # noqa: F401  (targets by name)
 from opbridge.adapters.jax.targets import target_name
-from opbridge.adapters.jax.variant import DRY_RUN_MAX_BYTES, MIN_POOL_ELEMENTS, Variant
+from opbridge.adapters.jax.variant import DRY_RUN_MAX_BYTES
 from opbridge.call import core
 from opbridge.call.callable import install_prelude
 
@@ -117,6 +127,10 @@ if TYPE_CHECKING:
 
 #: Most small avals one op remembers before it forgets them all (shapes that change every call).
 MAX_SMALL_AVALS = 1024
+
+#: Most variants (static arguments and None patterns, each with its compiled executables, about
+#: 1.4 MiB) one op keeps; the oldest is forgotten first (an ``eps`` that changes every call).
+MAX_VARIANTS = 64
 
 __all__ = ["ADAPTER", "DRY_RUN_MAX_BYTES", "JaxAdapter", "target_name", "targets"]
 
@@ -164,7 +178,7 @@ class _JaxOp:
         self.mutated_idx = [i for i, a in enumerate(args) if a.is_mutated]
         self.optional_idx = [i for i, a in enumerate(args) if a.type.optional]
         self.optional_tensor_idx = [i for i in self.optional_idx if args[i].type.is_tensor]
-        self.variants: dict[Any, Variant] = {}
+        self.variants: dict[Any, Compiled] = {}
         self.out_variants: dict[Any, OutVariant] = {}
         #: (scalar, type(scalar), ...) -> jitted call, for concrete arrays with every tensor present
         self.fast: dict[tuple[Any, ...], Callable[..., Any]] = {}
@@ -200,7 +214,7 @@ class _JaxOp:
         return (tuple((_key_part(args[i]), type(args[i])) for i in self.scalar_idx),
                 tuple(args[i] is None for i in self.optional_idx))
 
-    def variant(self, args: Sequence[Any]) -> Variant:
+    def variant(self, args: Sequence[Any]) -> Compiled:
         """The variant for these arguments' static values and None pattern (checked when new)."""
         key = self.key(args)
         try:
@@ -217,8 +231,23 @@ class _JaxOp:
             with _LOCK:
                 var = self.variants.get(key)
                 if var is None:
-                    var = self.variants[key] = Variant(self, statics)
+                    while len(self.variants) >= max(1, MAX_VARIANTS):
+                        self.forget(next(iter(self.variants)))
+                    var = self.variants[key] = Compiled(self, statics)
         return var
+
+    def forget(self, key: Any) -> None:
+        """Drop the variant of *key* and every cache entry that holds it, so its executables can be freed.
+
+        Called under the lock. The generated calls read :attr:`fast` without
+        it: they see the entry or not, and a call already holding the
+        variant finishes with it.
+        """
+        var = self.variants.pop(key)
+        self.out_variants.pop(key, None)
+        for k, f in tuple(self.fast.items()):  # a snapshot: other threads add entries lock-free
+            if f is var.jitted:
+                self.fast.pop(k, None)
 
     def with_out(self, args: Sequence[Any], outs: Sequence[Any]) -> Any:
         """``out=``: the result computed in the donated buffers of *outs* (:mod:`.out`)."""
@@ -237,7 +266,7 @@ class _JaxOp:
                 ov = self.out_variants[key] = OutVariant(self, var.statics, var.full)
         ts = [args[i] for i in self.tensor_idx]
         if any(isinstance(t, jax.core.Tracer) for t in (*ts, *outs)):
-            return ov.forward(*ts, *outs)
+            return ov.forward(*avals.match_varying([*ts, *outs]))
         return ov.jitted(*ts, *outs)
 
     def general(self, *args: Any) -> Any:
@@ -248,9 +277,11 @@ class _JaxOp:
         var = self.variant(args)
         ts = [args[i] for i in self.tensor_idx]
         if any(isinstance(t, jax.core.Tracer) for t in ts):
-            return var.fn(*ts)
+            return var.fn(*avals.match_varying(ts))  # inside shard_map: the results' per-device type
         if all(type(args[i]) is not list for i in self.scalar_idx):
             statics = tuple(x for i in self.scalar_idx for x in (args[i], type(args[i])))
+            if len(self.fast) >= 4 * max(1, MAX_VARIANTS):  # entries of forgotten variants raced in
+                self.fast.clear()
             self.fast[statics + tuple(args[i] is None for i in self.optional_tensor_idx)] = var.jitted
             if self.sized and args[self.op.dispatch_arg].size < MIN_POOL_ELEMENTS:
                 if len(self.small_avals) >= MAX_SMALL_AVALS:  # bounded under dynamic shapes
@@ -281,7 +312,7 @@ class _JaxOp:
         conds = [f"({t} is None or type({t}) is {prefix}A)" if t in optional else f"type({t}) is {prefix}A"
                  for t in tensors]
         if self.sized:
-            # Large arrays may have outputs for opbridge's pool (Variant.eager): the checked path.
+            # Large arrays may have outputs for opbridge's pool (Compiled.eager): the checked path.
             # Avals the checked path has seen small (30 ns; `.size` takes 100, `.nbytes` 550).
             conds.append(f"{names[self.op.dispatch_arg]}.aval in {prefix}small")
         return [f"{indent}if {' and '.join(conds)}:",

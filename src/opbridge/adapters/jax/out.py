@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from opbridge.adapters.jax import targets
-from opbridge.adapters.jax.variant import _sds, dtype_name, output_specs
+from opbridge.adapters.jax.variant import dtype_name, output_specs, result_types
 from opbridge.call import core
 
 if TYPE_CHECKING:
@@ -46,15 +46,7 @@ class OutVariant:
         attr_idx = [i for i in jop.scalar_idx if statics[i] is not None]
         self.attrs = {args[i].name: statics[i] for i in attr_idx}
         n_out = op.n_outputs
-        # incoming order on the handler side: rets, args (the present tensors, then the outs), attrs
-        where = {i: n_out + j for j, i in enumerate(present)}
-        for j, i in enumerate(attr_idx):
-            where[i] = n_out + len(present) + n_out + j
-        plan = list(range(n_out)) + [where.get(i, -1) for i in range(len(args))]
-        mask = "".join("1" if statics[i] is not None else "0" for i in jop.optional_idx)
-        arg_spec = ["rets", "args", *(f"attrs.{args[i].name}" for i in attr_idx)]
-        self.target = targets.register(op, targets.target_name(op, f"o{mask}"), plan, False, arg_spec,
-                                       fresh_outputs=False)
+        self.target = targets.register_call(op, frozenset(i for i, v in statics.items() if v is None), out=True)
         self.aliases = {len(present) + k: k for k in range(n_out)}
         n_slots = len(jop.tensor_idx)
         self.jitted = jax.jit(self.forward, donate_argnums=tuple(range(n_slots, n_slots + n_out)))
@@ -68,7 +60,8 @@ class OutVariant:
         core.check_lead_dtype(op, full, dtype_name)
         specs = output_specs(op, full)
         core.check_outs(op, full, outs, dtype_name)
-        call = jax.ffi.ffi_call(self.target, [_sds(s, d) for s, d in specs], vmap_method="sequential",
+        call = jax.ffi.ffi_call(self.target, result_types(op, full, specs, self.present),
+                                vmap_method="sequential",
                                 input_output_aliases=self.aliases)
         res = call(*(full[i] for i in self.present), *outs, **self.attrs)
         return self.jop.pack(full, list(res), {})

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ import jax
 
 from opbridge import loader
 from opbridge._tvm import tvm_ffi as _import_tvm_ffi
-from opbridge.call import memory
+from opbridge.call import core, memory
 from opbridge.errors import OpbridgeError
 
 _import_tvm_ffi()  # before jax_tvm_ffi, which imports tvm_ffi (and with it torch, unless hidden)
@@ -153,3 +153,39 @@ def register(op: OpDef, name: str, plan: Sequence[int], direct: bool, arg_spec: 
                         allow_cuda_graph=True)
             REGISTERED[name] = (op, capsules)
     return name
+
+
+def register_call(op: OpDef, absent: Collection[int], out: bool = False) -> str:
+    """Register the target of a call of *op* whose arguments at schema indices *absent* are None; return its name.
+
+    The target depends on that None pattern only, not on the values of the
+    static arguments: ``opbridge.<ns>.<op>`` when the kernel takes XLA's order
+    (outputs, tensors, then scalars), else ``.p<mask>`` (reordered by the shim;
+    *mask* has a 1 for each optional argument given, in schema order), and
+    ``.o<mask>`` for ``out=`` (*out*: results aliased to the caller's buffers).
+    """
+    args = op.schema.arguments
+    present = [i for i in core.tensor_indices(op) if i not in absent]
+    attr_idx = [i for i, a in enumerate(args) if not a.type.is_tensor and i not in absent]
+    mask = "".join("0" if i in absent else "1" for i, a in enumerate(args) if a.type.optional)
+    arg_spec = ["rets", "args", *(f"attrs.{args[i].name}" for i in attr_idx)]
+    n_out = op.n_outputs
+    # where each kernel argument comes from on the handler side: rets, args, attrs
+    where: dict[int, int] = {}
+    if out:  # rets (outputs), args (the present tensors, then the out buffers), attrs
+        where = {i: n_out + j for j, i in enumerate(present)}
+        for j, i in enumerate(attr_idx):
+            where[i] = n_out + len(present) + n_out + j
+        plan = list(range(n_out)) + [where.get(i, -1) for i in range(len(args))]
+        return register(op, target_name(op, f"o{mask}"), plan, False, arg_spec, fresh_outputs=False)
+    mutated = [i for i, a in enumerate(args) if a.is_mutated and i not in absent]
+    n_rets = n_out + len(mutated)  # rets: the outputs, then the mutated arguments' aliases
+    for j, i in enumerate(mutated):
+        where[i] = n_out + j
+    for j, i in enumerate(present):
+        where.setdefault(i, n_rets + j)
+    for j, i in enumerate(attr_idx):
+        where[i] = n_rets + len(present) + j
+    plan = list(range(n_out)) + [where.get(i, -1) for i in range(len(args))]
+    direct = plan == list(range(n_rets + len(present) + len(attr_idx)))
+    return register(op, target_name(op, "" if direct else f"p{mask}"), plan, direct, arg_spec)
