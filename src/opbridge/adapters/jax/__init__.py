@@ -87,6 +87,13 @@ Checks
     the kernel's message, on the CPU and the GPU alike. float64 and int64 need
     ``jax_enable_x64`` (JAX narrows them to 32 bits otherwise).
 
+Export
+    ``jax.export`` needs ``disabled_checks=disabled_checks()`` (opbridge's
+    targets are not on its list of stable custom calls), and a process that
+    calls a deserialized export first calls :func:`register_targets`
+    (:mod:`.exporting`). Symbolic dimensions pass through ``like`` outputs;
+    a shape rule that cannot compute with them raises NotImplementedError.
+
 ``out=``
     Computes the result in the caller's array's buffer, which is donated
     (:mod:`.out`): eagerly always, under ``jax.jit`` when the caller donates
@@ -114,6 +121,7 @@ import numpy as np
 from opbridge._codegen import compile_source
 from opbridge.adapters.jax import avals, targets
 from opbridge.adapters.jax.eager import MIN_POOL_ELEMENTS, Compiled
+from opbridge.adapters.jax.exporting import disabled_checks, register_targets
 from opbridge.adapters.jax.out import OutVariant
 from opbridge.adapters.jax.targets import LOCK as _LOCK
 from opbridge.adapters.jax.targets import REGISTERED as _REGISTERED  # noqa: F401  (targets by name)
@@ -132,7 +140,8 @@ MAX_SMALL_AVALS = 1024
 #: 1.4 MiB) one op keeps; the oldest is forgotten first (an ``eps`` that changes every call).
 MAX_VARIANTS = 64
 
-__all__ = ["ADAPTER", "DRY_RUN_MAX_BYTES", "JaxAdapter", "target_name", "targets"]
+__all__ = ["ADAPTER", "DRY_RUN_MAX_BYTES", "JaxAdapter", "disabled_checks", "register_targets", "target_name",
+           "targets"]
 
 
 def _coerce(base: str, is_list: bool, v: Any) -> Any:
