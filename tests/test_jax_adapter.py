@@ -1104,3 +1104,13 @@ def test_variants_are_bounded_and_a_forgotten_one_is_freed(monkeypatch: pytest.M
     gc.collect()
     assert len(jop.variants) <= 4 and len(jop.fast) <= 4 * 4
     assert first() is None
+
+
+def test_out_inside_grad_names_the_op_not_its_target() -> None:
+    x, w = _rand(3, 8), jnp.ones(8, jnp.float32)
+    for diff in (lambda f: jax.grad(lambda a: jnp.sum(f(a)))(x), lambda f: jax.jvp(f, (x,), (x,))):
+        with pytest.raises(NotImplementedError, match=r"rms_norm: out= is not differentiable.*without out="):
+            diff(lambda a: ops.rms_norm(a, w, out=jnp.zeros((3, 8), jnp.float32)))
+    # out= of a value that is not differentiated still works inside grad
+    g = jax.grad(lambda b: jnp.sum(ops.rms_norm(x, jnp.ones(8), out=jnp.zeros((3, 8))) * b))(2.0)
+    np.testing.assert_allclose(float(g), float(jnp.sum(ops.rms_norm(x, jnp.ones(8)))), rtol=1e-5)

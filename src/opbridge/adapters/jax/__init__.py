@@ -275,7 +275,7 @@ class _JaxOp:
                 ov = self.out_variants[key] = OutVariant(self, var.statics, var.full)
         ts = [args[i] for i in self.tensor_idx]
         if any(isinstance(t, jax.core.Tracer) for t in (*ts, *outs)):
-            return ov.forward(*avals.match_varying([*ts, *outs]))
+            return ov.fn(*avals.match_varying([*ts, *outs]))
         return ov.jitted(*ts, *outs)
 
     def general(self, *args: Any) -> Any:

@@ -17,11 +17,13 @@ program output afresh, and the OS zeroes it on the kernel's first write
 (``add`` at (4096, 4096) float32: 545 page faults per call even on huge
 pages). ``out`` must have the output's shape and dtype (a ValueError says
 which); ops that mutate their arguments refuse ``out=``, and the call is not
-differentiable (use the op without ``out=`` under ``jax.grad``).
+differentiable: under ``jax.grad`` or ``jax.jvp`` it raises NotImplementedError naming the
+op (call the op without ``out=`` there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -32,6 +34,20 @@ from opbridge.call import core
 
 if TYPE_CHECKING:
     from opbridge.adapters.jax import _JaxOp
+
+
+def _not_differentiable(forward: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """*forward* with a derivative rule that raises NotImplementedError naming the op (else JAX's own error
+    names the internal target, ``opbridge.<ns>.<op>.o``)."""
+    fn = jax.custom_jvp(forward)
+
+    def refuse(primals: Any, tangents: Any) -> Any:
+        raise NotImplementedError(f"{name}: out= is not differentiable (the result is written into the out "
+                                  f"array's donated buffer); call {name} without out= inside jax.grad, "
+                                  f"jax.vjp or jax.jvp")
+
+    fn.defjvp(refuse)
+    return fn
 
 
 class OutVariant:
@@ -49,7 +65,8 @@ class OutVariant:
         self.target = targets.register_call(op, frozenset(i for i, v in statics.items() if v is None), out=True)
         self.aliases = {len(present) + k: k for k in range(n_out)}
         n_slots = len(jop.tensor_idx)
-        self.jitted = jax.jit(self.forward, donate_argnums=tuple(range(n_slots, n_slots + n_out)))
+        self.fn = _not_differentiable(self.forward, op.name)
+        self.jitted = jax.jit(self.fn, donate_argnums=tuple(range(n_slots, n_slots + n_out)))
 
     def forward(self, *slots: Any) -> Any:
         """The custom call on tensor slots then the outs (arrays or tracers)."""
