@@ -1114,3 +1114,19 @@ def test_out_inside_grad_names_the_op_not_its_target() -> None:
     # out= of a value that is not differentiated still works inside grad
     g = jax.grad(lambda b: jnp.sum(ops.rms_norm(x, jnp.ones(8), out=jnp.zeros((3, 8))) * b))(2.0)
     np.testing.assert_allclose(float(g), float(jnp.sum(ops.rms_norm(x, jnp.ones(8)))), rtol=1e-5)
+
+
+def test_a_64_bit_dtype_error_without_x64_says_how_to_enable_it() -> None:
+    from opbridge.adapters.jax.variant import _with_x64_hint
+
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on in this process")
+    q, cache = jnp.ones((4, 16), jnp.float32), jnp.ones((16, 8), jnp.float32)
+    pos = jnp.arange(4)  # int32: JAX narrows int64 without x64
+    for call in (ops.rotary_embedding, jax.jit(ops.rotary_embedding, static_argnums=(2, 3, 5))):
+        with pytest.raises(TypeError, match=r"positions must have dtype int64, got int32 \(JAX makes 64-bit arrays "
+                                            r'32-bit unless x64 is on: jax.config.update\("jax_enable_x64", True\)'):
+            call(pos, q, None, 8, cache, True)
+    assert _with_x64_hint("negate: x must have dtype float32 or float64, got float32") is None  # not narrowed
+    assert _with_x64_hint("add: x must have dtype float32 or bfloat16, got int32 (the dtypes add declares)") is None
+    assert "jax_enable_x64" in (_with_x64_hint("negate: x must have dtype float64, got float32") or "")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from opbridge.adapters.jax.variant import Variant, dtype_name, output_specs
+from opbridge.adapters.jax.variant import Variant, dtype_name, output_specs, x64_hint
 from opbridge.call import core, memory
 
 if TYPE_CHECKING:
@@ -80,15 +80,16 @@ class Compiled:
             return None
         op = self.variant.op
         full = self.variant.full(ts)
-        core.check_lead_dtype(op, full, dtype_name)
-        specs = output_specs(op, full)
-        bufs = []
-        for shape, dt in specs:
-            b = memory.host_empty(shape, dt.name, math.prod(shape) * dt.itemsize)
-            if b is None:
-                return None
-            bufs.append(b)
-        self.variant.kernel(*bufs, *full)
+        with x64_hint():
+            core.check_lead_dtype(op, full, dtype_name)
+            specs = output_specs(op, full)
+            bufs = []
+            for shape, dt in specs:
+                b = memory.host_empty(shape, dt.name, math.prod(shape) * dt.itemsize)
+                if b is None:
+                    return None
+                bufs.append(b)
+            self.variant.kernel(*bufs, *full)
         return self.variant.jop.pack(full, [_to_jax(b, device) for b in bufs], {})
 
 

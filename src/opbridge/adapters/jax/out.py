@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from opbridge.adapters.jax import targets
-from opbridge.adapters.jax.variant import dtype_name, output_specs, result_types
+from opbridge.adapters.jax.variant import dtype_name, output_specs, result_types, x64_hint
 from opbridge.call import core
 
 if TYPE_CHECKING:
@@ -74,7 +74,8 @@ class OutVariant:
         n = len(self.jop.tensor_idx)
         ts, outs = slots[:n], slots[n:]
         full = self.full_of(ts)
-        core.check_lead_dtype(op, full, dtype_name)
+        with x64_hint():
+            core.check_lead_dtype(op, full, dtype_name)
         specs = output_specs(op, full)
         core.check_outs(op, full, outs, dtype_name)
         call = jax.ffi.ffi_call(self.target, result_types(op, full, specs, self.present),

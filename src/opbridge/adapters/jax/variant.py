@@ -11,8 +11,10 @@ weakly on the function it compiles, let it go with its ``Compiled``.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -47,6 +49,36 @@ def _zeros(shape: tuple[int, ...], dtype: Any) -> Any:
         return a
     with jax.ensure_compile_time_eval():  # bfloat16 and friends: NumPy's DLPack refuses them
         return jax.device_put(a, jax.devices("cpu")[0])
+
+
+#: 64-bit dtypes and what JAX narrows each to without ``jax_enable_x64``.
+_NARROWED = {"int64": "int32", "uint64": "uint32", "float64": "float32", "complex128": "complex64"}
+_DTYPE_ERROR = re.compile(r"must have dtype (?P<want>[\w, ]+?), got (?P<got>\w+)")
+
+
+def _with_x64_hint(msg: str) -> str | None:
+    """*msg* (a dtype error) with how to get 64-bit arrays in JAX, where a 64-bit dtype was wanted and
+    x64 is off so the array came narrowed; None where that is not the story."""
+    m = _DTYPE_ERROR.search(msg)
+    if m is None or jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        return None
+    wanted = {w.strip() for part in m["want"].split(" or ") for w in part.split(",")}
+    if m["got"] in wanted or not any(_NARROWED.get(w) == m["got"] for w in wanted):
+        return None
+    return (f"{msg} (JAX makes 64-bit arrays 32-bit unless x64 is on: "
+            f'jax.config.update("jax_enable_x64", True) at startup, or JAX_ENABLE_X64=1)')
+
+
+@contextlib.contextmanager
+def x64_hint() -> Iterator[None]:
+    """Re-raise a dtype TypeError (declared dtypes or the kernel's own check) with :func:`_with_x64_hint`."""
+    try:
+        yield
+    except TypeError as e:
+        msg = _with_x64_hint(str(e))
+        if msg is None:
+            raise
+        raise TypeError(msg) from e
 
 
 def _jnp_dtype(op: Any, d: Any) -> Any:
@@ -148,9 +180,10 @@ class Variant:
         """
         op = self.op
         full = self.full(ts)
-        core.check_lead_dtype(op, full, dtype_name)
-        specs = output_specs(op, full)
-        self._dry_run(full, specs)
+        with x64_hint():
+            core.check_lead_dtype(op, full, dtype_name)
+            specs = output_specs(op, full)
+            self._dry_run(full, specs)
         types = result_types(op, full, specs, self.present, self.mutated)
         outs: list[Any] = []
         if types:  # else the call could have no observable effect
