@@ -246,6 +246,23 @@ def test_autograd_only_for_inputs_that_need_it() -> None:
         assert ops.rms_norm(x, w).stop_gradient
 
 
+def test_autograd_keeps_only_what_the_backward_reads() -> None:
+    """add's backward is (grad, grad): a temporary input is not kept alive for it (rms_norm's x is)."""
+    import gc
+    import weakref
+
+    a = paddle.randn([64, 64])
+    a.stop_gradient = False
+    for op, kept in ((ops.add, False), (ops.rms_norm, True)):
+        t = a * 2
+        ref = weakref.ref(t)
+        y = op(t, paddle.ones([64, 64])) if op is ops.add else op(t, paddle.ones([64]))
+        del t
+        gc.collect()
+        assert (ref() is not None) == kept
+        y.sum().backward()
+
+
 def test_double_backward_through_differentiable_backward() -> None:
     x, y = paddle.randn([4]), paddle.randn([4])
     x.stop_gradient = False

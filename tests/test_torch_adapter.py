@@ -150,6 +150,34 @@ def test_autograd_matches_reference_gradients() -> None:
     torch.testing.assert_close(w.grad, w2.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_autograd_keeps_only_what_the_backward_reads() -> None:
+    """add's backward is (grad, grad): its inputs are not kept for it, so an in-place update of one after the
+    call leaves backward valid (torch.add's behaviour) and a temporary input is freed at once; rms_norm's
+    backward reads x, whose in-place update is still caught by torch's version check."""
+    import gc
+    import weakref
+
+    for add in (ops.add, torch.ops.opbridge.add):
+        a = torch.randn(4, 8, requires_grad=True)
+        h = a * 2
+        y = add(h, torch.ones(4, 8))
+        h.add_(1)  # e.g. a residual stream updated in place
+        y.sum().backward()
+        torch.testing.assert_close(a.grad, torch.full((4, 8), 2.0))
+        t = a * 1
+        ref = weakref.ref(t)
+        y = add(t, a * 2)
+        del t
+        gc.collect()
+        assert ref() is None, "a temporary input of add must not outlive the call"
+    x = torch.randn(4, 8, requires_grad=True)
+    h = x * 1
+    y = ops.rms_norm(h, torch.ones(8))
+    h.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 def test_gelu_grad_against_torch() -> None:
     x = torch.randn(7, 33, requires_grad=True)
     g = torch.randn(7, 33)

@@ -3,6 +3,7 @@ and the facts every op shares (source suffixes per device, tolerances, dtypes)."
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -208,6 +209,29 @@ class OpDef:
     def accepts_out(self) -> bool:
         """Whether the public callable takes ``out=``: the op returns new tensors."""
         return self.n_outputs > 0 and "out" not in {a.name for a in self.schema.arguments}
+
+    @functools.cached_property
+    def backward_reads(self) -> frozenset[int]:
+        """Indices of the Tensor arguments the declared backward reads: the ones autograd must keep.
+
+        Read from the backward's code: a parameter it never loads (``add``'s ``lambda grad, x, y:
+        (grad, grad)``) is not kept alive for it, and a framework's in-place update of that argument
+        after the call does not invalidate the backward. Every Tensor argument where the code cannot
+        say (a callable without Python code, ``*args``, a nested function using the name).
+        """
+        tensors = frozenset(i for i, a in enumerate(self.schema.arguments) if a.type.is_tensor)
+        code = getattr(self.backward, "__code__", None)
+        if code is None or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+            return tensors
+        params = code.co_varnames[:code.co_argcount]
+        n_grads = len(self.schema.returns)
+        if len(params) != n_grads + len(self.schema.arguments) or code.co_kwonlyargcount:
+            return tensors
+        loaded: set[str] = set(code.co_cellvars)  # captured by a nested function: read there
+        for ins in dis.get_instructions(code):
+            if ins.opname.startswith("LOAD_"):
+                loaded.update(ins.argval if isinstance(ins.argval, tuple) else (ins.argval,))
+        return frozenset(i for i in tensors if params[n_grads + i] in loaded)
 
     @property
     def differentiable(self) -> tuple[int, ...]:

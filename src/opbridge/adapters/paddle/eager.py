@@ -95,20 +95,22 @@ def make_checked(op: OpDef) -> Run:
 def make_layer(op: OpDef, run: Run) -> type[PyLayer]:
     """A PyLayer running *run* forward and the declared backward."""
     tensor_idx = core.tensor_indices(op)
+    reads = op.backward_reads  # only what the backward reads is kept for it
 
     def forward(ctx: Any, *args: Any) -> Any:
         present = [i for i in tensor_idx if args[i] is not None]
         ctx.opb_full = [None if i in tensor_idx else v for i, v in enumerate(args)]
         ctx.opb_present = present
+        ctx.opb_saved = [i for i in present if i in reads]
         ctx.opb_needs = [not args[i].stop_gradient for i in present]
-        ctx.save_for_backward(*(args[i] for i in present))
+        ctx.save_for_backward(*(args[i] for i in ctx.opb_saved))
         outs = run(*args)
         ctx.opb_meta = [(o.shape, o.dtype) for o in outs]
         return outs[0] if len(outs) == 1 else outs
 
     def backward(ctx: Any, *grads: Any) -> Any:
         full = list(ctx.opb_full)
-        for i, t in zip(ctx.opb_present, ctx.saved_tensor(), strict=True):
+        for i, t in zip(ctx.opb_saved, ctx.saved_tensor(), strict=True):
             full[i] = t
         # A backward written with other Paddle code may want dense output gradients.
         grads = tuple(g if g is None or g.is_contiguous() else densify(g) for g in grads)

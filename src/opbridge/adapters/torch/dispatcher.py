@@ -86,12 +86,13 @@ def make_autograd(op: OpDef) -> Callable[..., Any]:
     :func:`opbridge.call.core.run_backward`, made by the same torch function,
     so that the native autograd kernel can hand grad-requiring calls to it.
     """
+    saved_idx = sorted(op.backward_reads)  # only what the backward reads is kept alive (and version-checked)
     tensor_idx = core.tensor_indices(op)
     n_args = len(op.schema.arguments)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.opb_scalars = {i: v for i, v in enumerate(inputs) if i not in tensor_idx}
-        ctx.save_for_backward(*(inputs[i] for i in tensor_idx))
+        ctx.save_for_backward(*(inputs[i] for i in saved_idx))
         outs = output if isinstance(output, tuple) else (output,)
         ctx.opb_out_meta = [(o.shape, o.dtype, o.device) for o in outs]
 
@@ -99,7 +100,7 @@ def make_autograd(op: OpDef) -> Callable[..., Any]:
         full: list[Any] = [None] * n_args
         for i, v in ctx.opb_scalars.items():
             full[i] = v
-        for i, t in zip(tensor_idx, ctx.saved_tensors):
+        for i, t in zip(saved_idx, ctx.saved_tensors):
             full[i] = t
         # Autograd hands out expanded or strided grads (e.g. from sum()); kernels want dense ones.
         dense = [g.contiguous() if g is not None else torch.zeros(s, dtype=d, device=dev)
