@@ -178,6 +178,15 @@ def test_autograd_keeps_only_what_the_backward_reads() -> None:
         y.sum().backward()
 
 
+def test_a_sparse_input_gets_one_error_before_and_after_the_fast_path_is_installed() -> None:
+    """The dispatcher's NotImplementedError both times (before: 'nbytes is not defined' once the fast path ran)."""
+    xs, w = torch.randn(4, 16).to_sparse(), torch.ones(16)
+    for _ in range(2):
+        with pytest.raises(NotImplementedError, match="SparseCPU"):
+            ops.rms_norm(xs, w)
+        ops.rms_norm(torch.randn(4, 16), w)  # installs the fast path (and the C entry when the shim is there)
+
+
 def test_gelu_grad_against_torch() -> None:
     x = torch.randn(7, 33, requires_grad=True)
     g = torch.randn(7, 33)
