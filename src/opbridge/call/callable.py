@@ -50,6 +50,12 @@ def callable_source(op: OpDef, prelude: str = "", out_prelude: str = "") -> str:
         f"    if _opb_f is None:\n"
         f"        _opb_f = _resolve({lead})\n"
         f"    return _opb_f({', '.join(names)})\n"
+        # Never run (after the return; no cost). MindSpore's Rewrite (O1 mixed precision,
+        # custom_mixed_precision's white list) re-emits a Python function a Cell calls from its
+        # source file, where a generated function's names are not; it keeps a function that
+        # holds a nested def whole, as a call.
+        "    def _opb_whole_to_mindspore_rewrite():\n"
+        "        pass\n"
     )
 
 
