@@ -48,6 +48,7 @@ try:
     print("UNREGISTERED-CALL-RAN")
 except Exception as e:
     print("before:", type(e).__name__, str(e).splitlines()[0][:200])
+import opbridge.ops  # declares the built-in library, whose targets register_targets() then registers
 from opbridge.adapters.jax import register_targets
 register_targets()
 np.testing.assert_allclose(np.asarray(fwd.call(x, w)), np.load(sys.argv[3]), rtol=1e-6)

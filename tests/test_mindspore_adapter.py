@@ -1051,3 +1051,55 @@ def test_mixed_precision_rewrite_keeps_an_op_call_whole(how: str, tmp_path: Path
     cast = (auto_mixed_precision(net, "O1", dtype=ms.float16) if how == "O1"
             else custom_mixed_precision(net, white_list=[nn.Dense], dtype=ms.float16))
     np.testing.assert_allclose(_np(cast(x)), want, rtol=2e-2, atol=2e-2)
+
+
+MINDIR_EXPORT = """
+    import sys
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+    import opbridge.ops
+
+    class Net(nn.Cell):
+        def construct(self, x, w):
+            return opbridge.ops.rms_norm(x, w) * 2
+
+    x = ms.Tensor(np.linspace(-1, 1, 32).reshape(4, 8).astype(np.float32))
+    w = ms.Tensor(np.linspace(0.5, 1.5, 8).astype(np.float32))
+    ms.export(Net(), x, w, file_name=sys.argv[1], file_format="MINDIR")
+    np.save(sys.argv[1] + ".npy", Net()(x, w).asnumpy())
+"""
+
+MINDIR_LOAD = """
+    import sys
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+    import opbridge.ops
+    from opbridge.adapters.mindspore import load_kernels
+
+    load_kernels()
+    x = ms.Tensor(np.linspace(-1, 1, 32).reshape(4, 8).astype(np.float32))
+    w = ms.Tensor(np.linspace(0.5, 1.5, 8).astype(np.float32))
+    got = nn.GraphCell(ms.load(sys.argv[1] + ".mindir"))(x, w).asnumpy()
+    np.testing.assert_array_equal(got, np.load(sys.argv[1] + ".npy"))
+    print("ok")
+"""
+
+
+def test_an_exported_mindir_runs_in_a_fresh_process_after_load_kernels(tmp_path: Path) -> None:
+    """ms.export of a Cell calling an op, then ms.load in a process that never ran the op in a graph: its aot
+    entry points are bound by load_kernels() (before: 'kernel rms_norm_cpu is not bound')."""
+    import subprocess
+    import sys
+    import textwrap
+
+    env = dict(os.environ, MS_OM_PATH=str(tmp_path / "om"), GLOG_v="3")
+    stem = str(tmp_path / "net")
+    for name, source in (("export", MINDIR_EXPORT), ("load", MINDIR_LOAD)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(textwrap.dedent(source))
+        run = subprocess.run([sys.executable, str(path), stem], capture_output=True, text=True, env=env,
+                             timeout=600, cwd=tmp_path)
+        assert run.returncode == 0, f"{name}: {run.stdout[-2000:]}{run.stderr[-3000:]}"
+    assert run.stdout.strip().endswith("ok")

@@ -19,21 +19,14 @@ that calls ops of another library needs that library registered too.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from opbridge import registry
 from opbridge.adapters.jax import targets
 
 if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
-
-
-def _builtin() -> Library:
-    # Looked up by name at run time, as call/dispatch.py finds adapters: the built-in ops sit above
-    # the adapters in the pipeline, and importing them declares them (nothing is compiled).
-    lib: Library = importlib.import_module("opbridge.ops").LIBRARY
-    return lib
 
 
 def _targets_of(op: OpDef) -> list[str]:
@@ -55,23 +48,24 @@ def _targets_of(op: OpDef) -> list[str]:
 
 
 def register_targets(lib: Library | None = None) -> list[str]:
-    """Register every XLA FFI target the ops of *lib* (default: the built-in library) can call.
+    """Register every XLA FFI target the ops of *lib* can call (default: of every library declared so far;
+    ``import opbridge.ops`` declares the built-in one).
 
     Call it in a process that runs a deserialized ``jax.export`` before its
     first call (the adapter otherwise registers a target only when a call of
     the op traces it). Builds or loads the library's kernels, as a first call
     would. Returns the targets' names, each once.
     """
-    lib = _builtin() if lib is None else lib
     seen: dict[str, None] = {}
-    for op in lib.ops.values():
-        for name in _targets_of(op):
-            seen[name] = None
+    for each in registry.libraries() if lib is None else [lib]:
+        for op in each.ops.values():
+            for name in _targets_of(op):
+                seen[name] = None
     return list(seen)
 
 
 def disabled_checks(lib: Library | None = None) -> list[Any]:
-    """``jax.export``'s ``disabled_checks`` for every target of *lib* (default: the built-in library).
+    """``jax.export``'s ``disabled_checks`` for every target of *lib* (default: of every declared library).
 
     ``jax.export.export(f, disabled_checks=disabled_checks())(...)`` exports
     a program calling opbridge ops; their targets are registered as a side

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore import Tensor
 
-from opbridge import loader
-from opbridge.adapters.mindspore import graph, lambdas
+from opbridge import loader, registry
+from opbridge.adapters.mindspore import graph, lambdas, shim
 from opbridge.adapters.mindspore.eager import make_eager, make_eager_out, run_with_out
 from opbridge.adapters.mindspore.support import unsupported_reason
 from opbridge.call.callable import install_prelude
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from opbridge.declare import Library, OpDef
 
 __all__ = ["ADAPTER", "MindSporeAdapter", "custom_op", "graph_function", "graph_unsupported_reason",
-           "parseable", "register"]
+           "load_kernels", "parseable", "register"]
 
 
 def register(lib: Library) -> None:
@@ -66,6 +66,22 @@ def register(lib: Library) -> None:
     a ``GRAPH_MODE`` cell then compiles to the op's ``ops.Custom`` primitive.
     """
     graph.register(lib)
+
+
+def load_kernels(lib: Library | None = None) -> None:
+    """Build (or find in the cache) and bind the ``ops.Custom`` aot entry points of *lib*'s ops (default: of
+    every library declared so far; ``import opbridge.ops`` declares the built-in one), as a graph's first
+    call of them would.
+
+    Call it before running a graph loaded from a MINDIR (``ms.export``, then ``ms.load`` and
+    ``nn.GraphCell``) in a process that has not run those ops in a graph: the MINDIR names the aot
+    module by its absolute path in ``OPBRIDGE_CACHE_DIR``, whose entry points find their kernels only
+    once bound. (So a MINDIR with opbridge ops loads where that cache is, with the same opbridge.)
+    """
+    for each in registry.libraries() if lib is None else [lib]:
+        if shim.graph_ops(each):
+            register(each)
+            shim.aot_module(each).ready()
 
 
 def graph_function(op: OpDef | Callable[..., Any]) -> Callable[..., Any]:
