@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import opbridge
-from opbridge import manifest, registry
+from opbridge import cases, manifest, registry
 from opbridge.errors import DeclarationError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,6 +129,20 @@ def test_backward_from_derivatives_runs_in_torch_autograd(loaded: opbridge.Libra
     gx, gy = torch.autograd.grad(out, (x, y), g)
     torch.testing.assert_close(gx, 3 * x.detach() ** 2 * y.detach() * g)
     torch.testing.assert_close(gy, x.detach() ** 3 * g)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_arithmetic_in_a_derivative_runs_under_torch_compile(loaded: opbridge.Library, dynamic: bool) -> None:
+    """mul's y formula (2 * mul(...) - mul(...)) in a compiled backward: the arithmetic on FakeTensors imports,
+    which needs __import__ in the formula's builtins (before: Inductor's KeyError: '__import__')."""
+    torch = pytest.importorskip("torch")
+    mul = loaded.ops["mul"].call
+    x = torch.tensor([1.0, -2.0, 0.5], requires_grad=True)
+    y = torch.tensor([4.0, 5.0, -1.0], requires_grad=True)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cached graph would not trace the formula
+        torch.compile(lambda a, b: mul(a, b).sum(), fullgraph=True, dynamic=dynamic)(x, y).backward()
+    torch.testing.assert_close(y.grad, x.detach())
 
 
 def test_the_example_plugins_yaml_op_differentiates_in_torch() -> None:
@@ -258,12 +272,58 @@ def host(tmp_path: Path) -> opbridge.Library:
      library: {namespace: other}
      ops: []
      """, r"this file has a library: section, but load\(\) was given a library"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         shape: {like: x}
+         reference: numpy.negative
+       - func: axpy_(Tensor(a!) y, Tensor x) -> ()
+         reference: numpy.add
+     derivatives:
+       - name: axpy_(Tensor(a!) y, Tensor x) -> ()
+         x: twice(grad)
+     """, r"bad.yaml:9: derivatives: axpy_ mutates its arguments in place, so it cannot be differentiated"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         shape: {like: x}
+         reference: numpy.negative
+         dtypes: [float32, flaot16]
+     """, r"bad.yaml:3: neg: dtypes must name some of .*got \['float32', 'flaot16'\]"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         shape: {like: x}
+         reference: numpy.negative
+         dtypes: float32
+     """, r"bad.yaml:3: neg: dtypes must be a list of names, got 'float32'"),
 ])
 def test_mistakes_are_declaration_errors_naming_file_and_line(tmp_path: Path, host: opbridge.Library,
                                                               text: str, message: str) -> None:
     with pytest.raises(DeclarationError, match=message):
         _load(tmp_path, text, host)
     assert list(host.ops) == ["twice"], "nothing is declared when the file has a mistake"
+
+
+def test_dtypes_dtype_arg_row_strided_and_hints_as_in_library_op(tmp_path: Path, host: opbridge.Library) -> None:
+    _load(tmp_path, """
+        ops:
+          - func: scale(Tensor a, Tensor b) -> Tensor
+            shape: {like: b}
+            reference: operator.mul
+            dtypes: [float32, float64]
+            dtype_arg: b
+            row_strided: [b]
+            hints: opbridge.cases.elementwise_cases
+        """, host)
+    op = host.ops["scale"]
+    assert op.dtypes == ("float32", "float64") and op.dtype_arg == 1 and op.row_strided == (1,)
+    assert op.hints is cases.elementwise_cases
+
+
+def test_a_mutating_op_takes_no_backward_in_python_either(host: opbridge.Library) -> None:
+    with pytest.raises(DeclarationError, match=r"inc_: mutates 'x' in place, so it cannot be differentiated"):
+        host.op("inc_(Tensor(a!) x) -> ()", backward=lambda x: (None,))(lambda x: None)
 
 
 def test_ops_join_an_existing_library(tmp_path: Path, host: opbridge.Library,

@@ -181,6 +181,10 @@ class Library:
                 raise DeclarationError(f"{name}: only Tensor returns are supported, got {r.type}")
         if n_new and shape is None:
             raise DeclarationError(f"{name}: returns {n_new} new tensor(s) but declares no shape rule")
+        if backward is not None and schema.is_mutating:
+            raise DeclarationError(f"{name}: mutates {', '.join(repr(a.name) for a in schema.mutated_args)} in "
+                                   f"place, so it cannot be differentiated and takes no backward (its inputs are "
+                                   f"overwritten); declare the backward on an op that returns new tensors")
         if isinstance(shape, like):
             arg_names = [a.name for a in schema.arguments]
             for n in shape.names:

@@ -12,6 +12,7 @@ An ``ops.yaml`` loads into the same declarations as :meth:`Library.op`::
         shape: my_plugin.ops.shapes.silu_and_mul    # or {like: x}, {like: [x, weight]}
         reference: my_plugin.ops.refs.silu_and_mul  # the NumPy reference (required)
         tolerances: {float32: [1.0e-5, 1.0e-6]}
+        dtypes: [float32, bfloat16]   # also dtype_arg, row_strided and hints (dotted), as in Library.op
       - func: silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor
         shape: {like: x}
         reference: my_plugin.ops.refs.silu_and_mul_backward
@@ -52,7 +53,7 @@ from opbridge.schema import Schema, parse_schema
 
 __all__ = ["Derivative", "load"]
 
-_OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances")
+_OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances", "dtypes", "dtype_arg", "row_strided", "hints")
 _LIBRARY_KEYS = ("namespace", "sources", "include_dirs", "cflags", "ldflags", "prebuilt", "python_module")
 _TOP_KEYS = ("library", "ops", "derivatives")
 
@@ -205,8 +206,17 @@ def load(path: str | Path, library: Library | None = None) -> Library:
         kernels = node.get("kernels")
         if kernels is not None:
             kernels = {str(k): str(v) for k, v in where.mapping(kernels, f"{op}: kernels").items()}
-        options = {"kernels": kernels, "shape": _shape(where, node, op),
-                   "tolerances": _tolerances(where, node, op)}
+        options: dict[str, Any] = {"kernels": kernels, "shape": _shape(where, node, op),
+                                   "tolerances": _tolerances(where, node, op)}
+        for key in ("dtypes", "row_strided"):  # lists of names, checked by Library.op
+            if key in node:
+                if not isinstance(node[key], list):
+                    raise where.error(node, f"{op}: {key} must be a list of names, got {node[key]!r}")
+                options[key] = [str(v) for v in node[key]]
+        if "dtype_arg" in node:
+            options["dtype_arg"] = str(node["dtype_arg"])
+        if "hints" in node:
+            options["hints"] = _callable(where, node, "hints", op)
         declarations.append((node, schema, _callable(where, node, "reference", op), options))
 
     backward: dict[str, Derivative] = {}
@@ -226,6 +236,9 @@ def load(path: str | Path, library: Library | None = None) -> Library:
             raise where.error(entry, f"derivatives: the schema {schema} differs from the op's {declared}")
         if schema.name in backward:
             raise where.error(entry, f"derivatives: {schema.name} has two entries")
+        if declared.is_mutating:
+            raise where.error(entry, f"derivatives: {schema.name} mutates its arguments in place, so it cannot be "
+                                     f"differentiated and takes no derivatives entry")
         backward[schema.name] = compile_derivative(where, entry, declared, schemas)
 
     if library is None:

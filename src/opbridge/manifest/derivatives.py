@@ -12,6 +12,7 @@ entry, with the :class:`~opbridge.manifest.reading.Where` that puts
 from __future__ import annotations
 
 import ast
+import builtins
 from collections.abc import Mapping, Sequence
 from types import CodeType
 from typing import Any
@@ -26,7 +27,10 @@ _EXPR_NODES = (
     ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.Subscript, ast.keyword,
     ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd,
 )
-_EVAL_GLOBALS: dict[str, Any] = {"__builtins__": {}}
+# No builtins a formula could name (the AST check allows only its arguments and ops), but the frame's
+# __import__: code the formula's arithmetic reaches may import (torch's operators on FakeTensors under
+# torch.compile's backward, opcheck's aot_dispatch test), and Python looks it up in the frame's builtins.
+_EVAL_GLOBALS: dict[str, Any] = {"__builtins__": {"__import__": builtins.__import__}}
 
 
 class Derivative:
