@@ -24,10 +24,32 @@ DESCRIPTION = ("Per-call latency percentiles (p50/p99/p99.9) of small built-in o
 _SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return n
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """``8,4096`` or ``8x4096`` (as ``bench kernels --sizes`` writes sizes)."""
+    try:
+        dims = tuple(int(s) for s in text.replace("x", ",").split(","))
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"must be positive dims like 8,4096 or 8x4096, got {text!r}")
+    return dims
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``opbridge bench latency``."""
-    parser.add_argument("--calls", type=int, default=20000, help="calls per candidate and load (default 20000)")
-    parser.add_argument("--shape", default="8,4096", help="input shape (default 8,4096)")
+    parser.add_argument("--calls", type=_positive, default=None,
+                        help="calls per candidate and load (default 20000; 2000 with --quick)")
+    parser.add_argument("--shape", type=_shape, default=(8, 4096), help="input shape, 8,4096 or 8x4096 (default)")
 
 
 def _workloads(shape: tuple[int, ...]) -> dict[str, tuple[Any, Any]]:
@@ -96,8 +118,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure quiet, then beside one spinning process."""
     from opbridge.bench.timing import machine_info
 
-    calls = 2000 if args.quick else args.calls
-    shape = tuple(int(s) for s in args.shape.split(","))
+    calls = args.calls if args.calls is not None else 2000 if args.quick else 20000
+    shape = tuple(args.shape)
     loads = _workloads(shape)
     for ours, theirs in loads.values():  # warm up: build, page in, wake the thread pools
         for _ in range(200):
@@ -130,5 +152,5 @@ def format_text(result: dict[str, Any]) -> str:
             for cand, q in by.items():
                 lines.append(f"{op:18s} {load:7s} {cand:9s} {q['p50']:9.1f} {q['p99']:9.1f} {q['p99.9']:9.1f}")
     lines.append("p99 opbridge/torch beside a busy process: " +
-                 ", ".join(f"{k} {v:.2f}" for k, v in result["p99_ratio_loaded"].items()))
+                 ", ".join(f"{k} {v:.3g}" for k, v in result["p99_ratio_loaded"].items()))
     return "\n".join(lines)
