@@ -49,7 +49,16 @@ from opbridge.errors import BuildError, DeclarationError
 try:  # setuptools >= 70.1 ships bdist_wheel
     from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel
 except ImportError:  # pragma: no cover - older setuptools with the wheel package
-    from wheel.bdist_wheel import bdist_wheel as _bdist_wheel  # type: ignore[no-redef,unused-ignore]
+    try:
+        from wheel.bdist_wheel import bdist_wheel as _bdist_wheel  # type: ignore[no-redef,unused-ignore]
+    except ImportError:
+        import setuptools as _setuptools
+
+        raise ImportError(
+            f"opbridge's wheel builds need setuptools>=70.1 (this environment has {_setuptools.__version__}, "
+            "without the wheel package): pip install -U 'setuptools>=70.1'. A build with "
+            "--no-build-isolation uses the environment's own setuptools, not the one pyproject.toml asks for"
+        ) from None
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
