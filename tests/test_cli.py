@@ -459,3 +459,51 @@ def test_machine_info_needs_no_framework() -> None:
     info = timing.machine_info()
     assert {"platform", "cpu_model", "cpu_count", "python", "torch", "tvm_ffi", "date"} <= set(info)
     assert timing.dist_version("no-such-distribution-opbridge") is None
+
+
+def test_a_missing_optional_dependency_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command needing a framework or tool that is not installed says which and how to get it (exit 1);
+    a missing module that is not an optional dependency (a bug) keeps its traceback."""
+    from opbridge.bench import latency
+
+    def needs_torch(args: argparse.Namespace) -> dict[str, object]:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(latency, "run", needs_torch)
+    assert main(["bench", "latency", "--quick"]) == 1
+    assert "bench latency needs torch, which is not installed here (pip install opbridge[torch])" in (
+        capsys.readouterr().err)
+
+    def internal(args: argparse.Namespace) -> dict[str, object]:
+        raise ModuleNotFoundError("No module named 'opbridge.nowhere'", name="opbridge.nowhere")
+
+    monkeypatch.setattr(latency, "run", internal)
+    with pytest.raises(ModuleNotFoundError, match=r"opbridge\.nowhere"):
+        main(["bench", "latency", "--quick"])
+
+
+def test_fuzz_that_fuzzes_nothing_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every requested framework skipped: exit 1 and say so, so that a CI job does not pass having tested nothing."""
+    from opbridge.testing.harness import get
+
+    missing = next((fw for fw in ("mindspore", "paddle", "jax") if get(fw).skip_reason() is not None), None)
+    if missing is None:
+        pytest.skip("every framework is installed here")
+    assert main(["fuzz", "--frameworks", missing, "--ops", "add", "--examples", "2"]) == 1
+    assert "nothing was fuzzed" in capsys.readouterr().out
+
+
+def test_check_op_without_torch_names_the_numpy_framework(tmp_path: Path) -> None:
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "from opbridge import ops\nfrom opbridge.testing import check_op\n"
+              "try:\n    check_op(ops.add)\nexcept ModuleNotFoundError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "framework='torch' (the default) needs torch" in run.stdout and "framework='numpy'" in run.stdout, (
+        run.stdout + run.stderr)
+
+
+def test_codegen_without_a_library_of_yours_says_so(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "opbridge", "codegen"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert run.returncode == 2 and "no library of yours is declared: pass --import MODULE" in run.stderr, run.stderr

@@ -67,6 +67,25 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
         return e.code if isinstance(e.code, int) else EXIT_USAGE
 
 
+#: Optional dependencies a command may need, and the extra that installs each.
+_OPTIONAL = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "jax_tvm_ffi": "jax", "paddle": "paddle",
+             "mindspore": "mindspore", "matplotlib": "bench", "hypothesis": "dev", "ml_dtypes": None,
+             "liger_kernel": None, "triton": None, "flatbuffers": None}
+
+
+def _missing_dependency(e: ImportError, args: argparse.Namespace) -> str | None:
+    """One line for an optional dependency *e* says is missing, or None (a bug: let its traceback show)."""
+    command = " ".join(str(v) for v in (getattr(args, "command", None), getattr(args, "bench", None)) if v)
+    name = (e.name or "").split(".")[0] if isinstance(e, ModuleNotFoundError) else ""
+    if name in _OPTIONAL:
+        extra = _OPTIONAL[name]
+        return (f"{command} needs {name}, which is not installed here "
+                f"({f'pip install opbridge[{extra}]' if extra else f'pip install {name}'})")
+    if "pip install" in str(e):  # opbridge's own message for a missing dependency
+        return f"{command}: {e}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``opbridge`` command line.
 
@@ -95,4 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except ImportError as e:  # an optional dependency the command needs; anything else keeps its traceback
+        message = _missing_dependency(e, args)
+        if message is None:
+            raise
+        err(message)
+        return EXIT_FAILURE
     return status

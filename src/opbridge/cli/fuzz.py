@@ -115,11 +115,14 @@ def run(args: argparse.Namespace) -> int:
             _say(args, f"{fw} {op.qualname}: {ran} check(s) ran, "
                        f"{sum(1 for r in done if 'failure' in r)} failed, "
                        f"{sum(1 for r in done if 'skipped' in r)} could not run here")
+    runs = sum(1 for r in records if r.get("examples"))
     if args.json:
         print_json(records)
-    elif not failed:
-        print(f"opbridge fuzz: no failures ({sum(1 for r in records if r.get('examples'))} op/framework/check "
-              f"runs, {args.examples} examples each)")
+    elif not failed and runs:
+        print(f"opbridge fuzz: no failures ({runs} op/framework/check runs, {args.examples} examples each)")
+    if not failed and not runs:  # every framework skipped, or no check could run: nothing was tested
+        _say(args, "opbridge fuzz: nothing was fuzzed (see the skips above)")
+        return EXIT_FAILURE
     return EXIT_FAILURE if failed else EXIT_OK
 
 

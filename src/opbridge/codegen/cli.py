@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if not args.library:
         libs = [lib for lib in libs if lib.namespace != "opbridge"]
+        if not libs:
+            print("opbridge: error: no library of yours is declared: pass --import MODULE (or --library opbridge "
+                  "for the built-in one)", file=sys.stderr)
+            return EXIT_USAGE
     if len(libs) != 1 and args.out is not None:
         names = ", ".join(lib.namespace for lib in libs) or "none"
         print(f"opbridge: error: --out needs exactly one library (--library NS); found: {names}",

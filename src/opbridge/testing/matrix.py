@@ -160,7 +160,14 @@ def check_op(
     opdef = as_opdef(op)
     kit: NumpyKit
     if framework == "torch":
-        import opbridge.adapters.torch  # noqa: F401 - registers torch.ops.<ns>.<op>
+        try:
+            import opbridge.adapters.torch  # noqa: F401 - registers torch.ops.<ns>.<op>
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ModuleNotFoundError("check_op: framework='torch' (the default) needs torch, which is not "
+                                      "installed here; pass framework='numpy' (or pip install 'opbridge[torch]')",
+                                      name="torch") from None
 
         kit = TorchKit()
     elif framework == "numpy":
