@@ -39,6 +39,7 @@ cost of ``import tvm_ffi`` on its own.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -205,13 +206,19 @@ def _warm(tmp: Path, repeat: int) -> dict[str, Any]:
     env = _env(tmp)
     _progress("populating the cache as a first run would (opbridge build: torch shim, NumPy C entry)")
     populate = _populate(env)
-    _progress(f"warm start on torch tensors (torch preimported), {repeat} fresh process(es)")
-    torch_warm = _medians("warm start (torch)", scripts.WARM_TORCH, env, repeat)
+    has_torch = importlib.util.find_spec("torch") is not None
+    if not has_torch:
+        torch_warm: dict[str, Any] = {"skipped": "torch is not installed"}
+        _progress("warm start on torch tensors: skipped (torch is not installed)")
+    else:
+        _progress(f"warm start on torch tensors (torch preimported), {repeat} fresh process(es)")
+        torch_warm = _medians("warm start (torch)", scripts.WARM_TORCH, env, repeat)
     _progress(f"warm start on numpy arrays (torch not imported), {repeat} fresh process(es)")
     numpy_warm = _medians("warm start (numpy)", scripts.WARM_NUMPY, env, repeat)
     _progress(f"`import tvm_ffi` alone, with and without torch preimported, {repeat} process(es) each")
     bare = _medians("import tvm_ffi", scripts.IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "False"), env, repeat)
-    pre = _medians("import tvm_ffi", scripts.IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "True"), env, repeat)
+    pre = (_medians("import tvm_ffi", scripts.IMPORT_TVM_FFI.replace("PRE_IMPORT_TORCH", "True"), env, repeat)
+           if has_torch else {"import_tvm_ffi_ms": None, "import_torch_ms": None})
     return {
         "populate_seconds": populate,
         "torch": torch_warm,
@@ -306,16 +313,20 @@ def format_text(result: dict[str, Any]) -> str:
         lines.append(f"  {name:<40} {'-' if value is None else f'{value:.2f}x'}")
     lines.append("")
     lines.append(f"warm start, cache populated by `opbridge build` ({warm['populate_seconds']:.1f} s; median of "
-                 f"{warm['torch']['runs']} fresh process(es)):")
+                 f"{warm['numpy']['runs']} fresh process(es)):")
     for kind in ("torch", "numpy"):
         w = warm[kind]
+        if "skipped" in w:
+            lines.append(f"  {kind:<6} skipped: {w['skipped']}")
+            continue
         lines.append(f"  {kind:<6} total {w['total_ms']:8.1f} ms = import opbridge "
                      f"{w['import_opbridge_ms']:.1f} + from opbridge import ops {w['import_ops_ms']:.1f}"
                      f" + first ops.add {w['first_call_ms']:.1f}")
     after = warm["numpy"]["torch_in_sys_modules_after"]
     lines.append(f"  torch in sys.modules after the numpy warm start: {after}")
     t = warm["import_tvm_ffi"]
-    lines.append(f"  import tvm_ffi: {t['without_torch_preimported_ms']:.1f} ms alone, "
-                 f"{t['with_torch_preimported_ms']:.1f} ms after import torch "
-                 f"({t['import_torch_ms']:.1f} ms); imports torch itself: {t['tvm_ffi_imports_torch']}")
+    after_torch = ("no torch here" if t["with_torch_preimported_ms"] is None else
+                   f"{t['with_torch_preimported_ms']:.1f} ms after import torch ({t['import_torch_ms']:.1f} ms)")
+    lines.append(f"  import tvm_ffi: {t['without_torch_preimported_ms']:.1f} ms alone, {after_torch}; "
+                 f"imports torch itself: {t['tvm_ffi_imports_torch']}")
     return "\n".join(lines)
