@@ -80,3 +80,15 @@ def test_detached_build_logs_the_same_message(no_compiler: Path) -> None:
     code, log = detached.locked_compile([MISSING, "-o", str(tmp)], out, tmp, background=False).wait()
     assert code != 0 and not out.exists()
     _says_how_to_fix(RuntimeError(log))
+
+
+def test_a_build_error_without_a_file_line_error_says_the_outputs_last_line() -> None:
+    """A full disk ('No space left on device'), a linker failure or a killed compiler prints no file:line error;
+    the message then carries the output's last line instead of only 'did not compile'."""
+    from opbridge.errors import BuildError
+
+    log = "as: warning\nFatal error: can't write 4 bytes to section .text of k.o: No space left on device\n"
+    e = BuildError("building k (cpu) failed: k.cc did not compile", "c++ -c k.cc", [], log)
+    assert str(e).endswith("last output: Fatal error: can't write 4 bytes to section .text of k.o: "
+                           "No space left on device")
+    assert "last output" not in str(BuildError("m", "c", ["k.cc:1:1: error: x"], "k.cc:1:1: error: x"))

@@ -192,3 +192,19 @@ def test_cli_cache_info_and_prune(cache: Path, capsys: pytest.CaptureFixture[str
     assert main(["cache", "prune", "--max-mb", "0"]) == 0
     assert "removed 1 built module(s)" in capsys.readouterr().out and not new.exists()
     assert main(["cache", "prune", "--keep", "-1"]) == 2
+
+
+def test_a_module_cut_short_is_a_miss_and_is_rebuilt(cache: Path, tmp_path: Path) -> None:
+    """A truncated .so in an entry (a full disk, a crash) used to be loaded and kill the process with SIGBUS;
+    the manifest records the module's size, and an entry whose module differs is rebuilt."""
+    src = tmp_path / "t.cc"
+    src.write_text("OPB_TEST_API int t_fn() { return 1; }\n")
+    spec = bcompile.BuildSpec(name="cut", sources=(src,), cflags=(VISIBLE,))
+    so = jit.build(spec)
+    size = so.stat().st_size
+    assert json.loads((so.parent / "manifest.json").read_text())["bytes"] == size
+    with open(so, "r+b") as f:
+        f.truncate(1000)
+    assert jit.cached_artifact(spec) is None
+    assert jit.build(spec) == so and so.stat().st_size == size
+    assert jit.cached_artifact(spec) == so

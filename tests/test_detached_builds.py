@@ -111,3 +111,28 @@ def test_numpy_entry_built_in_the_background_lands_after_the_program_exits(tmp_p
     assert list(built.glob("opbridge_numpy_entry-*/*.so")), "NumPy's C entry never reached the cache"
     again = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
     assert again.stdout.split() == ["False"]  # the next process loads it at once
+
+
+def test_a_library_cut_short_is_not_installed_and_is_built_again(tmp_path: Path) -> None:
+    """locked_compile records the output's size beside it; a truncated output (it crashed the loading process
+    with SIGBUS) or an empty one is not installed(), and the next locked_compile builds it again."""
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(b"\x7fELF" + bytes(range(256)) * 40)
+    out = tmp_path / "lib.so"
+
+    def compile_once() -> None:
+        tmp = tmp_path / "tmp.so"
+        code, log = detached.locked_compile(["cp", str(payload), str(tmp)], out, tmp, background=False).wait()
+        assert code == 0, log
+
+    compile_once()
+    assert detached.installed(out) and out.read_bytes() == payload.read_bytes()
+    with open(out, "r+b") as f:
+        f.truncate(100)
+    assert not detached.installed(out)
+    compile_once()
+    assert detached.installed(out) and out.read_bytes() == payload.read_bytes()
+    Path(f"{out}.bytes").unlink()  # as a build before sizes were recorded left it
+    assert detached.installed(out)
+    out.write_bytes(b"")
+    assert not detached.installed(out)

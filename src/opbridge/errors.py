@@ -37,6 +37,10 @@ class BuildError(OpbridgeError, RuntimeError):
             parts.append(f"command: {command}")
         if self.errors:
             parts.append("first errors:\n  " + "\n  ".join(self.errors))
+        else:  # no file:line error (a full disk, a killed compiler, the linker): the output's last line says why
+            last = [line.strip() for line in log.splitlines() if line.strip()][-1:]
+            if last and last[0] not in message:
+                parts.append(f"last output: {last[0]}")
         super().__init__("\n".join(parts))
 
 

@@ -142,6 +142,27 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
     return cxx, cuda, ld
 
 
+#: What fingerprint() hashes under an include directory: every header spelling C++ and CUDA code uses.
+HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".h++", ".cuh", ".inc", ".inl", ".ipp", ".tpp", ".tcc", ".def")
+
+_INCLUDE_FLAGS = ("-I", "-iquote")  # a user's own headers; -isystem / -idirafter trees are not hashed
+
+
+def hashed_include_dirs(spec: BuildSpec) -> list[Path]:
+    """The directories whose headers are part of *spec*'s cache key: opbridge's, the spec's ``include_dirs``,
+    and those its ``cflags`` name with ``-I`` or ``-iquote`` (``-Idir``, ``-I dir``). A tree passed with
+    ``-isystem`` is not hashed: a library's own version, not its files, should key a build on it."""
+    dirs = [INCLUDE_DIR, *spec.include_dirs]
+    flags = list(spec.cflags)
+    for i, flag in enumerate(flags):
+        for prefix in _INCLUDE_FLAGS:
+            if flag == prefix and i + 1 < len(flags):
+                dirs.append(Path(flags[i + 1]))
+            elif flag.startswith(prefix) and len(flag) > len(prefix) and not flag.startswith("-isystem"):
+                dirs.append(Path(flag[len(prefix):]))
+    return [d.resolve() for d in dirs if d.is_dir()]
+
+
 _QUOTE_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
 
 
@@ -156,7 +177,7 @@ def local_headers(spec: BuildSpec, sources: Sequence[bytes] | None = None) -> li
     are left to their directory's hash. *sources*: the sources' contents, where
     the caller has read them.
     """
-    hashed = [INCLUDE_DIR, *spec.include_dirs]
+    hashed = hashed_include_dirs(spec)
     seen: set[Path] = set()
     found: list[tuple[str, bytes]] = []
     texts: list[bytes | None] = list(sources) if sources is not None else [None] * len(spec.sources)
@@ -200,9 +221,9 @@ def fingerprint(spec: BuildSpec, extra: str = "") -> str:
         feed("src", data)
     for gname, text in spec.generated:
         feed("gen:" + gname, text.encode())
-    for inc_dir in (INCLUDE_DIR, *spec.include_dirs):
-        for hdr in sorted(Path(inc_dir).rglob("*")):
-            if hdr.is_file() and hdr.suffix in (".h", ".hpp", ".cuh", ".inc"):
+    for inc_dir in hashed_include_dirs(spec):
+        for hdr in sorted(inc_dir.rglob("*")):
+            if hdr.is_file() and hdr.suffix in HEADER_SUFFIXES:
                 feed("hdr:" + str(hdr.relative_to(inc_dir)), hdr.read_bytes())
     for name, data in local_headers(spec, sources):
         feed("local:" + name, data)

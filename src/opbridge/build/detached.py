@@ -33,7 +33,8 @@ BACKGROUND_NICENESS = 10
 # argv: niceness, output, temporary output, lock file, the log line for a compiler that is not there,
 # then the compiler command (which writes the temporary output). Under the lock: nothing to do if
 # another build installed the output; else compile, install by rename, then write the compiler's
-# log. Exit status 0: the output is installed.
+# log. Exit status 0: the output is installed. Before the rename it records the output's size beside it
+# (installed() below reads it): an output cut short is rebuilt, never loaded.
 _LOCKED_COMPILE = """\
 import fcntl, os, subprocess, sys
 nice, out, tmp, lock, missing, *cmd = sys.argv[1:]
@@ -41,8 +42,19 @@ os.nice(int(nice))
 fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
 fcntl.flock(fd, fcntl.LOCK_EX)
 log, code = "", 0
+
+def installed():
+    try:
+        size = os.path.getsize(out)
+        with open(out + ".bytes") as f:
+            return size == int(f.read())
+    except FileNotFoundError:
+        return os.path.exists(out) and os.path.getsize(out) > 0 and not os.path.exists(out + ".bytes")
+    except (OSError, ValueError):
+        return False
+
 try:
-    if not os.path.exists(out):
+    if not installed():
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             log, code = r.stdout, r.returncode
@@ -51,6 +63,10 @@ try:
         except OSError as e:
             log, code = f"cannot run {cmd[0]}: {e}", 126
         if code == 0:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            with open(out + ".bytes", "w") as f:
+                f.write(str(os.path.getsize(tmp)))
             os.replace(tmp, out)
 finally:
     if os.path.exists(tmp):
@@ -59,6 +75,23 @@ finally:
 sys.stdout.write(log)
 sys.exit(1 if code else 0)
 """
+
+
+def installed(out: Path) -> bool:
+    """Whether *out*, built by :func:`locked_compile`, is whole: the size its build recorded beside it
+    (``<out>.bytes``), or, from a build before sizes were recorded, not empty. A library cut short would
+    crash the process that loads it (SIGBUS)."""
+    try:
+        size = out.stat().st_size
+        recorded = Path(f"{out}.bytes").read_text()
+    except FileNotFoundError:
+        return out.exists() and out.stat().st_size > 0 and not Path(f"{out}.bytes").exists()
+    except OSError:
+        return False
+    try:
+        return size == int(recorded)
+    except ValueError:
+        return False
 
 
 def niceness(background: bool) -> int:

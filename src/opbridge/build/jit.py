@@ -36,6 +36,21 @@ def _entry_dir(spec: BuildSpec) -> Path:
     return cache_root() / "jit" / f"{spec.name}-{spec.device}-{key[:20]}"
 
 
+def _complete(entry: Path, so: Path) -> bool:
+    """Whether *entry* holds a finished build: its manifest, and the module at the size it recorded.
+
+    A module cut short (a full disk, a crash after the rename on a filesystem that did not order the
+    writes, a stray truncation) would crash the process that maps it (SIGBUS), not raise: such an
+    entry is a miss, and the next build replaces it.
+    """
+    try:
+        recorded = json.loads((entry / _MANIFEST).read_text()).get("bytes")
+        size = so.stat().st_size
+    except (OSError, ValueError, AttributeError):
+        return False
+    return recorded is None or recorded == size  # None: an entry written before sizes were recorded
+
+
 def cached_artifact(spec: BuildSpec) -> Path | None:
     """Return the cached module for *spec*, or None; never builds, never raises on a miss."""
     try:
@@ -43,7 +58,7 @@ def cached_artifact(spec: BuildSpec) -> Path | None:
     except OSError:
         return None
     so = entry / f"{spec.name}.so"
-    if (entry / _MANIFEST).is_file() and so.is_file():
+    if _complete(entry, so):
         housekeeping.touch(entry)
         return so
     return None
@@ -61,11 +76,11 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
     """
     entry = _entry_dir(spec)
     so = entry / f"{spec.name}.so"
-    if not force and (entry / _MANIFEST).is_file() and so.is_file():
+    if not force and _complete(entry, so):
         housekeeping.touch(entry)
         return so
     with file_lock(entry.parent / "locks" / (entry.name + ".lock")):
-        if not force and (entry / _MANIFEST).is_file() and so.is_file():
+        if not force and _complete(entry, so):
             return so
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
         try:
@@ -84,7 +99,10 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
                 "compiled": report.compiled,
                 "reused": report.reused,
                 "compile_seconds": report.compile_seconds,
+                "bytes": (tmp / so.name).stat().st_size,
             }
+            with open(tmp / so.name, "rb") as f:  # on disk before the entry is published
+                os.fsync(f.fileno())
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
             if entry.exists():
                 shutil.rmtree(entry)

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from opbridge import config, loader
 from opbridge.adapters.torch.native import build
+from opbridge.build import detached
 from opbridge.call import core, memory
 from opbridge.errors import BuildError
 
@@ -234,7 +235,7 @@ def shim(build_now: bool = False) -> Shim | None:
         except OSError:  # an installation without the shim's sources: Python kernels only
             _BUILD_FAILED = True
             return None
-        if path.exists():
+        if detached.installed(path):  # a library cut short is rebuilt, never loaded (SIGBUS)
             _SHIM = _load(path)
     if _SHIM is None and _BUILDER is not None and (build_now or not _BUILDER.thread.is_alive()):
         _BUILDER.thread.join()

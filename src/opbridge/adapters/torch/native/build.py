@@ -135,7 +135,7 @@ class Job:
             With the command and the compiler's first errors, when compiling fails.
         """
         code, log = self.child.wait()
-        if code != 0 or not self.out.exists():
+        if code != 0 or not detached.installed(self.out):
             errors = first_errors(log)
             last = log.strip().splitlines()[-1:]
             why = f": {last[0]}" if last and not errors else ""  # not a compile error: say what it was
