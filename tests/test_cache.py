@@ -208,3 +208,9 @@ def test_a_module_cut_short_is_a_miss_and_is_rebuilt(cache: Path, tmp_path: Path
     assert jit.cached_artifact(spec) is None
     assert jit.build(spec) == so and so.stat().st_size == size
     assert jit.cached_artifact(spec) == so
+    manifest = json.loads((so.parent / "manifest.json").read_text())
+    del manifest["bytes"]  # an entry written before sizes were recorded: accepted, unless empty
+    (so.parent / "manifest.json").write_text(json.dumps(manifest))
+    assert jit.cached_artifact(spec) == so
+    so.write_bytes(b"")
+    assert jit.cached_artifact(spec) is None

@@ -48,7 +48,7 @@ def _complete(entry: Path, so: Path) -> bool:
         size = so.stat().st_size
     except (OSError, ValueError, AttributeError):
         return False
-    return recorded is None or recorded == size  # None: an entry written before sizes were recorded
+    return size > 0 and (recorded is None or recorded == size)  # None: written before sizes were recorded
 
 
 def cached_artifact(spec: BuildSpec) -> Path | None:

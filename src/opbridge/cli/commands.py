@@ -144,14 +144,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
         built += 1
     if built == 0:
         print(f"nothing to build for {args.device}", file=sys.stderr)
-    _build_torch_native()
-    _build_c_entries()
+    ok = _build_torch_native() and ok
+    ok = _build_c_entries() and ok
     return EXIT_OK if ok else EXIT_FAILURE
 
 
-def _build_c_entries() -> None:
+def _build_c_entries() -> bool:
     """Build the C entries (one per Python, NumPy's also per NumPy version): NumPy's, and the tensor
-    entry where Paddle or MindSpore is installed; each only where it is on, and a failure only warns."""
+    entry where Paddle or MindSpore is installed; each only where it is on. False when one failed (the
+    program would keep its Python path: `opbridge build` says so and exits 1)."""
     import importlib.util
 
     from opbridge.call import c_entry
@@ -159,6 +160,7 @@ def _build_c_entries() -> None:
     wanted = [("NumPy C entry", "opbridge.adapters.numpy.native")]
     if any(importlib.util.find_spec(fw) is not None for fw in ("paddle", "mindspore")):
         wanted.append(("tensor C entry", "opbridge.call.exchange"))
+    ok = True
     for label, module in wanted:
         entry = c_entry.module_entry(module)
         if not entry.enabled():
@@ -167,30 +169,33 @@ def _build_c_entries() -> None:
         lib = entry.library(build_now=True)
         if lib is None:
             err(f"{label}: not available ({entry.fallback})")
+            ok = False
             continue
         print(f"{label}: {lib.path} ({time.monotonic() - start:.2f}s)")
+    return ok
 
 
-def _build_torch_native() -> None:
+def _build_torch_native() -> bool:
     """Build torch's native dispatcher kernels (one shim per torch version) if torch is installed.
 
     Otherwise the first process that loads a kernel builds it in the
-    background and runs on the Python kernels meanwhile. A failure only warns:
-    the Python kernels stay in use.
+    background and runs on the Python kernels meanwhile. False when it failed
+    (programs keep the Python kernels; `opbridge build` exits 1).
     """
     import importlib.util
 
     from opbridge import config
 
     if not config.torch_native() or importlib.util.find_spec("torch") is None:
-        return
+        return True
     from opbridge.adapters.torch import native
 
     start = time.monotonic()
     if native.shim(build_now=True) is None:
         err("torch native kernels: not available (torch ops keep their Python dispatcher kernels)")
-        return
+        return False
     print(f"torch native kernels: {native.build.path()} ({time.monotonic() - start:.2f}s)")
+    return True
 
 
 def register_build(sub: Any) -> None:
