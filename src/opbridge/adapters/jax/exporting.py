@@ -48,8 +48,8 @@ def _targets_of(op: OpDef) -> list[str]:
 
 
 def register_targets(lib: Library | None = None) -> list[str]:
-    """Register every XLA FFI target the ops of *lib* can call (default: of every library declared so far;
-    ``import opbridge.ops`` declares the built-in one).
+    """Register every XLA FFI target the ops of *lib* can call (default: the built-in library, which
+    ``import opbridge.ops`` declares; a library of yours: pass it).
 
     Call it in a process that runs a deserialized ``jax.export`` before its
     first call (the adapter otherwise registers a target only when a call of
@@ -57,15 +57,14 @@ def register_targets(lib: Library | None = None) -> list[str]:
     would. Returns the targets' names, each once.
     """
     seen: dict[str, None] = {}
-    for each in registry.libraries() if lib is None else [lib]:
-        for op in each.ops.values():
-            for name in _targets_of(op):
-                seen[name] = None
+    for op in (registry.library("opbridge") if lib is None else lib).ops.values():
+        for name in _targets_of(op):
+            seen[name] = None
     return list(seen)
 
 
 def disabled_checks(lib: Library | None = None) -> list[Any]:
-    """``jax.export``'s ``disabled_checks`` for every target of *lib* (default: of every declared library).
+    """``jax.export``'s ``disabled_checks`` for every target of *lib* (default: the built-in library).
 
     ``jax.export.export(f, disabled_checks=disabled_checks())(...)`` exports
     a program calling opbridge ops; their targets are registered as a side

@@ -69,19 +69,18 @@ def register(lib: Library) -> None:
 
 
 def load_kernels(lib: Library | None = None) -> None:
-    """Build (or find in the cache) and bind the ``ops.Custom`` aot entry points of *lib*'s ops (default: of
-    every library declared so far; ``import opbridge.ops`` declares the built-in one), as a graph's first
-    call of them would.
+    """Build (or find in the cache) and bind the ``ops.Custom`` aot entry points of *lib*'s ops (default: the
+    built-in library, which ``import opbridge.ops`` declares; a library of yours: pass it), as a graph's
+    first call of them would.
 
     Call it before running a graph loaded from a MINDIR (``ms.export``, then ``ms.load`` and
     ``nn.GraphCell``) in a process that has not run those ops in a graph: the MINDIR names the aot
     module by its absolute path in ``OPBRIDGE_CACHE_DIR``, whose entry points find their kernels only
     once bound. (So a MINDIR with opbridge ops loads where that cache is, with the same opbridge.)
     """
-    for each in registry.libraries() if lib is None else [lib]:
-        if shim.graph_ops(each):
-            register(each)
-            shim.aot_module(each).ready()
+    lib = registry.library("opbridge") if lib is None else lib
+    register(lib)
+    shim.aot_module(lib).ready()
 
 
 def graph_function(op: OpDef | Callable[..., Any]) -> Callable[..., Any]:
