@@ -131,6 +131,8 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
     """
     validate_args(op, args, is_tensor, "a mindspore.Tensor")
     check_lead_dtype(op, args, lambda t: dtype_name(t.dtype))
+    if outs is not None:
+        check_outs(op, args, outs, lambda t: dtype_name(t.dtype))
     sync()
     views = host_views(op, args)
     dense, back = dense_args(op, views, _is_dense, np.ascontiguousarray, ndarray_rows)
@@ -244,8 +246,6 @@ def run_with_out(op: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], o
         raise RuntimeError(f"{op.name}: out= writes into existing tensors, which MindSpore cannot "
                            f"differentiate; call it outside mindspore.grad / value_and_grad or "
                            f"without out=")
-    check_lead_dtype(op, args, lambda t: dtype_name(t.dtype))
-    check_outs(op, args, outs, lambda t: dtype_name(t.dtype))
     return run_checked(op, kernel, args, outs)
 
 
