@@ -158,7 +158,7 @@ def hashed_include_dirs(spec: BuildSpec) -> list[Path]:
         for prefix in _INCLUDE_FLAGS:
             if flag == prefix and i + 1 < len(flags):
                 dirs.append(Path(flags[i + 1]))
-            elif flag.startswith(prefix) and len(flag) > len(prefix) and not flag.startswith("-isystem"):
+            elif flag.startswith(prefix) and len(flag) > len(prefix):
                 dirs.append(Path(flag[len(prefix):]))
     return [d.resolve() for d in dirs if d.is_dir()]
 
