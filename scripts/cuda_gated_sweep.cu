@@ -39,6 +39,11 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
   // Bytes moved per launch: x (2d per row) and, backward, grad (d) read; out (d) or grad_x (2d) written.
   const double bytes = double(rows) * d * sizeof(T) * (backward ? 5 : 3);
   std::vector<T> got(n_out);
+  // The policy the op ships: GatedCurrent forward, GatedBackward backward.
+  auto is_current = [&](auto policy) {
+    using P = decltype(policy);
+    return N == cu::kVec<T> && (backward ? std::is_same_v<P, cu::GatedBackward> : std::is_same_v<P, cu::GatedCurrent>);
+  };
   auto one = [&](auto policy) {
     using P = decltype(policy);
     const dim3 grid = cu::gated_grid<P>(rows, units);
@@ -56,7 +61,7 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(got.data(), out, n_out * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
-    const bool current = std::is_same_v<P, cu::GatedCurrent> && N == cu::kVec<T>;
+    const bool current = is_current(P{});
     if (want.empty()) want = got;
     double diff = 0;
     for (int64_t i = 0; i < n_out; i += 7) {
@@ -69,12 +74,18 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
                 bytes / (us * 1e-6) / 1e9 / copy, diff,
                 current ? "  <- current policy" : (diff != 0 ? "  MISMATCH" : ""));
   };
-  if (N == cu::kVec<T>) one(cu::GatedCurrent{});
+  if (N == cu::kVec<T>) {
+    if (backward) one(cu::GatedBackward{});
+    else one(cu::GatedCurrent{});
+  }
+  auto other = [&](auto policy) {
+    if (!is_current(policy)) one(policy);
+  };
   auto per_threads = [&](auto threads_c) {
     constexpr int Threads = decltype(threads_c)::value;
     auto units = [&](auto units_c) {
       using P = cu::GatedPolicy<Threads, decltype(units_c)::value>;
-      if (!std::is_same_v<P, cu::GatedCurrent> || N != cu::kVec<T>) one(P{});
+      other(P{});
     };
     units(std::integral_constant<int, 1>{});
     units(std::integral_constant<int, 2>{});
@@ -86,10 +97,10 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
   per_threads(std::integral_constant<int, 256>{});
   per_threads(std::integral_constant<int, 512>{});
   // cache-streaming loads and stores, under the current policy and its neighbours
-  one(cu::GatedPolicy<cu::GatedCurrent::kThreads, cu::GatedCurrent::kUnits, true>{});
-  one(cu::GatedPolicy<cu::GatedCurrent::kThreads, 2, true>{});
-  one(cu::GatedPolicy<256, 1, true>{});
-  one(cu::GatedPolicy<64, 1, true>{});
+  other(cu::GatedPolicy<128, 1, true>{});
+  other(cu::GatedPolicy<128, 2, true>{});
+  other(cu::GatedPolicy<256, 1, true>{});
+  other(cu::GatedPolicy<64, 1, true>{});
   for (T* p : {x, g, out}) CK(cudaFree(p));
 }
 

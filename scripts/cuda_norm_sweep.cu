@@ -37,7 +37,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     if constexpr (Fused) return Src{x, res, H};
     else return Src{x, opbridge::StridedRows{H, 1, H}};
   }();
-  using Current = std::conditional_t<Fused, cu::RowsByThreads<N>, cu::RowsByUnits<N>>;  // the ops' policies
+  using Current = std::conditional_t<Fused, cu::FusedAddRmsNormRows<N>, cu::RmsNormRows<N>>;  // the ops' policies
   const int current_units = cu::cached_units<Current>(hv);
   std::vector<T> want, got(n);
   auto reset = [&] {
@@ -67,8 +67,9 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   auto variant = [&](auto units_c, auto threads_c, auto fast_c, auto stream_c) {
     constexpr int K = decltype(units_c)::value, MaxT = decltype(threads_c)::value;
     constexpr bool Fast = decltype(fast_c)::value, Stream = decltype(stream_c)::value;
-    const int threads = cu::row_threads((hv + K - 1) / K, 1024);
-    if (threads > MaxT || (hv + K - 1) / K < 32) return;  // every launch bound the block fits (registers)
+    const int64_t per_thread = (hv + K - 1) / K;  // threads the row needs at K units each
+    if (per_thread > MaxT || per_thread < 32) return;  // a block of at most MaxT threads holds the row
+    const int threads = cu::row_threads(per_thread, MaxT);
     one(cu::rms_rows_cached_kernel<N, K, Knobs<MaxT, Fast, Stream>, T, Src>, K, threads, MaxT, Fast, Stream);
   };
   using std::integral_constant;

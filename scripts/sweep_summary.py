@@ -1,8 +1,10 @@
 """Read the launch-policy sweeps' output (scripts/cuda-sweep.sh) into what a tuning decision needs.
 
 For each case (op, dtype, shape): the current policy's time, the fastest policy and its time, the
-speedup, and every policy whose result differs from the current policy's (a bug in that policy,
-never a tuning choice). ``scripts/gpu_check_summary.py`` folds it into gpu-check's summary; on its own:
+speedup, and every policy whose result differs from the current policy's by more than rounding (a bug
+in that policy, never a tuning choice; such a policy is never the fastest one). Rounding: a norm's
+policies sum a row in other orders, so float32 results differ in the last bits and 16-bit ones by an
+ulp. ``scripts/gpu_check_summary.py`` folds it into gpu-check's summary; on its own:
 
     python scripts/sweep_summary.py sweep.log [...]     # a table, fastest policy per case
 """
@@ -19,11 +21,17 @@ _LINE = re.compile(r"^(?P<op>\w+)\s+(?P<dtype>\w+)\s+(?P<rows>\d+) x (?P<cols>\d
                    r"(?P<us>[\d.]+) us\s+(?P<copy>[\d.]+) copy\s+max\|diff\| (?P<diff>\S+)(?P<mark>.*)$")
 
 
+# The most a policy's result may differ from the current policy's by rounding alone (outputs below 2
+# in magnitude): float32 a few ulps; 16-bit types 4 ulps of values in [1, 2).
+ROUNDING = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 2.0**-5, "float16": 2.0**-8}
+
+
 @dataclass
 class Run:
     policy: str
     us: float
     copy: float  # fraction of the device's copy bandwidth
+    matches: bool = True  # the result is the current policy's, up to rounding
 
 
 @dataclass
@@ -37,7 +45,8 @@ class Case:
 
     @property
     def best(self) -> Run:
-        return min(self.runs, key=lambda r: r.us)
+        """The fastest policy whose result matches the current one's."""
+        return min((r for r in self.runs if r.matches), key=lambda r: r.us)
 
     @property
     def speedup(self) -> float | None:
@@ -60,11 +69,12 @@ def cases(text: str) -> list[Case]:
             continue
         rows, cols = int(m["rows"]), int(m["cols"])
         case = found.setdefault((m["op"], m["dtype"], rows, cols), Case(m["op"], m["dtype"], (rows, cols)))
-        run = Run(" ".join(m["policy"].split()), float(m["us"]), float(m["copy"]))
+        matches = float(m["diff"]) <= ROUNDING.get(m["dtype"], 0.0)
+        run = Run(" ".join(m["policy"].split()), float(m["us"]), float(m["copy"]), matches)
         case.runs.append(run)
         if "current policy" in m["mark"]:
             case.current = run
-        elif float(m["diff"]) != 0:
+        elif not matches:
             case.mismatches.append(run.policy)
     return list(found.values())
 

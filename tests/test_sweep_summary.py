@@ -21,7 +21,8 @@ NVIDIA H200: device-to-device copy 4100 GB/s (read + write); times are per launc
 rms_norm           bfloat16  8192 x 8192  units 4 threads  256 bound  256 3bar cached    40.100 us  0.760 copy  max|diff| 0  <- current policy
 rms_norm           bfloat16  8192 x 8192  units 4 threads  256 bound  256 3bar stream    32.000 us  0.952 copy  max|diff| 0
 rms_norm           bfloat16  8192 x 8192  units 8 threads  128 bound  256 fast cached    41.000 us  0.743 copy  max|diff| 0.0078
-rms_norm           float32      1 x 4096  units 1 threads 1024 bound 1024 fast cached     2.100 us  0.010 copy  max|diff| 0
+rms_norm           bfloat16  8192 x 8192  units 1 threads 1024 bound 1024 fast cached    20.000 us  1.520 copy  max|diff| 0.75
+rms_norm           float32      1 x 4096  units 1 threads 1024 bound 1024 fast cached     2.100 us  0.010 copy  max|diff| 2.4e-07
 rms_norm           float32      1 x 4096  units 4 threads  256 bound  256 3bar cached     2.000 us  0.011 copy  max|diff| 0  <- current policy
 rms_norm bfloat16 1 x 4096: rows do not fit the cached kernel (the two-pass form runs)
 """  # noqa: E501
@@ -40,7 +41,8 @@ def test_cases_name_the_current_and_the_fastest_policy() -> None:
     assert big.current is not None and big.current.us == 40.1 and big.current.policy.endswith("3bar cached")
     assert big.best.policy == "units 4 threads 256 bound 256 3bar stream" and big.best.copy == 0.952
     assert big.speedup == pytest.approx(40.1 / 32.0, abs=1e-3)
-    assert big.mismatches == ["units 8 threads 128 bound 256 fast cached"]  # a result unlike the current one's
+    # a result unlike the current one's is never the fastest; an ulp apart (another order of summation) is no mismatch
+    assert big.mismatches == ["units 1 threads 1024 bound 1024 fast cached"]
     assert small.speedup == 1.0 and not small.mismatches  # the current policy is the fastest
     assert gated.best.policy == "64-bit threads 64 units 1 cached blocks 112 x 1"
     text = sweep_summary.table(found)

@@ -15,7 +15,6 @@ namespace {
 
 using opbridge::TensorView;
 namespace cu = opbridge::cuda;
-using P = cu::GatedCurrent;
 using cu::GeluTanh;
 using cu::Silu;
 
@@ -26,6 +25,7 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
   const int64_t rows = d == 0 ? 0 : out.numel() / d;
   if (rows == 0) return;
   cu::Context ctx(op, x);
+  using P = cu::GatedCurrent;
   OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
     using T = cu::device_t<S>;
     constexpr int V = cu::kVec<T>;
@@ -49,6 +49,7 @@ void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, Te
   const int64_t rows = d == 0 ? 0 : grad.numel() / d;
   if (rows == 0) return;
   cu::Context ctx(op, x);
+  using P = cu::GatedBackward;
   OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
     using T = cu::device_t<S>;
     constexpr int V = cu::kVec<T>;

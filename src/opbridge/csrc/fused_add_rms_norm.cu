@@ -71,7 +71,7 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, in, res, w)) {
-      if (!cu::launch_rms_rows_cached<cu::RowsByThreads, V>(ctx, in, cu::SumRows<V, T>{in, res, H}, w, rows, H, C(eps))) {
+      if (!cu::launch_rms_rows_cached<cu::FusedAddRmsNormRows, V>(ctx, in, cu::SumRows<V, T>{in, res, H}, w, rows, H, C(eps))) {
         fused_add_rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(in, res, w, rows, H,
                                                                                      C(eps));
       }

@@ -121,42 +121,73 @@ struct alignas(sizeof(T) * N) Vec {
 template <typename T>
 constexpr int kVec = 16 / int(sizeof(T));
 
+// The integer type of a Vec's bytes (16, 8 or 4), through which load and store move it whole. A store
+// goes through the __stwb intrinsic (st.global.wb, the default cache policy): an assignment, of the
+// Vec or of its bytes as an int4, left the store's width to the compiler, and nvcc 13 split the
+// gated kernels' 16-bit results (and add's) into four to seven u16 / v2.u16 stores instead of one
+// v4: the gated backward at 4096 x 14336 bfloat16 took 2.1x the time of the same kernel storing 128
+// bits (H200, scripts/cuda-sweep.sh gated).
+template <int Bytes>
+struct RawOf {
+  using type = void;
+};
+template <>
+struct RawOf<16> {
+  using type = int4;
+};
+template <>
+struct RawOf<8> {
+  using type = int2;
+};
+template <>
+struct RawOf<4> {
+  using type = int;
+};
+template <typename T, int N>
+using raw_t = typename RawOf<int(sizeof(Vec<T, N>))>::type;
+
 template <int N, typename T>
 __device__ __forceinline__ Vec<T, N> load(const T* p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
+  using R = raw_t<T, N>;
+  if constexpr (std::is_void_v<R>) {
+    return *reinterpret_cast<const Vec<T, N>*>(p);
+  } else {
+    Vec<T, N> v;
+    *reinterpret_cast<R*>(&v) = *reinterpret_cast<const R*>(p);
+    return v;
+  }
 }
 template <int N, typename T>
 __device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
+  using R = raw_t<T, N>;
+  if constexpr (std::is_void_v<R>) {
+    *reinterpret_cast<Vec<T, N>*>(p) = v;
+  } else {
+    __stwb(reinterpret_cast<R*>(p), *reinterpret_cast<const R*>(&v));  // st.global.wb: the default cache policy
+  }
 }
 
 // The same with the cache-streaming hint (ld.global.cs / st.global.cs: the line is evicted first),
 // for data a kernel touches once, so that what it reuses (a norm's weight row) stays in cache. A
-// launch-policy knob (kStream) the sweeps try; no shipped policy sets it yet.
+// launch-policy knob (kStream) the sweeps try.
 template <int N, typename T>
 __device__ __forceinline__ Vec<T, N> load_stream(const T* p) {
-  Vec<T, N> v;
-  if constexpr (sizeof(v) == 16) {
-    *reinterpret_cast<int4*>(&v) = __ldcs(reinterpret_cast<const int4*>(p));
-  } else if constexpr (sizeof(v) == 8) {
-    *reinterpret_cast<int2*>(&v) = __ldcs(reinterpret_cast<const int2*>(p));
-  } else if constexpr (sizeof(v) == 4) {
-    *reinterpret_cast<int*>(&v) = __ldcs(reinterpret_cast<const int*>(p));
+  using R = raw_t<T, N>;
+  if constexpr (std::is_void_v<R>) {
+    return load<N>(p);
   } else {
-    v = load<N>(p);
+    Vec<T, N> v;
+    *reinterpret_cast<R*>(&v) = __ldcs(reinterpret_cast<const R*>(p));
+    return v;
   }
-  return v;
 }
 template <int N, typename T>
 __device__ __forceinline__ void store_stream(T* p, const Vec<T, N>& v) {
-  if constexpr (sizeof(v) == 16) {
-    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&v));
-  } else if constexpr (sizeof(v) == 8) {
-    __stcs(reinterpret_cast<int2*>(p), *reinterpret_cast<const int2*>(&v));
-  } else if constexpr (sizeof(v) == 4) {
-    __stcs(reinterpret_cast<int*>(p), *reinterpret_cast<const int*>(&v));
-  } else {
+  using R = raw_t<T, N>;
+  if constexpr (std::is_void_v<R>) {
     store<N>(p, v);
+  } else {
+    __stcs(reinterpret_cast<R*>(p), *reinterpret_cast<const R*>(&v));
   }
 }
 // load / store, or their streaming forms where Stream.

@@ -10,9 +10,9 @@
 // kThreads apart (each load instruction of a warp stays coalesced), all loaded before any is
 // computed, so a thread keeps kUnits 128-bit loads of each operand in flight.
 //
-// The policy is what the sweep varies. GatedCurrent is the one the ops ship (128 threads, one unit
-// each: the launch measured by opbridge bench gpu on an H100 and an H200); the sweep's other
-// policies have not yet run on a GPU.
+// The policy is what the sweep varies. GatedCurrent is the one the forward ops ship (128 threads, one
+// unit each: 1.00-1.05 of the best policy the sweep found on an H200 at every size), GatedBackward
+// the backward ops'.
 #pragma once
 
 #include <opbridge/activation_math.h>
@@ -39,6 +39,10 @@ struct GatedPolicy {
   static constexpr bool kStream = Stream;
 };
 using GatedCurrent = GatedPolicy<128, 1>;
+// The backward's: the same with cache-streaming loads and stores, on an H200 (scripts/cuda-sweep.sh
+// gated, 2026-11-26) 1.00-1.02 of the best policy at 256 to 8192 rows and 1.13-1.21 at 1 and 8 rows
+// (64-bit units win there), where the cached form took 1.00-1.25 in float32.
+using GatedBackward = GatedPolicy<128, 1, true>;
 
 // The grid of a gated kernel over `rows` rows of `units` N-element units under policy P.
 template <typename P>

@@ -12,9 +12,6 @@
 //
 // How many units per thread and threads per block is a per-op launch policy
 // (below), each the configuration measured fastest for that op on an H200.
-// Tried and dropped: splitting each of a few rows over a thread-block cluster
-// (partial sums through distributed shared memory) made rms_norm slower at 1
-// and 8 rows of 4096 (1 row: 2.07 -> 2.30 us float32, 1.77 -> 2.47 bfloat16).
 #pragma once
 
 #include <opbridge/cuda.h>
@@ -24,43 +21,59 @@
 namespace opbridge {
 namespace cuda {
 
-// A launch policy: blocks of at most kMaxThreads threads (also the kernel's
-// __launch_bounds__), at most kMaxUnits units per thread (1, 2, 4 or 8), the
-// fewest units that keep blocks at kPreferredThreads or fewer; kFastSum picks
-// block_sum_fast over block_sum; kStream: cache-streaming loads and stores of the rows (the weight row,
-// read by every block, keeps normal loads), a knob the sweep tries (scripts/cuda_norm_sweep.cu).
+// A launch policy: blocks of at most kMaxThreads threads (also the kernel's __launch_bounds__); a
+// row's units (128-bit vectors) spread first over kPreferredThreads threads with up to
+// kPreferredUnits units each, then over more threads up to kMaxThreads, then over more units up to
+// kMaxUnits (1, 2, 4 or 8) per thread. kFastSum picks block_sum_fast over block_sum; kStream:
+// cache-streaming loads and stores of the rows (the weight row, read by every block, keeps normal
+// loads), a knob the sweep tries (scripts/cuda_norm_sweep.cu).
 //
-// RowsByUnits: units grow before threads (rms_norm: float32 rows of 8192 at
-// 8 units x 256 threads ran at 0.96 of copy bandwidth, at 4 x 512 at 0.80),
-// with the three-barrier block_sum. Tried on an H200 and dropped: block_sum_fast
-// here (float32 rows of 8192: 0.84 of copy bandwidth), and for the 16-bit
-// types at most 2 units with blocks past 256 threads (bfloat16 rows of 8192:
-// 0.75, no better than 4 units x 256 threads, 0.76; Inductor reaches 0.97).
+// The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
+// product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy
+// of each case, the policies before in brackets):
+//  - rms_norm, 16-bit: one unit per thread, up to 1024 threads, one-barrier sum: 1.00-1.03 of the
+//    best (1.00-1.21; bfloat16 at 8192 x 8192 86 -> 89 us, 104 before);
+//  - rms_norm, float32 (and float64): 4 units, up to 512 threads, one-barrier sum: 1.00-1.07 (1.00-1.09);
+//  - fused_add_rms_norm, 16-bit: as rms_norm's: 1.00 (1.04-1.13);
+//  - fused_add_rms_norm, float32: 2 units, 512 threads then up to 1024, three-barrier sum:
+//    1.00-1.05 (1.02-1.25; one row 2.46 -> 1.98 us).
+// Earlier, measured through opbridge bench gpu and dropped: splitting each of a few rows over a
+// thread-block cluster (partial sums through distributed shared memory; one row 2.07 -> 2.30 us
+// float32, 1.77 -> 2.47 bfloat16).
 template <int N>
-struct RowsByUnits {
-  static constexpr int kMaxThreads = 256, kPreferredThreads = 256, kMaxUnits = 8;
-  static constexpr bool kFastSum = false, kStream = false;
+struct RmsNormRows {
+  static constexpr bool k16 = N >= 8;  // 16-bit elements (8 per unit)
+  static constexpr int kMaxThreads = k16 ? 1024 : 512, kPreferredThreads = k16 ? 1024 : 256;
+  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = k16 ? 2 : 4;
+  static constexpr bool kFastSum = true, kStream = false;
 };
-// RowsByThreads: threads grow beyond 256 once a thread holds 4 units or 16
-// elements
-// (fused_add_rms_norm at 8192 x 8192: 0.95 / 0.90 of copy bandwidth float32 /
-// bfloat16 this way, 0.81 / 0.74 with RowsByUnits; its load phase also
-// stores the residual, and the 16-bit values held as float take registers).
+template <int N>
+struct FusedAddRmsNormRows {
+  static constexpr bool k16 = N >= 8;
+  static constexpr int kMaxThreads = 1024, kPreferredThreads = k16 ? 1024 : 512;
+  static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4;
+  static constexpr bool kFastSum = k16, kStream = false;
+};
+// RowsByThreads (rms_norm's backward, rms_norm.cu): threads grow beyond 256 once a thread holds 4
+// units or 16 elements.
 template <int N>
 struct RowsByThreads {
   static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
+  static constexpr int kPreferredUnits = kMaxUnits;
   static constexpr bool kFastSum = true, kStream = false;
 };
 
-// Units per thread under policy P for rows of `hv` units, with blocks of at
-// most `max_threads` (P::kMaxThreads unless a caller caps it lower); 0 when
-// the row does not fit.
+// Units per thread under policy P for rows of `hv` units, with blocks of at most `max_threads`
+// (P::kMaxThreads unless a caller caps it lower); 0 when the row does not fit.
 template <typename P>
 int cached_units(int64_t hv, int max_threads = P::kMaxThreads) {
-  for (int k = 1; k <= P::kMaxUnits; k *= 2) {
+  for (int k = 1; k <= P::kPreferredUnits; k *= 2) {
     if (hv <= int64_t(P::kPreferredThreads) * k) return k;
   }
-  return hv <= int64_t(max_threads) * P::kMaxUnits ? P::kMaxUnits : 0;
+  for (int k = P::kPreferredUnits; k <= P::kMaxUnits; k *= 2) {
+    if (hv <= int64_t(max_threads) * k) return k;
+  }
+  return 0;
 }
 
 // Calls go(std::integral_constant<int, K>{}) for K = units; instantiates only
