@@ -59,10 +59,26 @@ step() {  # step NAME COMMAND...: run, keep the log and the exit status
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 PYTEST=("$PY" -m pytest -v --capture=sys -p no:cacheprovider -o addopts=""
         -W ignore::pytest.PytestUnraisableExceptionWarning)
+# After a native crash (exit 134 or 139) of a test step: the same tests again with torch's native
+# kernels off (OPBRIDGE_TORCH_NATIVE=0), then under cuda-gdb (gdb itself is not on the device
+# machine) for a native backtrace of every thread, as steps NAME_no_native and NAME_gdb. The torch-
+# and JAX-GPU steps died by SIGSEGV in two H200 runs (2026-11-26), at the same tests, with no
+# faulthandler traceback in the log; reruns on a cache without the torch shim passed.
+crash_diag() {  # crash_diag NAME COMMAND...
+  local name=$1; shift
+  case "$(awk -v n="$name" '$1 == n {print $2}' "$OUT/steps.txt" | tail -1)" in 134|139) ;; *) return 0 ;; esac
+  step "${name}_no_native" env OPBRIDGE_TORCH_NATIVE=0 "$@"
+  if command -v cuda-gdb > /dev/null; then
+    step "${name}_gdb" timeout 300 cuda-gdb -q -batch -ex run -ex "info threads" -ex "thread apply all bt 30" --args "$@"
+  fi
+}
+TORCH_GPU=("${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu")
+JAX_GPU=(env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda")
 step cuda_tests "${PYTEST[@]}" tests/test_cuda.py --junitxml="$OUT/cuda_tests.xml"
-step torch_gpu_tests "${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu" --junitxml="$OUT/torch_gpu_tests.xml"
-step jax_gpu_tests env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda" \
-  --junitxml="$OUT/jax_gpu_tests.xml"
+step torch_gpu_tests "${TORCH_GPU[@]}" --junitxml="$OUT/torch_gpu_tests.xml"
+crash_diag torch_gpu_tests "${TORCH_GPU[@]}"
+step jax_gpu_tests "${JAX_GPU[@]}" --junitxml="$OUT/jax_gpu_tests.xml"
+crash_diag jax_gpu_tests "${JAX_GPU[@]}"
 # Every built-in op fuzzed on CUDA tensors: drawn dtypes, values, strided layouts, out= buffers (strided or
 # sharing memory with an input) and inconsistent arguments, through ops.<op> and torch.ops (issue 12 item 7).
 step torch_gpu_fuzz env OPBRIDGE_FRAMEWORK=torch OPBRIDGE_FUZZ_DEVICE=cuda "${PYTEST[@]}" \
