@@ -11,8 +11,19 @@ from typing import Any
 import pytest
 
 import opbridge
+from opbridge import _tvm
 
 _COUNTER = itertools.count()
+
+#: faulthandler's SIGSEGV action (pytest enables it), taken before any test module loads tvm-ffi, whose
+#: library installs its own handler (no Python traceback, no alternate stack). A test module that imports
+#: tvm-ffi directly (``jax_tvm_ffi`` does) bypasses opbridge's import, which keeps the handler; so the
+#: action is put back before every test, and a native crash names its test and line (gpu-check's logs).
+_FAULT_ACTION = _tvm.fault_action()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _tvm.restore_fault_action(_FAULT_ACTION)
 
 
 @pytest.fixture

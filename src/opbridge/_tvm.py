@@ -5,11 +5,20 @@ even for a user who only touches NumPy or JAX. opbridge imports it with torch
 hidden when torch is not already loaded; torch tensors still take tvm-ffi's
 fast path later, because torch >= 2.10 exposes ``__dlpack_c_exchange_api__``
 itself.
+
+Loading tvm-ffi's library also replaces the process's SIGSEGV handler with its
+own (``TVM_FFI_BACKTRACE_ON_SEGFAULT``, a constructor in ``libtvm_ffi``), which
+has no alternate stack and dumps no Python traceback: where Python's
+:mod:`faulthandler` was enabled (``-X faulthandler``, ``PYTHONFAULTHANDLER``,
+pytest), a native fault then left no traceback, and a stack overflow left no
+output at all. Importing it here keeps the handler that was there
+(:func:`fault_action`, :func:`restore_fault_action`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import importlib
 import sys
 import threading
@@ -25,14 +34,49 @@ def tvm_ffi() -> ModuleType:
     if loaded is not None:
         return loaded
     with _LOCK:
-        if "torch" in sys.modules:
-            return importlib.import_module("tvm_ffi")
-        sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail fast
+        saved = fault_action()
         try:
-            return importlib.import_module("tvm_ffi")
+            if "torch" in sys.modules:
+                return importlib.import_module("tvm_ffi")
+            sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` fail fast
+            try:
+                return importlib.import_module("tvm_ffi")
+            finally:
+                if sys.modules.get("torch", 0) is None:
+                    del sys.modules["torch"]
         finally:
-            if sys.modules.get("torch", 0) is None:
-                del sys.modules["torch"]
+            restore_fault_action(saved)
+
+
+_SIGSEGV = 11
+#: glibc's ``struct sigaction`` is 152 bytes on x86-64 and AArch64: room for it, read and written whole.
+_SIGACTION_BYTES = 256
+_HANDLER = ctypes.sizeof(ctypes.c_void_p)
+
+
+def fault_action() -> Any:
+    """The process's SIGSEGV action while :mod:`faulthandler` is enabled (Linux), else None.
+
+    For :func:`restore_fault_action` after loading a library that installs its own handler.
+    """
+    if not sys.platform.startswith("linux") or not faulthandler.is_enabled():
+        return None
+    buf = ctypes.create_string_buffer(_SIGACTION_BYTES)
+    if ctypes.CDLL(None).sigaction(_SIGSEGV, None, buf) != 0:
+        return None
+    return buf
+
+
+def restore_fault_action(saved: Any) -> bool:
+    """Put back the SIGSEGV action *saved* by :func:`fault_action` if another replaced it; whether it did."""
+    if saved is None:
+        return False
+    now = ctypes.create_string_buffer(_SIGACTION_BYTES)
+    libc = ctypes.CDLL(None)
+    # the handler (the struct's first member) decides: glibc copies the mask's unused words from its stack
+    if libc.sigaction(_SIGSEGV, None, now) != 0 or now.raw[:_HANDLER] == saved.raw[:_HANDLER]:
+        return False
+    return bool(libc.sigaction(_SIGSEGV, saved, None) == 0)
 
 
 #: ``PyCapsule_GetPointer(capsule, name)`` with a prototype of its own (setting ``ctypes.pythonapi``'s

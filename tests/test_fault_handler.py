@@ -1,0 +1,61 @@
+"""A native crash still reaches Python's faulthandler after tvm-ffi is loaded.
+
+Loading ``libtvm_ffi`` replaces the SIGSEGV handler with tvm-ffi's own (no
+Python traceback, no alternate stack): the torch- and JAX-GPU steps of
+scripts/gpu-check.sh died by SIGSEGV with PYTHONFAULTHANDLER=1 and no traceback
+in their logs. opbridge's import of tvm-ffi keeps the handler that was there;
+tests/conftest.py puts it back before each test (a test module may import
+tvm-ffi itself, as ``jax_tvm_ffi`` does).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaction through ctypes: Linux")
+
+_CRASH = "import ctypes; ctypes.string_at(0)"
+
+
+def _run(code: str, faulthandler: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, *(["-X", "faulthandler"] if faulthandler else []), "-c", textwrap.dedent(code)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_a_segfault_after_loading_tvm_ffi_dumps_the_python_traceback() -> None:
+    r = _run(f"""
+        from opbridge import _tvm
+        _tvm.tvm_ffi()
+        def crash_here():
+            {_CRASH}
+        crash_here()
+        """)
+    assert r.returncode != 0
+    assert "Fatal Python error: Segmentation fault" in r.stderr, r.stderr[-2000:]
+    assert "in crash_here" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_handler_is_put_back_after_a_direct_import() -> None:
+    """What conftest.py does for test modules that import tvm-ffi themselves."""
+    r = _run(f"""
+        from opbridge import _tvm
+        saved = _tvm.fault_action()
+        import tvm_ffi
+        assert _tvm.restore_fault_action(saved), "tvm-ffi no longer replaces the SIGSEGV handler"
+        assert not _tvm.restore_fault_action(saved)  # already in place: nothing to do
+        {_CRASH}
+        """)
+    assert "Fatal Python error: Segmentation fault" in r.stderr, r.stderr[-2000:]
+
+
+def test_without_faulthandler_nothing_is_saved() -> None:
+    r = _run("""
+        from opbridge import _tvm
+        assert _tvm.fault_action() is None
+        assert not _tvm.restore_fault_action(None)
+        """, faulthandler=False)
+    assert r.returncode == 0, r.stderr
