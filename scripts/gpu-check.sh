@@ -12,15 +12,17 @@
 #                                  # temporary directory on PYTHONPATH: tvm-ffi, jax-tvm-ffi or
 #                                  # liger-kernel on a machine without network
 #   GPU_CHECK_KERNELS=1 scripts/gpu-check.sh   # the kernel tables against every peer instead of
-#                                  # bench gpu --quick: the norms and gated ops at 1, 8, 256, 4096
-#                                  # rows, every op at 8192 x 8192 (about 4 more minutes on an H200)
+#                                  # bench gpu --quick: the norms and the gated ops (forward and
+#                                  # backward) at 1, 8, 256, 4096 rows, every op at 8192 x 8192
+#                                  # (about 4 more minutes on an H200, timed before the gated
+#                                  # backward ops joined)
 #   GPU_CHECK_SWEEPS=1 scripts/gpu-check.sh    # also the launch-policy sweeps (scripts/cuda-sweep.sh,
 #                                  # built here with nvcc), or =DIR: the binaries already built into
 #                                  # DIR (SWEEP_BUILD_ONLY=DIR scripts/cuda-sweep.sh); per case, the
 #                                  # current and the fastest policy go into the summary
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -93,7 +95,8 @@ step bench_jax_gpu "$PY" -m opbridge bench jax-gpu $QUICK --out "$OUT/bench-jax-
 step bench_overhead_cuda "$PY" -m opbridge bench overhead --device cuda --json $QUICK
 if [ "${GPU_CHECK_KERNELS:-0}" = "1" ]; then
   step bench_gpu_serving "$PY" -m opbridge bench gpu --ops rms_norm fused_add_rms_norm rms_norm_backward \
-    silu_and_mul gelu_and_mul --rows 1 8 256 4096 --no-large --rounds 5 --out "$OUT/bench-gpu-serving"
+    silu_and_mul gelu_and_mul silu_and_mul_backward gelu_and_mul_backward --rows 1 8 256 4096 --no-large \
+    --rounds 5 --out "$OUT/bench-gpu-serving"
   step bench_gpu_large "$PY" -m opbridge bench gpu --rows --rounds 5 --out "$OUT/bench-gpu-large"
 fi
 case "${GPU_CHECK_SWEEPS:-0}" in

@@ -134,17 +134,50 @@ def test_liger_is_optional() -> None:
         assert peers.liger_impls() == {} and "pip install liger-kernel" in peers.liger_missing()
 
 
-def test_liger_candidates_call_its_functions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a stand-in liger_kernel: each op's candidate calls its Function with Liger's arguments, the
-    gated ops with the two halves as separate contiguous tensors made before the timed call."""
+def _stand_in_liger(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, str, tuple[Any, ...]]],
+                    swapped: bool = False) -> None:
+    """A stand-in liger_kernel: each Function records its calls; the gated Functions are real autograd
+    Functions whose backward overwrites its saved halves with (grad_a, grad_b) and returns them, as
+    Liger's does (*swapped*: (grad_b, grad_a), a wrong backward)."""
     import importlib.machinery
     import sys
     import types
 
+    import torch.nn.functional as F  # noqa: N812
+
     from opbridge.bench.gpu import peers
 
-    calls: list[tuple[str, tuple[Any, ...]]] = []
-    for op, path in peers.LIGER_OPS.items():
+    def gated(path: str, act: Any) -> type:
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, a: Any, b: Any) -> Any:
+                calls.append((path, "forward", (a, b)))
+                ctx.save_for_backward(a, b)
+                return act(a) * b
+
+            @staticmethod
+            def backward(ctx: Any, dc: Any) -> Any:
+                a, b = ctx.saved_tensors
+                calls.append((path, "backward", (a, b, dc)))
+                with torch.enable_grad():
+                    a_ = a.detach().requires_grad_()
+                    da = torch.autograd.grad(act(a_), a_, dc * b)[0]
+                db = dc * act(a)
+                a.copy_(da)
+                b.copy_(db)
+                return (b, a, None, None) if swapped else (a, b, None, None)
+
+        return Fn
+
+    def plain(path: str) -> type:
+        def apply(*a: Any) -> tuple[Any, ...]:
+            calls.append((path, "apply", a))
+            return (a[0],)
+
+        return type(path.rpartition(".")[2], (), {"apply": staticmethod(apply)})
+
+    acts = {"swiglu": F.silu, "geglu": lambda a: F.gelu(a, approximate="tanh")}
+    for path in set(peers.LIGER_OPS.values()):
         parts = path.split(".")
         for i in range(1, len(parts)):
             name = ".".join(parts[:i])
@@ -153,12 +186,17 @@ def test_liger_candidates_call_its_functions(monkeypatch: pytest.MonkeyPatch) ->
                 mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
                 mod._opb_fake = True  # type: ignore[attr-defined]
                 monkeypatch.setitem(sys.modules, name, mod)
-        def apply(*a: Any, _op: str = op) -> tuple[Any, ...]:
-            calls.append((_op, a))
-            return (a[0],)
-
-        fn = type(parts[-1], (), {"apply": staticmethod(apply)})
+        fn = gated(path, acts[parts[-2]]) if parts[-2] in acts else plain(path)
         setattr(sys.modules[".".join(parts[:-1])], parts[-1], fn)
+
+
+def test_liger_candidates_call_its_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a stand-in liger_kernel: each op's candidate calls its Function with Liger's arguments, the
+    gated ops with the two halves as separate contiguous tensors made before the timed call."""
+    from opbridge.bench.gpu import peers
+
+    calls: list[tuple[str, str, tuple[Any, ...]]] = []
+    _stand_in_liger(monkeypatch, calls)
     impls = peers.liger_impls()
     assert set(impls) == set(peers.LIGER_OPS)
     x = torch.arange(12.0).reshape(2, 6)
@@ -166,17 +204,140 @@ def test_liger_candidates_call_its_functions(monkeypatch: pytest.MonkeyPatch) ->
     args = {"rms_norm": [x, w, 1e-6], "fused_add_rms_norm": [x, r, w, 1e-6], "silu_and_mul": [x],
             "gelu_and_mul": [x]}
     for op, impl in impls.items():
+        if op.endswith("_backward"):
+            continue  # test_liger_backward_calls_the_functions_backward
         call, collect = peers.liger_candidate(LIBRARY.ops[op], impl).bind(args[op])
-        assert not calls or calls[-1][0] != op  # nothing ran while binding
+        before = len(calls)
+        path = peers.LIGER_OPS[op]
         collect(call())
-        got_op, got = calls[-1]
-        assert got_op == op
+        assert len(calls) == before + 1  # nothing ran while binding, one call when called
+        got_path, kind, got = calls[-1]
+        assert got_path == path and kind in ("apply", "forward")
         if op in ("silu_and_mul", "gelu_and_mul"):
             a, b = got
             assert a.is_contiguous() and b.is_contiguous()
             assert torch.equal(a, x[:, :3]) and torch.equal(b, x[:, 3:])
         else:
             assert got[:len(args[op])] == tuple(args[op]) and got[len(args[op]):] == (0.0, "llama", False)
+
+
+@pytest.mark.parametrize("op_name", ["silu_and_mul_backward", "gelu_and_mul_backward"])
+def test_liger_backward_calls_the_functions_backward(monkeypatch: pytest.MonkeyPatch, op_name: str) -> None:
+    """Binding runs one forward on contiguous copies of x's halves (never views of x); the call is the
+    Function's backward alone on that forward's ctx; its (grad_a, grad_b) are joined into grad_x and
+    checked against the float64 reference (a backward that returns them swapped is a mismatch)."""
+    from opbridge.bench.candidates import make_args
+    from opbridge.bench.gpu import peers
+    from opbridge.bench.gpu.device import verify as verify_case
+    from opbridge.bench.workloads import workloads
+
+    calls: list[tuple[str, str, tuple[Any, ...]]] = []
+    _stand_in_liger(monkeypatch, calls)
+    op = LIBRARY.ops[op_name]
+    path = peers.LIGER_OPS[op_name]
+    assert path.rpartition(".")[0] == peers.LIGER_OPS[op_name.removesuffix("_backward")].rpartition(".")[0]
+    args = make_args(op, workloads()[op_name], (3, 16), "float32")
+    grad, x = args
+    pristine = x.clone()
+    cand = peers.liger_candidate(op, peers.liger_impls()[op_name])
+    assert path.rpartition(".")[2] + ".backward(ctx, grad)" in cand.what and "untimed" in cand.what
+    call, collect = cand.bind(args)
+    assert [(p, k) for p, k, _ in calls] == [(path, "forward")]
+    a, b = calls[0][2]
+    assert a.is_contiguous() and b.is_contiguous() and a.data_ptr() != x.data_ptr()
+    assert torch.equal(a, x[:, :8]) and torch.equal(b, x[:, 8:])
+    (got,) = collect(call())
+    assert [(p, k) for p, k, _ in calls] == [(path, "forward"), (path, "backward")]
+    assert calls[1][2][2] is grad and torch.equal(x, pristine)  # x untouched: Liger wrote over its copies
+    assert got.shape == x.shape
+
+    notes: list[str] = []
+    kept, bad = verify_case(op, [cand], [grad, pristine], "float32", notes)
+    assert [c.name for c in kept] == ["liger"] and not bad and not notes
+    calls.clear()
+    _stand_in_liger(monkeypatch, calls, swapped=True)
+    wrong = peers.liger_candidate(op, peers.liger_impls()[op_name])
+    kept, bad = verify_case(op, [wrong], [grad, pristine], "float32", notes)
+    assert not kept and [m["candidate"] for m in bad] == ["liger"]
+
+
+@pytest.mark.parametrize("op_name", ["silu_and_mul_backward", "gelu_and_mul_backward"])
+def test_gated_backward_is_a_first_class_workload(monkeypatch: pytest.MonkeyPatch, op_name: str) -> None:
+    """The gated backward ops run by default after their forward, at the forward's sizes, against torch
+    eager (new and into a buffer) and Inductor's compilation of the same formula, all verified against
+    the float64 reference; bytes: x (2d) and grad (d) read, grad_x (2d) written."""
+    from opbridge.bench.candidates import choose_torch, make_args
+    from opbridge.bench.gpu.device import candidates
+    from opbridge.bench.gpu.device import verify as verify_case
+    from opbridge.bench.workloads import left_out, workloads
+
+    forward = op_name.removesuffix("_backward")
+    assert gpu.OPS.index(forward) < gpu.OPS.index(op_name)
+    assert not left_out(list(gpu.OPS), LIBRARY.ops, workloads(), device="cuda")
+    parser = argparse.ArgumentParser()
+    gpu.add_arguments(parser)
+    assert op_name in " ".join(parser.format_help().split())
+    assert _args().ops is None  # the default: gpu.OPS
+    assert gpu.plan_sizes(_args(), op_name) == gpu.plan_sizes(_args(), forward)
+
+    op, wl = LIBRARY.ops[op_name], workloads()[op_name]
+    rows, d = 4, 2 * 14336 // 2
+    args = make_args(op, wl, (rows, 2 * d), "bfloat16")
+    assert [tuple(t.shape) for t in args] == [(rows, d), (rows, 2 * d)]
+    assert wl.moved(op, args) == {"read": 3 * rows * d * 2, "written": 2 * rows * d * 2, "total": 5 * rows * d * 2}
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # Inductor's input, run eagerly on the CPU
+    impl = choose_torch(op, wl)
+    cands = candidates(op, impl, None, use_compile=True)
+    assert [c.name for c in cands] == ["opbridge_out", "opbridge_new", "eager_new", "eager_out", "compile_new"]
+    act = "F.silu(a)" if forward == "silu_and_mul" else "F.gelu(a, approximate='tanh')"
+    assert f"torch.autograd computes for {act} * b" in cands[2].what and impl.what in cands[4].what
+    for dtype in ("float32", "bfloat16"):
+        notes: list[str] = []
+        pristine = make_args(op, wl, (8, 2 * 96), dtype, seed=3)
+        kept, bad = verify_case(op, cands, pristine, dtype, notes)
+        assert [c.name for c in kept] == [c.name for c in cands] and not bad and not notes
+
+
+def test_a_wrong_gated_backward_formula_is_a_mismatch() -> None:
+    """The float64 check catches what the backward formulas could get wrong: the halves swapped, the
+    erf GELU for the tanh one, a missing factor."""
+    import torch.nn.functional as F  # noqa: N812
+
+    from opbridge.bench.candidates import Candidate, make_args
+    from opbridge.bench.gpu.device import verify as verify_case
+    from opbridge.bench.workloads import workloads
+
+    def cand(name: str, f: Any) -> Candidate:
+        def bind(args: list[Any]) -> Any:
+            return (lambda: f(*args)), (lambda r: (r,))
+
+        return Candidate(name, "new", name, bind)
+
+    def halves(x: Any) -> tuple[Any, Any]:
+        return x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+
+    def gelu_backward(approximate: str, g: Any, x: Any) -> Any:
+        a, b = halves(x)
+        return torch.cat([torch.ops.aten.gelu_backward(g * b, a, approximate=approximate),
+                          g * F.gelu(a, approximate=approximate)], -1)
+
+    wrong = {
+        "silu_and_mul_backward": [
+            cand("swapped", lambda g, x: torch.cat([g * F.silu(halves(x)[0]),
+                                                    torch.ops.aten.silu_backward(g * halves(x)[1],
+                                                                                 halves(x)[0])], -1)),
+            cand("no_b", lambda g, x: torch.cat([torch.ops.aten.silu_backward(g, halves(x)[0]),
+                                                 g * F.silu(halves(x)[0])], -1))],
+        "gelu_and_mul_backward": [cand("erf", lambda g, x: gelu_backward("none", g, x)),
+                                  cand("tanh", lambda g, x: gelu_backward("tanh", g, x))],
+    }
+    for op_name, cands in wrong.items():
+        op = LIBRARY.ops[op_name]
+        pristine = make_args(op, workloads()[op_name], (16, 2 * 128), "float32")
+        kept, bad = verify_case(op, cands, pristine, "float32", [])
+        assert [c.name for c in kept] == (["tanh"] if op_name.startswith("gelu") else [])
+        assert {m["candidate"] for m in bad} == {c.name for c in cands} - {"tanh"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -88,15 +88,30 @@ def torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
         return TorchImpl(new, out, f"gelu(a, approximate={approximate!r}, out=buf) then buf.mul_(b)",
                          f"F.gelu(a, approximate={approximate!r}) * b", f"approximate={approximate!r}")
 
-    def silu_mul_backward(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # The gated backward ops as torch.autograd computes the gradient of act(a) * b (mul, act's backward
+    # kernel, act), the halves' gradients joined into grad_x = [grad_a | grad_b] (or written into its halves).
+    def silu_mul_backward_new(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         a, b = halves(x)
-        s = torch.sigmoid(a)
-        return (torch.cat([grad * b * s * (1 + a * (1 - s)), grad * a * s], dim=-1),)
+        return (torch.cat([torch.ops.aten.silu_backward(grad * b, a), grad * F.silu(a)], dim=-1),)
 
-    def gelu_mul_backward(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def silu_mul_backward_out(grad: torch.Tensor, x: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+        a, b = halves(x)
+        grad_a, grad_b = halves(outs[0])
+        torch.ops.aten.silu_backward.grad_input(grad * b, a, grad_input=grad_a)
+        torch.ops.aten.silu.out(a, out=grad_b)
+        grad_b.mul_(grad)
+
+    def gelu_mul_backward_new(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         a, b = halves(x)
         return (torch.cat([torch.ops.aten.gelu_backward(grad * b, a, approximate="tanh"),
                            grad * F.gelu(a, approximate="tanh")], dim=-1),)
+
+    def gelu_mul_backward_out(grad: torch.Tensor, x: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+        a, b = halves(x)
+        grad_a, grad_b = halves(outs[0])
+        torch.ops.aten.gelu_backward.grad_input(grad * b, a, approximate="tanh", grad_input=grad_a)
+        torch.ops.aten.gelu.out(a, approximate="tanh", out=grad_b)
+        grad_b.mul_(grad)
 
     def fused_add_rms_new(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
                           eps: float) -> tuple[torch.Tensor, ...]:
@@ -201,8 +216,19 @@ def torch_impls() -> dict[str, tuple[TorchImpl, ...]]:
         "silu_and_mul": (TorchImpl(silu_mul_new, silu_mul_out,
                                    "silu(a, out=buf) then buf.mul_(b)", "F.silu(a) * b"),),
         "gelu_and_mul": (gelu_mul("none"), gelu_mul("tanh")),
-        "silu_and_mul_backward": (TorchImpl(silu_mul_backward, what="torch.cat of the two halves' gradients"),),
-        "gelu_and_mul_backward": (TorchImpl(gelu_mul_backward, what="aten.gelu_backward + gelu, torch.cat"),),
+        "silu_and_mul_backward": (TorchImpl(
+            silu_mul_backward_new, silu_mul_backward_out,
+            "aten.silu_backward.grad_input(grad * b, a, grad_input=buf[..., :d]), silu(a, out=buf[..., d:]), "
+            "buf[..., d:].mul_(grad)",
+            "the gradient torch.autograd computes for F.silu(a) * b, written out: "
+            "torch.cat([aten.silu_backward(grad * b, a), grad * F.silu(a)], -1)"),),
+        "gelu_and_mul_backward": (TorchImpl(
+            gelu_mul_backward_new, gelu_mul_backward_out,
+            "aten.gelu_backward.grad_input(grad * b, a, approximate='tanh', grad_input=buf[..., :d]), "
+            "gelu(a, approximate='tanh', out=buf[..., d:]), buf[..., d:].mul_(grad)",
+            "the gradient torch.autograd computes for F.gelu(a, approximate='tanh') * b, written out: "
+            "torch.cat([aten.gelu_backward(grad * b, a, approximate='tanh'), "
+            "grad * F.gelu(a, approximate='tanh')], -1)"),),
         "gelu_tanh_and_mul": (gelu_mul("tanh"),),
         "fused_add_rms_norm": (TorchImpl(
             fused_add_rms_new, fused_add_rms_inplace,

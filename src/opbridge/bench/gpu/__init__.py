@@ -2,10 +2,12 @@
 
 For each memory-bound op with a workload in :mod:`opbridge.bench.workloads`
 (add, gelu, gelu_backward, rms_norm, rms_norm_backward, silu_and_mul,
-gelu_and_mul, fused_add_rms_norm; the ones declared), in float32 and
-bfloat16, at the serving sizes (rows 1, 8, 256 and 4096 of hidden size 4096;
-the gated ops' ``x`` is ``(rows, 2 * 14336)``) and one large size (default
-``(8192, 8192)``), these candidates compute the same result:
+gelu_and_mul, silu_and_mul_backward, gelu_and_mul_backward,
+fused_add_rms_norm; the ones declared), in float32 and bfloat16, at the
+serving sizes (rows 1, 8, 256 and 4096 of hidden size 4096; the gated ops'
+``x`` is ``(rows, 2 * 14336)``, their backward's ``grad`` ``(rows, 14336)``)
+and one large size (default ``(8192, 8192)``), these candidates compute the
+same result:
 
 ================  =========  ==========================================================
 candidate         mode       what is called
@@ -13,10 +15,12 @@ candidate         mode       what is called
 ``opbridge_out``  out        ``ops.<op>(..., out=buf)`` into an existing buffer
                   inplace    ``ops.<op>(...)`` for an op that mutates its arguments
 ``opbridge_new``  new        ``ops.<op>(...)``, a new output every call
-``eager_new``     new        torch eager, the workload's formula
+``eager_new``     new        torch eager, the workload's formula (a gated op's backward: the
+                             gradient torch.autograd computes for ``act(a) * b``, written out)
 ``eager_out``     out        torch eager into buffers (or in place), where torch can
 ``compile_new``   new        ``torch.compile(fullgraph=True, dynamic=False)`` of the formula
-``liger``         new        Liger-Kernel's Triton kernel (the norms, the gated ops), if installed
+``liger``         new        Liger-Kernel's Triton kernel (the norms, the gated ops and their
+                             backward), if installed
 ================  =========  ==========================================================
 
 Verification
@@ -35,7 +39,8 @@ Timing
     over the rounds; p20/p50/p80 per call, in µs.
 Bandwidth
     Bytes moved count each Tensor argument read once and each result written
-    once (:func:`opbridge.bench.workloads.bytes_moved`); GB/s is bytes over
+    once (:func:`opbridge.bench.workloads.bytes_moved`; a gated backward
+    reads ``x`` (2d wide) and ``grad`` (d) and writes ``grad_x`` (2d)); GB/s is bytes over
     the median time (in a graph where there is one). The reference is the
     GPU's device-to-device copy, ``torch.empty_like(x).copy_(x)`` of 1 GiB
     (bytes read + written), measured at the start and the end of the run.
@@ -68,8 +73,9 @@ DESCRIPTION = (
     "Without a CUDA GPU it reports why and measures nothing."
 )
 
+#: the default ops, each forward before its backward
 OPS = ("add", "gelu", "gelu_backward", "rms_norm", "rms_norm_backward", "silu_and_mul", "gelu_and_mul",
-       "fused_add_rms_norm")
+       "silu_and_mul_backward", "gelu_and_mul_backward", "fused_add_rms_norm")
 DTYPES = ("float32", "bfloat16")
 DEFAULT_SIZE = LARGE
 TARGET_MS = {"eager": 20.0, "graph": 5.0}

@@ -41,13 +41,13 @@ def format_text(result: dict[str, Any]) -> str:
         "per-call p50 in µs, in a CUDA graph (kernels alone) and eager (launch included); GB/s at the graph "
         "p50 (eager where no graph); speed-up = theirs / ours, same mode",
         "",
-        f"{'op':<20} {'size':<10} {'dtype':<9} {'candidate':<13} {'mode':<8} {'graph us':>9} {'eager us':>9} "
+        f"{'op':<21} {'size':<10} {'dtype':<9} {'candidate':<13} {'mode':<8} {'graph us':>9} {'eager us':>9} "
         f"{'GB/s':>7} {'copy':>5} {'speed-up':>8}",
     ]
     for rec in result["results"]:
         for name, c in rec["candidates"].items():
             sp = c.get("speedup_vs_opbridge")
-            lines.append(f"{rec['op']:<20} {rec['size']:<10} {rec['dtype']:<9} {name:<13} {c['mode']:<8} "
+            lines.append(f"{rec['op']:<21} {rec['size']:<10} {rec['dtype']:<9} {name:<13} {c['mode']:<8} "
                          f"{_us(c['graph_us'])} {_us(c['eager_us'])} {c['gbps']:>7.0f} "
                          f"{c.get('copy_fraction', 0.0):>5.2f} {'' if sp is None else f'{sp:.2f}x':>8}")
         for m in rec.get("mismatches", []):
