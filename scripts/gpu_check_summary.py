@@ -7,7 +7,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import sweep_summary  # beside this script (sys.path[0])
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweep_summary, beside this script, also when imported
+import sweep_summary
 
 
 def _junit(path: Path) -> dict[str, object]:
