@@ -20,9 +20,14 @@
 #                                  # built here with nvcc), or =DIR: the binaries already built into
 #                                  # DIR (SWEEP_BUILD_ONLY=DIR scripts/cuda-sweep.sh); per case, the
 #                                  # current and the fastest policy go into the summary
+#   GPU_CHECK_ONLY="cuda_tests bench_gpu_serving" scripts/gpu-check.sh  # only the steps named (as in
+#                                  # steps.txt; a step's crash reruns come with it), adding to the
+#                                  # summary already in the output folder: one check split over the
+#                                  # calls of a machine lent for a few minutes at a time
+#   GPU_CHECK_STEP_LIMIT=SECONDS scripts/gpu-check.sh  # each step under `timeout` (exit status 124)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -42,16 +47,28 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
 echo "gpu-check: $(cat "$OUT/gpu.txt"); writing $OUT"
 
+wanted() {  # wanted NAME: whether GPU_CHECK_ONLY (unset: every step) names NAME or the step it reruns
+  [ -z "${GPU_CHECK_ONLY:-}" ] && return 0
+  local w
+  for w in $GPU_CHECK_ONLY; do
+    case "$1" in "$w" | "${w}_no_native" | "${w}_gdb") return 0 ;; esac
+  done
+  return 1
+}
 step() {  # step NAME COMMAND...: run, keep the log and the exit status
   local name=$1; shift
+  wanted "$name" || return 0
   echo "== $name: $*"
   local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1
+  local limit=()
+  [ -n "${GPU_CHECK_STEP_LIMIT:-}" ] && limit=(timeout "$GPU_CHECK_STEP_LIMIT")
+  "${limit[@]}" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
+  sed -i "/^$name /d" "$OUT/steps.txt"
   echo "$name $rc $((SECONDS - t0))" >> "$OUT/steps.txt"
   tail -3 "$OUT/$name.log"
 }
-: > "$OUT/steps.txt"
+[ -n "${GPU_CHECK_ONLY:-}" ] && touch "$OUT/steps.txt" || : > "$OUT/steps.txt"
 # -v and unbuffered output: each test's name reaches the log as it starts, so a crash (a native fault
 # kills the process before pytest reports) still names the test it happened in. --capture=sys, not
 # pytest's default fd capture: file descriptor 2 stays the log, so the traceback that faulthandler
@@ -76,7 +93,8 @@ crash_diag() {  # crash_diag NAME COMMAND...
 }
 TORCH_GPU=("${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu")
 JAX_GPU=(env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda")
-step cuda_tests "${PYTEST[@]}" tests/test_cuda.py --junitxml="$OUT/cuda_tests.xml"
+# Less the sweeps' build test: nvcc, no GPU, a minute on the device; CI runs it.
+step cuda_tests "${PYTEST[@]}" tests/test_cuda.py -k "not sweeps_build" --junitxml="$OUT/cuda_tests.xml"
 step torch_gpu_tests "${TORCH_GPU[@]}" --junitxml="$OUT/torch_gpu_tests.xml"
 crash_diag torch_gpu_tests "${TORCH_GPU[@]}"
 step jax_gpu_tests "${JAX_GPU[@]}" --junitxml="$OUT/jax_gpu_tests.xml"
