@@ -297,6 +297,38 @@ def host(tmp_path: Path) -> opbridge.Library:
          reference: numpy.negative
          dtypes: float32
      """, r"bad.yaml:3: neg: dtypes must be a list of names, got 'float32'"),
+    # Entries that are not mappings keep no line of their own: the error names the line of the item.
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         reference: numpy.negative
+       - [func, reference]
+     """, r"bad.yaml:5: an ops entry must be a mapping, got list"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         reference: numpy.negative
+
+       - neg(Tensor x) -> Tensor
+     """, r"bad.yaml:6: an ops entry must be a mapping, got str"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         reference: numpy.negative
+         kernels: neg_cpu
+     """, r"bad.yaml:5: neg: kernels must be a mapping, got str"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         shape: {like: x}
+         reference: numpy.negative
+     derivatives:
+       - neg(Tensor x) -> Tensor
+     """, r"bad.yaml:7: a derivatives entry must be a mapping, got str"),
+    ("""
+     ops:
+       func: neg(Tensor x) -> Tensor
+     """, r"bad.yaml:3: ops must be a list of mappings, got dict"),
 ])
 def test_mistakes_are_declaration_errors_naming_file_and_line(tmp_path: Path, host: opbridge.Library,
                                                               text: str, message: str) -> None:

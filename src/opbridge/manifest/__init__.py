@@ -48,7 +48,7 @@ from opbridge.declare import like
 from opbridge.errors import DeclarationError
 from opbridge.library import Library
 from opbridge.manifest.derivatives import Derivative, compile_derivative
-from opbridge.manifest.reading import Loader, Map, Where
+from opbridge.manifest.reading import Loader, Map, Where, kind, line_of
 from opbridge.schema import Schema, parse_schema
 
 __all__ = ["Derivative", "load"]
@@ -120,8 +120,8 @@ def _tolerances(where: Where, node: Map, op: str) -> dict[str, tuple[float, floa
 # -- loading ---------------------------------------------------------------------
 
 
-def _new_library(where: Where, node: Any, caller: str) -> Library:
-    spec = where.mapping(node, "library", _LIBRARY_KEYS)
+def _new_library(where: Where, node: Any, caller: str, line: int) -> Library:
+    spec = where.mapping(node, "library", _LIBRARY_KEYS, line)
     if "namespace" not in spec:
         raise where.error(spec, "library: namespace is required")
     root = where.path.parent
@@ -174,12 +174,14 @@ def load(path: str | Path, library: Library | None = None) -> Library:
     doc = where.mapping(doc if doc is not None else Map(), "the manifest", _TOP_KEYS)
     ops = doc.get("ops") or []
     entries = doc.get("derivatives") or []
-    if not isinstance(ops, list) or not isinstance(entries, list):
-        raise where.error(doc, "ops and derivatives must be lists of mappings")
+    for key, value in (("ops", ops), ("derivatives", entries)):
+        if not isinstance(value, list):
+            raise where.error(value, f"{key} must be a list of mappings, got {kind(value)}",
+                              line_of(doc, key))
 
     parsed: list[tuple[Map, Schema]] = []
-    for node in ops:
-        node = where.mapping(node, "an ops entry", _OP_KEYS)
+    for i, node in enumerate(ops):
+        node = where.mapping(node, "an ops entry", _OP_KEYS, line_of(ops, i))
         for key in ("func", "reference"):
             if key not in node:
                 raise where.error(node, f"ops entry {node.get('func', '')!r}: {key} is required")
@@ -205,7 +207,8 @@ def load(path: str | Path, library: Library | None = None) -> Library:
         op = schema.name
         kernels = node.get("kernels")
         if kernels is not None:
-            kernels = {str(k): str(v) for k, v in where.mapping(kernels, f"{op}: kernels").items()}
+            kernels = where.mapping(kernels, f"{op}: kernels", line=line_of(node, "kernels"))
+            kernels = {str(k): str(v) for k, v in kernels.items()}
         options: dict[str, Any] = {"kernels": kernels, "shape": _shape(where, node, op),
                                    "tolerances": _tolerances(where, node, op)}
         for key in ("dtypes", "row_strided"):  # lists of names, checked by Library.op
@@ -221,8 +224,8 @@ def load(path: str | Path, library: Library | None = None) -> Library:
 
     backward: dict[str, Derivative] = {}
     own = {schema.name: schema for _, schema in parsed}
-    for entry in entries:
-        entry = where.mapping(entry, "a derivatives entry")
+    for i, entry in enumerate(entries):
+        entry = where.mapping(entry, "a derivatives entry", line=line_of(entries, i))
         if "name" not in entry:
             raise where.error(entry, "derivatives entry without name: <schema>")
         try:
@@ -243,7 +246,7 @@ def load(path: str | Path, library: Library | None = None) -> Library:
 
     if library is None:
         caller = sys._getframe(1).f_globals.get("__name__", "__main__")  # inspect.stack() reads sources: slow
-        library = _new_library(where, doc["library"], caller)
+        library = _new_library(where, doc["library"], caller, line_of(doc, "library"))
     for derivative in backward.values():
         derivative.library = library
     for node, schema, reference, options in declarations:
