@@ -166,6 +166,37 @@ def test_torch_shims_are_counted_kept_newest_first_and_pruned_unless_building(ca
     assert [e.path for e in report.removed] == [mid] and new.exists()
 
 
+def _old(path: Path, age_s: float = 3600) -> Path:
+    path.write_bytes(b"\4" * 100)
+    t = time.time() - age_s
+    os.utime(path, (t, t))
+    return path
+
+
+def test_temporaries_of_killed_shim_compiles_go_unless_a_compile_holds_the_lock(
+        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A compile killed mid-way (its detached child included) left its tmp*.so in torch-native/<key>/ for good:
+    nothing listed or removed it. A prune now removes one whose directory's build lock is free, never one a
+    compile may be writing (lock held) nor one just made (its build has not taken the lock yet)."""
+    killed = _old(_shim(cache, "a" * 20, 10, 100) / "tmpk1ll3d.so")
+    fresh = _shim(cache, "b" * 20, 10, 100) / "tmpfr3sh.so"
+    fresh.write_bytes(b"\4")
+    building = _shim(cache, "c" * 20, 10, 100)
+    writing = _old(building / "tmpwr1te.so")
+    orphan_dir = cache / "torch-native" / ("d" * 20)  # killed before its child made the library or the lock
+    orphan_dir.mkdir()
+    orphan = _old(orphan_dir / "tmp0rphan.so")
+    with file_lock(building / "libopbridge_torch_native.so.lock"):
+        assert main(["cache", "prune", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(doc["removed_temporaries"]) == [str(killed), str(orphan)]
+    assert not killed.exists() and not orphan.exists() and fresh.exists() and writing.exists()
+    assert doc["removed_shims"] == [] and (killed.parent / "libopbridge_torch_native.so").exists()
+    assert main(["cache", "prune"]) == 0  # the compile is over: its leftover goes too
+    assert "removed 1 temporary file(s) of killed torch shim compiles" in capsys.readouterr().out
+    assert not writing.exists() and fresh.exists()
+
+
 def test_loading_the_torch_shim_records_its_use(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     from unittest import mock

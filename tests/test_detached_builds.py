@@ -78,6 +78,26 @@ def test_a_missing_compiler_is_a_build_error_naming_it(tmp_path: Path) -> None:
     assert not (tmp_path / "lib.so").exists() and not job.tmp.exists()
 
 
+def test_a_job_removes_what_a_killed_compile_left_unless_a_compile_is_running(tmp_path: Path) -> None:
+    """A compile killed with its detached child (SIGKILL, a full stop of the machine) left its tmp*.so beside
+    the shim for good; the next job of that shim removes it, but never while another compile holds the lock."""
+    from opbridge.build.cache import build_lock, file_lock
+
+    out, counter = tmp_path / "lib.so", tmp_path / "runs"
+    left = tmp_path / "tmpk1ll3d.so"
+    left.write_bytes(b"half a library")
+    os.utime(left, (time.time() - 600, time.time() - 600))
+    with file_lock(build_lock(out)):  # another compile is writing
+        job = shim_build.Job(out=out, make_command=_fake(counter, seconds=0.1))
+        assert left.exists()
+    assert job.wait() == out
+    assert left.exists()
+    out.unlink()
+    assert shim_build.Job(out=out, make_command=_fake(counter, seconds=0.1)).wait() == out
+    assert not left.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".so") == ["lib.so"]
+
+
 def test_cancel_stops_the_child_and_everything_it_started(tmp_path: Path) -> None:
     counter = tmp_path / "runs"
     job = shim_build.Job(out=tmp_path / "lib.so", make_command=_fake(counter, seconds=1.5))

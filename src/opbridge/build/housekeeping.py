@@ -12,7 +12,9 @@ The cache (``OPBRIDGE_CACHE_DIR``) holds three kinds of entries:
     torch's dispatcher shim for one torch version, Python ABI and tvm-ffi
     (:mod:`opbridge.adapters.torch.native.build`); its library is touched
     each time a process loads it. One per torch version and source revision
-    accumulates as they change.
+    accumulates as they change. A compile killed mid-way leaves its ``tmp*.so``
+    there: :func:`remove_shim_temporaries` removes it (in every prune, and before
+    each build of the shim).
 
 :func:`prune` removes entries least recently used first until the cache holds
 at most a size (``OPBRIDGE_OBJECT_CACHE_MB``, default 1024, after every build
@@ -41,6 +43,8 @@ from opbridge.build.objects import MAX_AGE_S, MAX_BYTES, ObjectStore
 RECENT_S = 600.0
 #: A temporary directory this old belongs to a killed build.
 _STALE_TMP_S = 3600.0
+#: A torch shim's temporary this old, with its directory's build locks free, belongs to a killed compile.
+SHIM_TMP_AGE_S = 60.0
 _MANIFEST = "manifest.json"
 _ENV_BOUND = "OPBRIDGE_OBJECT_CACHE_MB"
 
@@ -106,6 +110,8 @@ class PruneReport:
 
     removed: list[Entry] = field(default_factory=list)
     kept_in_use: int = 0
+    temporaries: list[Path] = field(default_factory=list)
+    """Temporary files of killed torch shim compiles (:func:`remove_shim_temporaries`)."""
 
     @property
     def freed_bytes(self) -> int:
@@ -267,6 +273,36 @@ def _remove_stale_temporaries(jit: Path, now: float) -> None:
             continue
 
 
+def remove_shim_temporaries(directory: Path, min_age_s: float = SHIM_TMP_AGE_S,
+                            now: float | None = None) -> list[Path]:
+    """Remove the ``tmp*.so`` files that killed compiles of torch's shim left in *directory*; return them.
+
+    A compile writes its temporary only while it holds its output's build lock
+    (:func:`opbridge.build.detached.locked_compile`), so they go only while this
+    holds every ``*.lock`` of *directory*, taken without waiting (one held: a compile
+    is in flight, nothing goes), and only when older than *min_age_s* (a build that
+    just made its temporary has not taken the lock yet; were its empty placeholder
+    removed, its compiler would write the file anew). Never raises.
+    """
+    now = time.time() if now is None else now
+    fds: list[int] = []
+    removed = []
+    try:
+        stale = [p for p in directory.glob("tmp*.so") if p.is_file() and now - p.stat().st_mtime >= min_age_s]
+        for lock in sorted(directory.glob("*.lock")) if stale else []:
+            fds.append(os.open(lock, os.O_RDONLY))
+            fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a compile holds it
+        for tmp in stale:
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    except OSError:
+        pass
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return removed
+
+
 def prune(max_bytes: int | None = None, keep: int | None = None, max_age_s: float = MAX_AGE_S,
           recent_s: float = RECENT_S, protect: Path | None = None, root: Path | None = None) -> PruneReport:
     """Remove cache entries, least recently used first; return what went.
@@ -313,6 +349,9 @@ def prune(max_bytes: int | None = None, keep: int | None = None, max_age_s: floa
             doomed.append(e)
             total -= e.size
     _remove_stale_temporaries(root / "jit", now)
+    for d in sorted((root / SHIMS_DIR).glob("[!.]*")):
+        if d.is_dir():
+            report.temporaries += remove_shim_temporaries(d, now=now)
     for e in doomed:
         spared = e.kind != "object" and (e.path == protect or now - e.last_used < recent_s)
         remove = {"module": _remove_module, "shim": _remove_shim, "object": _remove_object}[e.kind]

@@ -51,6 +51,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         "removed_modules": [str(e.path) for e in modules],
         "removed_shims": [str(e.path) for e in shims],
         "removed_objects": len(report.removed) - len(modules) - len(shims),
+        "removed_temporaries": [str(p) for p in report.temporaries],
         "freed_bytes": report.freed_bytes,
         "kept_in_use": report.kept_in_use,
         "total_bytes": housekeeping.info().total_bytes,
@@ -61,6 +62,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     print(f"removed {len(modules)} built module(s), {len(shims)} torch shim(s) and "
           f"{doc['removed_objects']} object(s), "
           f"{_mib(report.freed_bytes)}; cache now {_mib(doc['total_bytes'])}")
+    if report.temporaries:
+        print(f"removed {len(report.temporaries)} temporary file(s) of killed torch shim compiles")
     if report.kept_in_use:
         print(f"kept {report.kept_in_use} entry(ies) in use (a build holds its lock)")
     return EXIT_OK
@@ -80,7 +83,10 @@ def register(sub: Any) -> None:
     prune = actions.add_parser("prune", help="remove least recently used entries",
                                description="Remove entries least recently used first, never one whose "
                                            "build lock is held. Without options: down to "
-                                           "OPBRIDGE_OBJECT_CACHE_MB, and whatever went unused for 30 days.")
+                                           "OPBRIDGE_OBJECT_CACHE_MB, and whatever went unused for 30 days. "
+                                           "Also removes the temporaries of killed builds (a torch shim "
+                                           "compile's tmp*.so a minute old with its build lock free, a module "
+                                           "build's directory after an hour).")
     prune.add_argument("--keep", type=int, metavar="N",
                        help="keep each library's N most recently used builds, and the N most recently "
                             "loaded torch shims (0: none)")

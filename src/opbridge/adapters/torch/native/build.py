@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from opbridge import _tvm, config
-from opbridge.build import detached
+from opbridge.build import detached, housekeeping
 from opbridge.build.cache import SHIMS_DIR, cache_root
 from opbridge.build.progress import Progress, first_errors
 from opbridge.errors import BuildError
@@ -110,7 +110,9 @@ class Job:
     the shim's lock: a reader never sees half a library, a concurrent build
     waits for this one instead of compiling again, and a program that exits
     mid-build leaves the child to finish, so the next process finds the shim.
-    With *background*, the child runs at a lower priority.
+    With *background*, the child runs at a lower priority. A compile killed
+    mid-way leaves its temporary: the next job removes it once no compile holds
+    the lock (:func:`opbridge.build.housekeeping.remove_shim_temporaries`).
     """
 
     def __init__(self, background: bool = False, out: Path | None = None,
@@ -118,6 +120,7 @@ class Job:
         cache_root()  # the cache is private before anything is compiled into it
         self.out = path() if out is None else out
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        housekeeping.remove_shim_temporaries(self.out.parent)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=self.out.parent)
         os.close(fd)
         self.tmp = Path(tmp)
