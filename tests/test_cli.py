@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -305,6 +306,37 @@ def test_doctor_says_whether_the_numpy_entry_is_built(cli_env: dict[str, str]) -
     assert not entry["built"] or entry["path"].startswith(cli_env["OPBRIDGE_CACHE_DIR"])
     proc = run_cli({**cli_env, "OPBRIDGE_NUMPY_NATIVE": "0"}, "doctor")
     assert "numpy entry off (OPBRIDGE_NUMPY_NATIVE=0)" in proc.stdout, proc.stdout
+
+
+def test_doctor_speaks_of_the_tensor_entry_only_for_the_frameworks_that_use_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensor entry serves Paddle and MindSpore only: without either, doctor advised building it (and flagged
+    it "--"), though `opbridge build` does not build it then; with one of them, it named both."""
+    from opbridge.cli import doctor
+
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    installed: set[str] = {"numpy"}
+
+    def frameworks() -> dict[str, dict[str, Any]]:
+        return {name: {"distribution": dist, "installed": name in installed, "version": "1" if name in installed
+                       else None} for name, dist in doctor.FRAMEWORKS.items()}
+
+    monkeypatch.setattr(doctor, "_frameworks", frameworks)
+    report = doctor.doctor_report()
+    entry = report["exchange_entry"]
+    assert entry["applies"] is False and not entry["built"] and entry["path"] is None
+    assert entry["state"] == "not used: only Paddle and MindSpore calls use it, and neither is installed"
+    line = next(line for line in doctor._doctor_lines(report) if "tensor entry" in line)
+    assert line == "    tensor entry " + entry["state"], line  # neither "ok" nor "--": nothing to do here
+    installed.add("paddle")
+    entry = doctor._exchange_entry(frameworks())
+    assert entry["applies"] and entry["state"].startswith("not built yet: `opbridge build` compiles it")
+    assert "first Paddle call" in entry["state"] and "MindSpore" not in entry["state"], entry
+    monkeypatch.setenv("OPBRIDGE_EXCHANGE_ENTRY", "0")
+    off = doctor._exchange_entry(frameworks())["state"]
+    assert off == "off (OPBRIDGE_EXCHANGE_ENTRY=0): Paddle calls take the Python fast path", off
+    installed.add("mindspore")
+    assert "Paddle and MindSpore calls" in doctor._exchange_entry(frameworks())["state"]
 
 
 def test_doctor_says_when_the_torch_shim_is_being_built(cli_env: dict[str, str]) -> None:

@@ -193,11 +193,17 @@ def _numpy_entry() -> dict[str, Any]:
     return _c_entry("opbridge.adapters.numpy.native", off, "NumPy")
 
 
-def _exchange_entry() -> dict[str, Any]:
-    """The tensor entry (``call/exchange.py``), which Paddle's and MindSpore's calls go through first."""
+def _exchange_entry(frameworks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The tensor entry (``call/exchange.py``), which Paddle's and MindSpore's calls go through first: said
+    only of the frameworks installed here; with neither, it is not used (``applies`` false)."""
+    users = [name for key, name in (("paddle", "Paddle"), ("mindspore", "MindSpore")) if frameworks[key]["installed"]]
+    if not users:
+        return {"state": "not used: only Paddle and MindSpore calls use it, and neither is installed", "path": None,
+                "built": False, "applies": False}
+    who = " and ".join(users)
     off = (None if config.exchange_entry()
-           else "off (OPBRIDGE_EXCHANGE_ENTRY=0): Paddle and MindSpore calls take the Python fast path")
-    return _c_entry("opbridge.call.exchange", off, "Paddle or MindSpore")
+           else f"off (OPBRIDGE_EXCHANGE_ENTRY=0): {who} calls take the Python fast path")
+    return {**_c_entry("opbridge.call.exchange", off, " or ".join(users)), "applies": True}
 
 
 def _outputs() -> dict[str, Any]:
@@ -256,7 +262,7 @@ def doctor_report() -> dict[str, Any]:
         "frameworks": frameworks,
         "torch_native": _torch_native(frameworks["torch"]["installed"]),
         "numpy_entry": _numpy_entry(),
-        "exchange_entry": _exchange_entry(),
+        "exchange_entry": _exchange_entry(frameworks),
         "outputs": _outputs(),
     }
 
@@ -290,7 +296,8 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     for key, label in (("numpy_entry", "numpy entry"), ("exchange_entry", "tensor entry")):
         entry = r[key]
         where = f" ({entry['path']})" if entry["built"] else ""
-        lines.append(f"{mark(entry['built'])} {label} {entry['state']}{where}")
+        flag = mark(entry["built"]) if entry.get("applies", True) else "   "  # not used here: neither ok nor amiss
+        lines.append(f"{flag} {label} {entry['state']}{where}")
     out = r["outputs"]
     lines.append(f"{'-- ' if 'error' in out else '   '} outputs     {out['state']}")
     verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
