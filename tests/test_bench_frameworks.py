@@ -250,6 +250,36 @@ def test_ms_python_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert frameworks.ms_python(None, {}, tmp_path)[0] == str(venv / "python")
 
 
+def test_ms_python_offers_no_checkout_venv_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from an installed package, `bench frameworks` offered <repo>/.venv-ms (a path under site-packages' parent
+    that is never there) in its --help and its reason; now it says how to pass --ms-python instead."""
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "opbridge").mkdir(parents=True)
+    checkout = tmp_path / "repo"
+    (checkout / "src").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("[project]\n")
+    monkeypatch.setattr(frameworks, "_MS_FALLBACK", tmp_path / "no-msenv" / "python")
+    monkeypatch.setattr(frameworks, "_CHECKOUT", None, raising=False)
+    monkeypatch.setattr(frameworks, "_REPO_ROOT", site.parent, raising=False)  # what it was before
+    path, why = frameworks.ms_python(None, {})
+    assert path is None and ".venv-ms" not in why, why
+    assert "pass --ms-python PATH" in why and "OPBRIDGE_MS_PYTHON" in why
+    parser = argparse.ArgumentParser()
+    frameworks.add_arguments(parser)
+    assert ".venv-ms" not in "".join(parser.format_help().split())  # argparse wraps at hyphens
+    # From a checkout, its .venv-ms is offered where it exists.
+    venv = checkout / ".venv-ms" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("#!/bin/sh\n")
+    (venv / "python").chmod(0o755)
+    monkeypatch.setattr(frameworks, "_CHECKOUT", checkout)
+    assert frameworks.ms_python(None, {}) == (str(venv / "python"), f"<repo>/.venv-ms ({venv / 'python'})")
+    parser = argparse.ArgumentParser()
+    frameworks.add_arguments(parser)
+    assert ".venv-ms" in "".join(parser.format_help().split())
+    assert frameworks._checkout(site) is None and frameworks._checkout(checkout / "src") == checkout
+
+
 def _args(**over: Any) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", action="store_true")

@@ -39,7 +39,8 @@ Per-call time
     =========  ===================================================================
 
     MindSpore runs in its own environment (NumPy 1.x): ``--ms-python``, else
-    ``$OPBRIDGE_MS_PYTHON``, else ``<repo>/.venv-ms/bin/python``, else
+    ``$OPBRIDGE_MS_PYTHON``, else, when opbridge runs from a checkout,
+    ``<repo>/.venv-ms/bin/python`` (``scripts/envs.sh`` makes it), else
     ``/tmp/msenv/bin/python``; without one it is skipped with the reason.
 
 One module for all
@@ -111,7 +112,14 @@ _THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_
                "OPBRIDGE_MAX_JOBS")
 _MS_FALLBACK = Path("/tmp/msenv/bin/python")  # noqa: S108 - a known path, only read
 _SRC_ROOT = Path(__file__).resolve().parents[2]  # .../src (or site-packages) holding opbridge
-_REPO_ROOT = _SRC_ROOT.parent
+
+
+def _checkout(src: Path) -> Path | None:
+    """The checkout whose *src* holds opbridge (``src/`` beside ``pyproject.toml``); None for an installed package."""
+    return src.parent if src.name == "src" and (src.parent / "pyproject.toml").is_file() else None
+
+
+_CHECKOUT = _checkout(_SRC_ROOT)
 
 # -- options ------------------------------------------------------------------------
 
@@ -129,8 +137,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also build an equivalent add op cold with Paddle's cpp_extension.load and "
                              "MindSpore's CustomOpBuilder (slow; skipped with --quick)")
     parser.add_argument("--ms-python", metavar="PATH", default=None,
-                        help="python of the MindSpore environment (default: $OPBRIDGE_MS_PYTHON, else "
-                             "<repo>/.venv-ms/bin/python, else /tmp/msenv/bin/python if they exist)")
+                        help=f"python of the MindSpore environment (default: $OPBRIDGE_MS_PYTHON, else "
+                             f"{''.join(f'{p}, else ' for _, p in _ms_candidates(_CHECKOUT)[:-1])}"
+                             f"{_MS_FALLBACK}, where they exist)")
     parser.add_argument("--rounds", type=int, metavar="N", default=None,
                         help=f"interleaved rounds per section (default {_FULL['rounds']}, "
                              f"{_QUICK['rounds']} with --quick)")
@@ -195,26 +204,36 @@ def _ops(args: argparse.Namespace, parity: bool) -> list[str] | None:
     return list(dict.fromkeys(asked))
 
 
+def _ms_candidates(repo: Path | None) -> list[tuple[str, Path]]:
+    """Where a MindSpore environment's python is looked for: the checkout's ``.venv-ms`` where it has one."""
+    venv = [] if repo is None else [("<repo>/.venv-ms", repo / ".venv-ms" / "bin" / "python")]
+    return [*[(o, p) for o, p in venv if p.is_file()], ("fallback", _MS_FALLBACK)]
+
+
 def ms_python(explicit: str | None = None, env: dict[str, str] | None = None,
               repo: Path | None = None) -> tuple[str | None, str]:
     """The MindSpore environment's python and where it came from, or ``(None, reason)``.
 
     Order: *explicit* (``--ms-python``), ``$OPBRIDGE_MS_PYTHON``,
-    ``<repo>/.venv-ms/bin/python``, ``/tmp/msenv/bin/python``.
+    ``<repo>/.venv-ms/bin/python`` (*repo*: default the checkout opbridge runs
+    from; none when it runs from an installed package), ``/tmp/msenv/bin/python``.
     """
     env = dict(os.environ) if env is None else env
-    repo = _REPO_ROOT if repo is None else repo
+    repo = _CHECKOUT if repo is None else repo
     for origin, value in (("--ms-python", explicit), ("$OPBRIDGE_MS_PYTHON", env.get("OPBRIDGE_MS_PYTHON"))):
         if value:
             if Path(value).is_file() and os.access(value, os.X_OK):
                 return value, origin
             return None, f"{origin} {value} is not an executable file"
-    candidates = (("<repo>/.venv-ms", repo / ".venv-ms" / "bin" / "python"), ("fallback", _MS_FALLBACK))
-    for origin, path in candidates:
+    for origin, path in _ms_candidates(repo):
         if path.is_file() and os.access(path, os.X_OK):
             return str(path), f"{origin} ({path})"
-    return None, (f"no MindSpore environment: pass --ms-python or set OPBRIDGE_MS_PYTHON (neither "
-                  f"{repo / '.venv-ms' / 'bin' / 'python'} nor {_MS_FALLBACK} exists)")
+    how = ("no MindSpore environment: pass --ms-python PATH, the python of an environment where MindSpore is "
+           "installed, or set OPBRIDGE_MS_PYTHON")
+    if repo is None:
+        return None, f"{how} ({_MS_FALLBACK}, the default, does not exist)"
+    return None, (f"{how} (neither {repo / '.venv-ms' / 'bin' / 'python'} nor {_MS_FALLBACK} exists; in this "
+                  f"checkout scripts/envs.sh makes .venv-ms)")
 
 
 # -- subprocesses ---------------------------------------------------------------------
