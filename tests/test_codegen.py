@@ -32,6 +32,12 @@ void axpy_cpu(TensorView out, TensorView x, TensorView y, double alpha) {
   for (int64_t i = 0; i < x.numel(); ++i) o[i] = float(alpha) * a[i] + b[i];
 }
 OPBRIDGE_EXPORT(axpy_cpu);
+// pick and bump_ are never called here; every kernel a library declares must be exported all the same.
+void pick_cpu(TensorView, TensorView, TensorView, tvm::ffi::Optional<TensorView>, tvm::ffi::Array<int64_t>, bool,
+              tvm::ffi::String) {}
+OPBRIDGE_EXPORT(pick_cpu);
+void bump__cpu(TensorView, double) {}
+OPBRIDGE_EXPORT(bump__cpu);
 """
 
 DECLARATIONS = '''

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from opbridge import config
 from opbridge.build import jit
-from opbridge.build.library import KNOWN_DEVICES, build_spec, exports, is_current, signatures
+from opbridge.build.library import (
+    KNOWN_DEVICES,
+    build_spec,
+    check_kernels,
+    exports,
+    is_current,
+    missing_kernel,
+    signatures,
+)
 from opbridge.errors import BackendUnavailableError, DeclarationError
 
 if TYPE_CHECKING:
@@ -50,8 +58,17 @@ def _prebuilt_path(lib: Library, device: str) -> Path | None:
 
 
 def build(lib: Library, device: str = "cpu", force: bool = False) -> Path:
-    """Build (or reuse) *lib*'s module for *device* and return its path."""
-    return jit.build(build_spec(lib, device), force=force)
+    """Build (or reuse) *lib*'s module for *device* and return its path.
+
+    Raises
+    ------
+    DeclarationError
+        If the module does not export a kernel an op of *lib* declares for *device*
+        (:func:`~opbridge.build.library.check_kernels`: a misspelt kernel name fails here).
+    """
+    path = jit.build(build_spec(lib, device), force=force)
+    check_kernels(lib, device, path)
+    return path
 
 
 def load(lib: Library, device: str = "cpu") -> Any:
@@ -70,6 +87,8 @@ def load(lib: Library, device: str = "cpu") -> Any:
             note = lib.missing_module_note(device) if prebuilt is None else ""
             if note:  # an installed package without this device's module, and no sources to build it
                 raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources{note}")
+            if prebuilt is not None:  # the check of every declared kernel, once per module load
+                check_kernels(lib, device, prebuilt, "prebuilt")
             path = prebuilt or build(lib, device)
             mod = tvm_ffi().load_module(str(path))
             if prebuilt is not None:
@@ -110,10 +129,15 @@ def kernel(op: OpDef, device: str) -> Any:
     mod = load(op.library, device)
     try:
         fn = mod[name]
-    except (AttributeError, KeyError, RuntimeError):
+    except (AttributeError, KeyError, RuntimeError):  # an op declared after its module was loaded
+        path = _PATHS[(op.library.namespace, device)]
+        try:
+            exported = exports(path)
+        except (AttributeError, OSError):
+            exported = []
         raise DeclarationError(
-            f"{op.name}: kernel {name!r} is not exported by the {device} module; it exports "
-            f"{exports(_PATHS[(op.library.namespace, device)])} (export it with OPBRIDGE_EXPORT({name}))"
+            f"{missing_kernel(op, device, exported, 'loaded')}\n  module: {path}\n  it exports: "
+            f"{', '.join(sorted(exported)) or 'nothing'} (export it with OPBRIDGE_EXPORT({name}))"
         ) from None
     checked = (op.library.namespace, name, device)
     if checked not in _CHECKED:

@@ -24,11 +24,11 @@ from opbridge.build.library import (  # some re-exported (__all__): the AOT stam
     INFO_SYMBOL,
     aot_spec,
     build_info,
+    check_kernels,
     declared_kernels,
     exports,
     is_current,
 )
-from opbridge.errors import DeclarationError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
@@ -64,20 +64,13 @@ def check_exports(lib: Library, path: str | Path, device: str = "cpu") -> None:
     Raises
     ------
     DeclarationError
-        Naming each op whose kernel no source exports.
+        Naming each op whose kernel no source exports, and the closest exported names
+        (:func:`opbridge.build.library.check_kernels`).
     """
     from opbridge._tvm import tvm_ffi
 
     tvm_ffi()
-    exported = set(exports(path))
-    missing = [f"{op.name} ({op.kernels[device]})" for op in lib.ops.values()
-               if device in op.kernels and op.kernels[device] not in exported]
-    if missing:
-        raise DeclarationError(
-            f"{lib.namespace}: no {device} source exports the kernel(s) of {', '.join(missing)}; "
-            f"the sources export {sorted(exported)} (add OPBRIDGE_EXPORT(<kernel>) to the kernel's file, "
-            f"or list the file in the Library's sources)"
-        )
+    check_kernels(lib, device, path, "AOT-built")
 
 
 def build_aot(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import difflib
 import functools
 import json
 from pathlib import Path
@@ -23,7 +24,7 @@ from opbridge.build.compile import TEMPLATES, BuildSpec, fingerprint
 from opbridge.errors import BackendUnavailableError, DeclarationError
 
 if TYPE_CHECKING:
-    from opbridge.declare import Library
+    from opbridge.declare import Library, OpDef
 
 #: Devices opbridge has a toolchain for.
 KNOWN_DEVICES = ("cpu", "cuda")
@@ -137,3 +138,50 @@ def exports(path: str | Path) -> list[str]:
     fn.restype = ctypes.c_char_p
     raw: bytes = fn()
     return [n for n in raw.decode().split(",") if n]
+
+
+def missing_kernel(op: OpDef, device: str, exported: list[str], module: str = "built") -> str:
+    """One line saying that *op*'s *device* kernel is not among *exported*, with the closest names.
+
+    *module* says which module: ``"built"`` (JIT), ``"prebuilt"`` (an installed AOT module), ``"AOT-built"``.
+    """
+    name = op.kernels[device]
+    close = difflib.get_close_matches(name, exported, n=3, cutoff=0.75)  # the export list follows anyway
+    hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "it exports no similar name"
+    where = f"; declared at {op.origin}" if op.origin else ""
+    return (f"{op.library.namespace}: op {op.name!r} names kernel {name!r} for {device}, which the {module} "
+            f"{device} module does not export ({hint}){where}")
+
+
+def check_kernels(lib: Library, device: str, path: str | Path, module: str = "built") -> None:
+    """Check that the module at *path* exports the *device* kernel of every op of *lib* that declares one.
+
+    Run once per module build or load (JIT, ``opbridge build``, AOT), so that a misspelt kernel
+    name fails there, not at the op's first call. Ops without a *device* kernel are not checked,
+    nor is a module that lists no exports (not built by opbridge: its kernels are looked up by
+    name at their first call).
+
+    Raises
+    ------
+    DeclarationError
+        One line per op whose kernel the module does not export (naming the op, the kernel,
+        where the op was declared and the closest exported names), then the module and what it exports.
+    """
+    wanted = [op for op in lib.ops.values() if device in op.kernels]
+    if not wanted:
+        return
+    from opbridge._tvm import tvm_ffi
+
+    tvm_ffi()  # the module links libtvm_ffi; have it loaded first
+    try:
+        exported = exports(path)
+    except (AttributeError, OSError):  # no __opbridge_exports: not an opbridge-built module
+        return
+    have = set(exported)
+    missing = [missing_kernel(op, device, exported, module) for op in wanted if op.kernels[device] not in have]
+    if missing:
+        names = sorted(exported)
+        shown = ", ".join(names[:40]) + (", ..." if len(names) > 40 else "") if names else "nothing"
+        raise DeclarationError("\n".join(missing) + f"\n  module: {path}\n  it exports: {shown}\n  (a kernel is "
+                               f"exported with OPBRIDGE_EXPORT(<kernel>) in a source file listed in the "
+                               f"Library's sources)")

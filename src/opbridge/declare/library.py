@@ -140,10 +140,12 @@ class Library:
             A decorator returning the op's public callable.
         """
         parsed = parse_schema(schema)  # SchemaError is a DeclarationError
+        caller = sys._getframe(1)  # where the op is declared, for messages (a manifest puts its own)
+        origin = f"{caller.f_code.co_filename}:{caller.f_lineno}"
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
             return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes, dtype_arg,
-                             row_strided)
+                             row_strided, origin)
 
         return decorate
 
@@ -159,6 +161,7 @@ class Library:
         dtypes: Sequence[str] | None = None,
         dtype_arg: str | None = None,
         row_strided: Sequence[str] = (),
+        origin: str = "",
     ) -> Callable[..., Any]:
         name = schema.name
         defaulted = dtypes is None and not self.dtypes_declared
@@ -208,6 +211,7 @@ class Library:
             dispatch_arg=tensors[0],
             dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),
             row_strided=self._row_strided(schema, row_strided),
+            origin=origin,
         )
         self.ops[name] = op
         published: Callable[..., Any] = self._publish(op)

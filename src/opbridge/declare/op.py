@@ -141,6 +141,9 @@ class OpDef:
         op-call core hands such an argument to the kernel as it is, where it
         gives every other strided tensor a dense copy (copied back when the
         op writes it): :func:`opbridge.call.overlap.dense_args`.
+    origin
+        Where the op was declared, ``file:line`` (the ``Library.op`` call, or
+        the manifest's op entry), for messages; ``""`` if unknown.
     """
 
     library: Library
@@ -157,6 +160,7 @@ class OpDef:
     dispatch_arg: int = 0
     dtype_arg: int = 0
     row_strided: tuple[int, ...] = ()
+    origin: str = field(default="", repr=False, compare=False)
     call: Callable[..., Any] = field(init=False, repr=False)
     preludes: dict[str, str] = field(default_factory=dict, repr=False)
     out_preludes: dict[str, str] = field(default_factory=dict, repr=False)

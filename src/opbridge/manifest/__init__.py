@@ -254,4 +254,5 @@ def load(path: str | Path, library: Library | None = None) -> Library:
             library.op(str(schema), backward=backward.get(schema.name), **options)(reference)
         except DeclarationError as e:
             raise where.error(node, str(e)) from None
+        library.ops[schema.name].origin = f"{where.path}:{node.line}"  # messages name the entry, not this call
     return library
