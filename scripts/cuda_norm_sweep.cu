@@ -1,7 +1,8 @@
 // Launch-policy sweep of the row-cached RMS kernels (include/opbridge/cuda_norm.h): rms_norm's and
 // fused_add_rms_norm's rows at serving sizes (1, 8, 256, 4096 rows of 4096) and 8192 x 8192, float32
 // and bfloat16, under every policy that fits (units per thread 1-8, the threads that follow, the
-// three-barrier or the one-barrier block sum; and the current policy with cache-streaming rows), each timed as 100 launches in a CUDA graph (median of
+// three-barrier or the one-barrier block sum; the current policy with cache-streaming rows; and the
+// persistent grid that loads each block's next row during the current one's sum, kPrefetch), each timed as 100 launches in a CUDA graph (median of
 // 10 replays) and checked against the op's current policy. It launches the product's kernel
 // template itself (rms_rows_cached_kernel), so what it measures is what a policy change would ship.
 // Built and run by scripts/cuda-sweep.sh norm; needs a CUDA GPU. Not part of any build or test.
@@ -9,11 +10,11 @@
 
 #include "cuda_sweep.h"
 
-// A policy with every knob explicit (the kernel reads kMaxThreads, kFastSum and kStream).
-template <int MaxThreads, bool Fast, bool Stream = false>
+// A policy with every knob explicit (the kernel reads kMaxThreads, kFastSum, kStream and kPrefetch).
+template <int MaxThreads, bool Fast, bool Stream = false, bool Prefetch = false>
 struct Knobs {
   static constexpr int kMaxThreads = MaxThreads;
-  static constexpr bool kFastSum = Fast, kStream = Stream;
+  static constexpr bool kFastSum = Fast, kStream = Stream, kPrefetch = Prefetch;
 };
 
 // Every policy for one op, dtype and size. Fused: input and residual are restored before each
@@ -44,42 +45,53 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     CK(cudaMemcpyAsync(x, x0, n * sizeof(T), cudaMemcpyDeviceToDevice, s));
     CK(cudaMemcpyAsync(res, res0, n * sizeof(T), cudaMemcpyDeviceToDevice, s));
   };
-  auto one = [&](auto kernel, int units, int threads, int bound, bool fast, bool stream) {
-    const auto launch = [&] { kernel<<<unsigned(rows), threads, 0, s>>>(out, src, w, rows, H, eps); };
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto one = [&](auto kernel, int units, int threads, int bound, bool fast, bool stream, bool prefetch) {
+    int64_t blocks = rows;
+    if (prefetch) {  // the launcher's persistent grid: one wave
+      int per_sm = 0;
+      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(per_sm, 1));
+    }
+    const auto launch = [&] { kernel<<<unsigned(blocks), threads, 0, s>>>(out, src, w, rows, H, eps); };
     reset();
     launch();
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(got.data(), out, n * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
     const bool current = units == current_units && bound == Current::kMaxThreads && fast == Current::kFastSum &&
-                         stream == Current::kStream;
+                         stream == Current::kStream && prefetch == Current::kPrefetch;
     if (want.empty()) want = got;  // the first launch is the current policy's: every variant against it
     double diff = 0;
     for (int64_t i = 0; i < n; i += 7) diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
     const float us = graph_us(launch, s);
-    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s %9.3f us %6.3f copy  "
+    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s%s %9.3f us %6.3f copy  "
                 "max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows,
-                (long long)H, units, threads, bound, fast ? "fast" : "3bar", stream ? "stream" : "cached", us,
+                (long long)H, units, threads, bound, fast ? "fast" : "3bar", stream ? "stream" : "cached",
+                prefetch ? " prefetch" : "", us,
                 bytes / (us * 1e-6) / 1e9 / copy,
                 diff, current ? "  <- current policy" : "");
   };
   // The current policy first (its result is the reference), then every other that fits.
-  auto variant = [&](auto units_c, auto threads_c, auto fast_c, auto stream_c) {
+  auto variant = [&](auto units_c, auto threads_c, auto fast_c, auto stream_c, auto prefetch_c) {
     constexpr int K = decltype(units_c)::value, MaxT = decltype(threads_c)::value;
     constexpr bool Fast = decltype(fast_c)::value, Stream = decltype(stream_c)::value;
+    constexpr bool Prefetch = decltype(prefetch_c)::value;
     const int64_t per_thread = (hv + K - 1) / K;  // threads the row needs at K units each
     if (per_thread > MaxT || per_thread < 32) return;  // a block of at most MaxT threads holds the row
     const int threads = cu::row_threads(per_thread, MaxT);
-    one(cu::rms_rows_cached_kernel<N, K, Knobs<MaxT, Fast, Stream>, T, Src>, K, threads, MaxT, Fast, Stream);
+    one(cu::rms_rows_cached_kernel<N, K, Knobs<MaxT, Fast, Stream, Prefetch>, T, Src>, K, threads, MaxT, Fast, Stream,
+        Prefetch);
   };
   using std::integral_constant;
   auto per_units = [&](auto k) {
-    variant(k, integral_constant<int, 256>{}, std::false_type{}, std::false_type{});
-    variant(k, integral_constant<int, 256>{}, std::true_type{}, std::false_type{});
-    variant(k, integral_constant<int, 512>{}, std::false_type{}, std::false_type{});
-    variant(k, integral_constant<int, 512>{}, std::true_type{}, std::false_type{});
-    variant(k, integral_constant<int, 1024>{}, std::false_type{}, std::false_type{});
-    variant(k, integral_constant<int, 1024>{}, std::true_type{}, std::false_type{});
+    variant(k, integral_constant<int, 256>{}, std::false_type{}, std::false_type{}, std::false_type{});
+    variant(k, integral_constant<int, 256>{}, std::true_type{}, std::false_type{}, std::false_type{});
+    variant(k, integral_constant<int, 512>{}, std::false_type{}, std::false_type{}, std::false_type{});
+    variant(k, integral_constant<int, 512>{}, std::true_type{}, std::false_type{}, std::false_type{});
+    variant(k, integral_constant<int, 1024>{}, std::false_type{}, std::false_type{}, std::false_type{});
+    variant(k, integral_constant<int, 1024>{}, std::true_type{}, std::false_type{}, std::false_type{});
   };
   if (current_units == 0) {
     std::printf("%s %s %lld x %lld: rows do not fit the cached kernel (the two-pass form runs)\n",
@@ -87,15 +99,23 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   } else {  // the current policy first: its result is the reference; then it with streaming rows
     cu::with_units<Current::kMaxUnits>(current_units, [&](auto k) {
       variant(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
-              integral_constant<bool, Current::kStream>{});
+              integral_constant<bool, Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{});
       variant(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
-              integral_constant<bool, !Current::kStream>{});
+              integral_constant<bool, !Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{});
     });
   }
   per_units(integral_constant<int, 1>{});
   per_units(integral_constant<int, 2>{});
   per_units(integral_constant<int, 4>{});
   per_units(integral_constant<int, 8>{});
+  // The persistent grid whose blocks load their next row during the current one's sum (kPrefetch).
+  auto prefetched = [&](auto k) {
+    variant(k, integral_constant<int, 512>{}, std::true_type{}, std::false_type{}, std::true_type{});
+    variant(k, integral_constant<int, 1024>{}, std::true_type{}, std::false_type{}, std::true_type{});
+  };
+  prefetched(integral_constant<int, 1>{});
+  prefetched(integral_constant<int, 2>{});
+  prefetched(integral_constant<int, 4>{});
   for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
 }
 

@@ -171,6 +171,7 @@ class Context {
 
   int device() const { return device_; }
   int num_sms() const { return multiprocessor_count(op_, device_); }
+  const char* op() const { return op_; }
 
   // Raises RuntimeError if the launch just made failed (bad configuration,
   // no kernel image for this GPU, no driver, a sticky error from before).

@@ -26,7 +26,11 @@ namespace cuda {
 // kPreferredUnits units each, then over more threads up to kMaxThreads, then over more units up to
 // kMaxUnits (1, 2, 4 or 8) per thread. kFastSum picks block_sum_fast over block_sum; kStream:
 // cache-streaming loads and stores of the rows (the weight row, read by every block, keeps normal
-// loads), a knob the sweep tries (scripts/cuda_norm_sweep.cu).
+// loads), a knob the sweep tries (scripts/cuda_norm_sweep.cu). kPrefetch: a persistent grid (one wave)
+// whose blocks load their next row while they reduce and write the current one, and load the weight
+// once: with one or two blocks per SM, the block sum's barriers otherwise leave the memory system idle
+// (the sweep's candidate for bfloat16 rows of 8192, where no other policy came within 25% of Inductor
+// on an H200); no shipped policy sets it yet, untried on a GPU.
 //
 // The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
 // product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy
@@ -45,14 +49,14 @@ struct RmsNormRows {
   static constexpr bool k16 = N >= 8;  // 16-bit elements (8 per unit)
   static constexpr int kMaxThreads = k16 ? 1024 : 512, kPreferredThreads = k16 ? 1024 : 256;
   static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = k16 ? 2 : 4;
-  static constexpr bool kFastSum = true, kStream = false;
+  static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
 };
 template <int N>
 struct FusedAddRmsNormRows {
   static constexpr bool k16 = N >= 8;
   static constexpr int kMaxThreads = 1024, kPreferredThreads = k16 ? 1024 : 512;
   static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4;
-  static constexpr bool kFastSum = k16, kStream = false;
+  static constexpr bool kFastSum = k16, kStream = false, kPrefetch = false;
 };
 // RowsByThreads (rms_norm's backward, rms_norm.cu): threads grow beyond 256 once a thread holds 4
 // units or 16 elements.
@@ -60,7 +64,7 @@ template <int N>
 struct RowsByThreads {
   static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
   static constexpr int kPreferredUnits = kMaxUnits;
-  static constexpr bool kFastSum = true, kStream = false;
+  static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
 };
 
 // Units per thread under policy P for rows of `hv` units, with blocks of at most `max_threads`
@@ -99,10 +103,83 @@ void with_units(int units, Go&& go) {
 // load would order each later unit's loads behind it (they may alias), one
 // memory latency per unit. `out` may be a buffer Src reads (in place): each
 // unit is read before it is written, by the same thread.
+// One row's sum of squares from a thread's K units (those within the row).
+template <int N, int K, typename T, typename C = compute_t<T>>
+__device__ __forceinline__ C unit_squares(const Vec<T, N> (&zv)[K], int hv) {
+  C ss = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (threadIdx.x + k * blockDim.x < hv) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const C f = to_compute(zv[k].v[j]);
+        ss += f * f;
+      }
+    }
+  }
+  return ss;
+}
+
+// Writes out[r] = z * rs * w from a thread's K units.
+template <bool Stream, int N, int K, typename T, typename C>
+__device__ __forceinline__ void store_scaled(T* yr, const Vec<T, N> (&zv)[K], const Vec<T, N> (&wv)[K], C rs,
+                                             int hv) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < hv) {
+      Vec<T, N> o;
+#pragma unroll
+      for (int j = 0; j < N; ++j) o.v[j] = from_compute<T>(to_compute(zv[k].v[j]) * rs * to_compute(wv[k].v[j]));
+      store_as<Stream, N>(yr + i * N, o);
+    }
+  }
+}
+
+// kPrefetch's form of the kernel below: a persistent grid; each block loads the weight once and its
+// next row (r + gridDim.x) before it reduces and writes row r.
+template <int N, int K, typename P, typename T, typename Src, typename C>
+__device__ __forceinline__ void rms_rows_prefetched(T* out, const Src& src, const T* __restrict__ w, int64_t rows,
+                                                    int64_t H, C eps, C (*scratch)[32]) {
+  const int hv = static_cast<int>(H / N);
+  Vec<T, N> wv[K], next[K];
+  auto load_row = [&](int64_t r) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < hv) next[k] = src.template load<P::kStream>(r, i);
+    }
+  };
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < hv) wv[k] = load<N>(w + i * N);
+  }
+  int64_t r = blockIdx.x;
+  if (r < rows) load_row(r);
+  for (int parity = 0; r < rows; r += gridDim.x, parity ^= 1) {
+    Vec<T, N> zv[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) zv[k] = next[k];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < hv) src.template commit<P::kStream>(r, i, zv[k]);
+    }
+    if (r + gridDim.x < rows) load_row(r + gridDim.x);  // in flight through the sum below
+    const C ss = block_sum_fast(unit_squares<N, K>(zv, hv), scratch, parity);
+    store_scaled<P::kStream, N, K>(out + r * H, zv, wv, rsqrt_of(ss / C(H) + eps), hv);
+  }
+}
+
 template <int N, int K, typename P, typename T, typename Src, typename C = compute_t<T>>
 __global__ void __launch_bounds__(P::kMaxThreads)
     rms_rows_cached_kernel(T* out, Src src, const T* __restrict__ w, int64_t rows, int64_t H, C eps) {
   __shared__ C scratch[2][32];
+  if constexpr (P::kPrefetch) {
+    rms_rows_prefetched<N, K, P>(out, src, w, rows, H, eps, scratch);
+    return;
+  }
   const int hv = static_cast<int>(H / N);
   int parity = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
@@ -200,11 +277,17 @@ bool launch_rms_rows_cached(const Context& ctx, T* out, Src src, const T* w, int
   const int64_t hv = H / N;
   const int units = cached_units<P>(hv);
   if (units == 0) return false;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
   const int threads = row_threads((hv + units - 1) / units, P::kMaxThreads);
   with_units<P::kMaxUnits>(units, [&](auto k_const) {
     constexpr int K = decltype(k_const)::value;
-    rms_rows_cached_kernel<N, K, P><<<grid, threads, 0, ctx.stream>>>(out, src, w, rows, H, eps);
+    auto* kernel = rms_rows_cached_kernel<N, K, P, T, Src, C>;
+    int64_t blocks = rows;
+    if constexpr (P::kPrefetch) {  // one wave: each block runs rows r, r + grid, ...
+      static ResidentCache resident = {};
+      blocks = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * resident_blocks(ctx.op(), kernel, threads, resident));
+    }
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, INT32_MAX));
+    kernel<<<grid, threads, 0, ctx.stream>>>(out, src, w, rows, H, eps);
   });
   return true;
 }
