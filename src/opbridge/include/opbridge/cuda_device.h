@@ -124,7 +124,7 @@ constexpr int kVec = 16 / int(sizeof(T));
 // The integer type of a Vec's bytes (16, 8 or 4), through which load and store move it whole. A store
 // goes through the __stwb intrinsic (st.global.wb, the default cache policy): an assignment, of the
 // Vec or of its bytes as an int4, left the store's width to the compiler, and nvcc 13 split the
-// gated kernels' 16-bit results (and add's) into four to seven u16 / v2.u16 stores instead of one
+// vectorised gated kernels' 16-bit results into four to seven u16 / v2.u16 stores instead of one
 // v4: the gated backward at 4096 x 14336 bfloat16 took 2.1x the time of the same kernel storing 128
 // bits (H200, scripts/cuda-sweep.sh gated).
 template <int Bytes>
