@@ -95,17 +95,21 @@ void with_units(int units, Go&& go) {
   }
 }
 
-// Src: `__device__ Vec<T, N> load(int64_t row, int unit) const`, called once
-// per (row, unit) by the thread that writes out[row] at that unit, and
-// `__device__ void commit(int64_t row, int unit, const Vec<T, N>& z) const`,
-// called with what load returned once every unit of the thread is loaded:
-// where a source writes z back (fused_add_rms_norm's residual), a store inside
-// load would order each later unit's loads behind it (they may alias), one
-// memory latency per unit. `out` may be a buffer Src reads (in place): each
-// unit is read before it is written, by the same thread.
-// One row's sum of squares from a thread's K units (those within the row).
-template <int N, int K, typename T, typename C = compute_t<T>>
-__device__ __forceinline__ C unit_squares(const Vec<T, N> (&zv)[K], int hv) {
+// The pieces of one row that both forms of the kernel below share: a thread's K units (those within
+// the row, `hv` units) committed to the source, reduced to the row's rsqrt(mean(z^2) + eps), and
+// written out scaled by the weight.
+template <typename P, int N, int K, typename T, typename Src>
+__device__ __forceinline__ void commit_row(const Src& src, int64_t r, const Vec<T, N> (&zv)[K], int hv) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < hv) src.template commit<P::kStream>(r, i, zv[k]);
+  }
+}
+
+template <typename P, int N, int K, typename T, typename C>
+__device__ __forceinline__ C row_rsqrt(const Vec<T, N> (&zv)[K], int hv, int64_t H, C eps, C (*scratch)[32],
+                                       int parity) {
   C ss = 0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -117,11 +121,15 @@ __device__ __forceinline__ C unit_squares(const Vec<T, N> (&zv)[K], int hv) {
       }
     }
   }
-  return ss;
+  if constexpr (P::kFastSum) {
+    ss = block_sum_fast(ss, scratch, parity);
+  } else {
+    ss = block_sum(ss, scratch[0]);
+  }
+  return rsqrt_of(ss / C(H) + eps);
 }
 
-// Writes out[r] = z * rs * w from a thread's K units.
-template <bool Stream, int N, int K, typename T, typename C>
+template <typename P, int N, int K, typename T, typename C>
 __device__ __forceinline__ void store_scaled(T* yr, const Vec<T, N> (&zv)[K], const Vec<T, N> (&wv)[K], C rs,
                                              int hv) {
 #pragma unroll
@@ -131,7 +139,7 @@ __device__ __forceinline__ void store_scaled(T* yr, const Vec<T, N> (&zv)[K], co
       Vec<T, N> o;
 #pragma unroll
       for (int j = 0; j < N; ++j) o.v[j] = from_compute<T>(to_compute(zv[k].v[j]) * rs * to_compute(wv[k].v[j]));
-      store_as<Stream, N>(yr + i * N, o);
+      store_as<P::kStream, N>(yr + i * N, o);
     }
   }
 }
@@ -161,17 +169,21 @@ __device__ __forceinline__ void rms_rows_prefetched(T* out, const Src& src, cons
     Vec<T, N> zv[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) zv[k] = next[k];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) src.template commit<P::kStream>(r, i, zv[k]);
-    }
+    commit_row<P>(src, r, zv, hv);
     if (r + gridDim.x < rows) load_row(r + gridDim.x);  // in flight through the sum below
-    const C ss = block_sum_fast(unit_squares<N, K>(zv, hv), scratch, parity);
-    store_scaled<P::kStream, N, K>(out + r * H, zv, wv, rsqrt_of(ss / C(H) + eps), hv);
+    const C rs = row_rsqrt<P>(zv, hv, H, eps, scratch, parity);
+    store_scaled<P>(out + r * H, zv, wv, rs, hv);
   }
 }
 
+// Src: `__device__ Vec<T, N> load(int64_t row, int unit) const`, called once
+// per (row, unit) by the thread that writes out[row] at that unit, and
+// `__device__ void commit(int64_t row, int unit, const Vec<T, N>& z) const`,
+// called with what load returned once every unit of the thread is loaded:
+// where a source writes z back (fused_add_rms_norm's residual), a store inside
+// load would order each later unit's loads behind it (they may alias), one
+// memory latency per unit. `out` may be a buffer Src reads (in place): each
+// unit is read before it is written, by the same thread.
 template <int N, int K, typename P, typename T, typename Src, typename C = compute_t<T>>
 __global__ void __launch_bounds__(P::kMaxThreads)
     rms_rows_cached_kernel(T* out, Src src, const T* __restrict__ w, int64_t rows, int64_t H, C eps) {
@@ -192,39 +204,9 @@ __global__ void __launch_bounds__(P::kMaxThreads)
         zv[k] = src.template load<P::kStream>(r, i);
       }
     }
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) src.template commit<P::kStream>(r, i, zv[k]);
-    }
-    C ss = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (threadIdx.x + k * blockDim.x < hv) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const C f = to_compute(zv[k].v[j]);
-          ss += f * f;
-        }
-      }
-    }
-    if constexpr (P::kFastSum) {
-      ss = block_sum_fast(ss, scratch, parity);
-    } else {
-      ss = block_sum(ss, scratch[0]);
-    }
-    const C rs = rsqrt_of(ss / C(H) + eps);
-    T* yr = out + r * H;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) {
-        Vec<T, N> o;
-#pragma unroll
-        for (int j = 0; j < N; ++j) o.v[j] = from_compute<T>(to_compute(zv[k].v[j]) * rs * to_compute(wv[k].v[j]));
-        store_as<P::kStream, N>(yr + i * N, o);
-      }
-    }
+    commit_row<P>(src, r, zv, hv);
+    const C rs = row_rsqrt<P>(zv, hv, H, eps, scratch, parity);
+    store_scaled<P>(out + r * H, zv, wv, rs, hv);
   }
 }
 
