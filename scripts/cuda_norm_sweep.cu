@@ -1,19 +1,23 @@
 // Launch-policy sweep of the row-cached RMS kernels (include/opbridge/cuda_norm.h): rms_norm's and
 // fused_add_rms_norm's rows at serving sizes (1, 8, 256, 4096 rows of 4096) and 8192 x 8192, float32
 // and bfloat16, under every policy that fits (units per thread 1-8, the threads that follow, the
-// three-barrier or the one-barrier block sum; the current policy with cache-streaming rows; and the
-// persistent grid that loads each block's next row during the current one's sum, kPrefetch), each timed as 100 launches in a CUDA graph (median of
-// 10 replays) and checked against the op's current policy. It launches the product's kernel
-// template itself (rms_rows_cached_kernel), so what it measures is what a policy change would ship.
+// three-barrier or the one-barrier block sum; the current policy with cache-streaming rows; the
+// persistent grid that loads each block's next row during the current one's sum, kPrefetch; and
+// policies that ask for 1536 or 2048 threads per SM, kMinBlocks, at 1 and 2 units), each timed as 100
+// launches in a CUDA graph (median of 10 replays) and checked against the op's current policy. Each
+// line also gives the kernel's registers per thread, its bytes of local memory (spills) and its blocks
+// per SM. It launches the product's kernel template itself (rms_rows_cached_kernel, with the row
+// source launch_rms_rows_of would pick), so what it measures is what a policy change would ship.
 // Built and run by scripts/cuda-sweep.sh norm; needs a CUDA GPU. Not part of any build or test.
 #include <opbridge/cuda_norm.h>
 
 #include "cuda_sweep.h"
 
-// A policy with every knob explicit (the kernel reads kMaxThreads, kFastSum, kStream and kPrefetch).
-template <int MaxThreads, bool Fast, bool Stream = false, bool Prefetch = false>
+// A policy with every knob explicit (the kernel reads kMaxThreads, kMinBlocks, kFastSum, kStream and
+// kPrefetch).
+template <int MaxThreads, bool Fast, bool Stream = false, bool Prefetch = false, int MinBlocks = 0>
 struct Knobs {
-  static constexpr int kMaxThreads = MaxThreads;
+  static constexpr int kMaxThreads = MaxThreads, kMinBlocks = MinBlocks;
   static constexpr bool kFastSum = Fast, kStream = Stream, kPrefetch = Prefetch;
 };
 
@@ -47,42 +51,57 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   };
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto one = [&](auto kernel, int units, int threads, int bound, bool fast, bool stream, bool prefetch) {
+  auto one = [&](auto kernel, const auto& rows_src, int units, int threads, int bound, int min_blocks, bool fast,
+                 bool stream, bool prefetch) {
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    cudaFuncAttributes attr{};
+    CK(cudaFuncGetAttributes(&attr, kernel));
     int64_t blocks = rows;
-    if (prefetch) {  // the launcher's persistent grid: one wave
-      int per_sm = 0;
-      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-      blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(per_sm, 1));
-    }
-    const auto launch = [&] { kernel<<<unsigned(blocks), threads, 0, s>>>(out, src, w, rows, H, eps); };
+    if (prefetch) blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(per_sm, 1));  // the launcher's one wave
+    const auto launch = [&] { kernel<<<unsigned(blocks), threads, 0, s>>>(out, rows_src, w, rows, H, eps); };
     reset();
     launch();
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(got.data(), out, n * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
     const bool current = units == current_units && bound == Current::kMaxThreads && fast == Current::kFastSum &&
-                         stream == Current::kStream && prefetch == Current::kPrefetch;
+                         stream == Current::kStream && prefetch == Current::kPrefetch &&
+                         min_blocks == Current::kMinBlocks;
     if (want.empty()) want = got;  // the first launch is the current policy's: every variant against it
     double diff = 0;
     for (int64_t i = 0; i < n; i += 7) diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
     const float us = graph_us(launch, s);
-    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s%s %9.3f us %6.3f copy  "
-                "max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows,
-                (long long)H, units, threads, bound, fast ? "fast" : "3bar", stream ? "stream" : "cached",
-                prefetch ? " prefetch" : "", us,
-                bytes / (us * 1e-6) / 1e9 / copy,
-                diff, current ? "  <- current policy" : "");
+    char occupancy[32] = "";
+    if (min_blocks > 0) std::snprintf(occupancy, sizeof occupancy, " minblocks %d", min_blocks);
+    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s%s%s regs %3d local %3zu "
+                "per_sm %2d %9.3f us %6.3f copy  max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm",
+                dtype_name<T>(), (long long)rows, (long long)H, units, threads, bound, fast ? "fast" : "3bar",
+                stream ? "stream" : "cached", prefetch ? " prefetch" : "", occupancy, attr.numRegs,
+                attr.localSizeBytes, per_sm, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+                current ? "  <- current policy" : "");
   };
   // The current policy first (its result is the reference), then every other that fits.
-  auto variant = [&](auto units_c, auto threads_c, auto fast_c, auto stream_c, auto prefetch_c) {
+  auto variant_at = [&](auto units_c, auto threads_c, auto fast_c, auto stream_c, auto prefetch_c,
+                        auto min_blocks_c) {
     constexpr int K = decltype(units_c)::value, MaxT = decltype(threads_c)::value;
     constexpr bool Fast = decltype(fast_c)::value, Stream = decltype(stream_c)::value;
     constexpr bool Prefetch = decltype(prefetch_c)::value;
+    constexpr int MinB = decltype(min_blocks_c)::value;
     const int64_t per_thread = (hv + K - 1) / K;  // threads the row needs at K units each
     if (per_thread > MaxT || per_thread < 32) return;  // a block of at most MaxT threads holds the row
     const int threads = cu::row_threads(per_thread, MaxT);
-    one(cu::rms_rows_cached_kernel<N, K, Knobs<MaxT, Fast, Stream, Prefetch>, T, Src>, K, threads, MaxT, Fast, Stream,
-        Prefetch);
+    // rms_norm's source as launch_rms_rows_of picks it for contiguous rows: dense under kMinBlocks
+    using RowsSrc = std::conditional_t<Fused, Src, cu::RowsOf<N, T, (MinB > 0)>>;
+    const RowsSrc rows_src = [&] {
+      if constexpr (Fused) return src;
+      else return RowsSrc{x, opbridge::StridedRows{H, 1, H}};
+    }();
+    one(cu::rms_rows_cached_kernel<N, K, Knobs<MaxT, Fast, Stream, Prefetch, MinB>, T, RowsSrc>, rows_src, K, threads,
+        MaxT, MinB, Fast, Stream, Prefetch);
+  };
+  auto variant = [&](auto units_c, auto threads_c, auto fast_c, auto stream_c, auto prefetch_c) {
+    variant_at(units_c, threads_c, fast_c, stream_c, prefetch_c, std::integral_constant<int, 0>{});
   };
   using std::integral_constant;
   auto per_units = [&](auto k) {
@@ -98,10 +117,12 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
                 Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows, (long long)H);
   } else {  // the current policy first: its result is the reference; then it with streaming rows
     cu::with_units<Current::kMaxUnits>(current_units, [&](auto k) {
-      variant(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
-              integral_constant<bool, Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{});
-      variant(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
-              integral_constant<bool, !Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{});
+      variant_at(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
+                 integral_constant<bool, Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{},
+                 integral_constant<int, Current::kMinBlocks>{});
+      variant_at(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
+                 integral_constant<bool, !Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{},
+                 integral_constant<int, Current::kMinBlocks>{});
     });
   }
   per_units(integral_constant<int, 1>{});
@@ -116,6 +137,19 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   prefetched(integral_constant<int, 1>{});
   prefetched(integral_constant<int, 2>{});
   prefetched(integral_constant<int, 4>{});
+  // Policies that ask for 1536 or 2048 threads per SM (kMinBlocks), with the one-barrier sum.
+  auto occupied = [&](auto k) {
+    const auto go = [&](auto threads_c, auto min_blocks_c) {
+      variant_at(k, threads_c, std::true_type{}, std::false_type{}, std::false_type{}, min_blocks_c);
+    };
+    go(integral_constant<int, 1024>{}, integral_constant<int, 2>{});
+    go(integral_constant<int, 512>{}, integral_constant<int, 3>{});
+    go(integral_constant<int, 512>{}, integral_constant<int, 4>{});
+    go(integral_constant<int, 256>{}, integral_constant<int, 6>{});
+    go(integral_constant<int, 256>{}, integral_constant<int, 8>{});
+  };
+  occupied(integral_constant<int, 1>{});  // 4 units spill 72-500 bytes at these occupancies
+  occupied(integral_constant<int, 2>{});
   for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
 }
 

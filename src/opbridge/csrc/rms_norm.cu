@@ -243,7 +243,7 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, y, a, w) && xs.stride % V == 0) {
-      if (!cu::launch_rms_rows_cached<cu::RmsNormRows, V>(ctx, y, cu::RowsOf<V, T>{a, xs}, w, rows, H, C(eps))) {
+      if (!cu::launch_rms_rows_of<cu::RmsNormRows, V>(ctx, y, a, xs, w, rows, H, C(eps))) {
         rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
       }
     } else {

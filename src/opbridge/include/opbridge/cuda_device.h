@@ -167,6 +167,26 @@ __device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
   }
 }
 
+// A Vec kept in registers between its load and its use, as its raw bytes (held_t: int4, int2 or int;
+// the Vec itself where it has no such width). A kernel that loads a row's units under `if (i < hv)`
+// and uses them after a block sum holds them this way: held as Vecs, the 16-bit elements reached the
+// join of the branch as separate 16-bit values, and ptxas kept each unit of 8 in 8 registers instead
+// of 4 (rms_norm's row-cached kernel at 2 bfloat16 units per thread: 64 registers, and 48 held so,
+// nvcc 13 for sm_90; the occupancy that a launch policy asks for then fits in registers).
+template <typename T, int N>
+using held_t = std::conditional_t<std::is_void_v<raw_t<T, N>>, Vec<T, N>, raw_t<T, N>>;
+
+template <typename T, int N>
+__device__ __forceinline__ held_t<T, N> hold(const Vec<T, N>& v) {
+  return *reinterpret_cast<const held_t<T, N>*>(&v);
+}
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> unhold(const held_t<T, N>& h) {
+  Vec<T, N> v;
+  *reinterpret_cast<held_t<T, N>*>(&v) = h;
+  return v;
+}
+
 // The same with the cache-streaming hint (ld.global.cs / st.global.cs: the line is evicted first),
 // for data a kernel touches once, so that what it reuses (a norm's weight row) stays in cache. A
 // launch-policy knob (kStream) the sweeps try.

@@ -30,7 +30,12 @@ namespace cuda {
 // whose blocks load their next row while they reduce and write the current one, and load the weight
 // once: with one or two blocks per SM, the block sum's barriers otherwise leave the memory system idle
 // (the sweep's candidate for bfloat16 rows of 8192, where no other policy came within 25% of Inductor
-// on an H200); no shipped policy sets it yet, untried on a GPU.
+// on an H200); no shipped policy sets it yet, untried on a GPU. kMinBlocks: the kernel's second
+// __launch_bounds__ argument, blocks of kMaxThreads that must fit on an SM at once, so that ptxas holds
+// a thread's registers to 65536 / (kMaxThreads x kMinBlocks): Liger-Kernel's bfloat16 rms_norm for rows of
+// 8192 runs 512 threads x 16 elements at 39 registers, 3 blocks (1536 threads, 48 KiB of loads) per SM,
+// where this kernel's fastest policy ran 2 blocks. Such a policy also holds its units as raw bytes
+// (load_units). 0, the default, asks nothing (no .minnctapersm: the shipped policies' code as measured).
 //
 // The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
 // product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy
@@ -48,14 +53,14 @@ template <int N>
 struct RmsNormRows {
   static constexpr bool k16 = N >= 8;  // 16-bit elements (8 per unit)
   static constexpr int kMaxThreads = k16 ? 1024 : 512, kPreferredThreads = k16 ? 1024 : 256;
-  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = k16 ? 2 : 4;
+  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = k16 ? 2 : 4, kMinBlocks = 0;
   static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
 };
 template <int N>
 struct FusedAddRmsNormRows {
   static constexpr bool k16 = N >= 8;
   static constexpr int kMaxThreads = 1024, kPreferredThreads = k16 ? 1024 : 512;
-  static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4;
+  static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4, kMinBlocks = 0;
   static constexpr bool kFastSum = k16, kStream = false, kPrefetch = false;
 };
 // RowsByThreads (rms_norm's backward, rms_norm.cu): threads grow beyond 256 once a thread holds 4
@@ -63,7 +68,7 @@ struct FusedAddRmsNormRows {
 template <int N>
 struct RowsByThreads {
   static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
-  static constexpr int kPreferredUnits = kMaxUnits;
+  static constexpr int kPreferredUnits = kMaxUnits, kMinBlocks = 0;
   static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
 };
 
@@ -92,6 +97,42 @@ void with_units(int units, Go&& go) {
     if constexpr (MaxUnits >= 4) go(std::integral_constant<int, 4>{});
   } else {
     if constexpr (MaxUnits >= 8) go(std::integral_constant<int, 8>{});
+  }
+}
+
+// A thread's K units of the weight and of row r's values (Src::load), loaded at once, each unit's two
+// under one branch. Under a policy that asks for an occupancy (kMinBlocks > 1) they reach the branch's
+// end as raw bytes (cuda_device.h's held_t) and become Vecs after it: so they fit that occupancy's
+// registers with fewer spills (2 bfloat16 units per thread at 3 blocks of 512: 37 registers and none
+// spilled, against 40 and 44 bytes spilled as Vecs; nvcc 13, sm_90). Other policies keep the form they
+// were measured with.
+template <typename P, int N, int K, typename T, typename Src>
+__device__ __forceinline__ void load_units(const Src& src, int64_t r, const T* __restrict__ w, Vec<T, N> (&zv)[K],
+                                           Vec<T, N> (&wv)[K], int hv) {
+  if constexpr (P::kMinBlocks > 1) {
+    held_t<T, N> zh[K], wh[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < hv) {
+        wh[k] = hold(load<N>(w + i * N));
+        zh[k] = hold(src.template load<P::kStream>(r, i));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      wv[k] = unhold<T, N>(wh[k]);
+      zv[k] = unhold<T, N>(zh[k]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < hv) {
+        wv[k] = load<N>(w + i * N);
+        zv[k] = src.template load<P::kStream>(r, i);
+      }
+    }
   }
 }
 
@@ -185,7 +226,7 @@ __device__ __forceinline__ void rms_rows_prefetched(T* out, const Src& src, cons
 // memory latency per unit. `out` may be a buffer Src reads (in place): each
 // unit is read before it is written, by the same thread.
 template <int N, int K, typename P, typename T, typename Src, typename C = compute_t<T>>
-__global__ void __launch_bounds__(P::kMaxThreads)
+__global__ void __launch_bounds__(P::kMaxThreads, P::kMinBlocks)
     rms_rows_cached_kernel(T* out, Src src, const T* __restrict__ w, int64_t rows, int64_t H, C eps) {
   __shared__ C scratch[2][32];
   if constexpr (P::kPrefetch) {
@@ -196,14 +237,7 @@ __global__ void __launch_bounds__(P::kMaxThreads)
   int parity = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
     Vec<T, N> zv[K], wv[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) {
-        wv[k] = load<N>(w + i * N);
-        zv[k] = src.template load<P::kStream>(r, i);
-      }
-    }
+    load_units<P>(src, r, w, zv, wv, hv);
     commit_row<P>(src, r, zv, hv);
     const C rs = row_rsqrt<P>(zv, hv, H, eps, scratch, parity);
     store_scaled<P>(out + r * H, zv, wv, rs, hv);
@@ -213,14 +247,17 @@ __global__ void __launch_bounds__(P::kMaxThreads)
 // The row sources of rms_norm.cu and fused_add_rms_norm.cu (and of a tuning
 // harness that launches rms_rows_cached_kernel under other policies).
 // RowsOf: rms_norm's rows, x itself, contiguous or rows at a stride (its StridedRows; the
-// launcher vectorises only where every row start is 16-byte aligned).
-template <int N, typename T>
+// launcher vectorises only where every row start is 16-byte aligned). Dense: rows known contiguous
+// (r * width), without StridedRows' division, whose registers spilled under a policy that asks for
+// an occupancy (launch_rms_rows_of uses it for such a policy only).
+template <int N, typename T, bool Dense = false>
 struct RowsOf {
   const T* __restrict__ x;
   StridedRows rows;
   template <bool Stream = false>
   __device__ Vec<T, N> load(int64_t r, int i) const {
-    return cuda::load_as<Stream, N>(x + rows.offset(r) + int64_t(i) * N);
+    const int64_t at = Dense ? r * rows.width : rows.offset(r);
+    return cuda::load_as<Stream, N>(x + at + int64_t(i) * N);
   }
   template <bool Stream = false>
   __device__ void commit(int64_t, int, const Vec<T, N>&) const {}
@@ -272,6 +309,19 @@ bool launch_rms_rows_cached(const Context& ctx, T* out, Src src, const T* w, int
     kernel<<<grid, threads, 0, ctx.stream>>>(out, src, w, rows, H, eps);
   });
   return true;
+}
+
+// rms_norm's rows of x (at xs) under policy P: launch_rms_rows_cached with RowsOf, dense where the
+// rows are contiguous and the policy asks for an occupancy.
+template <template <int> class Policy, int N, typename T, typename C>
+bool launch_rms_rows_of(const Context& ctx, T* out, const T* x, const StridedRows& xs, const T* w, int64_t rows,
+                        int64_t H, C eps) {
+  if constexpr (Policy<N>::kMinBlocks > 0) {
+    if (xs.per == 1 && xs.stride == H) {
+      return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps);
+    }
+  }
+  return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T>{x, xs}, w, rows, H, eps);
 }
 
 }  // namespace cuda
