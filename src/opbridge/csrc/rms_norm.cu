@@ -112,19 +112,35 @@ template <int N>
 using Backward = cu::RowsByThreads<N>;  // units per thread; blocks capped at kBackwardThreads
 
 template <int N, int K, typename T, typename C = opbridge::compute_t<T>>
-__global__ void __launch_bounds__(kBackwardThreads)
+__global__ void __launch_bounds__(kBackwardThreads, Backward<N>::kMinBlocks)
     rms_norm_backward_cached_kernel(T* grad_x, T* grad_w, C* __restrict__ partial, const T* __restrict__ grad,
                                     const T* __restrict__ x, const T* __restrict__ w, int64_t rows,
                                     int64_t H, C eps) {
   using C2 = cu::pair_t<C>;
   __shared__ C2 scratch[2][32];
   const int hv = static_cast<int>(H / N);
-  cu::Vec<T, N> wv[K];
+  // Under an occupancy (Backward's kMinBlocks) the weight and the rows are held as raw bytes
+  // (cuda_norm.h's load_units).
+  constexpr bool kHeld = Backward<N>::kMinBlocks > 0;
+  std::conditional_t<kHeld, cu::held_t<T, N>, cu::Vec<T, N>> wv[K];
+  const auto w_unit = [&](int k) -> decltype(auto) {
+    if constexpr (kHeld) {
+      return cu::unhold<T, N>(wv[k]);
+    } else {
+      return (wv[k]);
+    }
+  };
   C acc[K][N];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
-    if (i < hv) wv[k] = cu::load<N>(w + i * N);
+    if (i < hv) {
+      if constexpr (kHeld) {
+        wv[k] = cu::hold(cu::load<N>(w + i * N));
+      } else {
+        wv[k] = cu::load<N>(w + i * N);
+      }
+    }
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[k][j] = C(0);
   }
@@ -133,12 +149,29 @@ __global__ void __launch_bounds__(kBackwardThreads)
     const T* xr = x + r * H;
     const T* gr = grad + r * H;
     cu::Vec<T, N> xv[K], gv[K];
+    if constexpr (kHeld) {  // as cuda_norm.h's load_units, which here spilled 136 bytes (nvcc 13)
+      cu::held_t<T, N> xh[K], gh[K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) {
-        xv[k] = cu::load<N>(xr + i * N);
-        gv[k] = cu::load<N>(gr + i * N);
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < hv) {
+          xh[k] = cu::hold(cu::load<N>(xr + i * N));
+          gh[k] = cu::hold(cu::load<N>(gr + i * N));
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        xv[k] = cu::unhold<T, N>(xh[k]);
+        gv[k] = cu::unhold<T, N>(gh[k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < hv) {
+          xv[k] = cu::load<N>(xr + i * N);
+          gv[k] = cu::load<N>(gr + i * N);
+        }
       }
     }
     C2 sums = {C(0), C(0)};  // (sum x^2, sum g w x)
@@ -149,7 +182,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
         for (int j = 0; j < N; ++j) {
           const C v = cu::to_compute(xv[k].v[j]);
           sums.x += v * v;
-          sums.y += cu::to_compute(gv[k].v[j]) * cu::to_compute(wv[k].v[j]) * v;
+          sums.y += cu::to_compute(gv[k].v[j]) * cu::to_compute(w_unit(k).v[j]) * v;
         }
       }
     }
@@ -166,7 +199,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
         for (int j = 0; j < N; ++j) {
           const C v = cu::to_compute(xv[k].v[j]);
           const C g = cu::to_compute(gv[k].v[j]);
-          o.v[j] = cu::from_compute<T>(rs * g * cu::to_compute(wv[k].v[j]) - c * v);
+          o.v[j] = cu::from_compute<T>(rs * g * cu::to_compute(w_unit(k).v[j]) - c * v);
           acc[k][j] += g * v * rs;
         }
         cu::store<N>(dxr + i * N, o);

@@ -35,7 +35,7 @@ namespace cuda {
 // a thread's registers to 65536 / (kMaxThreads x kMinBlocks): Liger-Kernel's bfloat16 rms_norm for rows of
 // 8192 runs 512 threads x 16 elements at 39 registers, 3 blocks (1536 threads, 48 KiB of loads) per SM,
 // where this kernel's fastest policy ran 2 blocks. Such a policy also holds its units as raw bytes
-// (load_units). 0, the default, asks nothing (no .minnctapersm: the shipped policies' code as measured).
+// (load_units) and reads contiguous rows as dense ones (launch_rms_rows_of). 0, the default, asks nothing (no .minnctapersm: the shipped policies' code as measured).
 //
 // The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
 // product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy
@@ -64,11 +64,14 @@ struct FusedAddRmsNormRows {
   static constexpr bool kFastSum = k16, kStream = false, kPrefetch = false;
 };
 // RowsByThreads (rms_norm's backward, rms_norm.cu): threads grow beyond 256 once a thread holds 4
-// units or 16 elements.
+// units or 16 elements. 16-bit rows ask for 2 blocks of kBackwardThreads (512) per SM: held as raw bytes
+// they fit 64 registers without spilling, where as Vecs the kernel took 96 (2 units of bfloat16), one
+// block per SM, and its persistent grid ran rms_norm_backward at 0.65 of copy bandwidth on an H200 at
+// 8192 x 8192 (the form with 2 blocks: not measured on a GPU yet).
 template <int N>
 struct RowsByThreads {
   static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
-  static constexpr int kPreferredUnits = kMaxUnits, kMinBlocks = 0;
+  static constexpr int kPreferredUnits = kMaxUnits, kMinBlocks = N >= 8 ? 2 : 0;
   static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
 };
 
@@ -100,37 +103,37 @@ void with_units(int units, Go&& go) {
   }
 }
 
-// A thread's K units of the weight and of row r's values (Src::load), loaded at once, each unit's two
-// under one branch. Under a policy that asks for an occupancy (kMinBlocks > 1) they reach the branch's
-// end as raw bytes (cuda_device.h's held_t) and become Vecs after it: so they fit that occupancy's
-// registers with fewer spills (2 bfloat16 units per thread at 3 blocks of 512: 37 registers and none
-// spilled, against 40 and 44 bytes spilled as Vecs; nvcc 13, sm_90). Other policies keep the form they
-// were measured with.
-template <typename P, int N, int K, typename T, typename Src>
-__device__ __forceinline__ void load_units(const Src& src, int64_t r, const T* __restrict__ w, Vec<T, N> (&zv)[K],
-                                           Vec<T, N> (&wv)[K], int hv) {
-  if constexpr (P::kMinBlocks > 1) {
-    held_t<T, N> zh[K], wh[K];
+// A thread's K units of two arrays (unit i of each from load_a(i) and load_b(i), i < hv), loaded at
+// once, each unit's two under one branch. Held: they reach the branch's end as raw bytes (cuda_device.h's
+// held_t) and become Vecs after it, which fits the registers of a policy that asks for an occupancy
+// (kMinBlocks > 0) with fewer spills: rms_norm's 2 bfloat16 units per thread at 3 blocks of 512 take
+// 40 registers and spill none (dense rows), against 40 and 44 bytes spilled as Vecs (nvcc 13, sm_90).
+// Not held: the form the shipped policies were measured with.
+template <bool Held, int N, int K, typename T, typename LoadA, typename LoadB>
+__device__ __forceinline__ void load_units(Vec<T, N> (&av)[K], Vec<T, N> (&bv)[K], int hv, const LoadA& load_a,
+                                           const LoadB& load_b) {
+  if constexpr (Held) {
+    held_t<T, N> ah[K], bh[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i < hv) {
-        wh[k] = hold(load<N>(w + i * N));
-        zh[k] = hold(src.template load<P::kStream>(r, i));
+        ah[k] = hold(load_a(i));
+        bh[k] = hold(load_b(i));
       }
     }
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      wv[k] = unhold<T, N>(wh[k]);
-      zv[k] = unhold<T, N>(zh[k]);
+      av[k] = unhold<T, N>(ah[k]);
+      bv[k] = unhold<T, N>(bh[k]);
     }
   } else {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i < hv) {
-        wv[k] = load<N>(w + i * N);
-        zv[k] = src.template load<P::kStream>(r, i);
+        av[k] = load_a(i);
+        bv[k] = load_b(i);
       }
     }
   }
@@ -237,7 +240,8 @@ __global__ void __launch_bounds__(P::kMaxThreads, P::kMinBlocks)
   int parity = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
     Vec<T, N> zv[K], wv[K];
-    load_units<P>(src, r, w, zv, wv, hv);
+    load_units<(P::kMinBlocks > 0)>(wv, zv, hv, [&](int i) { return load<N>(w + i * N); },
+                                    [&](int i) { return src.template load<P::kStream>(r, i); });
     commit_row<P>(src, r, zv, hv);
     const C rs = row_rsqrt<P>(zv, hv, H, eps, scratch, parity);
     store_scaled<P>(out + r * H, zv, wv, rs, hv);

@@ -1,0 +1,72 @@
+"""The CUDA kernels fit their registers: no kernel of ``opbridge/csrc/*.cu`` spills to local memory.
+
+A launch policy that asks for an occupancy (``kMinBlocks`` in ``include/opbridge/cuda_norm.h``)
+caps each thread's registers; whether its kernel then fits them depends on how nvcc holds the
+row in registers (``load_units``, ``held_t``), which a small change to a kernel can undo
+silently. ptxas reports spills when it compiles (``-Xptxas -v``), so this needs nvcc and no GPU.
+Compiled for sm_90, the architecture the policies were tuned on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from opbridge.build import compile as compile_mod
+
+NVCC = compile_mod.nvcc_path()
+CSRC = Path(compile_mod.INCLUDE_DIR).parent / "csrc"
+SOURCES = sorted(p.name for p in CSRC.glob("*.cu"))
+
+_ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
+_SPILL = re.compile(r"(?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads")
+
+
+def spills(ptxas_log: str) -> dict[str, int]:
+    """Bytes of spill stores per kernel, from ptxas' verbose log."""
+    found: dict[str, int] = {}
+    name = None
+    for line in ptxas_log.splitlines():
+        if (m := _ENTRY.search(line)) is not None:
+            name = m["name"]
+        elif name is not None and (m := _SPILL.search(line)) is not None:
+            found[name] = int(m["stores"]) + int(m["loads"])
+            name = None
+    return found
+
+
+def test_spills_reads_ptxas_log() -> None:
+    log = ("ptxas info    : Compiling entry function '_Z1kv' for 'sm_90'\n"
+           "ptxas info    : Function properties for _Z1kv\n"
+           "    0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Compiling entry function '_Z1jv' for 'sm_90'\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+    assert spills(log) == {"_Z1kv": 20, "_Z1jv": 0}
+
+
+def _ptxas_log(source: str) -> str:
+    from tvm_ffi import libinfo
+
+    includes = [compile_mod.INCLUDE_DIR, libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
+    cmd = [str(NVCC), "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-arch=sm_90",
+           *[f"-I{p}" for p in includes], "-c", str(CSRC / source), "-o", os.devnull, "-Xptxas", "-v"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
+def test_no_cuda_kernel_spills_registers() -> None:
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        logs = dict(zip(SOURCES, pool.map(_ptxas_log, SOURCES)))
+    spilling = {}
+    for source, log in logs.items():
+        kernels = spills(log)
+        assert kernels, f"{source}: no kernel in ptxas' log:\n{log[-2000:]}"
+        spilling.update({f"{source}: {name}": n for name, n in kernels.items() if n})
+    assert not spilling, f"kernels that spill (bytes stored + loaded): {spilling}"
