@@ -8,8 +8,11 @@
 // line also gives the kernel's registers per thread, its bytes of local memory (spills) and its blocks
 // per SM. It launches the product's kernel template itself (rms_rows_cached_kernel, with the row
 // source launch_rms_rows_of would pick), so what it measures is what a policy change would ship.
+// Then rms_norm's backward (cuda_norm_backward.h) at the same sizes, under each units / threads /
+// occupancy policy, timed with the column sum its grid needs and checked against the current policy.
 // Built and run by scripts/cuda-sweep.sh norm; needs a CUDA GPU. Not part of any build or test.
 #include <opbridge/cuda_norm.h>
+#include <opbridge/cuda_norm_backward.h>
 
 #include "cuda_sweep.h"
 
@@ -153,6 +156,119 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
 }
 
+// A backward policy with its knobs explicit (the kernel reads kMaxThreads and kMinBlocks).
+template <int MaxThreads, int MinBlocks>
+struct BackwardKnobs {
+  static constexpr int kMaxThreads = MaxThreads, kMinBlocks = MinBlocks;
+};
+
+// rms_norm's backward under every policy that fits: 1, 2 or 4 units (up to 16 elements) per thread,
+// blocks of up to 256, 512 or 1024 threads, with no occupancy asked or 1024, 1536 or 2048 threads per SM;
+// the launcher's grid (one wave, by the occupancy API) and, past one block, the column sum. A
+// difference is relative to max(1, |value|) for grad_x and to max(1, max |grad_weight|) for
+// grad_weight, whose sums run over the rows in the order of each policy's grid.
+template <typename T>
+void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
+  constexpr int N = cu::kVec<T>;
+  using C = opbridge::compute_t<T>;
+  using Current = cu::RmsNormBackwardRows<N>;
+  const int64_t n = rows * H, hv = H / N;
+  const int current_units = cu::cached_units<Current>(hv);
+  if (current_units == 0) {
+    std::printf("rms_norm_backward %s %lld x %lld: rows do not fit the cached kernel\n", dtype_name<T>(),
+                (long long)rows, (long long)H);
+    return;
+  }
+  T *x, *g, *w, *dx, *dw;
+  for (T** p : {&x, &g, &dx}) CK(cudaMalloc(p, n * sizeof(T)));
+  for (T** p : {&w, &dw}) CK(cudaMalloc(p, H * sizeof(T)));
+  fill<<<256, 256, 0, s>>>(x, n, 1);
+  fill<<<256, 256, 0, s>>>(g, n, 4);
+  fill<<<64, 256, 0, s>>>(w, H, 3);
+  CK(cudaGetLastError());
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  C* partial = nullptr;
+  int64_t partial_rows = 0;
+  std::vector<T> want_dx, want_dw, got_dx(n), got_dw(H);
+  const double bytes = 3.0 * double(n) * sizeof(T) + 2.0 * double(H) * sizeof(T);
+  auto one = [&](auto kernel, int units, int threads, int bound, int min_blocks) {
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    cudaFuncAttributes attr{};
+    CK(cudaFuncGetAttributes(&attr, kernel));
+    const int64_t grid = std::min<int64_t>(rows, int64_t(sms) * std::max(per_sm, 1));
+    if (grid > partial_rows) {
+      if (partial != nullptr) CK(cudaFree(partial));
+      CK(cudaMalloc(&partial, grid * H * sizeof(C)));
+      partial_rows = grid;
+    }
+    const auto launch = [&] {
+      kernel<<<unsigned(grid), threads, 0, s>>>(dx, dw, partial, g, x, w, rows, H, C(1e-6));
+      if (grid > 1) {
+        cu::column_sum_kernel<T><<<unsigned((H + cu::kColumns - 1) / cu::kColumns),
+                                   dim3(cu::kColumns, cu::kColumnGroups), 0, s>>>(dw, partial, grid, H);
+      }
+    };
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(got_dx.data(), dx, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(got_dw.data(), dw, H * sizeof(T), cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    const bool current = units == current_units && bound == Current::kMaxThreads &&
+                         min_blocks == Current::kMinBlocks;
+    if (want_dx.empty()) want_dx = got_dx, want_dw = got_dw;  // the current policy's: every variant against it
+    double diff = 0, dw_scale = 1;
+    for (int64_t i = 0; i < H; ++i) dw_scale = std::max(dw_scale, double(std::fabs(host_float(want_dw[i]))));
+    for (int64_t i = 0; i < n; i += 7) {
+      const double want = host_float(want_dx[i]);
+      diff = std::max(diff, std::fabs(host_float(got_dx[i]) - want) / std::max(1.0, std::fabs(want)));
+    }
+    for (int64_t i = 0; i < H; ++i) {
+      diff = std::max(diff, std::fabs(host_float(got_dw[i]) - host_float(want_dw[i])) / dw_scale);
+    }
+    const float us = graph_us(launch, s);
+    char occupancy[32] = "";
+    if (min_blocks > 0) std::snprintf(occupancy, sizeof occupancy, " minblocks %d", min_blocks);
+    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d%s regs %3d local %3zu per_sm %2d "
+                "grid %5lld %9.3f us %6.3f copy  max|diff| %.2g%s\n", "rms_norm_backward", dtype_name<T>(),
+                (long long)rows, (long long)H, units, threads, bound, occupancy, attr.numRegs,
+                attr.localSizeBytes, per_sm, (long long)grid, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+                current ? "  <- current policy" : "");
+  };
+  auto variant = [&](auto units_c, auto threads_c, auto min_blocks_c) {
+    constexpr int K = decltype(units_c)::value, MaxT = decltype(threads_c)::value;
+    constexpr int MinB = decltype(min_blocks_c)::value;
+    if constexpr (K * N <= 16) {
+      const int64_t per_thread = (hv + K - 1) / K;
+      if (per_thread > MaxT || per_thread < 32) return;
+      one(cu::rms_norm_backward_cached_kernel<BackwardKnobs<MaxT, MinB>, N, K, T>, K,
+          cu::row_threads(per_thread, MaxT), MaxT, MinB);
+    }
+  };
+  using std::integral_constant;
+  cu::with_units<Current::kMaxUnits>(current_units, [&](auto k) {  // the current policy first: the reference
+    variant(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<int, Current::kMinBlocks>{});
+  });
+  auto per_units = [&](auto k) {
+    variant(k, integral_constant<int, 256>{}, integral_constant<int, 0>{});
+    variant(k, integral_constant<int, 256>{}, integral_constant<int, 4>{});
+    variant(k, integral_constant<int, 256>{}, integral_constant<int, 6>{});
+    variant(k, integral_constant<int, 256>{}, integral_constant<int, 8>{});
+    variant(k, integral_constant<int, 512>{}, integral_constant<int, 0>{});
+    if constexpr (Current::kMinBlocks != 2) variant(k, integral_constant<int, 512>{}, integral_constant<int, 2>{});
+    variant(k, integral_constant<int, 512>{}, integral_constant<int, 3>{});
+    variant(k, integral_constant<int, 512>{}, integral_constant<int, 4>{});
+    variant(k, integral_constant<int, 1024>{}, integral_constant<int, 0>{});
+    variant(k, integral_constant<int, 1024>{}, integral_constant<int, 2>{});
+  };
+  per_units(integral_constant<int, 1>{});
+  per_units(integral_constant<int, 2>{});
+  per_units(integral_constant<int, 4>{});
+  for (T* p : {x, g, w, dx, dw}) CK(cudaFree(p));
+  if (partial != nullptr) CK(cudaFree(partial));
+}
+
 int main() {
   std::setvbuf(stdout, nullptr, _IONBF, 0);
   cudaStream_t s;
@@ -164,6 +280,10 @@ int main() {
     sweep<false, __nv_bfloat16>(sh[0], sh[1], s, copy);
     sweep<true, float>(sh[0], sh[1], s, copy);
     sweep<true, __nv_bfloat16>(sh[0], sh[1], s, copy);
+  }
+  for (const auto& sh : shapes) {
+    sweep_backward<float>(sh[0], sh[1], s, copy);
+    sweep_backward<__nv_bfloat16>(sh[0], sh[1], s, copy);
   }
   CK(cudaStreamDestroy(s));
   return 0;

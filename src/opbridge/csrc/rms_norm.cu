@@ -7,6 +7,7 @@
 // below, whose second read hits L1/L2.
 #include <opbridge/cuda.h>
 #include <opbridge/cuda_norm.h>
+#include <opbridge/cuda_norm_backward.h>
 #include <opbridge/ops/rms_norm.h>
 
 namespace {
@@ -49,8 +50,11 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restr
 // With gw_i = g_i w_i:  dx = r gw - x r^3 mean(gw x),  dw = sum over rows of g x r.
 // Block b accumulates its rows' g x r into partial[b, :] in fp32 (each column
 // always by the same thread, so no atomics and a fixed summation order);
-// column_sum_kernel then adds the blocks' partials in order.
-constexpr int kBackwardThreads = 512;
+// cuda_norm_backward.h's column_sum_kernel then adds the blocks' partials in order.
+// Rows that fit in registers run cuda_norm_backward.h's cached kernel instead.
+template <int N>
+using Backward = cu::RmsNormBackwardRows<N>;
+constexpr int kBackwardThreads = Backward<1>::kMaxThreads;
 
 template <int N, typename T, typename C = opbridge::compute_t<T>>
 __global__ void __launch_bounds__(kBackwardThreads)
@@ -96,164 +100,6 @@ __global__ void __launch_bounds__(kBackwardThreads)
       }
       cu::store<N>(dxr + i * N, o);
     }
-  }
-}
-
-// The backward for rows that fit in registers (cuda_norm.h's RowsByThreads
-// units, blocks of up to kBackwardThreads): a persistent grid, one full wave; each thread
-// loads its units of the weight once, keeps its columns' running sums of
-// g x r in registers across the block's rows, and writes them to
-// partial[block] once at the end (a grid of one block writes grad_weight
-// itself: a decode step's one row is one kernel). The form above adds each row into partial
-// in global memory (a read and a write of H floats per row, more bytes than
-// the row itself for the 16-bit types: 0.20 of copy bandwidth for bfloat16
-// at 8192 x 8192 on an H200). Same sums in the same order per column.
-template <int N>
-using Backward = cu::RowsByThreads<N>;  // units per thread; blocks capped at kBackwardThreads
-
-template <int N, int K, typename T, typename C = opbridge::compute_t<T>>
-__global__ void __launch_bounds__(kBackwardThreads, Backward<N>::kMinBlocks)
-    rms_norm_backward_cached_kernel(T* grad_x, T* grad_w, C* __restrict__ partial, const T* __restrict__ grad,
-                                    const T* __restrict__ x, const T* __restrict__ w, int64_t rows,
-                                    int64_t H, C eps) {
-  using C2 = cu::pair_t<C>;
-  __shared__ C2 scratch[2][32];
-  const int hv = static_cast<int>(H / N);
-  // Under an occupancy (Backward's kMinBlocks) the weight and the rows are held as raw bytes
-  // (cuda_norm.h's load_units).
-  constexpr bool kHeld = Backward<N>::kMinBlocks > 0;
-  std::conditional_t<kHeld, cu::held_t<T, N>, cu::Vec<T, N>> wv[K];
-  const auto w_unit = [&](int k) -> decltype(auto) {
-    if constexpr (kHeld) {
-      return cu::unhold<T, N>(wv[k]);
-    } else {
-      return (wv[k]);
-    }
-  };
-  C acc[K][N];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    if (i < hv) {
-      if constexpr (kHeld) {
-        wv[k] = cu::hold(cu::load<N>(w + i * N));
-      } else {
-        wv[k] = cu::load<N>(w + i * N);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[k][j] = C(0);
-  }
-  int parity = 0;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
-    const T* xr = x + r * H;
-    const T* gr = grad + r * H;
-    cu::Vec<T, N> xv[K], gv[K];
-    if constexpr (kHeld) {  // as cuda_norm.h's load_units, which here spilled 136 bytes (nvcc 13)
-      cu::held_t<T, N> xh[K], gh[K];
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < hv) {
-          xh[k] = cu::hold(cu::load<N>(xr + i * N));
-          gh[k] = cu::hold(cu::load<N>(gr + i * N));
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        xv[k] = cu::unhold<T, N>(xh[k]);
-        gv[k] = cu::unhold<T, N>(gh[k]);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < hv) {
-          xv[k] = cu::load<N>(xr + i * N);
-          gv[k] = cu::load<N>(gr + i * N);
-        }
-      }
-    }
-    C2 sums = {C(0), C(0)};  // (sum x^2, sum g w x)
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (threadIdx.x + k * blockDim.x < hv) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const C v = cu::to_compute(xv[k].v[j]);
-          sums.x += v * v;
-          sums.y += cu::to_compute(gv[k].v[j]) * cu::to_compute(w_unit(k).v[j]) * v;
-        }
-      }
-    }
-    sums = cu::block_sum_fast(sums, scratch, parity);
-    const C rs = cu::rsqrt_of(sums.x / C(H) + eps);
-    const C c = rs * rs * rs * sums.y / C(H);
-    T* dxr = grad_x + r * H;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) {
-        cu::Vec<T, N> o;
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const C v = cu::to_compute(xv[k].v[j]);
-          const C g = cu::to_compute(gv[k].v[j]);
-          o.v[j] = cu::from_compute<T>(rs * g * cu::to_compute(w_unit(k).v[j]) - c * v);
-          acc[k][j] += g * v * rs;
-        }
-        cu::store<N>(dxr + i * N, o);
-      }
-    }
-  }
-  // One block (a grid of one): the sums are the weight gradient. Else this block's row of partial,
-  // in 128-bit stores: scalar ones touched 32 sectors per warp instruction for the 16-bit types (a
-  // thread's N floats are 32 bytes apart from its neighbour's) and took half of a one-row call.
-  constexpr int P = 16 / int(sizeof(C));
-  static_assert(N % P == 0, "partial store width");
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    if (i < hv) {
-      if (gridDim.x == 1) {
-        cu::Vec<T, N> o;
-#pragma unroll
-        for (int j = 0; j < N; ++j) o.v[j] = cu::from_compute<T>(acc[k][j]);
-        cu::store<N>(grad_w + i * N, o);
-      } else {
-        C* part = partial + int64_t(blockIdx.x) * H + int64_t(i) * N;
-#pragma unroll
-        for (int j = 0; j < N; j += P) {
-          cu::Vec<C, P> v;
-#pragma unroll
-          for (int q = 0; q < P; ++q) v.v[q] = acc[k][j + q];
-          cu::store<P>(part + j, v);
-        }
-      }
-    }
-  }
-}
-
-constexpr int kColumns = 32, kColumnGroups = 8;
-
-// dw[i] = sum over p of partial[p, i], p in order within each of the
-// kColumnGroups strided groups, then the groups in order: deterministic.
-template <typename T, typename C = opbridge::compute_t<T>>
-__global__ void __launch_bounds__(kColumns* kColumnGroups)
-    column_sum_kernel(T* dw, const C* __restrict__ partial, int64_t parts, int64_t H) {
-  __shared__ C sums[kColumnGroups][kColumns];
-  const int64_t i = int64_t(blockIdx.x) * kColumns + threadIdx.x;
-  C s = 0;
-  if (i < H) {
-    for (int64_t p = threadIdx.y; p < parts; p += kColumnGroups) s += partial[p * H + i];
-  }
-  sums[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && i < H) {
-    C total = 0;
-#pragma unroll
-    for (int gidx = 0; gidx < kColumnGroups; ++gidx) total += sums[gidx][threadIdx.x];
-    dw[i] = cu::from_compute<T>(total);
   }
 }
 
@@ -305,7 +151,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
     const bool vec = cu::can_vectorize<T>(H, dx, g, a, w);
-    const int units = vec ? cu::cached_units<Backward<V>>(H / V, kBackwardThreads) : 0;
+    const int units = vec ? cu::cached_units<Backward<V>>(H / V) : 0;
     // Blocks of the main kernel, each owning one row of partial dw (fp32, fp64 for float64):
     // one full wave of the cached kernel where rows fit, else enough two-pass blocks to fill the GPU.
     int threads = 0;
@@ -315,7 +161,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
       cu::with_units<Backward<V>::kMaxUnits>(units, [&](auto k_const) {
         constexpr int K = decltype(k_const)::value;
         static cu::ResidentCache resident = {};
-        const auto kernel = rms_norm_backward_cached_kernel<V, K, T>;
+        const auto kernel = cu::rms_norm_backward_cached_kernel<Backward<V>, V, K, T>;
         grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * cu::resident_blocks(op, kernel, threads, resident));
       });
     } else {
@@ -330,7 +176,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
       if (units > 0) {
         cu::with_units<Backward<V>::kMaxUnits>(units, [&](auto k_const) {
           constexpr int K = decltype(k_const)::value;
-          rms_norm_backward_cached_kernel<V, K><<<unsigned(grid), threads, 0, ctx.stream>>>(
+          cu::rms_norm_backward_cached_kernel<Backward<V>, V, K><<<unsigned(grid), threads, 0, ctx.stream>>>(
               dx, dw, part, g, a, w, rows, H, C(eps));
         });
       } else if (vec) {
@@ -342,8 +188,8 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     }
     if (direct) return;
     // With zero rows (parts = 0) this writes grad_weight = 0.
-    const dim3 block(kColumns, kColumnGroups);
-    column_sum_kernel<T><<<unsigned((H + kColumns - 1) / kColumns), block, 0, ctx.stream>>>(
+    const dim3 block(cu::kColumns, cu::kColumnGroups);
+    cu::column_sum_kernel<T><<<unsigned((H + cu::kColumns - 1) / cu::kColumns), block, 0, ctx.stream>>>(
         dw, partial.as<const C>(), grid, H);
     ctx.check_launch();
   });

@@ -63,18 +63,6 @@ struct FusedAddRmsNormRows {
   static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4, kMinBlocks = 0;
   static constexpr bool kFastSum = k16, kStream = false, kPrefetch = false;
 };
-// RowsByThreads (rms_norm's backward, rms_norm.cu): threads grow beyond 256 once a thread holds 4
-// units or 16 elements. 16-bit rows ask for 2 blocks of kBackwardThreads (512) per SM: held as raw bytes
-// they fit 64 registers without spilling, where as Vecs the kernel took 96 (2 units of bfloat16), one
-// block per SM, and its persistent grid ran rms_norm_backward at 0.65 of copy bandwidth on an H200 at
-// 8192 x 8192 (the form with 2 blocks: not measured on a GPU yet).
-template <int N>
-struct RowsByThreads {
-  static constexpr int kMaxThreads = 1024, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
-  static constexpr int kPreferredUnits = kMaxUnits, kMinBlocks = N >= 8 ? 2 : 0;
-  static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
-};
-
 // Units per thread under policy P for rows of `hv` units, with blocks of at most `max_threads`
 // (P::kMaxThreads unless a caller caps it lower); 0 when the row does not fit.
 template <typename P>
