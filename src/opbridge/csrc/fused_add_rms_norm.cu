@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(1024)
                               int64_t H, C eps) {
   __shared__ C scratch[32];
   const int64_t hv = H / N;
+  const C inv_h = cu::inverse_of<C>(H);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     T* in = input + r * H;
     T* res = residual + r * H;
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(1024)
       }
       cu::store<N>(res + i * N, z);
     }
-    const C rs = cu::rsqrt_of(cu::block_sum(ss, scratch) / C(H) + eps);
+    const C rs = cu::rsqrt_of(cu::block_sum(ss, scratch) * inv_h + eps);
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> z = cu::load<N>(res + i * N);
       const cu::Vec<T, N> wv = cu::load<N>(w + i * N);

@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restr
                                                         int64_t H, C eps) {
   __shared__ C scratch[32];
   const int64_t hv = H / N;
+  const C inv_h = cu::inverse_of<C>(H);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + xs.offset(r);
     T* yr = out + r * H;
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restr
         ss += f * f;
       }
     }
-    const C rs = cu::rsqrt_of(cu::block_sum(ss, scratch) / C(H) + eps);
+    const C rs = cu::rsqrt_of(cu::block_sum(ss, scratch) * inv_h + eps);
     for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
       const cu::Vec<T, N> v = cu::load<N>(xr + i * N);
       const cu::Vec<T, N> wv = cu::load<N>(w + i * N);

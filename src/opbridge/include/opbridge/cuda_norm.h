@@ -140,7 +140,7 @@ __device__ __forceinline__ void commit_row(const Src& src, int64_t r, const Vec<
 }
 
 template <typename P, int N, int K, typename T, typename C>
-__device__ __forceinline__ C row_rsqrt(const Vec<T, N> (&zv)[K], int hv, int64_t H, C eps, C (*scratch)[32],
+__device__ __forceinline__ C row_rsqrt(const Vec<T, N> (&zv)[K], int hv, C inv_h, C eps, C (*scratch)[32],
                                        int parity) {
   C ss = 0;
 #pragma unroll
@@ -158,7 +158,7 @@ __device__ __forceinline__ C row_rsqrt(const Vec<T, N> (&zv)[K], int hv, int64_t
   } else {
     ss = block_sum(ss, scratch[0]);
   }
-  return rsqrt_of(ss / C(H) + eps);
+  return rsqrt_of(ss * inv_h + eps);
 }
 
 template <typename P, int N, int K, typename T, typename C>
@@ -182,6 +182,7 @@ template <int N, int K, typename P, typename T, typename Src, typename C>
 __device__ __forceinline__ void rms_rows_prefetched(T* out, const Src& src, const T* __restrict__ w, int64_t rows,
                                                     int64_t H, C eps, C (*scratch)[32]) {
   const int hv = static_cast<int>(H / N);
+  const C inv_h = inverse_of<C>(H);
   Vec<T, N> wv[K], next[K];
   auto load_row = [&](int64_t r) {
 #pragma unroll
@@ -203,7 +204,7 @@ __device__ __forceinline__ void rms_rows_prefetched(T* out, const Src& src, cons
     for (int k = 0; k < K; ++k) zv[k] = next[k];
     commit_row<P>(src, r, zv, hv);
     if (r + gridDim.x < rows) load_row(r + gridDim.x);  // in flight through the sum below
-    const C rs = row_rsqrt<P>(zv, hv, H, eps, scratch, parity);
+    const C rs = row_rsqrt<P>(zv, hv, inv_h, eps, scratch, parity);
     store_scaled<P>(out + r * H, zv, wv, rs, hv);
   }
 }
@@ -225,13 +226,14 @@ __global__ void __launch_bounds__(P::kMaxThreads, P::kMinBlocks)
     return;
   }
   const int hv = static_cast<int>(H / N);
+  const C inv_h = inverse_of<C>(H);
   int parity = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
     Vec<T, N> zv[K], wv[K];
     load_units<(P::kMinBlocks > 0)>(wv, zv, hv, [&](int i) { return load<N>(w + i * N); },
                                     [&](int i) { return src.template load<P::kStream>(r, i); });
     commit_row<P>(src, r, zv, hv);
-    const C rs = row_rsqrt<P>(zv, hv, H, eps, scratch, parity);
+    const C rs = row_rsqrt<P>(zv, hv, inv_h, eps, scratch, parity);
     store_scaled<P>(out + r * H, zv, wv, rs, hv);
   }
 }

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(P::kMaxThreads, P::kMinBlocks)
       }
     }
     sums = block_sum_fast(sums, scratch, parity);
-    const C rs = rsqrt_of(sums.x / C(H) + eps);
+    const C rs = rsqrt_of(sums.x / C(H) + eps);  // a division: an inverse held across the rows spilled
     const C c = rs * rs * rs * sums.y / C(H);
     T* dxr = grad_x + r * H;
 #pragma unroll
