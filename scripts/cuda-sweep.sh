@@ -2,7 +2,7 @@
 # Launch-policy sweeps of opbridge's CUDA kernels, each against the policy the ops ship; tuning aids
 # for the policies in include/opbridge/, needing nvcc and a CUDA GPU:
 #   norm   rms_norm and fused_add_rms_norm (cuda_norm.h), rms_norm's backward (cuda_norm_backward.h):
-#          1, 8, 256, 4096 rows of 4096 and 8192 x 8192, every units-per-thread / launch-bound /
+#          1, 8, 64, 256, 1024, 4096 rows of 4096 and 8192 x 8192, every units-per-thread / launch-bound /
 #          block-sum / occupancy policy (scripts/cuda_norm_sweep.cu)
 #   gated  silu_and_mul, gelu_and_mul and silu_and_mul_backward (cuda_gated.h): 1, 8, 256, 4096 rows
 #          of 14336 and 8192 x 8192, 32-512 threads x 1-4 units of 128 bits (and of 64 bits to 256 rows)

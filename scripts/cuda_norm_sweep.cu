@@ -1,13 +1,14 @@
 // Launch-policy sweep of the row-cached RMS kernels (include/opbridge/cuda_norm.h): rms_norm's and
-// fused_add_rms_norm's rows at serving sizes (1, 8, 256, 4096 rows of 4096) and 8192 x 8192, float32
-// and bfloat16, under every policy that fits (units per thread 1-8, the threads that follow, the
-// three-barrier or the one-barrier block sum; the current policy with cache-streaming rows; the
-// persistent grid that loads each block's next row during the current one's sum, kPrefetch; and
-// policies that ask for 1536 or 2048 threads per SM, kMinBlocks, at 1 and 2 units), each timed as 100
-// launches in a CUDA graph (median of 10 replays) and checked against the op's current policy. Each
-// line also gives the kernel's registers per thread, its bytes of local memory (spills) and its blocks
-// per SM. It launches the product's kernel template itself (rms_rows_cached_kernel, with the row
-// source launch_rms_rows_of would pick), so what it measures is what a policy change would ship.
+// fused_add_rms_norm's rows at serving sizes (1, 8, 64, 256, 1024 and 4096 rows of 4096: the best
+// policy changes with the rows) and 8192 x 8192, float32 and bfloat16, under every policy that fits
+// (units per thread 1-8, the threads that follow, the three-barrier or the one-barrier block sum; the
+// current policy with cache-streaming rows; the persistent grid that loads each block's next row
+// during the current one's sum, kPrefetch; and policies that ask for 1536 or 2048 threads per SM,
+// kMinBlocks, at 1 and 2 units), each timed as 100 launches in a CUDA graph (median of 10 replays)
+// and checked against the op's current policy. Each line also gives the kernel's registers per
+// thread, its bytes of local memory (spills) and its blocks per SM. It launches the product's kernel
+// template itself (rms_rows_cached_kernel, with the row source launch_rms_rows_of would pick), so
+// what it measures is what a policy change would ship.
 // Then rms_norm's backward (cuda_norm_backward.h) at the same sizes, under each units / threads /
 // occupancy policy, timed with the column sum its grid needs and checked against the current policy.
 // Built and run by scripts/cuda-sweep.sh norm; needs a CUDA GPU. Not part of any build or test.
@@ -274,7 +275,7 @@ int main() {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double copy = sweep_header(s);
-  const int64_t shapes[][2] = {{1, 4096}, {8, 4096}, {256, 4096}, {4096, 4096}, {8192, 8192}};
+  const int64_t shapes[][2] = {{1, 4096}, {8, 4096}, {64, 4096}, {256, 4096}, {1024, 4096}, {4096, 4096}, {8192, 8192}};
   for (const auto& sh : shapes) {
     sweep<false, float>(sh[0], sh[1], s, copy);
     sweep<false, __nv_bfloat16>(sh[0], sh[1], s, copy);
