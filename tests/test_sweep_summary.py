@@ -59,3 +59,22 @@ def test_gpu_check_summary_folds_the_sweeps(tmp_path: Path) -> None:
     assert [c["shape"] for c in summary["sweep_norm"]] == [[8192, 8192], [1, 4096]]
     assert summary["sweep_norm"][0]["mismatches"] and summary["sweep_gated"][0]["speedup"] == pytest.approx(1.155)
     assert summary["cuda_tests"] == {"missing": True}  # the steps not run are said to be missing
+
+
+# The norm sweep's lines since kMinBlocks and the backward: occupancy words inside the policy.
+OCCUPANCY = """\
+rms_norm           bfloat16  8192 x 8192  units 1 threads 1024 bound 1024 fast cached regs  32 local   0 per_sm  2    88.000 us  1.000 copy  max|diff| 0  <- current policy
+rms_norm           bfloat16  8192 x 8192  units 2 threads  512 bound  512 fast cached minblocks 3 regs  40 local   0 per_sm  3    70.000 us  1.300 copy  max|diff| 0.0078
+rms_norm_backward  bfloat16  8192 x 8192  units 2 threads  512 bound  512 minblocks 2 regs  64 local   0 per_sm  2 grid   264   120.000 us  0.900 copy  max|diff| 0  <- current policy
+rms_norm_backward  bfloat16  8192 x 8192  units 2 threads  512 bound  512 regs  96 local   0 per_sm  1 grid   132   150.000 us  0.700 copy  max|diff| 0.0039
+rms_norm_backward  bfloat16  8192 x 8192  units 2 threads  512 bound  512 minblocks 4 regs  32 local 312 per_sm  4 grid   528    99.000 us  0.500 copy  max|diff| 0.5
+"""  # noqa: E501
+
+
+def test_occupancy_policies_and_the_backward_read_as_cases() -> None:
+    fwd, bwd = sweep_summary.cases(OCCUPANCY)
+    assert fwd.best.policy == "units 2 threads 512 bound 512 fast cached minblocks 3 regs 40 local 0 per_sm 3"
+    assert fwd.speedup == pytest.approx(88 / 70, abs=1e-3)
+    assert bwd.op == "rms_norm_backward" and bwd.speedup == 1.0  # the old 96-register form is slower
+    # a policy whose result differs beyond rounding is a mismatch, never the fastest
+    assert bwd.mismatches == ["units 2 threads 512 bound 512 minblocks 4 regs 32 local 312 per_sm 4 grid 528"]
