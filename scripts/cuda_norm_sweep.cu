@@ -4,7 +4,7 @@
 // (units per thread 1-8, the threads that follow, the three-barrier or the one-barrier block sum; the
 // current policy with cache-streaming rows; the persistent grid that loads each block's next row
 // during the current one's sum, kPrefetch; and policies that ask for 1536 or 2048 threads per SM,
-// kMinBlocks, at 1 and 2 units), each timed as 100 launches in a CUDA graph (median of 10 replays)
+// min_blocks, at 1 and 2 units), each timed as 100 launches in a CUDA graph (median of 10 replays)
 // and checked against the op's current policy. Each line also gives the kernel's registers per
 // thread, its bytes of local memory (spills) and its blocks per SM. It launches the product's kernel
 // template itself (rms_rows_cached_kernel, with the row source launch_rms_rows_of would pick), so
@@ -17,12 +17,13 @@
 
 #include "cuda_sweep.h"
 
-// A policy with every knob explicit (the kernel reads kMaxThreads, kMinBlocks, kFastSum, kStream and
+// A policy with every knob explicit (the kernel reads kMaxThreads, min_blocks, kFastSum, kStream and
 // kPrefetch).
 template <int MaxThreads, bool Fast, bool Stream = false, bool Prefetch = false, int MinBlocks = 0>
 struct Knobs {
-  static constexpr int kMaxThreads = MaxThreads, kMinBlocks = MinBlocks;
+  static constexpr int kMaxThreads = MaxThreads;
   static constexpr bool kFastSum = Fast, kStream = Stream, kPrefetch = Prefetch;
+  static constexpr int min_blocks(int) { return MinBlocks; }
 };
 
 // Every policy for one op, dtype and size. Fused: input and residual are restored before each
@@ -71,7 +72,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     CK(cudaStreamSynchronize(s));
     const bool current = units == current_units && bound == Current::kMaxThreads && fast == Current::kFastSum &&
                          stream == Current::kStream && prefetch == Current::kPrefetch &&
-                         min_blocks == Current::kMinBlocks;
+                         min_blocks == Current::min_blocks(units);
     if (want.empty()) want = got;  // the first launch is the current policy's: every variant against it
     double diff = 0;
     for (int64_t i = 0; i < n; i += 7) diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
@@ -95,7 +96,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     const int64_t per_thread = (hv + K - 1) / K;  // threads the row needs at K units each
     if (per_thread > MaxT || per_thread < 32) return;  // a block of at most MaxT threads holds the row
     const int threads = cu::row_threads(per_thread, MaxT);
-    // rms_norm's source as launch_rms_rows_of picks it for contiguous rows: dense under kMinBlocks
+    // rms_norm's source as launch_rms_rows_of picks it for contiguous rows: dense under an occupancy
     using RowsSrc = std::conditional_t<Fused, Src, cu::RowsOf<N, T, (MinB > 0)>>;
     const RowsSrc rows_src = [&] {
       if constexpr (Fused) return src;
@@ -123,10 +124,10 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     cu::with_units<Current::kMaxUnits>(current_units, [&](auto k) {
       variant_at(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
                  integral_constant<bool, Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{},
-                 integral_constant<int, Current::kMinBlocks>{});
+                 integral_constant<int, Current::min_blocks(decltype(k)::value)>{});
       variant_at(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
                  integral_constant<bool, !Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{},
-                 integral_constant<int, Current::kMinBlocks>{});
+                 integral_constant<int, Current::min_blocks(decltype(k)::value)>{});
     });
   }
   per_units(integral_constant<int, 1>{});
@@ -141,7 +142,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   prefetched(integral_constant<int, 1>{});
   prefetched(integral_constant<int, 2>{});
   prefetched(integral_constant<int, 4>{});
-  // Policies that ask for 1536 or 2048 threads per SM (kMinBlocks), with the one-barrier sum.
+  // Policies that ask for 1536 or 2048 threads per SM (min_blocks), with the one-barrier sum.
   auto occupied = [&](auto k) {
     const auto go = [&](auto threads_c, auto min_blocks_c) {
       variant_at(k, threads_c, std::true_type{}, std::false_type{}, std::false_type{}, min_blocks_c);
@@ -157,10 +158,11 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
 }
 
-// A backward policy with its knobs explicit (the kernel reads kMaxThreads and kMinBlocks).
+// A backward policy with its knobs explicit (the kernel reads kMaxThreads and min_blocks).
 template <int MaxThreads, int MinBlocks>
 struct BackwardKnobs {
-  static constexpr int kMaxThreads = MaxThreads, kMinBlocks = MinBlocks;
+  static constexpr int kMaxThreads = MaxThreads;
+  static constexpr int min_blocks(int) { return MinBlocks; }
 };
 
 // rms_norm's backward under every policy that fits: 1, 2 or 4 units (up to 16 elements) per thread,
@@ -217,7 +219,7 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     CK(cudaMemcpyAsync(got_dw.data(), dw, H * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
     const bool current = units == current_units && bound == Current::kMaxThreads &&
-                         min_blocks == Current::kMinBlocks;
+                         min_blocks == Current::min_blocks(units);
     if (want_dx.empty()) want_dx = got_dx, want_dw = got_dw;  // the current policy's: every variant against it
     double diff = 0, dw_scale = 1;
     for (int64_t i = 0; i < H; ++i) dw_scale = std::max(dw_scale, double(std::fabs(host_float(want_dw[i]))));
@@ -249,7 +251,8 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   };
   using std::integral_constant;
   cu::with_units<Current::kMaxUnits>(current_units, [&](auto k) {  // the current policy first: the reference
-    variant(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<int, Current::kMinBlocks>{});
+    variant(k, integral_constant<int, Current::kMaxThreads>{},
+            integral_constant<int, Current::min_blocks(decltype(k)::value)>{});
   });
   auto per_units = [&](auto k) {
     variant(k, integral_constant<int, 256>{}, integral_constant<int, 0>{});
@@ -257,7 +260,9 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     variant(k, integral_constant<int, 256>{}, integral_constant<int, 6>{});
     variant(k, integral_constant<int, 256>{}, integral_constant<int, 8>{});
     variant(k, integral_constant<int, 512>{}, integral_constant<int, 0>{});
-    if constexpr (Current::kMinBlocks != 2) variant(k, integral_constant<int, 512>{}, integral_constant<int, 2>{});
+    if constexpr (Current::min_blocks(decltype(k)::value) != 2) {
+      variant(k, integral_constant<int, 512>{}, integral_constant<int, 2>{});
+    }
     variant(k, integral_constant<int, 512>{}, integral_constant<int, 3>{});
     variant(k, integral_constant<int, 512>{}, integral_constant<int, 4>{});
     variant(k, integral_constant<int, 1024>{}, integral_constant<int, 0>{});

@@ -30,12 +30,15 @@ namespace cuda {
 // whose blocks load their next row while they reduce and write the current one, and load the weight
 // once: with one or two blocks per SM, the block sum's barriers otherwise leave the memory system idle
 // (the sweep's candidate for bfloat16 rows of 8192, where no other policy came within 25% of Inductor
-// on an H200); no shipped policy sets it yet, untried on a GPU. kMinBlocks: the kernel's second
-// __launch_bounds__ argument, blocks of kMaxThreads that must fit on an SM at once, so that ptxas holds
-// a thread's registers to 65536 / (kMaxThreads x kMinBlocks): Liger-Kernel's bfloat16 rms_norm for rows of
-// 8192 runs 512 threads x 16 elements at 39 registers, 3 blocks (1536 threads, 48 KiB of loads) per SM,
-// where this kernel's fastest policy ran 2 blocks. Such a policy also holds its units as raw bytes
-// (load_units) and reads contiguous rows as dense ones (launch_rms_rows_of). 0, the default, asks nothing (no .minnctapersm: the shipped policies' code as measured).
+// on an H200); no shipped policy sets it yet, untried on a GPU. min_blocks(units): the kernel's second
+// __launch_bounds__ argument for that many units per thread, blocks of kMaxThreads that must fit on an
+// SM at once, so that ptxas holds a thread's registers to 65536 / (kMaxThreads x min_blocks):
+// Liger-Kernel's bfloat16 rms_norm for rows of 8192 runs 512 threads x 16 elements at 39 registers, 3
+// blocks (1536 threads, 48 KiB of loads) per SM, where this kernel's fastest policy ran 2 blocks. Per
+// units, because the registers a unit needs decide what fits: 2 bfloat16 units fit 40 registers
+// without spilling, 4 spill 340 bytes or more. A kernel asked for an occupancy also holds its units
+// as raw bytes (load_units), and contiguous rows are read as dense ones (launch_rms_rows_of). 0 asks
+// nothing (no .minnctapersm): the shipped policies' code as measured.
 //
 // The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
 // product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy
@@ -53,15 +56,17 @@ template <int N>
 struct RmsNormRows {
   static constexpr bool k16 = N >= 8;  // 16-bit elements (8 per unit)
   static constexpr int kMaxThreads = k16 ? 1024 : 512, kPreferredThreads = k16 ? 1024 : 256;
-  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = k16 ? 2 : 4, kMinBlocks = 0;
+  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = k16 ? 2 : 4;
   static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
+  static constexpr int min_blocks(int) { return 0; }
 };
 template <int N>
 struct FusedAddRmsNormRows {
   static constexpr bool k16 = N >= 8;
   static constexpr int kMaxThreads = 1024, kPreferredThreads = k16 ? 1024 : 512;
-  static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4, kMinBlocks = 0;
+  static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4;
   static constexpr bool kFastSum = k16, kStream = false, kPrefetch = false;
+  static constexpr int min_blocks(int) { return 0; }
 };
 // Units per thread under policy P for rows of `hv` units, with blocks of at most `max_threads`
 // (P::kMaxThreads unless a caller caps it lower); 0 when the row does not fit.
@@ -94,7 +99,7 @@ void with_units(int units, Go&& go) {
 // A thread's K units of two arrays (unit i of each from load_a(i) and load_b(i), i < hv), loaded at
 // once, each unit's two under one branch. Held: they reach the branch's end as raw bytes (cuda_device.h's
 // held_t) and become Vecs after it, which fits the registers of a policy that asks for an occupancy
-// (kMinBlocks > 0) with fewer spills: rms_norm's 2 bfloat16 units per thread at 3 blocks of 512 take
+// (min_blocks > 0) with fewer spills: rms_norm's 2 bfloat16 units per thread at 3 blocks of 512 take
 // 40 registers and spill none (dense rows), against 40 and 44 bytes spilled as Vecs (nvcc 13, sm_90).
 // Not held: the form the shipped policies were measured with.
 template <bool Held, int N, int K, typename T, typename LoadA, typename LoadB>
@@ -218,7 +223,7 @@ __device__ __forceinline__ void rms_rows_prefetched(T* out, const Src& src, cons
 // memory latency per unit. `out` may be a buffer Src reads (in place): each
 // unit is read before it is written, by the same thread.
 template <int N, int K, typename P, typename T, typename Src, typename C = compute_t<T>>
-__global__ void __launch_bounds__(P::kMaxThreads, P::kMinBlocks)
+__global__ void __launch_bounds__(P::kMaxThreads, P::min_blocks(K))
     rms_rows_cached_kernel(T* out, Src src, const T* __restrict__ w, int64_t rows, int64_t H, C eps) {
   __shared__ C scratch[2][32];
   if constexpr (P::kPrefetch) {
@@ -230,7 +235,7 @@ __global__ void __launch_bounds__(P::kMaxThreads, P::kMinBlocks)
   int parity = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
     Vec<T, N> zv[K], wv[K];
-    load_units<(P::kMinBlocks > 0)>(wv, zv, hv, [&](int i) { return load<N>(w + i * N); },
+    load_units<(P::min_blocks(K) > 0)>(wv, zv, hv, [&](int i) { return load<N>(w + i * N); },
                                     [&](int i) { return src.template load<P::kStream>(r, i); });
     commit_row<P>(src, r, zv, hv);
     const C rs = row_rsqrt<P>(zv, hv, inv_h, eps, scratch, parity);
@@ -305,13 +310,20 @@ bool launch_rms_rows_cached(const Context& ctx, T* out, Src src, const T* w, int
   return true;
 }
 
+// Whether policy P asks for an occupancy at any units per thread.
+template <typename P>
+constexpr bool asks_occupancy() {
+  return P::min_blocks(1) > 0 || P::min_blocks(2) > 0 || P::min_blocks(4) > 0 || P::min_blocks(8) > 0;
+}
+
 // rms_norm's rows of x (at xs) under policy P: launch_rms_rows_cached with RowsOf, dense where the
-// rows are contiguous and the policy asks for an occupancy.
+// rows are contiguous and the policy asks for an occupancy at the units the rows take.
 template <template <int> class Policy, int N, typename T, typename C>
 bool launch_rms_rows_of(const Context& ctx, T* out, const T* x, const StridedRows& xs, const T* w, int64_t rows,
                         int64_t H, C eps) {
-  if constexpr (Policy<N>::kMinBlocks > 0) {
-    if (xs.per == 1 && xs.stride == H) {
+  using P = Policy<N>;
+  if constexpr (asks_occupancy<P>()) {
+    if (xs.per == 1 && xs.stride == H && P::min_blocks(cached_units<P>(H / N)) > 0) {
       return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps);
     }
   }

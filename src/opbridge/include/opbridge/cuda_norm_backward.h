@@ -21,27 +21,28 @@ namespace cuda {
 
 // The backward's launch policy (cuda_norm.h's knobs): blocks of up to 512 threads; threads grow beyond
 // 256 once a thread holds 4 units or 16 elements. 16-bit rows ask for 2 blocks of 512 per SM
-// (kMinBlocks): held as raw bytes they fit 64 registers without spilling, where as Vecs the kernel took
+// (min_blocks, at any units): held as raw bytes they fit 64 registers without spilling, where as Vecs the kernel took
 // 96 (2 units of bfloat16), one block per SM, and its grid ran rms_norm_backward at 0.65 of copy
 // bandwidth on an H200 at 8192 x 8192 (the form with 2 blocks: not measured on a GPU yet; the norm
 // sweep times both).
 template <int N>
 struct RmsNormBackwardRows {
   static constexpr int kMaxThreads = 512, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
-  static constexpr int kPreferredUnits = kMaxUnits, kMinBlocks = N >= 8 ? 2 : 0;
+  static constexpr int kPreferredUnits = kMaxUnits;
+  static constexpr int min_blocks(int) { return N >= 8 ? 2 : 0; }
 };
 
 template <typename P, int N, int K, typename T, typename C = compute_t<T>>
-__global__ void __launch_bounds__(P::kMaxThreads, P::kMinBlocks)
+__global__ void __launch_bounds__(P::kMaxThreads, P::min_blocks(K))
     rms_norm_backward_cached_kernel(T* grad_x, T* grad_w, C* __restrict__ partial, const T* __restrict__ grad,
                                     const T* __restrict__ x, const T* __restrict__ w, int64_t rows,
                                     int64_t H, C eps) {
   using C2 = pair_t<C>;
   __shared__ C2 scratch[2][32];
   const int hv = static_cast<int>(H / N);
-  // Under an occupancy (kMinBlocks) the weight and the rows are held as raw bytes (cuda_norm.h's
+  // Under an occupancy (min_blocks) the weight and the rows are held as raw bytes (cuda_norm.h's
   // load_units).
-  constexpr bool kHeld = P::kMinBlocks > 0;
+  constexpr bool kHeld = P::min_blocks(K) > 0;
   std::conditional_t<kHeld, held_t<T, N>, Vec<T, N>> wv[K];
   const auto w_unit = [&](int k) -> decltype(auto) {
     if constexpr (kHeld) {
