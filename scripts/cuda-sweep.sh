@@ -5,7 +5,7 @@
 #          1, 8, 64, 256, 1024, 4096 rows of 4096 and 8192 x 8192, every units-per-thread / launch-bound /
 #          block-sum / occupancy policy (scripts/cuda_norm_sweep.cu)
 #   gated  silu_and_mul, gelu_and_mul and silu_and_mul_backward (cuda_gated.h): 1, 8, 256, 4096 rows
-#          of 14336 and 8192 x 8192, 32-512 threads x 1-4 units of 128 bits (and of 64 bits to 256 rows)
+#          of 14336 and 8192 x 8192, 32-512 threads x 1-8 units of 128 bits (and of 64 bits to 256 rows)
 #
 #   scripts/cuda-sweep.sh [norm|gated|all]      # default all; builds for OPBRIDGE_CUDA_ARCHS (default: this GPU's)
 #   PYTHON=python3 scripts/cuda-sweep.sh gated  # the Python whose tvm-ffi gives the headers

@@ -1,12 +1,12 @@
 // Launch-policy sweep of the gated activations' CUDA kernels (include/opbridge/cuda_gated.h):
 // silu_and_mul and gelu_and_mul forward and silu_and_mul's backward at serving sizes (1, 8, 256,
 // 4096 rows of intermediate 14336) and at 8192 x 8192 (d = 4096), float32 and bfloat16, under every
-// policy (32-512 threads per block, 1, 2 or 4 units per thread; units of 128 bits, and of 64 bits at
-// 1 to 256 rows, where more, narrower units spread a row over more SMs; four with cache-streaming
-// loads and stores), each timed as 100 launches in a
-// CUDA graph (median of 10 replays) and checked against the ops' current policy (every policy runs
-// the same arithmetic per element, so any difference is a bug). It launches the product's kernel
-// templates themselves, so what it measures is what a policy change would ship.
+// policy (32-512 threads per block, 1, 2 or 4 units per thread, and 8 from 128 threads; units of 128
+// bits, and of 64 bits at 1 to 256 rows, where more, narrower units spread a row over more SMs; four
+// with cache-streaming loads and stores), each timed as 100 launches in a CUDA graph (median of 10
+// replays) and checked against the ops' current policy (every policy runs the same arithmetic per
+// element, so any difference is a bug). It launches the product's kernel templates themselves, so
+// what it measures is what a policy change would ship.
 // Built and run by scripts/cuda-sweep.sh gated; needs a CUDA GPU. Not part of any build or test.
 #include <opbridge/cuda_gated.h>
 
@@ -90,6 +90,9 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
     units(std::integral_constant<int, 1>{});
     units(std::integral_constant<int, 2>{});
     units(std::integral_constant<int, 4>{});
+    // 8: Liger-Kernel's swiglu keeps 8 128-bit loads of each operand in flight per thread (512 threads,
+    // float32 rows of 14336: 61 registers, 2 blocks per SM; scripts/liger_registers.py's method)
+    if constexpr (Threads >= 128) units(std::integral_constant<int, 8>{});
   };
   per_threads(std::integral_constant<int, 32>{});
   per_threads(std::integral_constant<int, 64>{});
