@@ -35,8 +35,8 @@ namespace cuda {
 // SM at once, so that ptxas holds a thread's registers to 65536 / (kMaxThreads x min_blocks):
 // Liger-Kernel's bfloat16 rms_norm for rows of 8192 runs 512 threads x 16 elements at 39 registers, 3
 // blocks (1536 threads, 48 KiB of loads) per SM, where this kernel's fastest policy ran 2 blocks. Per
-// units, because the registers a unit needs decide what fits: 2 bfloat16 units fit 40 registers
-// without spilling, 4 spill 340 bytes or more. A kernel asked for an occupancy also holds its units
+// units, because the registers a unit needs decide what fits: at 3 blocks of 512, 2 bfloat16 units
+// fit 40 registers without spilling, 4 spill (340-500 bytes of spill loads). A kernel asked for an occupancy also holds its units
 // as raw bytes (load_units), and contiguous rows are read as dense ones (launch_rms_rows_of). 0 asks
 // nothing (no .minnctapersm): the shipped policies' code as measured.
 //
@@ -100,7 +100,8 @@ void with_units(int units, Go&& go) {
 // once, each unit's two under one branch. Held: they reach the branch's end as raw bytes (cuda_device.h's
 // held_t) and become Vecs after it, which fits the registers of a policy that asks for an occupancy
 // (min_blocks > 0) with fewer spills: rms_norm's 2 bfloat16 units per thread at 3 blocks of 512 take
-// 40 registers and spill none (dense rows), against 40 and 44 bytes spilled as Vecs (nvcc 13, sm_90).
+// 40 registers and spill none (dense rows), where as Vecs of strided rows they spilled 44 bytes and
+// loaded 84 back (nvcc 13, sm_90).
 // Not held: the form the shipped policies were measured with.
 template <bool Held, int N, int K, typename T, typename LoadA, typename LoadB>
 __device__ __forceinline__ void load_units(Vec<T, N> (&av)[K], Vec<T, N> (&bv)[K], int hv, const LoadA& load_a,
