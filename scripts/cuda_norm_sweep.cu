@@ -58,12 +58,9 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto one = [&](auto kernel, const auto& rows_src, int units, int threads, int bound, int min_blocks, bool fast,
                  bool stream, bool prefetch) {
-    int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-    cudaFuncAttributes attr{};
-    CK(cudaFuncGetAttributes(&attr, kernel));
+    const KernelFacts facts = kernel_facts(kernel, threads, min_blocks);
     int64_t blocks = rows;
-    if (prefetch) blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(per_sm, 1));  // the launcher's one wave
+    if (prefetch) blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));  // one wave
     const auto launch = [&] { kernel<<<unsigned(blocks), threads, 0, s>>>(out, rows_src, w, rows, H, eps); };
     reset();
     launch();
@@ -77,13 +74,10 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     double diff = 0;
     for (int64_t i = 0; i < n; i += 7) diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
     const float us = graph_us(launch, s);
-    char occupancy[32] = "";
-    if (min_blocks > 0) std::snprintf(occupancy, sizeof occupancy, " minblocks %d", min_blocks);
-    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s%s%s regs %3d local %3zu "
-                "per_sm %2d %9.3f us %6.3f copy  max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm",
-                dtype_name<T>(), (long long)rows, (long long)H, units, threads, bound, fast ? "fast" : "3bar",
-                stream ? "stream" : "cached", prefetch ? " prefetch" : "", occupancy, attr.numRegs,
-                attr.localSizeBytes, per_sm, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s%s%s %9.3f us %6.3f copy  "
+                "max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows,
+                (long long)H, units, threads, bound, fast ? "fast" : "3bar", stream ? "stream" : "cached",
+                prefetch ? " prefetch" : "", facts.words, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
                 current ? "  <- current policy" : "");
   };
   // The current policy first (its result is the reference), then every other that fits.
@@ -196,11 +190,8 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   std::vector<T> want_dx, want_dw, got_dx(n), got_dw(H);
   const double bytes = 3.0 * double(n) * sizeof(T) + 2.0 * double(H) * sizeof(T);
   auto one = [&](auto kernel, int units, int threads, int bound, int min_blocks) {
-    int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-    cudaFuncAttributes attr{};
-    CK(cudaFuncGetAttributes(&attr, kernel));
-    const int64_t grid = std::min<int64_t>(rows, int64_t(sms) * std::max(per_sm, 1));
+    const KernelFacts facts = kernel_facts(kernel, threads, min_blocks);
+    const int64_t grid = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));
     if (grid > partial_rows) {
       if (partial != nullptr) CK(cudaFree(partial));
       CK(cudaMalloc(&partial, grid * H * sizeof(C)));
@@ -231,12 +222,9 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
       diff = std::max(diff, std::fabs(host_float(got_dw[i]) - host_float(want_dw[i])) / dw_scale);
     }
     const float us = graph_us(launch, s);
-    char occupancy[32] = "";
-    if (min_blocks > 0) std::snprintf(occupancy, sizeof occupancy, " minblocks %d", min_blocks);
-    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d%s regs %3d local %3zu per_sm %2d "
-                "grid %5lld %9.3f us %6.3f copy  max|diff| %.2g%s\n", "rms_norm_backward", dtype_name<T>(),
-                (long long)rows, (long long)H, units, threads, bound, occupancy, attr.numRegs,
-                attr.localSizeBytes, per_sm, (long long)grid, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d%s grid %5lld %9.3f us %6.3f copy  "
+                "max|diff| %.2g%s\n", "rms_norm_backward", dtype_name<T>(), (long long)rows, (long long)H, units,
+                threads, bound, facts.words, (long long)grid, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
                 current ? "  <- current policy" : "");
   };
   auto variant = [&](auto units_c, auto threads_c, auto min_blocks_c) {

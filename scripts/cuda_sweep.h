@@ -83,6 +83,26 @@ double copy_gbps(cudaStream_t s) {  // bytes read + written per second of a devi
   return 2.0 * double(bytes) / (us * 1e-6) / 1e9;
 }
 
+// A kernel's resources at `threads` per block: its blocks per SM (the occupancy API), and as words for a
+// sweep's line, the occupancy its policy asked for (when it asked), registers per thread, local memory
+// per thread (spills) and blocks per SM.
+struct KernelFacts {
+  int per_sm = 0;
+  char words[80] = "";
+};
+template <typename Kernel>
+KernelFacts kernel_facts(Kernel kernel, int threads, int min_blocks) {
+  KernelFacts f;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kernel, threads, 0));
+  cudaFuncAttributes attr{};
+  CK(cudaFuncGetAttributes(&attr, kernel));
+  char asked[32] = "";
+  if (min_blocks > 0) std::snprintf(asked, sizeof asked, " minblocks %d", min_blocks);
+  std::snprintf(f.words, sizeof f.words, "%s regs %3d local %3zu per_sm %2d", asked, attr.numRegs,
+                attr.localSizeBytes, f.per_sm);
+  return f;
+}
+
 // The device's name and copy bandwidth, printed once at the top of a sweep; returns the bandwidth.
 inline double sweep_header(cudaStream_t s) {
   int dev = 0;

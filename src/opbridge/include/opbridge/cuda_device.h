@@ -178,9 +178,9 @@ __device__ __forceinline__ void store(T* p, const Vec<T, N>& v) {
 // the Vec itself where it has no such width). A kernel that loads a row's units under `if (i < hv)`
 // and uses them after a block sum can hold them this way: held as Vecs, the 16-bit elements reached
 // the join of the branch as separate 16-bit values, and ptxas kept each unit of 8 in 8 registers
-// instead of 4 (SASS of rms_norm's row-cached kernel, nvcc 13, sm_90). Under an occupancy a policy asks
-// for (a policy's min_blocks) that decides spills: rms_norm_backward's 2 bfloat16 units at 2 blocks of 512 per SM
-// fit 64 registers held so, where as Vecs the kernel took 96 (cuda_norm_backward.h).
+// instead of 4 (SASS of rms_norm's row-cached kernel, nvcc 13, sm_90). Under the occupancy a policy
+// asks for (its min_blocks) that decides spills: rms_norm_backward's 2 bfloat16 units at 2 blocks of
+// 512 per SM fit 64 registers held so, where as Vecs the kernel took 96 (cuda_norm_backward.h).
 template <typename T, int N>
 using held_t = std::conditional_t<std::is_void_v<raw_t<T, N>>, Vec<T, N>, raw_t<T, N>>;
 

@@ -36,9 +36,9 @@ namespace cuda {
 // Liger-Kernel's bfloat16 rms_norm for rows of 8192 runs 512 threads x 16 elements at 39 registers, 3
 // blocks (1536 threads, 48 KiB of loads) per SM, where this kernel's fastest policy ran 2 blocks. Per
 // units, because the registers a unit needs decide what fits: at 3 blocks of 512, 2 bfloat16 units
-// fit 40 registers without spilling, 4 spill (340-500 bytes of spill loads). A kernel asked for an occupancy also holds its units
-// as raw bytes (load_units), and contiguous rows are read as dense ones (launch_rms_rows_of). 0 asks
-// nothing (no .minnctapersm): the shipped policies' code as measured.
+// fit 40 registers without spilling, 4 spill (340-500 bytes of spill loads). A kernel asked for an
+// occupancy also holds its units as raw bytes (load_units), and contiguous rows are read as dense ones
+// (launch_rms_rows_of). 0 asks nothing (no .minnctapersm): the shipped policies' code as measured.
 //
 // The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
 // product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy

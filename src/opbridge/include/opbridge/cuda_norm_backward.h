@@ -21,10 +21,10 @@ namespace cuda {
 
 // The backward's launch policy (cuda_norm.h's knobs): blocks of up to 512 threads; threads grow beyond
 // 256 once a thread holds 4 units or 16 elements. 16-bit rows ask for 2 blocks of 512 per SM
-// (min_blocks, at any units): held as raw bytes they fit 64 registers without spilling, where as Vecs the kernel took
-// 96 (2 units of bfloat16), one block per SM, and its grid ran rms_norm_backward at 0.65 of copy
-// bandwidth on an H200 at 8192 x 8192 (the form with 2 blocks: not measured on a GPU yet; the norm
-// sweep times both).
+// (min_blocks, at any units): held as raw bytes they fit 64 registers without spilling, where as Vecs
+// the kernel took 96 (2 units of bfloat16), one block per SM, and its grid ran rms_norm_backward at
+// 0.65 of copy bandwidth on an H200 at 8192 x 8192 (the form with 2 blocks: not measured on a GPU yet;
+// the norm sweep times both).
 template <int N>
 struct RmsNormBackwardRows {
   static constexpr int kMaxThreads = 512, kPreferredThreads = 256, kMaxUnits = 16 / N < 4 ? 16 / N : 4;
