@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cols", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"])
     args = ap.parse_args(argv)
+    if importlib.util.find_spec("triton") is None:
+        raise SystemExit("liger_registers: triton is not installed (pip install triton); nothing compiled")
     ops = _liger_ops(args.liger)
     for dtype in args.dtypes:
         for cols in args.cols:
