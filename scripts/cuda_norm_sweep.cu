@@ -4,16 +4,20 @@
 // (units per thread 1-8, the threads that follow, the three-barrier or the one-barrier block sum; the
 // current policy with cache-streaming rows; the persistent grid that loads each block's next row
 // during the current one's sum, kPrefetch; and policies that ask for 1536 or 2048 threads per SM,
-// min_blocks, at 1 and 2 units), each timed as 100 launches in a CUDA graph (median of 10 replays)
+// min_blocks, at 1 and 2 units; and, for rms_norm, its rows staged through 2-4 shared-memory stages by
+// cp.async, cuda_norm_staged.h, no policy of the cached kernel but the candidate for many rows), each
+// timed as 100 launches in a CUDA graph (median of 10 replays)
 // and checked against the op's current policy. Each line also gives the kernel's registers per
 // thread, its bytes of local memory (spills) and its blocks per SM. It launches the product's kernel
 // template itself (rms_rows_cached_kernel, with the row source launch_rms_rows_of would pick), so
 // what it measures is what a policy change would ship.
 // Then rms_norm's backward (cuda_norm_backward.h) at the same sizes, under each units / threads /
-// occupancy policy, timed with the column sum its grid needs and checked against the current policy.
+// occupancy policy and staged through 2 or 3 stages (cuda_norm_staged.h), timed with the column sum its
+// grid needs and checked against the current policy.
 // Built and run by scripts/cuda-sweep.sh norm; needs a CUDA GPU. Not part of any build or test.
 #include <opbridge/cuda_norm.h>
 #include <opbridge/cuda_norm_backward.h>
+#include <opbridge/cuda_norm_staged.h>
 
 #include "cuda_sweep.h"
 
@@ -56,29 +60,56 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   };
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto one = [&](auto kernel, const auto& rows_src, int units, int threads, int bound, int min_blocks, bool fast,
-                 bool stream, bool prefetch) {
-    const KernelFacts facts = kernel_facts(kernel, threads, min_blocks);
-    int64_t blocks = rows;
-    if (prefetch) blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));  // one wave
-    const auto launch = [&] { kernel<<<unsigned(blocks), threads, 0, s>>>(out, rows_src, w, rows, H, eps); };
+  // One policy's launch: checked against the reference (the first launch's, the current policy's),
+  // timed, printed. `form`: what sets it apart beyond the common knobs ("", " prefetch", " staged S").
+  auto run = [&](const auto& launch, const KernelFacts& facts, int units, int threads, int bound, bool fast,
+                 bool stream, const char* form, bool current) {
     reset();
     launch();
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(got.data(), out, n * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
-    const bool current = units == current_units && bound == Current::kMaxThreads && fast == Current::kFastSum &&
-                         stream == Current::kStream && prefetch == Current::kPrefetch &&
-                         min_blocks == Current::min_blocks(units);
     if (want.empty()) want = got;  // the first launch is the current policy's: every variant against it
     double diff = 0;
     for (int64_t i = 0; i < n; i += 7) diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
     const float us = graph_us(launch, s);
     std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s%s%s %9.3f us %6.3f copy  "
                 "max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows,
-                (long long)H, units, threads, bound, fast ? "fast" : "3bar", stream ? "stream" : "cached",
-                prefetch ? " prefetch" : "", facts.words, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
-                current ? "  <- current policy" : "");
+                (long long)H, units, threads, bound, fast ? "fast" : "3bar", stream ? "stream" : "cached", form,
+                facts.words, us, bytes / (us * 1e-6) / 1e9 / copy, diff, current ? "  <- current policy" : "");
+  };
+  auto one = [&](auto kernel, const auto& rows_src, int units, int threads, int bound, int min_blocks, bool fast,
+                 bool stream, bool prefetch) {
+    const KernelFacts facts = kernel_facts(kernel, threads, min_blocks);
+    int64_t blocks = rows;
+    if (prefetch) blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));  // one wave
+    const auto launch = [&] { kernel<<<unsigned(blocks), threads, 0, s>>>(out, rows_src, w, rows, H, eps); };
+    const bool current = units == current_units && bound == Current::kMaxThreads && fast == Current::kFastSum &&
+                         stream == Current::kStream && prefetch == Current::kPrefetch &&
+                         min_blocks == Current::min_blocks(units);
+    run(launch, facts, units, threads, bound, fast, stream, prefetch ? " prefetch" : "", current);
+  };
+  // rms_norm's rows through S shared-memory stages (cuda_norm_staged.h): a persistent grid of blocks of
+  // up to MaxT threads, each thread looping over its units; launched as launch_rms_rows_staged would.
+  auto staged = [&](auto stages_c, auto threads_c) {
+    if constexpr (!Fused) {
+      constexpr int S = decltype(stages_c)::value, MaxT = decltype(threads_c)::value;
+      using P = Knobs<MaxT, true>;
+      auto* kernel = cu::rms_rows_staged_kernel<N, S, P, T>;
+      const int threads = cu::row_threads(hv, MaxT);
+      const int smem = int(S * hv * 16);
+      int optin = 0;
+      CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+      if (smem + 512 > optin) return;
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const KernelFacts facts = kernel_facts(kernel, threads, 0, smem);
+      const int64_t blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));  // one wave
+      const T* xin = x;
+      const auto launch = [&] { kernel<<<unsigned(blocks), threads, smem, s>>>(out, xin, w, rows, H, eps); };
+      char form[16];
+      std::snprintf(form, sizeof form, " staged %d", S);
+      run(launch, facts, int((hv + threads - 1) / threads), threads, MaxT, true, false, form, false);
+    }
   };
   // The current policy first (its result is the reference), then every other that fits.
   auto variant_at = [&](auto units_c, auto threads_c, auto fast_c, auto stream_c, auto prefetch_c,
@@ -149,6 +180,15 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   };
   occupied(integral_constant<int, 1>{});  // 4 units spill 72-500 bytes at these occupancies
   occupied(integral_constant<int, 2>{});
+  // rms_norm's rows staged through 2, 3 or 4 shared-memory stages (cp.async), not a policy of the cached kernel.
+  auto staged_at = [&](auto stages_c) {
+    staged(stages_c, integral_constant<int, 256>{});
+    staged(stages_c, integral_constant<int, 512>{});
+    staged(stages_c, integral_constant<int, 1024>{});
+  };
+  staged_at(integral_constant<int, 2>{});
+  staged_at(integral_constant<int, 3>{});
+  staged_at(integral_constant<int, 4>{});
   for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
 }
 
@@ -189,8 +229,16 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   int64_t partial_rows = 0;
   std::vector<T> want_dx, want_dw, got_dx(n), got_dw(H);
   const double bytes = 3.0 * double(n) * sizeof(T) + 2.0 * double(H) * sizeof(T);
-  auto one = [&](auto kernel, int units, int threads, int bound, int min_blocks) {
-    const KernelFacts facts = kernel_facts(kernel, threads, min_blocks);
+  // `smem`, `stages`: the staged kernel's dynamic shared memory and stages (cuda_norm_staged.h); 0 for
+  // the cached kernel.
+  auto one = [&](auto kernel, int units, int threads, int bound, int min_blocks, int smem = 0, int stages = 0) {
+    if (smem > 0) {
+      int optin = 0;
+      CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+      if (smem + 1024 > optin) return;
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    }
+    const KernelFacts facts = kernel_facts(kernel, threads, min_blocks, smem);
     const int64_t grid = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));
     if (grid > partial_rows) {
       if (partial != nullptr) CK(cudaFree(partial));
@@ -198,7 +246,7 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
       partial_rows = grid;
     }
     const auto launch = [&] {
-      kernel<<<unsigned(grid), threads, 0, s>>>(dx, dw, partial, g, x, w, rows, H, C(1e-6));
+      kernel<<<unsigned(grid), threads, smem, s>>>(dx, dw, partial, g, x, w, rows, H, C(1e-6));
       if (grid > 1) {
         cu::column_sum_kernel<T><<<unsigned((H + cu::kColumns - 1) / cu::kColumns),
                                    dim3(cu::kColumns, cu::kColumnGroups), 0, s>>>(dw, partial, grid, H);
@@ -209,7 +257,7 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     CK(cudaMemcpyAsync(got_dx.data(), dx, n * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaMemcpyAsync(got_dw.data(), dw, H * sizeof(T), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
-    const bool current = units == current_units && bound == Current::kMaxThreads &&
+    const bool current = stages == 0 && units == current_units && bound == Current::kMaxThreads &&
                          min_blocks == Current::min_blocks(units);
     if (want_dx.empty()) want_dx = got_dx, want_dw = got_dw;  // the current policy's: every variant against it
     double diff = 0, dw_scale = 1;
@@ -222,9 +270,11 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
       diff = std::max(diff, std::fabs(host_float(got_dw[i]) - host_float(want_dw[i])) / dw_scale);
     }
     const float us = graph_us(launch, s);
-    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d%s grid %5lld %9.3f us %6.3f copy  "
+    char form[16] = "";
+    if (stages > 0) std::snprintf(form, sizeof form, " staged %d", stages);
+    std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d%s%s grid %5lld %9.3f us %6.3f copy  "
                 "max|diff| %.2g%s\n", "rms_norm_backward", dtype_name<T>(), (long long)rows, (long long)H, units,
-                threads, bound, facts.words, (long long)grid, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
+                threads, bound, form, facts.words, (long long)grid, us, bytes / (us * 1e-6) / 1e9 / copy, diff,
                 current ? "  <- current policy" : "");
   };
   auto variant = [&](auto units_c, auto threads_c, auto min_blocks_c) {
@@ -259,6 +309,24 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   per_units(integral_constant<int, 1>{});
   per_units(integral_constant<int, 2>{});
   per_units(integral_constant<int, 4>{});
+  // x's and grad's rows staged through S shared-memory stages (cuda_norm_staged.h).
+  auto staged = [&](auto units_c, auto threads_c, auto stages_c) {
+    constexpr int K = decltype(units_c)::value, MaxT = decltype(threads_c)::value, S = decltype(stages_c)::value;
+    if constexpr (K * N <= 16) {
+      const int64_t per_thread = (hv + K - 1) / K;
+      if (per_thread > MaxT || per_thread < 32) return;
+      one(cu::rms_norm_backward_staged_kernel<BackwardKnobs<MaxT, 0>, N, K, S, T>, K, cu::row_threads(per_thread, MaxT),
+          MaxT, 0, int(S * 2 * hv * 16), S);
+    }
+  };
+  auto staged_at = [&](auto units_c) {
+    staged(units_c, integral_constant<int, 512>{}, integral_constant<int, 2>{});
+    staged(units_c, integral_constant<int, 512>{}, integral_constant<int, 3>{});
+    staged(units_c, integral_constant<int, 1024>{}, integral_constant<int, 2>{});
+    staged(units_c, integral_constant<int, 1024>{}, integral_constant<int, 3>{});
+  };
+  staged_at(integral_constant<int, 1>{});
+  staged_at(integral_constant<int, 2>{});
   for (T* p : {x, g, w, dx, dw}) CK(cudaFree(p));
   if (partial != nullptr) CK(cudaFree(partial));
 }

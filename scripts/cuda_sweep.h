@@ -83,23 +83,26 @@ double copy_gbps(cudaStream_t s) {  // bytes read + written per second of a devi
   return 2.0 * double(bytes) / (us * 1e-6) / 1e9;
 }
 
-// A kernel's resources at `threads` per block: its blocks per SM (the occupancy API), and as words for a
-// sweep's line, the occupancy its policy asked for (when it asked), registers per thread, local memory
-// per thread (spills) and blocks per SM.
+// A kernel's resources at `threads` per block (and `smem` bytes of dynamic shared memory): its blocks
+// per SM (the occupancy API), and as words for a sweep's line, the occupancy its policy asked for (when
+// it asked), registers per thread, local memory per thread (spills), blocks per SM and the dynamic
+// shared memory (when there is any).
 struct KernelFacts {
   int per_sm = 0;
   char words[80] = "";
 };
 template <typename Kernel>
-KernelFacts kernel_facts(Kernel kernel, int threads, int min_blocks) {
+KernelFacts kernel_facts(Kernel kernel, int threads, int min_blocks, int smem = 0) {
   KernelFacts f;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kernel, threads, 0));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kernel, threads, smem));
   cudaFuncAttributes attr{};
   CK(cudaFuncGetAttributes(&attr, kernel));
   char asked[32] = "";
   if (min_blocks > 0) std::snprintf(asked, sizeof asked, " minblocks %d", min_blocks);
-  std::snprintf(f.words, sizeof f.words, "%s regs %3d local %3zu per_sm %2d", asked, attr.numRegs,
-                attr.localSizeBytes, f.per_sm);
+  char shared[24] = "";
+  if (smem > 0) std::snprintf(shared, sizeof shared, " smem %d", smem);
+  std::snprintf(f.words, sizeof f.words, "%s regs %3d local %3zu per_sm %2d%s", asked, attr.numRegs,
+                attr.localSizeBytes, f.per_sm, shared);
   return f;
 }
 

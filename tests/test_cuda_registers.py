@@ -70,3 +70,53 @@ def test_no_cuda_kernel_spills_registers() -> None:
         assert kernels, f"{source}: no kernel in ptxas' log:\n{log[-2000:]}"
         spilling.update({f"{source}: {name}": n for name, n in kernels.items() if n})
     assert not spilling, f"kernels that spill (bytes stored + loaded): {spilling}"
+
+
+# The staged kernels (cuda_norm_staged.h) are in no csrc/*.cu until a policy ships them; the norm sweep
+# times them. These instances are the sweep's, for bfloat16 and float32.
+STAGED_TU = """
+#include <opbridge/cuda_norm_staged.h>
+namespace cu = opbridge::cuda;
+template <int MaxThreads>
+struct P {
+  static constexpr int kMaxThreads = MaxThreads;
+  static constexpr bool kFastSum = true, kStream = false;
+  static constexpr int min_blocks(int) { return 0; }
+};
+template <typename T>
+void instances(void** k) {
+  constexpr int N = cu::kVec<T>;
+  k[0] = (void*)cu::rms_rows_staged_kernel<N, 2, P<1024>, T>;
+  k[1] = (void*)cu::rms_rows_staged_kernel<N, 3, P<512>, T>;
+  k[2] = (void*)cu::rms_rows_staged_kernel<N, 4, P<256>, T>;
+  k[3] = (void*)cu::rms_norm_backward_staged_kernel<P<512>, N, 1, 2, T>;
+  k[4] = (void*)cu::rms_norm_backward_staged_kernel<P<512>, N, 2, 3, T>;
+  k[5] = (void*)cu::rms_norm_backward_staged_kernel<P<1024>, N, 2, 2, T>;
+}
+void all(void** k) {
+  instances<__nv_bfloat16>(k);
+  instances<float>(k + 6);
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
+def test_staged_kernels_copy_asynchronously_and_do_not_spill(tmp_path: Path) -> None:
+    from tvm_ffi import libinfo
+
+    source = tmp_path / "staged.cu"
+    source.write_text(STAGED_TU)
+    includes = [compile_mod.INCLUDE_DIR, libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
+    base = [str(NVCC), "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-arch=sm_90", *[f"-I{p}" for p in includes]]
+    ptx = tmp_path / "staged.ptx"
+    done = subprocess.run([*base, "-ptx", str(source), "-o", str(ptx)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = ptx.read_text()
+    entries = text.count(".entry ")
+    assert entries == 12, f"{entries} kernels in the PTX, want 12"
+    # every kernel's rows go through shared memory by cp.async, and each waits for its copies
+    assert text.count("cp.async.cg.shared.global") >= entries and text.count("cp.async.wait_group") >= 2 * entries
+    done = subprocess.run([*base, "-c", str(source), "-o", os.devnull, "-Xptxas", "-v"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = spills(done.stderr)
+    assert len(kernels) == 12 and not any(kernels.values()), kernels

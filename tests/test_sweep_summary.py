@@ -78,3 +78,22 @@ def test_occupancy_policies_and_the_backward_read_as_cases() -> None:
     assert bwd.op == "rms_norm_backward" and bwd.speedup == 1.0  # the old 96-register form is slower
     # a policy whose result differs beyond rounding is a mismatch, never the fastest
     assert bwd.mismatches == ["units 2 threads 512 bound 512 minblocks 4 regs 32 local 312 per_sm 4 grid 528"]
+
+
+# The staged kernels' lines (cuda_norm_staged.h): "staged S" and the dynamic shared memory in the policy.
+STAGED = """\
+rms_norm           bfloat16  8192 x 8192  units 1 threads 1024 bound 1024 fast cached regs  32 local   0 per_sm  2    88.000 us  1.000 copy  max|diff| 0  <- current policy
+rms_norm           bfloat16  8192 x 8192  units 4 threads  256 bound  256 fast cached staged 3 regs  28 local   0 per_sm  4 smem 49152    68.000 us  1.290 copy  max|diff| 0
+rms_norm           bfloat16  8192 x 8192  units 1 threads 1024 bound 1024 fast cached staged 2 regs  29 local   0 per_sm  2 smem 32768    99.000 us  0.890 copy  max|diff| 0.25
+rms_norm_backward  bfloat16  8192 x 8192  units 2 threads  512 bound  512 minblocks 2 regs  64 local   0 per_sm  2 grid   264   120.000 us  0.900 copy  max|diff| 0  <- current policy
+rms_norm_backward  bfloat16  8192 x 8192  units 2 threads  512 bound  512 staged 2 regs  59 local   0 per_sm  2 smem 65536 grid   264    90.000 us  1.200 copy  max|diff| 0.0039
+"""  # noqa: E501
+
+
+def test_staged_kernels_read_as_policies_of_their_case() -> None:
+    fwd, bwd = sweep_summary.cases(STAGED)
+    assert fwd.best.policy == "units 4 threads 256 bound 256 fast cached staged 3 regs 28 local 0 per_sm 4 smem 49152"
+    assert fwd.speedup == pytest.approx(88 / 68, abs=1e-3)
+    assert fwd.mismatches == ["units 1 threads 1024 bound 1024 fast cached staged 2 regs 29 local 0 per_sm 2 smem 32768"]
+    assert bwd.best.policy == "units 2 threads 512 bound 512 staged 2 regs 59 local 0 per_sm 2 smem 65536 grid 264"
+    assert bwd.speedup == pytest.approx(120 / 90, abs=1e-3)

@@ -32,6 +32,37 @@ struct RmsNormBackwardRows {
   static constexpr int min_blocks(int) { return N >= 8 ? 2 : 0; }
 };
 
+// A block's running sums of g x r, its threads' K units of N columns each, as the weight gradient (a
+// grid of one block: a decode step's one row is one kernel) or as the block's row of partial, in
+// 128-bit stores: scalar ones touched 32 sectors per warp instruction for the 16-bit types (a thread's
+// N floats are 32 bytes apart from its neighbour's) and took half of a one-row call.
+template <int N, int K, typename T, typename C>
+__device__ __forceinline__ void store_column_sums(const C (&acc)[K][N], T* grad_w, C* partial, int hv, int64_t H) {
+  constexpr int PW = 16 / int(sizeof(C));  // partial's floats per 128-bit store
+  static_assert(N % PW == 0, "partial store width");
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < hv) {
+      if (gridDim.x == 1) {
+        Vec<T, N> o;
+#pragma unroll
+        for (int j = 0; j < N; ++j) o.v[j] = from_compute<T>(acc[k][j]);
+        store<N>(grad_w + i * N, o);
+      } else {
+        C* part = partial + int64_t(blockIdx.x) * H + int64_t(i) * N;
+#pragma unroll
+        for (int j = 0; j < N; j += PW) {
+          Vec<C, PW> v;
+#pragma unroll
+          for (int q = 0; q < PW; ++q) v.v[q] = acc[k][j + q];
+          store<PW>(part + j, v);
+        }
+      }
+    }
+  }
+}
+
 template <typename P, int N, int K, typename T, typename C = compute_t<T>>
 __global__ void __launch_bounds__(P::kMaxThreads, P::min_blocks(K))
     rms_norm_backward_cached_kernel(T* grad_x, T* grad_w, C* __restrict__ partial, const T* __restrict__ grad,
@@ -127,32 +158,7 @@ __global__ void __launch_bounds__(P::kMaxThreads, P::min_blocks(K))
       }
     }
   }
-  // One block (a grid of one): the sums are the weight gradient. Else this block's row of partial,
-  // in 128-bit stores: scalar ones touched 32 sectors per warp instruction for the 16-bit types (a
-  // thread's N floats are 32 bytes apart from its neighbour's) and took half of a one-row call.
-  constexpr int PW = 16 / int(sizeof(C));  // partial's floats per 128-bit store
-  static_assert(N % PW == 0, "partial store width");
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    if (i < hv) {
-      if (gridDim.x == 1) {
-        Vec<T, N> o;
-#pragma unroll
-        for (int j = 0; j < N; ++j) o.v[j] = from_compute<T>(acc[k][j]);
-        store<N>(grad_w + i * N, o);
-      } else {
-        C* part = partial + int64_t(blockIdx.x) * H + int64_t(i) * N;
-#pragma unroll
-        for (int j = 0; j < N; j += PW) {
-          Vec<C, PW> v;
-#pragma unroll
-          for (int q = 0; q < PW; ++q) v.v[q] = acc[k][j + q];
-          store<PW>(part + j, v);
-        }
-      }
-    }
-  }
+  store_column_sums<N, K>(acc, grad_w, partial, hv, H);
 }
 
 constexpr int kColumns = 32, kColumnGroups = 8;
