@@ -94,6 +94,7 @@ def test_staged_kernels_read_as_policies_of_their_case() -> None:
     fwd, bwd = sweep_summary.cases(STAGED)
     assert fwd.best.policy == "units 4 threads 256 bound 256 fast cached staged 3 regs 28 local 0 per_sm 4 smem 49152"
     assert fwd.speedup == pytest.approx(88 / 68, abs=1e-3)
-    assert fwd.mismatches == ["units 1 threads 1024 bound 1024 fast cached staged 2 regs 29 local 0 per_sm 2 smem 32768"]
+    mismatch = "units 1 threads 1024 bound 1024 fast cached staged 2 regs 29 local 0 per_sm 2 smem 32768"
+    assert fwd.mismatches == [mismatch]
     assert bwd.best.policy == "units 2 threads 512 bound 512 staged 2 regs 59 local 0 per_sm 2 smem 65536 grid 264"
     assert bwd.speedup == pytest.approx(120 / 90, abs=1e-3)
