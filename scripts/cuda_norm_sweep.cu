@@ -71,7 +71,9 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     CK(cudaStreamSynchronize(s));
     if (want.empty()) want = got;  // the first launch is the current policy's: every variant against it
     double diff = 0;
-    for (int64_t i = 0; i < n; i += 7) diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
+    for (int64_t i = 0; i < n; i += 7) {
+      diff = std::max(diff, double(std::fabs(host_float(got[i]) - host_float(want[i]))));
+    }
     const float us = graph_us(launch, s);
     std::printf("%-18s %-8s %5lld x %-5lld units %d threads %4d bound %4d %-4s %-6s%s%s %9.3f us %6.3f copy  "
                 "max|diff| %.2g%s\n", Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows,

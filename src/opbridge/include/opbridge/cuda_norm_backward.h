@@ -32,6 +32,42 @@ struct RmsNormBackwardRows {
   static constexpr int min_blocks(int) { return N >= 8 ? 2 : 0; }
 };
 
+// The backward's formulas per unit, for the staged kernel (cuda_norm_staged.h); the cached kernel below
+// writes them out (its comment says why).
+// One unit's terms of a row's two sums: (x^2, g w x).
+template <int N, typename T, typename C2>
+__device__ __forceinline__ void add_row_sums(C2& sums, const Vec<T, N>& xv, const Vec<T, N>& gv,
+                                             const Vec<T, N>& wv) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const auto v = to_compute(xv.v[j]);
+    sums.x += v * v;
+    sums.y += to_compute(gv.v[j]) * to_compute(wv.v[j]) * v;
+  }
+}
+
+// A row's r and c = r^3 mean(g w x) from its block-summed (sum x^2, sum g w x).
+template <typename C, typename C2>
+__device__ __forceinline__ void row_scales(const C2& sums, int64_t H, C eps, C& rs, C& c) {
+  rs = rsqrt_of(sums.x / C(H) + eps);  // a division: an inverse held across the rows spilled
+  c = rs * rs * rs * sums.y / C(H);
+}
+
+// One unit of dx = r g w - c x, its columns' g x r added to `acc`.
+template <int N, typename T, typename C>
+__device__ __forceinline__ Vec<T, N> unit_grad(const Vec<T, N>& xv, const Vec<T, N>& gv, const Vec<T, N>& wv, C rs,
+                                               C c, C (&acc)[N]) {
+  Vec<T, N> o;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const C v = to_compute(xv.v[j]);
+    const C g = to_compute(gv.v[j]);
+    o.v[j] = from_compute<T>(rs * g * to_compute(wv.v[j]) - c * v);
+    acc[j] += g * v * rs;
+  }
+  return o;
+}
+
 // A block's running sums of g x r, its threads' K units of N columns each, as the weight gradient (a
 // grid of one block: a decode step's one row is one kernel) or as the block's row of partial, in
 // 128-bit stores: scalar ones touched 32 sectors per warp instruction for the 16-bit types (a thread's
@@ -126,6 +162,8 @@ __global__ void __launch_bounds__(P::kMaxThreads, P::min_blocks(K))
         }
       }
     }
+    // add_row_sums, row_scales and unit_grad written out: called here, they made the 16-bit 2-unit kernel
+    // spill 36 bytes at its 64 registers (nvcc 13, sm_90; tests/test_cuda_registers.py).
     C2 sums = {C(0), C(0)};  // (sum x^2, sum g w x)
 #pragma unroll
     for (int k = 0; k < K; ++k) {

@@ -178,33 +178,16 @@ __global__ void __launch_bounds__(P::kMaxThreads)
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
-      if (i < hv) {
-        const Vec<T, N> xv = unhold<T, N>(xrow[i]), gv = unhold<T, N>(grow[i]), wv = unhold<T, N>(wh[k]);
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const C v = to_compute(xv.v[j]);
-          sums.x += v * v;
-          sums.y += to_compute(gv.v[j]) * to_compute(wv.v[j]) * v;
-        }
-      }
+      if (i < hv) add_row_sums(sums, unhold<T, N>(xrow[i]), unhold<T, N>(grow[i]), unhold<T, N>(wh[k]));
     }
-    sums = block_sum_fast(sums, scratch, parity);
-    const C rs = rsqrt_of(sums.x / C(H) + eps);
-    const C c = rs * rs * rs * sums.y / C(H);
+    C rs, c;
+    row_scales(block_sum_fast(sums, scratch, parity), H, eps, rs, c);
     T* dxr = grad_x + r * H;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i < hv) {
-        const Vec<T, N> xv = unhold<T, N>(xrow[i]), gv = unhold<T, N>(grow[i]), wv = unhold<T, N>(wh[k]);
-        Vec<T, N> o;
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const C v = to_compute(xv.v[j]);
-          const C g = to_compute(gv.v[j]);
-          o.v[j] = from_compute<T>(rs * g * to_compute(wv.v[j]) - c * v);
-          acc[k][j] += g * v * rs;
-        }
+        const Vec<T, N> o = unit_grad(unhold<T, N>(xrow[i]), unhold<T, N>(grow[i]), unhold<T, N>(wh[k]), rs, c, acc[k]);
         store<N>(dxr + i * N, o);
       }
     }
