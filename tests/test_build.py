@@ -55,6 +55,23 @@ def test_cache_key_hashes_contents_not_paths_or_mtimes(tmp_path: Path) -> None:
     assert bcompile.fingerprint(flagged) != key, "flags must change the key"
 
 
+def test_cuda_flags_reach_nvcc_and_key_cuda_builds_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # OPBRIDGE_CUDA_FLAGS: a launch policy tried in the product's kernels (-DOPB_RMS_NORM_STAGES=3)
+    # builds its own module beside the default one, and CPU modules are untouched
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void k() {}\n")
+    cuda = bcompile.BuildSpec(name="k", sources=(src,), device="cuda")
+    cpu = _spec(tmp_path)
+    monkeypatch.delenv("OPBRIDGE_CUDA_FLAGS", raising=False)
+    keys = bcompile.fingerprint(cuda), bcompile.fingerprint(cpu)
+    monkeypatch.setenv("OPBRIDGE_CUDA_FLAGS", "-DOPB_RMS_NORM_STAGES=3 '-DNAME=a b'")
+    assert bcompile._default_flags(cuda)[1][-2:] == ["-DOPB_RMS_NORM_STAGES=3", "-DNAME=a b"]
+    assert bcompile.fingerprint(cuda) != keys[0] and bcompile.fingerprint(cpu) == keys[1]
+    monkeypatch.setenv("OPBRIDGE_CUDA_FLAGS", "-DX='unclosed")
+    with pytest.raises(ValueError, match="OPBRIDGE_CUDA_FLAGS must split as shell words"):
+        bcompile.fingerprint(cuda)
+
+
 def test_cache_key_covers_headers_beside_the_sources(tmp_path: Path) -> None:
     # `#include "x.h"` finds x.h beside the including file, in no include directory; the key
     # must cover it, and what it includes in turn, or an edit would load the old module.

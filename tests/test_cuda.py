@@ -433,8 +433,10 @@ def test_cuda_matches_cpu(gpu: Any, name: str, dtype: str) -> None:
 # to 1024 threads (fused_add_rms_norm at 9000 and 8192), and the two-pass form for longer rows
 # (rms_norm float32 at 9000; both at 20000). Backward: the cached persistent kernel with several rows
 # per block (5000 x 256) and 2 or 4 units per thread (4096, 8192), and the global-partial form
-# (9000, 20000).
-ROW_SHAPES = [(300, 9000), (5000, 256), (64, 4096), (40, 8192), (6, 20000)]
+# (9000, 20000). With the staged policies on (OPBRIDGE_CUDA_FLAGS="-DOPB_RMS_NORM_STAGES=3
+# -DOPB_RMS_NORM_BACKWARD_STAGES=2", cuda_norm_staged.h; from 1024 rows), 5000 x 256 and 2048 x 4096
+# take the staged kernels, forward and backward, several rows per block.
+ROW_SHAPES = [(300, 9000), (5000, 256), (64, 4096), (40, 8192), (6, 20000), (2048, 4096)]
 
 
 @pytest.mark.parametrize("shape", ROW_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -49,11 +49,11 @@ def test_spills_reads_ptxas_log() -> None:
     assert spills(log) == {"_Z1kv": 20, "_Z1jv": 0}
 
 
-def _ptxas_log(source: str) -> str:
+def _ptxas_log(source: str, flags: tuple[str, ...] = ()) -> str:
     from tvm_ffi import libinfo
 
     includes = [compile_mod.INCLUDE_DIR, libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
-    cmd = [str(NVCC), "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-arch=sm_90",
+    cmd = [str(NVCC), "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-arch=sm_90", *flags,
            *[f"-I{p}" for p in includes], "-c", str(CSRC / source), "-o", os.devnull, "-Xptxas", "-v"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -120,3 +120,13 @@ def test_staged_kernels_copy_asynchronously_and_do_not_spill(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = spills(done.stderr)
     assert len(kernels) == 12 and not any(kernels.values()), kernels
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
+def test_rms_norm_with_its_staged_policies_on_compiles_without_spills() -> None:
+    # what OPBRIDGE_CUDA_FLAGS="-DOPB_RMS_NORM_STAGES=3 -DOPB_RMS_NORM_BACKWARD_STAGES=2" builds
+    log = _ptxas_log("rms_norm.cu", ("-DOPB_RMS_NORM_STAGES=3", "-DOPB_RMS_NORM_BACKWARD_STAGES=2"))
+    kernels = spills(log)
+    staged = {name: n for name, n in kernels.items() if "staged_kernel" in name}
+    assert len(staged) == 4 + 10, sorted(staged)  # forward per dtype; backward per dtype and units
+    assert not any(kernels.values()), {name: n for name, n in kernels.items() if n}

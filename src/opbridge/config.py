@@ -13,6 +13,11 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_NO_PROGRESS``   ``1`` hides the build progress line            ``0``
 ``OPBRIDGE_CXX``           C++ compiler                                   ``$CXX`` or ``c++``
 ``OPBRIDGE_CUDA_ARCHS``    CUDA architectures for ``.cu`` sources         ``80;90``
+``OPBRIDGE_CUDA_FLAGS``    more ``nvcc`` flags for ``.cu`` sources, split  none
+                           as a shell would (part of the cache key): a
+                           launch policy tried in the product's kernels
+                           (``-DOPB_RMS_NORM_STAGES=3``,
+                           ``include/opbridge/cuda_norm_staged.h``)
 ``OPBRIDGE_AOT_DEVICES``   devices ``pip install .`` builds a plugin's   CPU, and CUDA where
                            modules for, comma-separated (``cpu``,          the library has
                            ``cpu,cuda``): a device named here that         ``.cu`` sources and
@@ -98,6 +103,23 @@ def cuda_archs() -> list[str]:
     """CUDA architectures to compile for, e.g. ``["80", "90"]``."""
     raw = os.environ.get("OPBRIDGE_CUDA_ARCHS", "80;90")
     return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+
+
+def cuda_flags() -> list[str]:
+    """More ``nvcc`` flags for ``.cu`` sources (``OPBRIDGE_CUDA_FLAGS``, split as a shell would).
+
+    Raises
+    ------
+    ValueError
+        If the value does not split (an unclosed quote).
+    """
+    import shlex
+
+    raw = os.environ.get("OPBRIDGE_CUDA_FLAGS", "")
+    try:
+        return shlex.split(raw)
+    except ValueError as e:
+        raise ValueError(f"OPBRIDGE_CUDA_FLAGS must split as shell words ({e}), got {raw!r}") from None
 
 
 AOT_DEVICE_CHOICES = ("cpu", "cuda")

@@ -124,7 +124,7 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
             # JIT-compile it instead of failing with "no kernel image".
             newest = max(archs, key=cuda_arch_key)
             cuda += ["-gencode", f"arch=compute_{newest},code=compute_{newest}"]
-        cuda += [*inc, *spec.cflags]
+        cuda += [*inc, *spec.cflags, *config.cuda_flags()]
     _, lib = _tvm_ffi_paths()
     ld = ["-shared", "-fopenmp", f"-L{lib.parent}", f"-l{lib.stem.removeprefix('lib')}"]
     if spec.device == "cuda":

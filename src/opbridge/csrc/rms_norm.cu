@@ -8,6 +8,7 @@
 #include <opbridge/cuda.h>
 #include <opbridge/cuda_norm.h>
 #include <opbridge/cuda_norm_backward.h>
+#include <opbridge/cuda_norm_staged.h>
 #include <opbridge/ops/rms_norm.h>
 
 namespace {
@@ -123,7 +124,8 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, y, a, w) && xs.stride % V == 0) {
-      if (!cu::launch_rms_rows_of<cu::RmsNormRows, V>(ctx, y, a, xs, w, rows, H, C(eps))) {
+      if (!cu::launch_rms_rows_staged<cu::RmsNormStaged, V>(ctx, y, a, xs, w, rows, H, C(eps)) &&
+          !cu::launch_rms_rows_of<cu::RmsNormRows, V>(ctx, y, a, xs, w, rows, H, C(eps))) {
         rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
       }
     } else {
@@ -152,6 +154,9 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
     const bool vec = cu::can_vectorize<T>(H, dx, g, a, w);
+    if (vec && cu::launch_rms_backward_staged<cu::RmsNormBackwardStaged, V>(ctx, dx, dw, g, a, w, rows, H, C(eps))) {
+      return;
+    }
     const int units = vec ? cu::cached_units<Backward<V>>(H / V) : 0;
     // Blocks of the main kernel, each owning one row of partial dw (fp32, fp64 for float64):
     // one full wave of the cached kernel where rows fit, else enough two-pass blocks to fill the GPU.

@@ -17,8 +17,13 @@
 // thread's next copy into a stage comes after the stores that consumed what it read there (in-order
 // issue; the values stored are those reads). The only barrier is the block sum's.
 //
-// Not shipped: no policy of rms_norm.cu selects it (kStages is 0) until scripts/cuda-sweep.sh norm
-// has timed it on a GPU against the cached kernel (its "staged" lines); untried on a GPU as written.
+// Not shipped: rms_norm.cu's staged policies below ask for no stages (kStages 0: the kernels are not
+// even compiled) until scripts/cuda-sweep.sh norm has timed them on a GPU against the cached kernel
+// (its "staged" lines); untried on a GPU as written. To try them in the product itself (its tests,
+// opbridge bench gpu), build the CUDA module with them on:
+//   OPBRIDGE_CUDA_FLAGS="-DOPB_RMS_NORM_STAGES=3 -DOPB_RMS_NORM_BACKWARD_STAGES=2"
+// (a module of its own in the cache: the flags are part of its key), and optionally
+// -DOPB_RMS_NORM_STAGED_THREADS=, _STAGED_ROWS=, -DOPB_RMS_NORM_BACKWARD_STAGED_THREADS=, _STAGED_ROWS=.
 #pragma once
 
 #include <opbridge/cuda_norm.h>
@@ -26,8 +31,43 @@
 
 #include <atomic>
 
+#ifndef OPB_RMS_NORM_STAGES
+#define OPB_RMS_NORM_STAGES 0
+#endif
+#ifndef OPB_RMS_NORM_STAGED_THREADS
+#define OPB_RMS_NORM_STAGED_THREADS 512
+#endif
+#ifndef OPB_RMS_NORM_STAGED_ROWS
+#define OPB_RMS_NORM_STAGED_ROWS 1024
+#endif
+#ifndef OPB_RMS_NORM_BACKWARD_STAGES
+#define OPB_RMS_NORM_BACKWARD_STAGES 0
+#endif
+#ifndef OPB_RMS_NORM_BACKWARD_STAGED_THREADS
+#define OPB_RMS_NORM_BACKWARD_STAGED_THREADS 512
+#endif
+#ifndef OPB_RMS_NORM_BACKWARD_STAGED_ROWS
+#define OPB_RMS_NORM_BACKWARD_STAGED_ROWS 1024
+#endif
+
 namespace opbridge {
 namespace cuda {
+
+// rms_norm.cu's staged policies: kStages stages (0: off), blocks of up to kMaxThreads, from kMinRows
+// rows on (fewer rows keep the cached kernel, whose one round trip per row is the latency floor).
+template <int N>
+struct RmsNormStaged {
+  static constexpr int kStages = OPB_RMS_NORM_STAGES, kMaxThreads = OPB_RMS_NORM_STAGED_THREADS;
+  static constexpr int64_t kMinRows = OPB_RMS_NORM_STAGED_ROWS;
+  static constexpr bool kFastSum = true, kStream = false;
+};
+// The backward's: units per thread as RmsNormBackwardRows spreads them, no occupancy asked.
+template <int N>
+struct RmsNormBackwardStaged : RmsNormBackwardRows<N> {
+  static constexpr int kStages = OPB_RMS_NORM_BACKWARD_STAGES, kMaxThreads = OPB_RMS_NORM_BACKWARD_STAGED_THREADS;
+  static constexpr int64_t kMinRows = OPB_RMS_NORM_BACKWARD_STAGED_ROWS;
+  static constexpr int min_blocks(int) { return 0; }
+};
 
 // 16 bytes from global to shared memory without passing through registers (cp.async.cg: cached in
 // L2 only), completed by copy_async_wait. Before sm_80 a plain copy through a register: the same
@@ -222,8 +262,9 @@ int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int sme
 }
 
 // Launches the staged kernel under policy P (its kStages stages, blocks of up to kMaxThreads) over
-// contiguous rows of x. Returns false, launching nothing, where it does not apply: rows at a stride,
-// rows too wide for the stages' shared memory. The caller checked 16-byte alignment (can_vectorize).
+// contiguous rows of x. Returns false, launching nothing, where it does not apply: fewer than
+// P::kMinRows rows, rows at a stride, rows too wide for the stages' shared memory. The caller checked
+// 16-byte alignment (can_vectorize).
 template <template <int> class Policy, int N, typename T, typename C>
 bool launch_rms_rows_staged(const Context& ctx, T* out, const T* x, const StridedRows& xs, const T* w, int64_t rows,
                             int64_t H, C eps) {
@@ -232,7 +273,7 @@ bool launch_rms_rows_staged(const Context& ctx, T* out, const T* x, const Stride
   if constexpr (S < 1) {
     return false;
   } else {
-    if (!(xs.per == 1 && xs.stride == H) || H % N != 0) return false;
+    if (rows < std::max<int64_t>(P::kMinRows, 1) || !(xs.per == 1 && xs.stride == H) || H % N != 0) return false;
     const int64_t hv = H / N;
     const int64_t smem = int64_t(S) * hv * 16;
     if (smem > (int64_t(1) << 20)) return false;
@@ -244,6 +285,47 @@ bool launch_rms_rows_staged(const Context& ctx, T* out, const T* x, const Stride
     const int64_t blocks = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * per_sm);
     kernel<<<static_cast<unsigned>(blocks), threads, static_cast<size_t>(smem), ctx.stream>>>(out, x, w, rows, H, eps);
     return true;
+  }
+}
+
+// The staged backward under policy P over contiguous rows (the caller checked can_vectorize), with its
+// column sum where the grid has more than one block (its partial sums in stream-ordered scratch).
+// Returns false, launching nothing, where it does not apply: no stages, fewer than P::kMinRows rows,
+// rows whose units do not fit a block or whose stages do not fit its shared memory.
+template <template <int> class Policy, int N, typename T, typename C>
+bool launch_rms_backward_staged(const Context& ctx, T* dx, T* dw, const T* g, const T* x, const T* w, int64_t rows,
+                                int64_t H, C eps) {
+  using P = Policy<N>;
+  constexpr int S = P::kStages;
+  if constexpr (S < 1) {
+    return false;
+  } else {
+    if (rows < std::max<int64_t>(P::kMinRows, 1) || H % N != 0) return false;
+    const int64_t hv = H / N;
+    const int units = cached_units<P>(hv);
+    const int64_t smem = int64_t(S) * 2 * hv * 16;
+    if (units == 0 || smem > (int64_t(1) << 20)) return false;
+    const int threads = row_threads((hv + units - 1) / units, P::kMaxThreads);
+    bool launched = false;
+    with_units<P::kMaxUnits>(units, [&](auto k_const) {
+      constexpr int K = decltype(k_const)::value;
+      auto* kernel = rms_norm_backward_staged_kernel<P, N, K, S, T, C>;
+      static std::atomic<int64_t> cache{0};
+      const int per_sm = staged_blocks_per_sm(ctx, kernel, threads, static_cast<int>(smem), cache);
+      if (per_sm == 0) return;
+      const int64_t grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * per_sm);
+      Scratch partial(ctx.op(), ctx, grid == 1 ? 0 : size_t(grid) * size_t(H) * sizeof(C));
+      kernel<<<static_cast<unsigned>(grid), threads, static_cast<size_t>(smem), ctx.stream>>>(
+          dx, dw, partial.as<C>(), g, x, w, rows, H, eps);
+      ctx.check_launch();
+      if (grid > 1) {
+        column_sum_kernel<T><<<static_cast<unsigned>((H + kColumns - 1) / kColumns), dim3(kColumns, kColumnGroups), 0,
+                               ctx.stream>>>(dw, partial.as<const C>(), grid, H);
+        ctx.check_launch();
+      }
+      launched = true;
+    });
+    return launched;
   }
 }
 
