@@ -17,9 +17,15 @@ def _junit(path: Path) -> dict[str, object]:
     root = ET.parse(path).getroot()  # noqa: S314 - our own pytest's output
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     assert suite is not None
-    failed = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
-              if c.find("failure") is not None or c.find("error") is not None]
-    return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")} | {"failed": failed}
+    failed, crashed = [], []
+    for c in suite.iter("testcase"):
+        bad = c.find("failure") if c.find("failure") is not None else c.find("error")
+        if bad is not None:
+            failed.append(f"{c.get('classname')}::{c.get('name')}")
+            if "crashed while running" in (bad.get("message") or ""):  # a native fault in an xdist worker
+                crashed.append(failed[-1])
+    return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")} | {
+        "failed": failed, "crashed": crashed}
 
 
 def _last_json(text: str) -> object:

@@ -11,9 +11,11 @@ tvm-ffi itself, as ``jax_tvm_ffi`` does).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,36 @@ def test_without_faulthandler_nothing_is_saved() -> None:
         assert not _tvm.restore_fault_action(None)
         """, faulthandler=False)
     assert r.returncode == 0, r.stderr
+
+
+def test_gpu_check_isolates_a_native_crash_to_its_test(tmp_path: Path) -> None:
+    """gpu-check's GPU test steps under its ISOLATE flags (one pytest-xdist worker, replaced when it dies):
+    a segfault fails its own test only, the next test still runs, the faulthandler traceback names the
+    crashing line, and the summary lists the test as crashed."""
+    pytest.importorskip("xdist")
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "gpu-check.sh").read_text()
+    m = re.search(r"ISOLATE=\((-n [^)]*)\)", script)
+    assert m is not None, "gpu-check.sh no longer sets ISOLATE"
+    (tmp_path / "test_standin.py").write_text(textwrap.dedent(f"""
+        def test_before():
+            pass
+        def test_crash_here():
+            {_CRASH}
+        def test_after():
+            pass
+        """))
+    xml = tmp_path / "torch_gpu_tests.xml"
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-v", "--capture=sys", "-p", "no:cacheprovider", "-o",
+                        "addopts=", *m[1].split(), "test_standin.py", f"--junitxml={xml}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    log = r.stdout + r.stderr
+    assert r.returncode == 1, log[-3000:]
+    assert "crashed while running 'test_standin.py::test_crash_here'" in log, log[-3000:]
+    assert "PASSED test_standin.py::test_after" in log, log[-3000:]
+    assert "Fatal Python error: Segmentation fault" in log and "in test_crash_here" in log, log[-3000:]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gpu_check_summary
+
+    junit = gpu_check_summary._junit(xml)
+    assert junit["crashed"] == ["test_standin::test_crash_here"] and junit["failed"] == junit["crashed"]
