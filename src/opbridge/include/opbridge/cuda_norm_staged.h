@@ -238,13 +238,14 @@ __global__ void __launch_bounds__(P::kMaxThreads)
 }
 
 // Blocks of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared memory each) that one SM
-// runs at once, through the occupancy API, remembered for the last (threads, smem) asked in `cache`
+// runs at once, through the occupancy API, remembered for the last (device, threads, smem) asked in `cache`
 // (a static of the caller's instantiation; a model's rows have one or two widths). Also raises the
 // kernel's dynamic shared memory limit past the default 48 KiB where `smem` needs it. 0: it does not
 // fit (more shared memory than a block may have).
 template <typename Kernel>
 int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int smem, std::atomic<int64_t>& cache) {
-  const int64_t key = (int64_t(smem) << 17) | (int64_t(threads) << 6);  // threads <= 1024: bits 6-16
+  // threads <= 1024: bits 6-16; smem < 2^20: bits 17-36; the device (its attribute and occupancy): 40-
+  const int64_t key = (int64_t(ctx.device()) << 40) | (int64_t(smem) << 17) | (int64_t(threads) << 6);
   const int64_t seen = cache.load(std::memory_order_relaxed);
   if (seen != 0 && (seen & ~int64_t(63)) == key) return static_cast<int>(seen & 63);
   int optin = 0;
