@@ -277,6 +277,15 @@ def test_list_import_adds_user_libraries(cli_env: dict[str, str], tmp_path: Path
     assert "userlib::ident" in {r["qualname"] for r in json.loads(by_name.stdout)}
 
 
+def test_doctor_shows_the_cuda_settings(cli_env: dict[str, str]) -> None:
+    # OPBRIDGE_CUDA_FLAGS changes what the CUDA kernels are: doctor says so beside nvcc
+    env = {**cli_env, "OPBRIDGE_CUDA_ARCHS": "90", "OPBRIDGE_CUDA_FLAGS": "-DOPB_RMS_NORM_STAGES=3"}
+    line = next(x for x in run_cli(env, "doctor").stdout.splitlines() if " nvcc " in x)
+    assert line.endswith("(archs 90; OPBRIDGE_CUDA_FLAGS -DOPB_RMS_NORM_STAGES=3)"), line
+    doc = json.loads(run_cli({**env, "OPBRIDGE_CUDA_FLAGS": "-DX='open"}, "doctor", "--json").stdout)
+    assert doc["nvcc"]["flags"].startswith("error: OPBRIDGE_CUDA_FLAGS must split as shell words")
+
+
 def test_doctor_json(cli_env: dict[str, str]) -> None:
     proc = run_cli(cli_env, "doctor", "--json")
     doc = json.loads(proc.stdout)
@@ -291,6 +300,7 @@ def test_doctor_json(cli_env: dict[str, str]) -> None:
     assert doc["cache"]["dir"] == cli_env["OPBRIDGE_CACHE_DIR"]
     assert isinstance(doc["cuda_gpu"]["present"], bool)
     assert doc["nvcc"]["path"] is None or doc["nvcc"]["version"]
+    assert isinstance(doc["nvcc"]["archs"], list) and "flags" in doc["nvcc"]
     assert doc["ascend"]["found"] in (True, False)
     native = doc["torch_native"]
     if doc["frameworks"]["torch"]["installed"]:

@@ -77,12 +77,18 @@ def _release_line(lines: list[str]) -> str:
 
 
 def _nvcc() -> dict[str, Any]:
+    """nvcc, and what CUDA builds pass it: ``OPBRIDGE_CUDA_ARCHS`` and ``OPBRIDGE_CUDA_FLAGS``."""
     from opbridge.build.toolchain import nvcc_path
 
+    try:
+        flags: list[str] | str = config.cuda_flags()
+    except ValueError as e:
+        flags = f"error: {e}"
+    settings = {"archs": config.cuda_archs(), "flags": flags}
     path = nvcc_path()
     if path is None:
-        return {"path": None, "version": "not found", "ok": False}
-    return {**_tool(path, pick=_release_line), "command": "nvcc"}
+        return {"path": None, "version": "not found", "ok": False, **settings}
+    return {**_tool(path, pick=_release_line), "command": "nvcc", **settings}
 
 
 def _cuda_gpu() -> dict[str, Any]:
@@ -267,6 +273,13 @@ def doctor_report() -> dict[str, Any]:
     }
 
 
+def _cuda_settings(nvcc: dict[str, Any]) -> str:
+    """The nvcc line's tail: the architectures, and OPBRIDGE_CUDA_FLAGS where set (they change the kernels)."""
+    flags = nvcc.get("flags") or []
+    shown = flags if isinstance(flags, str) else " ".join(flags)
+    return f" (archs {';'.join(nvcc.get('archs', []))}" + (f"; OPBRIDGE_CUDA_FLAGS {shown}" if shown else "") + ")"
+
+
 def _doctor_lines(r: dict[str, Any]) -> list[str]:
     def mark(ok: bool) -> str:
         return "ok " if ok else "-- "
@@ -281,7 +294,8 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
         f"{mark(r['tvm_ffi']['ok'])} tvm-ffi     {r['tvm_ffi']['version']} ({r['tvm_ffi']['path']})",
         f"{mark(r['cxx']['ok'])} c++         {r['cxx']['command']}: {r['cxx']['version']}",
         f"{mark(r['ninja']['ok'])} ninja       {r['ninja']['path']}: {r['ninja']['version']}",
-        f"{mark(r['nvcc']['ok'])} nvcc        {r['nvcc']['path'] or ''} {r['nvcc']['version']}".rstrip(),
+        f"{mark(r['nvcc']['ok'])} nvcc        {r['nvcc']['path'] or ''} {r['nvcc']['version']}".rstrip()
+        + _cuda_settings(r["nvcc"]),
         f"{mark(gpu['present'])} cuda gpu    {gpus}",
         f"{mark(r['ascend']['found'])} ascend/cann {r['ascend']['path'] or r['ascend']['detail']}",
         f"{mark(cache['private'] is not False)} cache       {cache['dir']} ({private})",
