@@ -337,7 +337,7 @@ def test_mistakes_are_declaration_errors_naming_file_and_line(tmp_path: Path, ho
     assert list(host.ops) == ["twice"], "nothing is declared when the file has a mistake"
 
 
-def test_dtypes_dtype_arg_row_strided_and_hints_as_in_library_op(tmp_path: Path, host: opbridge.Library) -> None:
+def test_op_options_as_in_library_op(tmp_path: Path, host: opbridge.Library) -> None:
     _load(tmp_path, """
         ops:
           - func: scale(Tensor a, Tensor b) -> Tensor
@@ -346,11 +346,21 @@ def test_dtypes_dtype_arg_row_strided_and_hints_as_in_library_op(tmp_path: Path,
             dtypes: [float32, float64]
             dtype_arg: b
             row_strided: [b]
+            graph_safe: false
             hints: opbridge.cases.elementwise_cases
         """, host)
     op = host.ops["scale"]
     assert op.dtypes == ("float32", "float64") and op.dtype_arg == 1 and op.row_strided == (1,)
-    assert op.hints is cases.elementwise_cases
+    assert op.hints is cases.elementwise_cases and op.graph_safe is False
+    assert host.ops["twice"].graph_safe is True  # the default
+    with pytest.raises(DeclarationError, match=r"bad.yaml:3: neg: graph_safe must be true or false, got 'no'"):
+        _load(tmp_path, """
+            ops:
+              - func: neg(Tensor a) -> Tensor
+                shape: {like: a}
+                reference: operator.neg
+                graph_safe: "no"
+            """, host)
 
 
 def test_a_mutating_op_takes_no_backward_in_python_either(host: opbridge.Library) -> None:

@@ -3,6 +3,10 @@ declared dtypes, strided inputs, devices (CUDA tests skip without a GPU)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -649,6 +653,61 @@ def test_cuda_graph_capture_and_replay() -> None:
     torch.cuda.synchronize()
     torch.testing.assert_close(o, x + y)
     torch.testing.assert_close(plain, x + x + y)
+
+
+@needs_cuda
+def test_cuda_graph_replays_report_bad_positions_to_the_next_call() -> None:
+    """vLLM captures its decode step, rotary_embedding included, in CUDA graphs: a replay runs the kernel
+    without its host code, so a bad position it finds is raised by the op's next call outside the graph,
+    every time (the kernel reads the record's epoch at run time, not a value frozen at capture)."""
+    q, cache = torch.randn(2, 8, device="cuda"), torch.randn(4, 8, device="cuda")
+    pos = torch.tensor([0, 3], device="cuda")
+    ops.rotary_embedding(pos, q, None, 8, cache, True)  # warm up outside the capture
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.rotary_embedding(pos, q, None, 8, cache, True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.rotary_embedding(pos, q, None, 8, cache, True)
+    good = torch.tensor([0, 1], device="cuda")
+    for bad in (9, 7):  # a second bad replay after the first was raised reports too
+        pos.copy_(torch.tensor([0, bad]))
+        g.replay()
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match=rf"rotary_embedding: positions .* got {bad} at flat index 1"):
+            ops.rotary_embedding(good, q.clone(), None, 8, cache, True)
+    pos.copy_(good)
+    g.replay()
+    torch.cuda.synchronize()
+    ops.rotary_embedding(good, q, None, 8, cache, True)  # nothing recorded: no error
+
+
+@needs_cuda
+def test_cuda_first_call_of_a_checked_op_inside_a_capture() -> None:
+    """An op whose CUDA kernel records bad values allocates that record on its first call; made inside a
+    torch.cuda.graph capture (a fresh process: the record is per process), the capture still succeeds."""
+    code = textwrap.dedent("""
+        import torch
+        from opbridge import ops
+        q, cache = torch.randn(2, 8, device="cuda"), torch.randn(4, 8, device="cuda")
+        pos = torch.tensor([0, 9], device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ops.rotary_embedding(pos, q, None, 8, cache, True)
+        g.replay()
+        torch.cuda.synchronize()
+        try:
+            ops.rotary_embedding(pos[:1], q[:1].clone(), None, 8, cache, True)
+        except ValueError as e:
+            print("raised:", e)
+        """)
+    env = {**os.environ, "CUDA_MODULE_LOADING": "EAGER"}  # the record's allocation is the point, not lazy loading
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "raised: rotary_embedding: positions" in r.stdout, r.stdout + r.stderr[-2000:]
 
 
 @needs_cuda

@@ -151,9 +151,6 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
       opbridge::data_ptr<int32_t>(seq_lens), opbridge::data_ptr<int64_t>(slot_mapping),
       opbridge::data_ptr<const int32_t>(block_tables), max_blocks, sink);
   ctx.check_launch();
-  if (cu::sync_checks()) {
-    OPB_CUDA_CHECK(kOp, cudaStreamSynchronize(ctx.stream));
-    cu::raise_recorded(kOp, error_flag(), /*earlier=*/false, describe);
-  }
+  cu::raise_now_if_asked(kOp, error_flag(), ctx.stream, describe);
 }
 OPBRIDGE_EXPORT(advance_step_flashattn_cuda);

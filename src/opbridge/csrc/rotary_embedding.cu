@@ -121,9 +121,6 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
     }
     ctx.check_launch();
   });
-  if (cu::sync_checks()) {
-    OPB_CUDA_CHECK(kOp, cudaStreamSynchronize(ctx.stream));
-    cu::raise_recorded(kOp, error_flag(), /*earlier=*/false, describe);
-  }
+  cu::raise_now_if_asked(kOp, error_flag(), ctx.stream, describe);
 }
 OPBRIDGE_EXPORT(rotary_embedding_cuda);

@@ -105,6 +105,7 @@ class Library:
         dtypes: Sequence[str] | None = None,
         dtype_arg: str | None = None,
         row_strided: Sequence[str] = (),
+        graph_safe: bool = True,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare an op by decorating its NumPy reference implementation.
 
@@ -133,6 +134,9 @@ class Library:
             after the first contiguous; the kernel reads the stride with
             ``opbridge::row_stride``), which then reach them without a dense
             copy: e.g. ``("query", "key")``, column slices of one ``qkv``.
+        graph_safe
+            Whether a CUDA graph may replay the op's device kernels without their
+            host code (default True); see :attr:`OpDef.graph_safe`.
 
         Returns
         -------
@@ -145,7 +149,7 @@ class Library:
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
             return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes, dtype_arg,
-                             row_strided, origin)
+                             row_strided, origin, graph_safe)
 
         return decorate
 
@@ -162,6 +166,7 @@ class Library:
         dtype_arg: str | None = None,
         row_strided: Sequence[str] = (),
         origin: str = "",
+        graph_safe: bool = True,
     ) -> Callable[..., Any]:
         name = schema.name
         defaulted = dtypes is None and not self.dtypes_declared
@@ -211,6 +216,7 @@ class Library:
             dispatch_arg=tensors[0],
             dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),
             row_strided=self._row_strided(schema, row_strided),
+            graph_safe=graph_safe is not False,
             origin=origin,
         )
         self.ops[name] = op

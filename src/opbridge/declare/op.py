@@ -141,6 +141,17 @@ class OpDef:
         op-call core hands such an argument to the kernel as it is, where it
         gives every other strided tensor a dense copy (copied back when the
         op writes it): :func:`opbridge.call.overlap.dense_args`.
+    graph_safe
+        Whether a captured CUDA graph (``torch.cuda.graph``, XLA's command
+        buffers under ``jax.jit``) may replay the op's device kernels without
+        running their host code. False for kernels whose host code does
+        per-call work beyond launching, such as raising a bad value that an
+        earlier call's kernel found on the device (``rotary_embedding``'s
+        positions, ``advance_step_flashattn``'s block tables:
+        ``include/opbridge/cuda_error_flag.h``): JAX then registers the op's GPU
+        handler as not command-buffer compatible, so XLA runs it outside its
+        graphs; torch can still capture it, and such errors then surface at the
+        op's next call outside the graph.
     origin
         Where the op was declared, ``file:line`` (the ``Library.op`` call, or
         the manifest's op entry), for messages; ``""`` if unknown.
@@ -160,6 +171,7 @@ class OpDef:
     dispatch_arg: int = 0
     dtype_arg: int = 0
     row_strided: tuple[int, ...] = ()
+    graph_safe: bool = True
     origin: str = field(default="", repr=False, compare=False)
     call: Callable[..., Any] = field(init=False, repr=False)
     preludes: dict[str, str] = field(default_factory=dict, repr=False)

@@ -12,7 +12,7 @@ An ``ops.yaml`` loads into the same declarations as :meth:`Library.op`::
         shape: my_plugin.ops.shapes.silu_and_mul    # or {like: x}, {like: [x, weight]}
         reference: my_plugin.ops.refs.silu_and_mul  # the NumPy reference (required)
         tolerances: {float32: [1.0e-5, 1.0e-6]}
-        dtypes: [float32, bfloat16]   # also dtype_arg, row_strided and hints (dotted), as in Library.op
+        dtypes: [float32, bfloat16]   # also dtype_arg, row_strided, graph_safe and hints (dotted), as in Library.op
       - func: silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor
         shape: {like: x}
         reference: my_plugin.ops.refs.silu_and_mul_backward
@@ -53,7 +53,8 @@ from opbridge.schema import Schema, parse_schema
 
 __all__ = ["Derivative", "load"]
 
-_OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances", "dtypes", "dtype_arg", "row_strided", "hints")
+_OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances", "dtypes", "dtype_arg", "row_strided", "hints",
+            "graph_safe")
 _LIBRARY_KEYS = ("namespace", "sources", "include_dirs", "cflags", "ldflags", "prebuilt", "python_module")
 _TOP_KEYS = ("library", "ops", "derivatives")
 
@@ -218,6 +219,10 @@ def load(path: str | Path, library: Library | None = None) -> Library:
                 options[key] = [str(v) for v in node[key]]
         if "dtype_arg" in node:
             options["dtype_arg"] = str(node["dtype_arg"])
+        if "graph_safe" in node:
+            if not isinstance(node["graph_safe"], bool):
+                raise where.error(node, f"{op}: graph_safe must be true or false, got {node['graph_safe']!r}")
+            options["graph_safe"] = node["graph_safe"]
         if "hints" in node:
             options["hints"] = _callable(where, node, "hints", op)
         declarations.append((node, schema, _callable(where, node, "reference", op), options))

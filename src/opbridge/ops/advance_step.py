@@ -94,6 +94,7 @@ def advance_step_flashattn_cases(dtype: str, rng: np.random.Generator) -> list[d
     "Tensor block_tables) -> ()",
     hints=advance_step_flashattn_cases,
     dtypes=("int64",),  # input_tokens; the kernel checks the int32 and int64 tensors beside it
+    graph_safe=False,  # its CUDA kernel's host code raises a bad block id found by the previous call
 )
 def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int, input_tokens: Any,
                            sampled_token_ids: Any, input_positions: Any, seq_lens: Any, slot_mapping: Any,

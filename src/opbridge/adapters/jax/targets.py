@@ -148,9 +148,9 @@ def register(op: OpDef, name: str, plan: Sequence[int], direct: bool, arg_spec: 
             if "cuda" in op.kernels and cuda_available():
                 kernel = _gpu_kernel(op)
                 if kernel is not None:
-                    capsules["gpu"] = jax_tvm_ffi.register_ffi_target(
+                    capsules["gpu"] = jax_tvm_ffi.register_ffi_target(  # XLA may capture only graph-safe ops
                         name, _handler(kernel, plan, direct, 0), arg_spec, platform="gpu",
-                        allow_cuda_graph=True)
+                        allow_cuda_graph=op.graph_safe)
             REGISTERED[name] = (op, capsules)
     return name
 

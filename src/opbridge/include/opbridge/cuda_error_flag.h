@@ -26,31 +26,64 @@ namespace cuda {
 // the same kernel family and raises ValueError naming the item; with
 // OPBRIDGE_CUDA_SYNC_CHECKS=1 the call synchronises its stream after the
 // launch and raises from the offending call itself.
+//
+// Under CUDA graph capture (torch.cuda.graph; XLA runs such ops outside its
+// graphs, their declarations being graph_safe=False) a replay runs the kernel
+// without its host code: the kernel reads the epoch from the mapped record when
+// it reports, not from its launch parameters frozen at capture, so every replay
+// can still report, and the op's next call outside the graph raises it. The
+// first call's allocations are allowed during a capture (RelaxedCapture), and
+// OPBRIDGE_CUDA_SYNC_CHECKS does not synchronise a stream that is capturing.
 
 struct ErrorRecord {
   int code;  // 0: no error; otherwise a kernel-family specific kind, written last
   int pad;
   long long index, value, bound;
+  unsigned long long epoch;  // increases each time the host consumes a record; read by a reporting kernel
 };
 
 // Passed by value to kernels.
 struct ErrorSink {
   ErrorRecord* record;      // device-mapped host memory
   unsigned long long* claim;  // this family's per-device claim word
-  unsigned long long epoch;   // increases each time the host consumes a record
 };
 
-// Records the first error of this epoch; later ones in the epoch are dropped.
+// Records the first error of the record's current epoch; later ones in the epoch are dropped.
 __device__ __forceinline__ void report_error(const ErrorSink& sink, int code, long long index,
                                              long long value, long long bound) {
-  if (atomicMax(sink.claim, sink.epoch) < sink.epoch) {
-    volatile ErrorRecord* r = sink.record;
+  volatile ErrorRecord* r = sink.record;
+  const unsigned long long epoch = r->epoch;
+  if (atomicMax(sink.claim, epoch) < epoch) {
     r->index = index;
     r->value = value;
     r->bound = bound;
     __threadfence_system();
     r->code = code;
   }
+}
+
+// While alive, the calling thread may make CUDA calls that a stream capture in its default (global or
+// thread-local) mode forbids, such as cudaHostAlloc: what an op's first call allocates, made inside a
+// torch.cuda.graph capture, would otherwise fail and invalidate the capture.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+// Whether `stream` is being captured into a CUDA graph (false if that cannot be asked).
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; leave no error behind
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // Host side of one kernel family's flag, paired with the family's claim word:
@@ -66,26 +99,31 @@ class ErrorFlag {
     if (cached != nullptr) claim = static_cast<unsigned long long*>(cached->load(std::memory_order_acquire));
     if (claim == nullptr) {
       void* p = nullptr;
+      RelaxedCapture relaxed;
       OPB_CUDA_CHECK(op, cudaGetSymbolAddress(&p, claim_symbol));
       claim = static_cast<unsigned long long*>(p);
       if (cached != nullptr) cached->store(p, std::memory_order_release);
     }
-    return ErrorSink{dev, claim, epoch_.load(std::memory_order_acquire)};
+    return ErrorSink{dev, claim};
   }
 
-  // If a kernel recorded an error, clears it and returns true with its fields.
+  // If a kernel recorded an error, clears it, opens the next epoch and returns true with its fields
+  // (one caller takes each record).
   bool take(ErrorRecord* out) {
     ErrorRecord* rec = host_.load(std::memory_order_acquire);
     if (rec == nullptr) return false;
     volatile ErrorRecord* r = rec;
     if (r->code == 0) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (r->code == 0) return false;  // another thread took it
     std::atomic_thread_fence(std::memory_order_acquire);
     out->code = r->code;
     out->index = r->index;
     out->value = r->value;
     out->bound = r->bound;
     r->code = 0;
-    epoch_.fetch_add(1, std::memory_order_acq_rel);
+    r->epoch = r->epoch + 1;  // what the next reporting kernel reads (a graph replay too)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     return true;
   }
 
@@ -97,8 +135,10 @@ class ErrorFlag {
     d = device_.load(std::memory_order_relaxed);
     if (d != nullptr) return d;
     void* p = nullptr;
+    RelaxedCapture relaxed;
     OPB_CUDA_CHECK(op, cudaHostAlloc(&p, sizeof(ErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
     std::memset(p, 0, sizeof(ErrorRecord));
+    static_cast<ErrorRecord*>(p)->epoch = 1;  // above every claim word's initial 0
     // With unified addressing (every 64-bit platform CUDA supports) the
     // mapped pointer is the same on every device.
     void* mapped = nullptr;
@@ -115,7 +155,6 @@ class ErrorFlag {
   // Never freed: a kernel may still write to it at exit.
   std::atomic<ErrorRecord*> host_{nullptr};
   std::atomic<ErrorRecord*> device_{nullptr};
-  std::atomic<unsigned long long> epoch_{1};
   std::atomic<void*> claims_[kMaxDevices] = {};
   std::mutex mutex_;
 };
@@ -139,6 +178,16 @@ void raise_recorded(const char* op, ErrorFlag& flag, bool earlier, Describe desc
 inline bool sync_checks() {
   const char* v = std::getenv("OPBRIDGE_CUDA_SYNC_CHECKS");
   return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+}
+
+// After a launch of `flag`'s family on `stream`: with OPBRIDGE_CUDA_SYNC_CHECKS, waits for it and raises
+// what it recorded, from this call. Not while the stream is being captured into a CUDA graph, which
+// cannot wait: a capture records the launch only, and its replays report to the next call.
+template <typename Describe>
+void raise_now_if_asked(const char* op, ErrorFlag& flag, cudaStream_t stream, Describe describe) {
+  if (!sync_checks() || capturing(stream)) return;
+  OPB_CUDA_CHECK(op, cudaStreamSynchronize(stream));
+  raise_recorded(op, flag, /*earlier=*/false, describe);
 }
 
 }  // namespace cuda
