@@ -570,6 +570,14 @@ def test_mixed_devices_name_op_and_devices_and_write_nothing() -> None:
     assert torch.equal(inp, torch.ones(4, 8)) and torch.equal(res, torch.ones(4, 8))
 
 
+def test_ops_that_are_not_graph_safe_are_tagged_cudagraph_unsafe() -> None:
+    # torch.compile's CUDA graphs leave them out (OpDef.graph_safe), as XLA's command buffers do
+    tagged = sorted(name for name in ops.LIBRARY.ops
+                    if torch.Tag.cudagraph_unsafe in getattr(torch.ops.opbridge, name).default.tags)
+    assert tagged == ["advance_step_flashattn", "rotary_embedding"]
+    assert tagged == sorted(n for n, op in ops.LIBRARY.ops.items() if not op.graph_safe)
+
+
 def test_fast_path_source_serves_cuda_with_the_raw_stream() -> None:
     """The generated fast path has a CUDA branch taking torch's raw current stream, and nothing that syncs."""
     import linecache

@@ -150,8 +150,9 @@ class OpDef:
         positions, ``advance_step_flashattn``'s block tables:
         ``include/opbridge/cuda_error_flag.h``): JAX then registers the op's GPU
         handler as not command-buffer compatible, so XLA runs it outside its
-        graphs; torch can still capture it, and such errors then surface at the
-        op's next call outside the graph.
+        graphs, and torch tags it ``cudagraph_unsafe`` (torch.compile's CUDA
+        graphs leave it out); ``torch.cuda.graph`` can still capture it, and such
+        errors then surface at the op's next call outside the graph.
     origin
         Where the op was declared, ``file:line`` (the ``Library.op`` call, or
         the manifest's op entry), for messages; ``""`` if unknown.

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 _TORCH_LIBS: dict[str, torch.library.Library] = {}
 REGISTERED: set[str] = set()
 _DISPATCH_KEY = {"cpu": "CPU", "cuda": "CUDA"}
+# What an op that is not graph_safe is tagged with (OpDef.graph_safe): torch.compile's CUDA graphs (mode
+# "reduce-overhead") then leave it out, as XLA does under jax.jit; torch.cuda.graph still captures it.
+_GRAPH_UNSAFE = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 
 
 def packet(op: OpDef) -> Any:
@@ -167,7 +170,7 @@ def register(lib: Library, on_registered: Callable[[OpDef], None]) -> None:
     for op in lib.ops.values():
         if op.qualname in REGISTERED:
             continue
-        tl.define(str(op.schema))
+        tl.define(str(op.schema), tags=() if op.graph_safe else _GRAPH_UNSAFE)
         torch.library.register_fake(op.qualname, make_fake(op), lib=tl)
         kernels = python_kernels(op)
         native_devices = native.register(op, kernels)
