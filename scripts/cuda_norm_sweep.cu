@@ -14,12 +14,24 @@
 // Then rms_norm's backward (cuda_norm_backward.h) at the same sizes, under each units / threads /
 // occupancy policy and staged through 2 or 3 stages (cuda_norm_staged.h), timed with the column sum its
 // grid needs and checked against the current policy.
-// Built and run by scripts/cuda-sweep.sh norm; needs a CUDA GPU. Not part of any build or test.
+// Built and run by scripts/cuda-sweep.sh norm (the binary takes all, cached or staged: which variants run);
+// needs a CUDA GPU. Not part of the product; tests/test_cuda.py builds it.
 #include <opbridge/cuda_norm.h>
 #include <opbridge/cuda_norm_backward.h>
 #include <opbridge/cuda_norm_staged.h>
 
+#include <string>
+
 #include "cuda_sweep.h"
+
+// Which variants run (the current policy always runs first: it is every case's reference). `cached`:
+// the register-cached kernels' policies; `staged`: the staged kernels only, which a device session runs
+// as a process of its own, so that a fault in an untried kernel (a sticky CUDA error ends the process)
+// cannot cost the rest of the sweep; `all` (the default): both.
+struct Sections {
+  bool cached = true, staged = true;
+};
+Sections g_sections;
 
 // A policy with every knob explicit (the kernel reads kMaxThreads, min_blocks, kFastSum, kStream and
 // kPrefetch).
@@ -157,18 +169,22 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
                  integral_constant<int, Current::min_blocks(decltype(k)::value)>{});
     });
   }
-  per_units(integral_constant<int, 1>{});
-  per_units(integral_constant<int, 2>{});
-  per_units(integral_constant<int, 4>{});
-  per_units(integral_constant<int, 8>{});
+  if (g_sections.cached) {
+    per_units(integral_constant<int, 1>{});
+    per_units(integral_constant<int, 2>{});
+    per_units(integral_constant<int, 4>{});
+    per_units(integral_constant<int, 8>{});
+  }
   // The persistent grid whose blocks load their next row during the current one's sum (kPrefetch).
   auto prefetched = [&](auto k) {
     variant(k, integral_constant<int, 512>{}, std::true_type{}, std::false_type{}, std::true_type{});
     variant(k, integral_constant<int, 1024>{}, std::true_type{}, std::false_type{}, std::true_type{});
   };
-  prefetched(integral_constant<int, 1>{});
-  prefetched(integral_constant<int, 2>{});
-  prefetched(integral_constant<int, 4>{});
+  if (g_sections.cached) {
+    prefetched(integral_constant<int, 1>{});
+    prefetched(integral_constant<int, 2>{});
+    prefetched(integral_constant<int, 4>{});
+  }
   // Policies that ask for 1536 or 2048 threads per SM (min_blocks), with the one-barrier sum.
   auto occupied = [&](auto k) {
     const auto go = [&](auto threads_c, auto min_blocks_c) {
@@ -180,17 +196,21 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     go(integral_constant<int, 256>{}, integral_constant<int, 6>{});
     go(integral_constant<int, 256>{}, integral_constant<int, 8>{});
   };
-  occupied(integral_constant<int, 1>{});  // 4 units spill 72-500 bytes at these occupancies
-  occupied(integral_constant<int, 2>{});
+  if (g_sections.cached) {
+    occupied(integral_constant<int, 1>{});  // 4 units spill 72-500 bytes at these occupancies
+    occupied(integral_constant<int, 2>{});
+  }
   // rms_norm's rows staged through 2, 3 or 4 shared-memory stages (cp.async), not a policy of the cached kernel.
   auto staged_at = [&](auto stages_c) {
     staged(stages_c, integral_constant<int, 256>{});
     staged(stages_c, integral_constant<int, 512>{});
     staged(stages_c, integral_constant<int, 1024>{});
   };
-  staged_at(integral_constant<int, 2>{});
-  staged_at(integral_constant<int, 3>{});
-  staged_at(integral_constant<int, 4>{});
+  if (g_sections.staged) {
+    staged_at(integral_constant<int, 2>{});
+    staged_at(integral_constant<int, 3>{});
+    staged_at(integral_constant<int, 4>{});
+  }
   for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
 }
 
@@ -308,9 +328,11 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     variant(k, integral_constant<int, 1024>{}, integral_constant<int, 0>{});
     variant(k, integral_constant<int, 1024>{}, integral_constant<int, 2>{});
   };
-  per_units(integral_constant<int, 1>{});
-  per_units(integral_constant<int, 2>{});
-  per_units(integral_constant<int, 4>{});
+  if (g_sections.cached) {
+    per_units(integral_constant<int, 1>{});
+    per_units(integral_constant<int, 2>{});
+    per_units(integral_constant<int, 4>{});
+  }
   // x's and grad's rows staged through S shared-memory stages (cuda_norm_staged.h).
   auto staged = [&](auto units_c, auto threads_c, auto stages_c) {
     constexpr int K = decltype(units_c)::value, MaxT = decltype(threads_c)::value, S = decltype(stages_c)::value;
@@ -327,13 +349,23 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     staged(units_c, integral_constant<int, 1024>{}, integral_constant<int, 2>{});
     staged(units_c, integral_constant<int, 1024>{}, integral_constant<int, 3>{});
   };
-  staged_at(integral_constant<int, 1>{});
-  staged_at(integral_constant<int, 2>{});
+  if (g_sections.staged) {
+    staged_at(integral_constant<int, 1>{});
+    staged_at(integral_constant<int, 2>{});
+  }
   for (T* p : {x, g, w, dx, dw}) CK(cudaFree(p));
   if (partial != nullptr) CK(cudaFree(partial));
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string section = argc > 1 ? argv[1] : "all";
+  if (section == "-h" || section == "--help" || (section != "all" && section != "cached" && section != "staged")) {
+    std::fprintf(section == "-h" || section == "--help" ? stdout : stderr,
+                 "usage: %s [all|cached|staged]: the norm sweep, all variants (default), the register-cached "
+                 "kernels' policies only, or the staged kernels only (each beside the current policy)\n", argv[0]);
+    return section == "-h" || section == "--help" ? 0 : 2;
+  }
+  g_sections = {section != "staged", section != "cached"};
   std::setvbuf(stdout, nullptr, _IONBF, 0);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

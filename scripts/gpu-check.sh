@@ -19,7 +19,8 @@
 #   GPU_CHECK_SWEEPS=1 scripts/gpu-check.sh    # also the launch-policy sweeps (scripts/cuda-sweep.sh,
 #                                  # built here with nvcc), or =DIR: the binaries already built into
 #                                  # DIR (SWEEP_BUILD_ONLY=DIR scripts/cuda-sweep.sh); per case, the
-#                                  # current and the fastest policy go into the summary
+#                                  # current and the fastest policy go into the summary (the norm
+#                                  # sweep's staged kernels as a step of their own, sweep_norm_staged)
 #   GPU_CHECK_ONLY="cuda_tests bench_gpu_serving" scripts/gpu-check.sh  # only the steps named (as in
 #                                  # steps.txt; a step's crash reruns come with it), adding to the
 #                                  # summary already in the output folder: one check split over the
@@ -27,7 +28,7 @@
 #   GPU_CHECK_STEP_LIMIT=SECONDS scripts/gpu-check.sh  # each step under `timeout` (exit status 124)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -135,9 +136,16 @@ if [ "${GPU_CHECK_KERNELS:-0}" = "1" ]; then
     --rounds 5 --out "$OUT/bench-gpu-serving"
   step bench_gpu_large "$PY" -m opbridge bench gpu --rows --rounds 5 --out "$OUT/bench-gpu-large"
 fi
+SWEEPS=""
 case "${GPU_CHECK_SWEEPS:-0}" in
   0) ;;
-  1) for sw in norm gated; do step "sweep_$sw" env PYTHON="$PY" scripts/cuda-sweep.sh "$sw"; done ;;
-  *) for sw in norm gated; do step "sweep_$sw" "$GPU_CHECK_SWEEPS/cuda_${sw}_sweep"; done ;;
+  1) SWEEPS=$(mktemp -d); step sweep_build env PYTHON="$PY" SWEEP_BUILD_ONLY="$SWEEPS" scripts/cuda-sweep.sh all ;;
+  *) SWEEPS=$GPU_CHECK_SWEEPS ;;
 esac
+if [ -n "$SWEEPS" ]; then
+  step sweep_norm "$SWEEPS/cuda_norm_sweep" cached
+  # The staged kernels in a process of their own: a fault in an untried kernel ends only this step.
+  step sweep_norm_staged "$SWEEPS/cuda_norm_sweep" staged
+  step sweep_gated "$SWEEPS/cuda_gated_sweep"
+fi
 "$PY" scripts/gpu_check_summary.py "$OUT"

@@ -52,7 +52,7 @@ def main(out: Path) -> int:
         summary[key] = json.loads(bench.read_text()) if bench.exists() else None
     log = out / "bench_overhead_cuda.log"
     summary["bench_overhead_cuda"] = _last_json(log.read_text()) if log.exists() else None
-    for name in ("sweep_norm", "sweep_gated"):  # GPU_CHECK_SWEEPS: the launch-policy sweeps, per case
+    for name in ("sweep_norm", "sweep_norm_staged", "sweep_gated"):  # GPU_CHECK_SWEEPS: the sweeps, per case
         log = out / f"{name}.log"
         summary[name] = [c.as_json() for c in sweep_summary.cases(log.read_text())] if log.exists() else None
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -309,6 +309,12 @@ def test_launch_policy_sweeps_build_against_the_shipped_kernel_headers(tmp_path:
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("norm", "gated"):
         assert (tmp_path / f"cuda_{name}_sweep").stat().st_size > 0
+    # the norm sweep's sections, asked before any CUDA call (no GPU needed)
+    norm = str(tmp_path / "cuda_norm_sweep")
+    usage = subprocess.run([norm, "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "[all|cached|staged]" in usage.stdout
+    wrong = subprocess.run([norm, "bogus"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "usage:" in wrong.stderr
     bad = subprocess.run([str(script), "bogus"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown sweep 'bogus' (norm, gated or all" in bad.stderr
 

@@ -59,6 +59,11 @@ def test_gpu_check_summary_folds_the_sweeps(tmp_path: Path) -> None:
     assert [c["shape"] for c in summary["sweep_norm"]] == [[8192, 8192], [1, 4096]]
     assert summary["sweep_norm"][0]["mismatches"] and summary["sweep_gated"][0]["speedup"] == pytest.approx(1.155)
     assert summary["cuda_tests"] == {"missing": True}  # the steps not run are said to be missing
+    assert summary["sweep_norm_staged"] is None
+    (tmp_path / "sweep_norm_staged.log").write_text(STAGED)  # the staged kernels' own step
+    assert gpu_check_summary.main(tmp_path) == 0
+    staged = json.loads((tmp_path / "summary.json").read_text())["sweep_norm_staged"]
+    assert [c["op"] for c in staged] == ["rms_norm", "rms_norm_backward"] and "staged 3" in staged[0]["best"]["policy"]
 
 
 # The norm sweep's lines since kMinBlocks and the backward: occupancy words inside the policy.
