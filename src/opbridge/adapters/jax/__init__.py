@@ -11,7 +11,8 @@ Devices
     where the op has one and jaxlib has a CUDA backend
     (:mod:`opbridge.adapters.jax.targets`): on a CUDA ``jax.Array`` the op
     runs its CUDA kernel on XLA's stream, under ``jax.jit``, ``grad`` and
-    ``vmap`` as on the CPU, and inside CUDA graphs.
+    ``vmap`` as on the CPU, and inside CUDA graphs where the op is
+    ``graph_safe``.
 
 Argument mapping
     Tensor arguments are the custom call's operands; every other argument is a

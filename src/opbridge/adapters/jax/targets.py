@@ -7,9 +7,12 @@ Each variant of an op (its argument plan) is the custom-call target
 - ``"cpu"``, always, with the op's CPU kernel;
 - ``"gpu"``, beside it, with the op's CUDA kernel, when the op declares one
   and jaxlib has a CUDA backend with a device (:func:`cuda_available`).
-  CUDA graphs (XLA command buffers) are allowed: the kernels launch on the
-  stream XLA hands over (jax-tvm-ffi publishes it through tvm-ffi's
-  environment) and never synchronise it. The CUDA module is built with nvcc
+  CUDA graphs (XLA command buffers) are allowed where the op is
+  ``graph_safe`` (:attr:`opbridge.declare.OpDef.graph_safe`): the kernels
+  launch on the stream XLA hands over (jax-tvm-ffi publishes it through
+  tvm-ffi's environment) and never synchronise it; an op whose CUDA host code
+  must run on every call (it raises a bad value the previous call's kernel
+  found) runs outside XLA's graphs. The CUDA module is built with nvcc
   the first time; where it cannot be built or loaded a RuntimeWarning says
   why, once per library, and the op keeps its CPU handler only.
 
