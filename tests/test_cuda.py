@@ -319,6 +319,25 @@ def test_launch_policy_sweeps_build_against_the_shipped_kernel_headers(tmp_path:
     assert bad.returncode == 2 and "unknown sweep 'bogus' (norm, gated or all" in bad.stderr
 
 
+def test_gpu_carry_prepares_the_device_run_at_this_environments_versions(tmp_path: Path) -> None:
+    # scripts/gpu-carry.sh's plan (dry run: nothing downloaded or built): the wheels at the versions this
+    # environment has, so the carried CUDA modules' cache keys match; both modules; the sweeps
+    from importlib.metadata import version
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-carry.sh"
+    env = {**os.environ, "CARRY_DRY_RUN": "1", "PYTHON": sys.executable}
+    done = subprocess.run([str(script), str(tmp_path / "carry")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert f"apache-tvm-ffi=={version('apache-tvm-ffi')}" in out and "--python-version 3.12" in out
+    assert f"OPBRIDGE_CACHE_DIR={tmp_path / 'carry' / 'obc'} " in out
+    assert "OPBRIDGE_CUDA_FLAGS=-DOPB_RMS_NORM_STAGES=3 -DOPB_RMS_NORM_BACKWARD_STAGES=2" in out
+    assert f"SWEEP_BUILD_ONLY={tmp_path / 'carry' / 'sweep'} scripts/cuda-sweep.sh all" in out
+    assert "outside the tree" in done.stderr and not (tmp_path / "carry").exists()
+    usage = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "CARRY_DRY_RUN=1" in usage.stdout
+
+
 def test_gpu_benchmark_says_why_it_skipped() -> None:
     from opbridge.bench import gpu
 
