@@ -361,6 +361,8 @@ def test_op_options_as_in_library_op(tmp_path: Path, host: opbridge.Library) -> 
                 reference: operator.neg
                 graph_safe: "no"
             """, host)
+    with pytest.raises(DeclarationError, match=r"neg: graph_safe must be true or false, got 1"):  # Library.op too
+        host.op("neg(Tensor a) -> Tensor", shape=opbridge.like("a"), graph_safe=1)(lambda a: -a)  # type: ignore[arg-type]
 
 
 def test_a_mutating_op_takes_no_backward_in_python_either(host: opbridge.Library) -> None:

@@ -176,6 +176,8 @@ class Library:
             raise DeclarationError(f"{name}: dtypes must name some of {sorted(KNOWN_DTYPES)}, got {list(dtypes)}")
         if schema.overload:
             raise DeclarationError(f"{name}: overload names are not supported ({schema.source!r})")
+        if not isinstance(graph_safe, bool):
+            raise DeclarationError(f"{name}: graph_safe must be true or false, got {graph_safe!r}")
         if name in self.ops:
             raise DeclarationError(f"{self.namespace}::{name} is declared twice")
         if reference is not None:
@@ -216,7 +218,7 @@ class Library:
             dispatch_arg=tensors[0],
             dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),
             row_strided=self._row_strided(schema, row_strided),
-            graph_safe=graph_safe is not False,
+            graph_safe=graph_safe,
             origin=origin,
         )
         self.ops[name] = op

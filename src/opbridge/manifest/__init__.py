@@ -219,9 +219,7 @@ def load(path: str | Path, library: Library | None = None) -> Library:
                 options[key] = [str(v) for v in node[key]]
         if "dtype_arg" in node:
             options["dtype_arg"] = str(node["dtype_arg"])
-        if "graph_safe" in node:
-            if not isinstance(node["graph_safe"], bool):
-                raise where.error(node, f"{op}: graph_safe must be true or false, got {node['graph_safe']!r}")
+        if "graph_safe" in node:  # checked by Library.op
             options["graph_safe"] = node["graph_safe"]
         if "hints" in node:
             options["hints"] = _callable(where, node, "hints", op)
