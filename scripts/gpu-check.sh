@@ -98,25 +98,20 @@ crash_diag() {  # crash_diag NAME COMMAND...: after a native crash, in one proce
     134|139) ;;
     *) grep -q "crashed while running" "$OUT/$name.log" 2> /dev/null || return 0 ;;
   esac
-  step "${name}_no_native" env OPBRIDGE_TORCH_NATIVE=0 "$@"
-  if command -v cuda-gdb > /dev/null; then
-    local one=() skip=0 a
-    for a in "$@"; do  # under gdb in one process: without ISOLATE's worker
-      if [ $skip -gt 0 ]; then skip=$((skip - 1)); continue; fi
-      case "$a" in -n | --max-worker-restart) skip=1; continue ;; esac
-      one+=("$a")
-    done
+  step "${name}_no_native" env OPBRIDGE_TORCH_NATIVE=0 "$@" "${ISOLATE[@]}"
+  if command -v cuda-gdb > /dev/null; then  # in one process, without ISOLATE's worker
     step "${name}_gdb" timeout 300 cuda-gdb -q -batch -ex run -ex "info threads" -ex "thread apply all bt 30" \
-      --args "${one[@]}"
+      --args "$@"
   fi
 }
-TORCH_GPU=("${PYTEST[@]}" "${ISOLATE[@]}" tests/test_torch_adapter.py -k "cuda or gpu")
-JAX_GPU=(env JAX_ENABLE_X64=1 "${PYTEST[@]}" "${ISOLATE[@]}" tests/test_jax_adapter.py -k "gpu or cuda")
+# The test commands without ISOLATE, which each step adds.
+TORCH_GPU=("${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu")
+JAX_GPU=(env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda")
 # Less the sweeps' build test: nvcc, no GPU, a minute on the device; CI runs it.
 step cuda_tests "${PYTEST[@]}" "${ISOLATE[@]}" tests/test_cuda.py -k "not sweeps_build" --junitxml="$OUT/cuda_tests.xml"
-step torch_gpu_tests "${TORCH_GPU[@]}" --junitxml="$OUT/torch_gpu_tests.xml"
+step torch_gpu_tests "${TORCH_GPU[@]}" "${ISOLATE[@]}" --junitxml="$OUT/torch_gpu_tests.xml"
 crash_diag torch_gpu_tests "${TORCH_GPU[@]}"
-step jax_gpu_tests "${JAX_GPU[@]}" --junitxml="$OUT/jax_gpu_tests.xml"
+step jax_gpu_tests "${JAX_GPU[@]}" "${ISOLATE[@]}" --junitxml="$OUT/jax_gpu_tests.xml"
 crash_diag jax_gpu_tests "${JAX_GPU[@]}"
 # Every built-in op fuzzed on CUDA tensors: drawn dtypes, values, strided layouts, out= buffers (strided or
 # sharing memory with an input) and inconsistent arguments, through ops.<op> and torch.ops (issue 12 item 7).
