@@ -118,8 +118,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
       CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       const KernelFacts facts = kernel_facts(kernel, threads, 0, smem);
       const int64_t blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));  // one wave
-      const T* xin = x;
-      const auto launch = [&] { kernel<<<unsigned(blocks), threads, smem, s>>>(out, xin, w, rows, H, eps); };
+      const auto launch = [&] { kernel<<<unsigned(blocks), threads, smem, s>>>(out, x, w, rows, H, eps); };
       char form[16];
       std::snprintf(form, sizeof form, " staged %d", S);
       run(launch, facts, int((hv + threads - 1) / threads), threads, MaxT, true, false, form, false);
@@ -269,10 +268,7 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     }
     const auto launch = [&] {
       kernel<<<unsigned(grid), threads, smem, s>>>(dx, dw, partial, g, x, w, rows, H, C(1e-6));
-      if (grid > 1) {
-        cu::column_sum_kernel<T><<<unsigned((H + cu::kColumns - 1) / cu::kColumns),
-                                   dim3(cu::kColumns, cu::kColumnGroups), 0, s>>>(dw, partial, grid, H);
-      }
+      if (grid > 1) cu::launch_column_sum(s, dw, static_cast<const C*>(partial), grid, H);
     };
     launch();
     CK(cudaGetLastError());

@@ -194,9 +194,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     }
     if (direct) return;
     // With zero rows (parts = 0) this writes grad_weight = 0.
-    const dim3 block(cu::kColumns, cu::kColumnGroups);
-    cu::column_sum_kernel<T><<<unsigned((H + cu::kColumns - 1) / cu::kColumns), block, 0, ctx.stream>>>(
-        dw, partial.as<const C>(), grid, H);
+    cu::launch_column_sum(ctx.stream, dw, partial.as<const C>(), grid, H);
     ctx.check_launch();
   });
 }

@@ -222,6 +222,13 @@ __global__ void __launch_bounds__(kColumns* kColumnGroups)
   }
 }
 
+// Launches column_sum_kernel on `stream`: dw = the sum of `parts` rows of partial (H floats each); zero
+// rows give dw = 0. The caller checks the launch.
+template <typename T, typename C>
+void launch_column_sum(cudaStream_t stream, T* dw, const C* partial, int64_t parts, int64_t H) {
+  const unsigned blocks = static_cast<unsigned>((H + kColumns - 1) / kColumns);
+  column_sum_kernel<T><<<blocks, dim3(kColumns, kColumnGroups), 0, stream>>>(dw, partial, parts, H);
+}
 
 }  // namespace cuda
 }  // namespace opbridge

@@ -320,8 +320,7 @@ bool launch_rms_backward_staged(const Context& ctx, T* dx, T* dw, const T* g, co
           dx, dw, partial.as<C>(), g, x, w, rows, H, eps);
       ctx.check_launch();
       if (grid > 1) {
-        column_sum_kernel<T><<<static_cast<unsigned>((H + kColumns - 1) / kColumns), dim3(kColumns, kColumnGroups), 0,
-                               ctx.stream>>>(dw, partial.as<const C>(), grid, H);
+        launch_column_sum(ctx.stream, dw, partial.as<const C>(), grid, H);
         ctx.check_launch();
       }
       launched = true;
