@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import textwrap
 from collections.abc import Callable
@@ -24,6 +25,21 @@ _FAULT_ACTION = _tvm.fault_action()
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _tvm.restore_fault_action(_FAULT_ACTION)
+
+
+@pytest.fixture
+def script_module() -> Callable[[str], Any]:
+    """``load(name)``: ``scripts/<name>.py`` imported by path (``scripts/`` is no package)."""
+
+    def load(name: str) -> Any:
+        path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.fixture

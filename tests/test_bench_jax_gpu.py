@@ -8,10 +8,10 @@ a JAX GPU device. Also: ``scripts/gpu_check_summary.py`` folds its results in.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from opbridge import bench  # noqa: E402
 from opbridge.bench import jax_gpu, jax_gpu_report, natives  # noqa: E402
 from opbridge.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = ["bench", "jax-gpu", "--platform", "cpu", "--rounds", "2", "--quick"]
 
 
@@ -119,11 +118,8 @@ def test_record_ratio_targets_and_misses() -> None:
     assert small["ratio"] is None and small["meets_target"] is None and small["target"] == 1.1
 
 
-def test_gpu_check_summary_folds_the_jax_gpu_results(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_check_summary", ROOT / "scripts" / "gpu_check_summary.py")
-    assert spec is not None and spec.loader is not None
-    summary_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary_script)
+def test_gpu_check_summary_folds_the_jax_gpu_results(tmp_path: Path, script_module: Callable[[str], Any]) -> None:
+    summary_script = script_module("gpu_check_summary")
     (tmp_path / "gpu.txt").write_text("NVIDIA H100, 550, 81559 MiB\n")
     (tmp_path / "steps.txt").write_text("bench_gpu 0 60\nbench_jax_gpu 1 30\n")
     (tmp_path / "bench-jax-gpu").mkdir()

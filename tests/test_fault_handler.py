@@ -15,7 +15,9 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,7 +67,7 @@ def test_without_faulthandler_nothing_is_saved() -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_gpu_check_isolates_a_native_crash_to_its_test(tmp_path: Path) -> None:
+def test_gpu_check_isolates_a_native_crash_to_its_test(tmp_path: Path, script_module: Callable[[str], Any]) -> None:
     """gpu-check's GPU test steps under its ISOLATE flags (one pytest-xdist worker, replaced when it dies):
     a segfault fails its own test only, the next test still runs, the faulthandler traceback names the
     crashing line, and the summary lists the test as crashed."""
@@ -91,8 +93,5 @@ def test_gpu_check_isolates_a_native_crash_to_its_test(tmp_path: Path) -> None:
     assert "crashed while running 'test_standin.py::test_crash_here'" in log, log[-3000:]
     assert "PASSED test_standin.py::test_after" in log, log[-3000:]
     assert "Fatal Python error: Segmentation fault" in log and "in test_crash_here" in log, log[-3000:]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import gpu_check_summary
-
-    junit = gpu_check_summary._junit(xml)
+    junit = script_module("gpu_check_summary")._junit(xml)
     assert junit["crashed"] == ["test_standin::test_crash_here"] and junit["failed"] == junit["crashed"]
