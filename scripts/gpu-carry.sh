@@ -39,6 +39,10 @@ build() {  # build CACHE [FLAGS]: the CUDA module into CACHE, then only what the
     OPBRIDGE_NO_PROGRESS=1 "$PY" -m opbridge build --device cuda
   # the CPU C entries and the torch shim are built on the device for its own Python and torch
   run rm -rf "$1"/jit/opbridge_numpy_entry-* "$1"/jit/opbridge_exchange_entry-* "$1/torch-native" "$1/objects"
+  # an earlier run's module of other sources: only the one just built or reused is carried (the newest
+  # manifest: a reuse touches it)
+  [ "${CARRY_DRY_RUN:-0}" = "1" ] ||
+    ls -t "$1"/jit/opbridge_cuda-cuda-*/manifest.json | tail -n +2 | xargs -r -n 1 dirname | xargs -r rm -rf
 }
 build "$DIR/obc"
 build "$DIR/obc-staged" "$STAGED_FLAGS"
