@@ -9,6 +9,27 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 pip_q() { "$@" -q --disable-pip-version-check 2>&1 | grep -v -e '^WARNING: Location' -e '^$' || true; }
 
+# Free space first: the two environments take about 6.5 GB and pip unpacks wheels in TMPDIR as it goes.
+# A full disk otherwise shows up only as pip's OSError in the middle of its output, then "No module named
+# 'jax'" (a CI run of 2026-11-27 died so after 63 s). Only for an environment still to be created.
+need_gb() {  # need_gb GB DIR WHAT: exit with a clear message if DIR's file system has less than GB free
+  local free_kb
+  free_kb=$(df -Pk "$2" 2> /dev/null | awk 'NR == 2 {print $4}')
+  [ -z "$free_kb" ] && return 0
+  if [ "$free_kb" -lt $(($1 * 1024 * 1024)) ]; then
+    echo "envs.sh: $3 needs about $1 GB free on $(df -P "$2" | awk 'NR == 2 {print $6}'), which has" \
+      "$((free_kb / 1024 / 1024)) GB; free some space and run it again" >&2
+    exit 1
+  fi
+}
+todo_gb=0
+[ -x .venv/bin/python ] || todo_gb=$((todo_gb + 3))
+[ "${OPBRIDGE_SKIP_MINDSPORE:-0}" = "1" ] || [ -x .venv-ms/bin/python ] || todo_gb=$((todo_gb + 4))
+if [ "$todo_gb" -gt 0 ]; then
+  need_gb "$todo_gb" . "creating the environments"
+  need_gb 2 "${TMPDIR:-/tmp}" "pip's unpacking (TMPDIR)"
+fi
+
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 pip_q .venv/bin/pip install -e ".[torch,jax,paddle,dev]"
 .venv/bin/python -c "import torch, jax, jax_tvm_ffi, paddle, numpy; assert numpy.__version__ >= '2'" \
