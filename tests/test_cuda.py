@@ -460,7 +460,10 @@ def test_cuda_matches_cpu(gpu: Any, name: str, dtype: str) -> None:
 # per block (5000 x 256) and 2 or 4 units per thread (4096, 8192), and the global-partial form
 # (9000, 20000). With the staged policies on (OPBRIDGE_CUDA_FLAGS="-DOPB_RMS_NORM_STAGES=3
 # -DOPB_RMS_NORM_BACKWARD_STAGES=2", cuda_norm_staged.h; from 1024 rows), 5000 x 256 and 2048 x 4096
-# take the staged kernels, forward and backward, several rows per block.
+# take the staged kernels, forward and backward, several rows per block. Gated activations: units of
+# half the 128-bit width where the grid is small (6 x 20000, 40 x 8192, 64 x 4096 on an H100 or H200:
+# cuda_gated.h's gated_width; float32's forward never narrows), 128-bit ones where it is not
+# (2048 x 4096, 5000 x 256, 300 x 9000).
 ROW_SHAPES = [(300, 9000), (5000, 256), (64, 4096), (40, 8192), (6, 20000), (2048, 4096)]
 
 

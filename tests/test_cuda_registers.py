@@ -1,5 +1,7 @@
 """The CUDA kernels fit their registers: no kernel of ``opbridge/csrc/*.cu`` spills to local memory.
 
+(And the gated activations' launch rule, which is host code: checked here too, compiled by nvcc.)
+
 A launch policy that asks for an occupancy (``kMinBlocks`` in ``include/opbridge/cuda_norm.h``)
 caps each thread's registers; whether its kernel then fits them depends on how nvcc holds the
 row in registers (``load_units``, ``held_t``), which a small change to a kernel can undo
@@ -131,3 +133,47 @@ def test_rms_norm_with_its_staged_policies_on_compiles_without_spills() -> None:
     staged = {name: n for name, n in kernels.items() if "staged_kernel" in name}
     assert len(staged) == 4 + 10, sorted(staged)  # forward per dtype; backward per dtype and units
     assert not any(kernels.values()), {name: n for name, n in kernels.items() if n}
+
+
+# The unit width launch_gated uses (include/opbridge/cuda_gated.h's gated_width) for rows of 14336, on a
+# device that runs `wave` narrow blocks at once (an H200: 132 SMs x 16 blocks of 128 threads).
+WIDTH_TU = """
+#include <opbridge/cuda_gated.h>
+#include <cstdio>
+#include <cstdlib>
+namespace cu = opbridge::cuda;
+int main(int argc, char** argv) {
+  const long long wave = std::atoll(argv[1]);
+  for (int i = 2; i < argc; ++i) {
+    const long long rows = std::atoll(argv[i]);
+    std::printf("%lld %d %d %d %d %d\\n", rows,
+                cu::gated_width<cu::GatedCurrent, float>(rows, 14336, wave),
+                cu::gated_width<cu::GatedCurrent, __nv_bfloat16>(rows, 14336, wave),
+                cu::gated_width<cu::GatedBackward, float>(rows, 14336, wave),
+                cu::gated_width<cu::GatedBackward, __nv_bfloat16>(rows, 14336, wave),
+                cu::gated_width<cu::GatedBackward, double>(rows, 14336, wave));
+  }
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
+def test_gated_units_narrow_only_while_their_grid_fits_one_wave(tmp_path: Path) -> None:
+    """64-bit units where 128-bit ones would leave the device more than half idle (the H200 sweeps: 1.12-1.20x
+    for the backward at 1 and 8 rows), 128-bit ones from the rows where the narrow grid passes one wave;
+    float32's forward never narrows (the sweeps: up to 1.02x slower at 8 rows)."""
+    source = tmp_path / "width.cu"
+    source.write_text(WIDTH_TU)
+    exe = tmp_path / "width"
+    done = subprocess.run([*_nvcc(source), "-o", str(exe)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [1, 8, 18, 19, 37, 38, 75, 76, 256, 4096]
+    out = subprocess.run([str(exe), str(132 * 16), *map(str, rows)], capture_output=True, text=True, check=True)
+    # rows: forward float32, bfloat16; backward float32, bfloat16, float64 (elements per unit)
+    got = {int(r): tuple(map(int, w)) for r, *w in (line.split() for line in out.stdout.splitlines())}
+    assert got == {1: (4, 4, 2, 4, 1), 8: (4, 4, 2, 4, 1), 18: (4, 4, 2, 4, 1), 19: (4, 4, 2, 4, 2),
+                   37: (4, 4, 2, 4, 2), 38: (4, 4, 4, 4, 2), 75: (4, 4, 4, 4, 2), 76: (4, 8, 4, 8, 2),
+                   256: (4, 8, 4, 8, 2), 4096: (4, 8, 4, 8, 2)}
+    # a device that runs fewer blocks at once narrows fewer rows: one SM of 16 blocks, none of these
+    small = subprocess.run([str(exe), "16", "1"], capture_output=True, text=True, check=True).stdout.split()
+    assert small == ["1", "4", "8", "4", "8", "2"]

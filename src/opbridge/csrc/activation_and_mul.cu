@@ -28,16 +28,10 @@ void act_and_mul(const char* op, TensorView out, TensorView x) {
   using P = cu::GatedCurrent;
   OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
     using T = cu::device_t<S>;
-    constexpr int V = cu::kVec<T>;
     T* o = opbridge::data_ptr<T>(out);
     const T* a = opbridge::data_ptr<const T>(x);
-    if (cu::can_vectorize<T>(d, o, a)) {
-      cu::act_and_mul_kernel<P, V, T, Act><<<cu::gated_grid<P>(rows, d / V), P::kThreads, 0, ctx.stream>>>(
-          o, a, rows, d);
-    } else {
-      cu::act_and_mul_kernel<P, 1, T, Act><<<cu::gated_grid<P>(rows, d), P::kThreads, 0, ctx.stream>>>(
-          o, a, rows, d);
-    }
+    const auto kernel_of = [](auto n) { return cu::act_and_mul_kernel<P, decltype(n)::value, T, Act>; };
+    cu::launch_gated<P, T>(ctx, cu::can_vectorize<T>(d, o, a), rows, d, kernel_of, o, a);
     ctx.check_launch();
   });
 }
@@ -52,17 +46,11 @@ void act_and_mul_backward(const char* op, TensorView grad_x, TensorView grad, Te
   using P = cu::GatedBackward;
   OPB_DISPATCH_FLOATING(op, x.dtype(), S, [&] {
     using T = cu::device_t<S>;
-    constexpr int V = cu::kVec<T>;
     T* gx = opbridge::data_ptr<T>(grad_x);
     const T* g = opbridge::data_ptr<const T>(grad);
     const T* a = opbridge::data_ptr<const T>(x);
-    if (cu::can_vectorize<T>(d, gx, g, a)) {
-      cu::act_and_mul_backward_kernel<P, V, T, Act>
-          <<<cu::gated_grid<P>(rows, d / V), P::kThreads, 0, ctx.stream>>>(gx, g, a, rows, d);
-    } else {
-      cu::act_and_mul_backward_kernel<P, 1, T, Act>
-          <<<cu::gated_grid<P>(rows, d), P::kThreads, 0, ctx.stream>>>(gx, g, a, rows, d);
-    }
+    const auto kernel_of = [](auto n) { return cu::act_and_mul_backward_kernel<P, decltype(n)::value, T, Act>; };
+    cu::launch_gated<P, T>(ctx, cu::can_vectorize<T>(d, gx, g, a), rows, d, kernel_of, gx, g, a);
     ctx.check_launch();
   });
 }
