@@ -42,6 +42,20 @@ struct Knobs {
   static constexpr int min_blocks(int) { return MinBlocks; }
 };
 
+// Whether a staged kernel's `smem` bytes of stages fit one of its blocks on device 0, as the product
+// decides it (cuda_norm_staged.h's staged_smem_fits); if so, its dynamic shared memory limit is raised
+// to them.
+template <typename Kernel>
+bool staged_fits(Kernel kernel, int smem) {
+  int optin = 0;
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  cudaFuncAttributes attr{};
+  CK(cudaFuncGetAttributes(&attr, kernel));
+  if (!cu::staged_smem_fits(smem, attr.sharedSizeBytes, optin)) return false;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  return true;
+}
+
 // Every policy for one op, dtype and size. Fused: input and residual are restored before each
 // launch's check (the kernel mutates both), not before timed launches (the values do not matter).
 template <bool Fused, typename T>
@@ -112,10 +126,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
       auto* kernel = cu::rms_rows_staged_kernel<N, S, P, T>;
       const int threads = cu::row_threads(hv, MaxT);
       const int smem = int(S * hv * 16);
-      int optin = 0;
-      CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-      if (smem + 512 > optin) return;
-      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      if (!staged_fits(kernel, smem)) return;
       const KernelFacts facts = kernel_facts(kernel, threads, 0, smem);
       const int64_t blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));  // one wave
       const auto launch = [&] { kernel<<<unsigned(blocks), threads, smem, s>>>(out, x, w, rows, H, eps); };
@@ -253,12 +264,7 @@ void sweep_backward(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   // `smem`, `stages`: the staged kernel's dynamic shared memory and stages (cuda_norm_staged.h); 0 for
   // the cached kernel.
   auto one = [&](auto kernel, int units, int threads, int bound, int min_blocks, int smem = 0, int stages = 0) {
-    if (smem > 0) {
-      int optin = 0;
-      CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-      if (smem + 1024 > optin) return;
-      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    }
+    if (smem > 0 && !staged_fits(kernel, smem)) return;
     const KernelFacts facts = kernel_facts(kernel, threads, min_blocks, smem);
     const int64_t grid = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));
     if (grid > partial_rows) {

@@ -242,6 +242,13 @@ __global__ void __launch_bounds__(P::kMaxThreads)
 // (a static of the caller's instantiation; a model's rows have one or two widths). Also raises the
 // kernel's dynamic shared memory limit past the default 48 KiB where `smem` needs it. 0: it does not
 // fit (more shared memory than a block may have).
+// Whether `smem` bytes of stages fit a block beside the kernel's static shared memory (the block sum's
+// scratch: 512 bytes forward, 1024 for the float64 backward's pairs; cudaFuncGetAttributes) on a
+// device whose blocks may opt in to `optin` bytes.
+inline bool staged_smem_fits(int64_t smem, size_t static_smem, int optin) {
+  return smem + int64_t(static_smem) <= optin;
+}
+
 template <typename Kernel>
 int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int smem, std::atomic<int64_t>& cache) {
   // threads <= 1024: bits 6-16; smem < 2^20: bits 17-36; the device (its attribute and occupancy): 40-
@@ -251,7 +258,9 @@ int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int sme
   int optin = 0;
   OPB_CUDA_CHECK(ctx.op(), cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device()));
   int n = 0;
-  if (smem + int(2 * 32 * sizeof(double)) <= optin) {
+  cudaFuncAttributes attr{};
+  OPB_CUDA_CHECK(ctx.op(), cudaFuncGetAttributes(&attr, kernel));
+  if (staged_smem_fits(smem, attr.sharedSizeBytes, optin)) {
     if (smem > 48 * 1024) {
       OPB_CUDA_CHECK(ctx.op(), cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     }
@@ -260,6 +269,15 @@ int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int sme
   n = std::clamp(n, 0, 63);
   cache.store(key | n, std::memory_order_relaxed);
   return n;
+}
+
+// The persistent grid of a staged kernel over `rows` rows: one wave of the blocks staged_blocks_per_sm
+// finds (0: a block does not fit).
+template <typename Kernel>
+int64_t staged_grid(const Context& ctx, Kernel kernel, int threads, int64_t smem, int64_t rows,
+                    std::atomic<int64_t>& cache) {
+  const int per_sm = staged_blocks_per_sm(ctx, kernel, threads, static_cast<int>(smem), cache);
+  return std::min<int64_t>(rows, int64_t(ctx.num_sms()) * per_sm);
 }
 
 // Launches the staged kernel under policy P (its kStages stages, blocks of up to kMaxThreads) over
@@ -281,9 +299,8 @@ bool launch_rms_rows_staged(const Context& ctx, T* out, const T* x, const Stride
     const int threads = row_threads(hv, P::kMaxThreads);
     auto* kernel = rms_rows_staged_kernel<N, S, P, T, C>;
     static std::atomic<int64_t> cache{0};
-    const int per_sm = staged_blocks_per_sm(ctx, kernel, threads, static_cast<int>(smem), cache);
-    if (per_sm == 0) return false;
-    const int64_t blocks = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * per_sm);
+    const int64_t blocks = staged_grid(ctx, kernel, threads, smem, rows, cache);
+    if (blocks == 0) return false;
     kernel<<<static_cast<unsigned>(blocks), threads, static_cast<size_t>(smem), ctx.stream>>>(out, x, w, rows, H, eps);
     return true;
   }
@@ -312,9 +329,8 @@ bool launch_rms_backward_staged(const Context& ctx, T* dx, T* dw, const T* g, co
       constexpr int K = decltype(k_const)::value;
       auto* kernel = rms_norm_backward_staged_kernel<P, N, K, S, T, C>;
       static std::atomic<int64_t> cache{0};
-      const int per_sm = staged_blocks_per_sm(ctx, kernel, threads, static_cast<int>(smem), cache);
-      if (per_sm == 0) return;
-      const int64_t grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * per_sm);
+      const int64_t grid = staged_grid(ctx, kernel, threads, smem, rows, cache);
+      if (grid == 0) return;
       Scratch partial(ctx.op(), ctx, grid == 1 ? 0 : size_t(grid) * size_t(H) * sizeof(C));
       kernel<<<static_cast<unsigned>(grid), threads, static_cast<size_t>(smem), ctx.stream>>>(
           dx, dw, partial.as<C>(), g, x, w, rows, H, eps);
