@@ -93,7 +93,7 @@ void launch_gated(const Context& ctx, bool vectorize, int64_t rows, int64_t d, K
     kernel<<<gated_grid<P>(rows, d / n), P::kThreads, 0, ctx.stream>>>(args..., rows, d);
   };
   if constexpr (kMayNarrow<P, V>) {
-    static ResidentCache cache;  // one per instantiation: policy, dtype and kernel
+    static ResidentCache cache = {};  // one per instantiation: policy, dtype and kernel
     const auto narrow = kernel_of(std::integral_constant<int, V / 2>{});
     if (vectorize) {
       const int64_t wave = int64_t(ctx.num_sms()) * resident_blocks(ctx.op(), narrow, P::kThreads, cache);
