@@ -237,11 +237,6 @@ __global__ void __launch_bounds__(P::kMaxThreads)
   store_column_sums<N, K>(acc, grad_w, partial, hv, H);
 }
 
-// Blocks of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared memory each) that one SM
-// runs at once, through the occupancy API, remembered for the last (device, threads, smem) asked in `cache`
-// (a static of the caller's instantiation; a model's rows have one or two widths). Also raises the
-// kernel's dynamic shared memory limit past the default 48 KiB where `smem` needs it. 0: it does not
-// fit (more shared memory than a block may have).
 // Whether `smem` bytes of stages fit a block beside the kernel's static shared memory (the block sum's
 // scratch: 512 bytes forward, 1024 for the float64 backward's pairs; cudaFuncGetAttributes) on a
 // device whose blocks may opt in to `optin` bytes.
@@ -249,6 +244,11 @@ inline bool staged_smem_fits(int64_t smem, size_t static_smem, int optin) {
   return smem + int64_t(static_smem) <= optin;
 }
 
+// Blocks of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared memory each) that one SM
+// runs at once, through the occupancy API, remembered for the last (device, threads, smem) asked in `cache`
+// (a static of the caller's instantiation; a model's rows have one or two widths). Also raises the
+// kernel's dynamic shared memory limit to `smem` where it is below. 0: it does not fit (more shared
+// memory than a block may have).
 template <typename Kernel>
 int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int smem, std::atomic<int64_t>& cache) {
   // threads <= 1024: bits 6-16; smem < 2^20: bits 17-36; the device (its attribute and occupancy): 40-
@@ -261,7 +261,9 @@ int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int sme
   cudaFuncAttributes attr{};
   OPB_CUDA_CHECK(ctx.op(), cudaFuncGetAttributes(&attr, kernel));
   if (staged_smem_fits(smem, attr.sharedSizeBytes, optin)) {
-    if (smem > 48 * 1024) {
+    // Until raised, static and dynamic shared memory together stay within 48 KiB: 3 stages of a
+    // bfloat16 row of 8192 (exactly 48 KiB of dynamic) need it raised too ("> 48 KiB" missed them).
+    if (smem > attr.maxDynamicSharedSizeBytes) {
       OPB_CUDA_CHECK(ctx.op(), cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     }
     OPB_CUDA_CHECK(ctx.op(), cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
