@@ -177,3 +177,52 @@ def test_gated_units_narrow_only_while_their_grid_fits_one_wave(tmp_path: Path) 
     # a device that runs fewer blocks at once narrows fewer rows: one SM of 16 blocks, none of these
     small = subprocess.run([str(exe), "16", "1"], capture_output=True, text=True, check=True).stdout.split()
     assert small == ["1", "4", "8", "4", "8", "2"]
+
+
+# Every launch rule of the row kernels that loop over a fixed K units per thread (no grid-stride
+# within a row) must give blocks that hold the whole row: threads x units >= the row's units.
+COVER_TU = """
+#include <opbridge/cuda_norm_staged.h>
+#include <cstdio>
+namespace cu = opbridge::cuda;
+template <int N>
+struct FewThreads : cu::RmsNormBackwardRows<N> {  // a staged backward built with 128 threads
+  static constexpr int kMaxThreads = 128;
+};
+template <typename P>
+long long uncovered(const char* name) {
+  long long bad = 0, fits = 0;
+  for (long long hv = 1; hv <= 20000; ++hv) {
+    const int units = cu::cached_units<P>(hv);
+    if (units == 0) continue;
+    ++fits;
+    const int threads = cu::row_threads((hv + units - 1) / units, P::kMaxThreads);
+    if ((long long)threads * units < hv || units > P::kMaxUnits || threads > P::kMaxThreads) {
+      if (bad++ == 0) std::printf("%s: hv %lld units %d threads %d\\n", name, hv, units, threads);
+    }
+  }
+  std::printf("%s %lld %lld\\n", name, fits, bad);
+  return bad;
+}
+int main() {
+  long long bad = 0;
+  bad += uncovered<cu::RmsNormRows<8>>("rms16") + uncovered<cu::RmsNormRows<4>>("rms32");
+  bad += uncovered<cu::FusedAddRmsNormRows<8>>("fused16") + uncovered<cu::FusedAddRmsNormRows<4>>("fused32");
+  bad += uncovered<cu::RmsNormBackwardRows<8>>("bwd16") + uncovered<cu::RmsNormBackwardRows<2>>("bwd64");
+  bad += uncovered<cu::RmsNormBackwardStaged<8>>("staged16") + uncovered<FewThreads<8>>("few16");
+  return bad != 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
+def test_row_kernels_blocks_hold_every_unit_of_a_row(tmp_path: Path) -> None:
+    source = tmp_path / "cover.cu"
+    source.write_text(COVER_TU)
+    exe = tmp_path / "cover"
+    done = subprocess.run([*_nvcc(source), "-o", str(exe)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+    rows = {name: (int(fits), int(bad)) for name, fits, bad in (line.split() for line in out.stdout.splitlines())}
+    assert all(fits > 0 for fits, _ in rows.values()), rows  # each rule takes rows it can hold

@@ -69,11 +69,15 @@ struct FusedAddRmsNormRows {
   static constexpr int min_blocks(int) { return 0; }
 };
 // Units per thread under policy P for rows of `hv` units, with blocks of at most `max_threads`
-// (P::kMaxThreads unless a caller caps it lower); 0 when the row does not fit.
+// (P::kMaxThreads unless a caller caps it lower); 0 when the row does not fit. Blocks of
+// row_threads(ceil(hv / units), max_threads) then hold every unit of the row: the preferred threads
+// count only up to max_threads (a staged backward built with fewer threads than its policy prefers,
+// OPB_RMS_NORM_BACKWARD_STAGED_THREADS=128, would otherwise have left units of a row to no thread).
 template <typename P>
 int cached_units(int64_t hv, int max_threads = P::kMaxThreads) {
+  const int preferred = std::min(P::kPreferredThreads, max_threads);
   for (int k = 1; k <= P::kPreferredUnits; k *= 2) {
-    if (hv <= int64_t(P::kPreferredThreads) * k) return k;
+    if (hv <= int64_t(preferred) * k) return k;
   }
   for (int k = P::kPreferredUnits; k <= P::kMaxUnits; k *= 2) {
     if (hv <= int64_t(max_threads) * k) return k;
