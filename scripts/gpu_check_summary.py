@@ -28,6 +28,30 @@ def _junit(path: Path) -> dict[str, object]:
         "failed": failed, "crashed": crashed}
 
 
+def _standing(value: object) -> dict[str, object] | None:
+    """A bench gpu result's standing against its peers: as it saved it, or computed from its cases (a run
+    from before bench gpu saved it), where opbridge is importable."""
+    if not isinstance(value, dict) or value.get("benchmark") != "gpu":
+        return None
+    if value.get("standing") or not value.get("results"):
+        return value.get("standing")
+    try:
+        from opbridge.bench.gpu.cases import standing
+    except ImportError:
+        return None
+    computed: dict[str, object] = standing(value["results"])
+    return computed
+
+
+def _standing_lines(standing: dict[str, object]) -> list[str]:
+    """bench gpu's closing summary of a run (opbridge.bench.gpu.text), where opbridge is importable."""
+    try:
+        from opbridge.bench.gpu.text import standing_lines
+    except ImportError:
+        return [f" {standing}"]
+    return standing_lines(standing)
+
+
 def _last_json(text: str) -> object:
     start = text.find("{")
     while start != -1:
@@ -50,6 +74,8 @@ def main(out: Path) -> int:
                         ("bench_gpu_serving", "bench-gpu-serving"), ("bench_gpu_large", "bench-gpu-large")):
         bench = out / folder / "results.json"
         summary[key] = json.loads(bench.read_text()) if bench.exists() else None
+    for bench in sorted(out.glob("bench-gpu-*/results.json")):  # more bench gpu runs (a module, ops or rows each)
+        summary.setdefault(bench.parent.name.replace("-", "_"), json.loads(bench.read_text()))
     log = out / "bench_overhead_cuda.log"
     summary["bench_overhead_cuda"] = _last_json(log.read_text()) if log.exists() else None
     for name in ("sweep_norm", "sweep_norm_staged", "sweep_gated"):  # GPU_CHECK_SWEEPS: the sweeps, per case
@@ -59,6 +85,10 @@ def main(out: Path) -> int:
     failed = [n for n, s in steps.items() if s["exit_status"]]
     verdict = "FAILED: " + ", ".join(failed) if failed else "all steps passed"
     print(f"gpu-check: {verdict}; summary in {out / 'summary.json'}")
+    for key, value in summary.items():  # each bench gpu run's cases where a peer was faster
+        standing = _standing(value)
+        if standing:
+            print(f"{key}:" + "\n".join(_standing_lines(standing)))
     return 1 if failed else 0
 
 

@@ -113,6 +113,50 @@ def test_record_gbps_and_speedups() -> None:
     assert eager["speedup_vs_opbridge_eager"] == pytest.approx(2.0)
 
 
+def _timed(graph: float) -> dict[str, Any]:
+    return {"eager": {"p20": 9.0, "p50": 10.0, "p80": 11.0, "rounds": 3}, "number": 100,
+            "graph": {"p20": graph, "p50": graph, "p80": graph, "rounds": 3}, "graph_number": 50}
+
+
+def test_standing_lists_the_cases_a_peer_wins_slowest_first() -> None:
+    """Issue 12's "at least as fast as every peer", read off a run: the fastest faster peer per case, same mode."""
+    whats = {"opbridge_new": ("new", "ops"), "opbridge_out": ("out", "ops out="), "liger": ("new", "liger"),
+             "compile_new": ("new", "inductor"), "eager_out": ("out", "torch out=")}
+
+    def rec(size: str, **graph: float) -> dict[str, Any]:
+        return cases.record("silu_and_mul", "float32", cases.Size(size, (8, 28672)), 1000,
+                            {n: _timed(g) for n, g in graph.items()}, whats, gpu.SAME_MODE)
+
+    results = [rec("rows=1", opbridge_new=2.0, opbridge_out=2.0, liger=2.5, compile_new=2.2, eager_out=4.0),
+               rec("rows=8", opbridge_new=4.0, opbridge_out=1.0, liger=3.0, compile_new=3.6, eager_out=5.0),
+               rec("rows=256", opbridge_new=5.0, opbridge_out=9.0, liger=6.0, compile_new=7.0, eager_out=4.5)]
+    st = cases.standing(results)
+    assert st["cases"] == 3
+    assert [(b["size"], b["peer"], b["mode"]) for b in st["behind"]] == [("rows=256", "eager_out", "out"),
+                                                                         ("rows=8", "liger", "new")]
+    assert st["behind"][0]["ratio"] == pytest.approx(0.5) and st["behind"][0]["opbridge_us"] == 9.0
+    assert st["behind"][1]["ratio"] == pytest.approx(0.75) and st["behind"][1]["peer_us"] == 3.0
+    from opbridge.bench.gpu.text import standing_lines
+
+    lines = standing_lines(st)
+    assert "ahead of or level with every peer in 1 of 3 cases; behind in 2" in lines[1]
+    assert lines[2].split()[:4] == ["silu_and_mul", "rows=256", "float32", "0.500"]
+    assert standing_lines(cases.standing(results[:1]))[1] == "ahead of or level with every peer in all 1 cases"
+    result = _fake_result(False)
+    result["standing"] = st
+    assert "behind in 2" in gpu.format_text(result)
+    # an in-place op has one form (fused_add_rms_norm): peers writing new outputs are compared with it
+    whats["opbridge_out"] = ("inplace", "ops in place")
+    whats["eager_out"] = ("inplace", "torch in place")
+    inplace = cases.record("fused_add_rms_norm", "bfloat16", cases.Size("rows=8", (8, 4096)), 1000,
+                           {n: _timed(g) for n, g in {"opbridge_out": 1.95, "liger": 1.82, "compile_new": 2.18,
+                                                      "eager_out": 17.8}.items()}, whats, gpu.SAME_MODE)
+    assert inplace["candidates"]["liger"]["vs"] == "opbridge_out"
+    (b,) = cases.standing([inplace])["behind"]
+    assert (b["peer"], b["mode"], b["opbridge_us"]) == ("liger", "new vs inplace", 1.95)
+    assert b["ratio"] == pytest.approx(1.82 / 1.95, rel=1e-3)
+
+
 def test_text_and_exit_status_report_a_mismatch() -> None:
     good, bad = _fake_result(False), _fake_result(True)
     assert bench.exit_status(good) == 0 and bench.exit_status(bad) == 1

@@ -118,7 +118,8 @@ def test_record_ratio_targets_and_misses() -> None:
     assert small["ratio"] is None and small["meets_target"] is None and small["target"] == 1.1
 
 
-def test_gpu_check_summary_folds_the_jax_gpu_results(tmp_path: Path, script_module: Callable[[str], Any]) -> None:
+def test_gpu_check_summary_folds_the_jax_gpu_results(tmp_path: Path, script_module: Callable[[str], Any],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     summary_script = script_module("gpu_check_summary")
     (tmp_path / "gpu.txt").write_text("NVIDIA H100, 550, 81559 MiB\n")
     (tmp_path / "steps.txt").write_text("bench_gpu 0 60\nbench_jax_gpu 1 30\n")
@@ -129,3 +130,14 @@ def test_gpu_check_summary_folds_the_jax_gpu_results(tmp_path: Path, script_modu
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["bench_jax_gpu"] == folded and summary["bench_gpu"] is None
     assert summary["steps"]["bench_jax_gpu"] == {"exit_status": 1, "seconds": 30}
+    # any other bench gpu run (gpu-check's bench-gpu, -serving, -large, or a device script's own) is folded,
+    # and its cases behind a peer are printed
+    (tmp_path / "bench-gpu-staged").mkdir()
+    behind = {"op": "rms_norm", "size": "large", "dtype": "bfloat16", "peer": "liger", "mode": "new",
+              "ratio": 0.8, "peer_us": 8.0, "opbridge_us": 10.0}
+    staged = {"benchmark": "gpu", "results": [], "standing": {"cases": 2, "behind": [behind]}}
+    (tmp_path / "bench-gpu-staged" / "results.json").write_text(json.dumps(staged))
+    summary_script.main(tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text())["bench_gpu_staged"] == staged
+    printed = capsys.readouterr().out
+    assert "bench_gpu_staged:" in printed and "behind in 1" in printed and "0.800  liger" in printed

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from opbridge.bench import BenchError
-from opbridge.bench.gpu.cases import LARGE, QUICK_ROWS, SERVING_ROWS, Size, problems, sizes_for
+from opbridge.bench.gpu.cases import LARGE, QUICK_ROWS, SERVING_ROWS, Size, problems, sizes_for, standing
 from opbridge.bench.gpu.text import CSV_FIELDS, csv_rows, format_text
 from opbridge.bench.timing import dist_version
 
@@ -189,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cuda_module_load_s": round(build_s, 3),
         "copy": {"before": copy_before, "after": copy_after, "reference_gbps": ref},
         "results": results,
+        "standing": standing(results),
         "skipped_ops": skipped,
     }
     if args.out:

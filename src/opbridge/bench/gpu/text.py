@@ -39,7 +39,8 @@ def format_text(result: dict[str, Any]) -> str:
         f"copy bandwidth (empty_like(x).copy_(x), 1 GiB): {copy['before']['gbps']:.0f} GB/s before, "
         f"{copy['after']['gbps']:.0f} GB/s after; reference {copy['reference_gbps']:.0f} GB/s",
         "per-call p50 in µs, in a CUDA graph (kernels alone) and eager (launch included); GB/s at the graph "
-        "p50 (eager where no graph); speed-up = theirs / ours, same mode",
+        "p50 (eager where no graph); speed-up = theirs / ours, same mode (an in-place op's one form where "
+        "it has no other)",
         "",
         f"{'op':<21} {'size':<10} {'dtype':<9} {'candidate':<13} {'mode':<8} {'graph us':>9} {'eager us':>9} "
         f"{'GB/s':>7} {'copy':>5} {'speed-up':>8}",
@@ -53,5 +54,20 @@ def format_text(result: dict[str, Any]) -> str:
         for m in rec.get("mismatches", []):
             lines.append(f"  MISMATCH {m['candidate']} (not timed): {m['message']}")
         lines += [f"  note: {n}" for n in rec.get("notes", [])]
+    lines += standing_lines(result.get("standing"))
     lines += closing_lines(result)
     return "\n".join(lines)
+
+
+def standing_lines(standing: dict[str, Any] | None) -> list[str]:
+    """The report's closing summary of the cases in which a peer was faster (``cases.standing``)."""
+    if not standing or not standing["cases"]:
+        return []
+    behind, n = standing["behind"], standing["cases"]
+    if not behind:
+        return ["", f"ahead of or level with every peer in all {n} cases"]
+    lines = ["", f"ahead of or level with every peer in {n - len(behind)} of {n} cases; behind in {len(behind)} "
+                 "(the fastest peer's time / ours, same mode):"]
+    lines += [f"  {b['op']:<21} {b['size']:<10} {b['dtype']:<9} {b['ratio']:.3f}  {b['peer']} "
+              f"{b['peer_us']:.2f} us against {b['opbridge_us']:.2f} us ({b['mode']})" for b in behind]
+    return lines
