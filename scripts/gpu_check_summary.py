@@ -28,28 +28,19 @@ def _junit(path: Path) -> dict[str, object]:
         "failed": failed, "crashed": crashed}
 
 
-def _standing(value: object) -> dict[str, object] | None:
-    """A bench gpu result's standing against its peers: as it saved it, or computed from its cases (a run
-    from before bench gpu saved it), where opbridge is importable."""
+def _standing_lines(value: object) -> list[str]:
+    """A bench gpu result's closing list of the cases a peer won (opbridge.bench.gpu's standing, as the run
+    saved it or, for a run from before it did, computed from its cases); none where opbridge is not
+    importable or *value* is no bench gpu result."""
     if not isinstance(value, dict) or value.get("benchmark") != "gpu":
-        return None
-    if value.get("standing") or not value.get("results"):
-        return value.get("standing")
+        return []
     try:
         from opbridge.bench.gpu.cases import standing
-    except ImportError:
-        return None
-    computed: dict[str, object] = standing(value["results"])
-    return computed
-
-
-def _standing_lines(standing: dict[str, object]) -> list[str]:
-    """bench gpu's closing summary of a run (opbridge.bench.gpu.text), where opbridge is importable."""
-    try:
         from opbridge.bench.gpu.text import standing_lines
     except ImportError:
-        return [f" {standing}"]
-    return standing_lines(standing)
+        return []
+    lines: list[str] = standing_lines(value.get("standing") or standing(value.get("results") or []))
+    return lines
 
 
 def _last_json(text: str) -> object:
@@ -86,9 +77,9 @@ def main(out: Path) -> int:
     verdict = "FAILED: " + ", ".join(failed) if failed else "all steps passed"
     print(f"gpu-check: {verdict}; summary in {out / 'summary.json'}")
     for key, value in summary.items():  # each bench gpu run's cases where a peer was faster
-        standing = _standing(value)
-        if standing:
-            print(f"{key}:" + "\n".join(_standing_lines(standing)))
+        lines = _standing_lines(value)
+        if lines:
+            print(f"{key}:" + "\n".join(lines))
     return 1 if failed else 0
 
 

@@ -124,7 +124,7 @@ def standing(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             continue
         ratio, name, c = min(peers, key=lambda p: p[0])
         if ratio < 1.0:
-            base = r["candidates"][c.get("vs") or _SAME_MODE_BASE[c["mode"]]]
+            base = r["candidates"][c.get("vs") or _ours_of_mode(r["candidates"], c["mode"])]
             mode = c["mode"] if base["mode"] == c["mode"] else f"{c['mode']} vs {base['mode']}"
             behind.append({"op": r["op"], "size": r["size"], "dtype": r["dtype"], "peer": name, "mode": mode,
                            "ratio": ratio, "peer_us": _p50(c), "opbridge_us": _p50(base)})
@@ -132,5 +132,6 @@ def standing(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"cases": len(results), "behind": behind}
 
 
-#: the opbridge candidate a competitor of each mode is compared with in a result saved before ``vs``
-_SAME_MODE_BASE = {"new": "opbridge_new", "out": "opbridge_out"}
+def _ours_of_mode(cands: dict[str, Any], mode: str) -> str:
+    """The opbridge candidate of *mode*: what a competitor was compared with in a result saved before ``vs``."""
+    return next(n for n, c in cands.items() if n.startswith("opbridge_") and c["mode"] == mode)
