@@ -328,3 +328,20 @@ def test_first_calls_from_many_threads_load_one_kernel(monkeypatch: pytest.Monke
         t.join()
     assert loads == ["gelu"] and len(handed) == 1
     assert len(got) == 8 and all(k is got[0] for k in got)
+
+
+def test_cuda_branch_needs_no_cuda_toolkit(tmp_path: Any) -> None:
+    """The shim's CUDA branch compiles with torch's headers alone: a CUDA torch from PyPI on a machine
+    without a CUDA toolkit (its usual home) gets the native kernels, CPU and CUDA. It used to include
+    c10/cuda/CUDAStream.h, which needs the toolkit's cuda_runtime_api.h: there the whole shim failed
+    to build and every torch.ops call stayed on the Python kernels. Checked here against this CPU
+    torch's headers, which hold no CUDA runtime headers either."""
+    from opbridge.adapters.torch.native import build
+
+    cmd = build.command(tmp_path / "shim.so")
+    if "-DOPB_WITH_CUDA" not in cmd:
+        cmd.insert(1, "-DOPB_WITH_CUDA")
+    assert not any(a.startswith("-lc10_cuda") for a in cmd)
+    cmd = [a for a in cmd if not a.startswith(("-l", "-L", "-Wl,"))] + ["-fsyntax-only"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]

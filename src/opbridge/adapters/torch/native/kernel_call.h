@@ -9,7 +9,8 @@
 #include <opbridge/raised_error.h>
 
 #ifdef OPB_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #endif
 
 namespace opbridge_native {
@@ -283,7 +284,10 @@ inline bool RunKernel(OpState& st, const c10::IValue* args, c10::SmallVectorImpl
 #ifdef OPB_WITH_CUDA
   if (dev == kCUDA) {
     TVMFFIStreamHandle prev = nullptr;
-    auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    // torch's current stream of the device through c10's device-generic interface (what
+    // c10::cuda::getCurrentCUDAStream(i).stream() gives), so the shim needs no CUDA headers: a
+    // torch from PyPI on a machine without a CUDA toolkit builds it too.
+    void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
     TVMFFIEnvSetStream(kDLCUDA, device.index(), stream, &prev);
     rc = TVMFFIFunctionCall(kernel, ffi.data(), static_cast<int32_t>(ffi.size()), &result);
     TVMFFIEnvSetStream(kDLCUDA, device.index(), prev, nullptr);
