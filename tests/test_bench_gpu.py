@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import weakref
 from typing import Any
 
 import pytest
@@ -197,10 +198,14 @@ def _stand_in_liger(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, str,
             def forward(ctx: Any, a: Any, b: Any) -> Any:
                 calls.append((path, "forward", (a, b)))
                 ctx.save_for_backward(a, b)
-                return act(a) * b
+                out = act(a) * b
+                ctx.out = weakref.ref(out)  # apply returns this very tensor
+                return out
 
             @staticmethod
             def backward(ctx: Any, dc: Any) -> Any:
+                if ctx.out() is None:  # as torch 2.11 (the GPU machine's), which frees the saved tensors then
+                    raise RuntimeError("Trying to backward through the graph a second time: the output is gone")
                 a, b = ctx.saved_tensors
                 calls.append((path, "backward", (a, b, dc)))
                 with torch.enable_grad():

@@ -84,11 +84,13 @@ def _bind_backward(function: Any) -> Callable[[list[Any]], Callable[[], Any]]:
         d = x.shape[-1] // 2
         a, b = (h.clone(memory_format=torch.contiguous_format).requires_grad_() for h in (x[..., :d], x[..., d:]))
         with torch.enable_grad():
-            ctx = function.apply(a, b).grad_fn
+            out = function.apply(a, b)
 
         def call() -> Any:
+            # The ctx is out's node, reached through out: torch 2.11 (the GPU machine's) frees a node's
+            # saved tensors once its outputs are gone ("backward through the graph a second time").
             with torch.no_grad():
-                return function.backward(ctx, grad)
+                return function.backward(out.grad_fn, grad)
 
         return call
 
