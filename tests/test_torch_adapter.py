@@ -491,6 +491,60 @@ def test_strided_input_matches_contiguous(name: str, index: int, layout: str, pa
         assert o.is_contiguous(), "new outputs are contiguous"
 
 
+@pytest.mark.parametrize("name", ["add", "rms_norm", "fused_add_rms_norm", "rotary_embedding"])
+def test_strided_fast_calls_hand_kernels_only_layouts_they_take(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A strided plain-tensor call runs the op on dense copies from the fast path itself: the kernel never
+    sees a layout it rejects (its ValueError cost about 100 us a call: a C++ exception and its backtrace)
+    and the dispatcher is not entered. Mutated arguments are updated in place, their versions bumped;
+    out= with a strided input goes to the checked path without a kernel error either."""
+    from opbridge.adapters.torch import calls
+    from opbridge.call import core
+
+    op = getattr(ops, name).opdef
+    ns = op.call.__globals__
+    op.call(*_case_args(name))  # the kernel resolved: _t_k_cpu is the kernel itself
+    kernel = ns["_t_k_cpu"]
+    rejected: list[tuple[int, ...]] = []
+
+    def checked(*a: Any) -> Any:
+        rejected.extend(t.stride() for t in a if isinstance(t, torch.Tensor) and not t.is_contiguous()
+                        and not calls.rows(t))
+        return kernel(*a)
+
+    def spy(*a: Any) -> Any:
+        raise AssertionError("the dispatcher's kernel ran")
+
+    monkeypatch.setitem(ns, "_t_k_cpu", checked)
+    lib = torch.library.Library("opbridge", "IMPL")
+    lib.impl(name, spy, "CPU", allow_override=True)
+    mutated = [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
+    try:
+        for layout in ("sliced", "transposed"):
+            dense = _case_args(name)
+            want = _results(op, dense, op.call(*dense))
+            args = _case_args(name)
+            for i in core.tensor_indices(op):
+                if args[i].is_floating_point() and sum(n > 1 for n in args[i].shape) >= 2:
+                    args[i] = _strided(args[i], layout)
+            versions = [a._version if isinstance(a, torch.Tensor) else 0 for a in args]
+            got = _results(op, args, op.call(*args))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+            for i in mutated:
+                assert args[i]._version > versions[i], f"{op.schema.arguments[i].name}: version not bumped"
+        if core.returns_its_out(op):
+            args = _case_args(name)
+            lead = args[op.dispatch_arg]
+            args[op.dispatch_arg] = _strided(lead, "sliced")
+            out = torch.empty_like(lead)
+            lib._destroy()  # out= with a strided input takes the checked path: the dispatcher is expected
+            lib = torch.library.Library("opbridge", "IMPL")
+            torch.testing.assert_close(op.call(*args, out=out), op.call(*_case_args(name)), rtol=0, atol=0)
+        assert rejected == [], "the kernel was handed strides it rejects"
+    finally:
+        lib._destroy()
+
+
 @pytest.mark.parametrize(("name", "index", "layout"),
                          [p for name in ("add", "rms_norm", "silu_and_mul") for p in _strided_variants(name)])
 def test_strided_input_gradients_match_contiguous(name: str, index: int, layout: str) -> None:

@@ -172,7 +172,8 @@ FALLBACKS: dict[str, Callable[[], Any]] = {
 def test_calls_the_entry_declines_give_the_python_paths_results_and_messages(name: str) -> None:
     call = FALLBACKS[name]
     op = {"requires_grad": ops.rms_norm, "int eps": ops.rms_norm, "alias": ops.fused_add_rms_norm}.get(name, ops.add)
-    _assert_same_outcome(op.opdef, call)
+    # strided: the entry declines the call, and takes the fast path's call on its dense copies
+    _assert_same_outcome(op.opdef, call, entered=name == "strided")
 
 
 def test_a_numpy_float64_scalar_is_taken_as_the_python_path_takes_it() -> None:

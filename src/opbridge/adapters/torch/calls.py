@@ -172,11 +172,14 @@ def dtype_checker(op: OpDef) -> Callable[[torch.Tensor], None]:
     return fail
 
 
-def dense_test(op: OpDef, names: Sequence[str]) -> str:
-    """An expression: every Tensor argument among *names* is contiguous."""
+def dense_test(op: OpDef, names: Sequence[str], rows: bool = False) -> str:
+    """An expression: every Tensor argument among *names* is contiguous; with *rows*, or rows at a
+    stride where the op declares it ``row_strided`` (``_t_rows``): the layouts its kernels take."""
     tests = []
     for i in core.tensor_indices(op):
         t = f"{names[i]}.is_contiguous()"
+        if rows and i in op.row_strided:
+            t = f"({t} or _t_rows({names[i]}))"
         tests.append(f"({names[i]} is None or {t})" if op.schema.arguments[i].type.optional else t)
     return " and ".join(tests) or "True"
 
@@ -305,6 +308,7 @@ def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
         "_t_dts": torch_dtypes(op),
         "_t_dtype_error": dtype_checker(op),
         "_t_check_devices": lambda a, o=(): check_devices(op, a, o),
+        "_t_rows": rows,
     })
     if core.like_indices(op) is None and op.n_outputs:
         ns["_t_alloc"] = rule_alloc(op, False)
@@ -345,6 +349,44 @@ def run_kernel(op: OpDef, outs: Sequence[Any], args: Sequence[Any]) -> None:
         k(*outs, *args)
     finally:
         _set_stream(KDL_CUDA, index, prev)
+
+
+def strided_fast(op: OpDef) -> Callable[[Sequence[Any], Callable[[], Any]], Any]:
+    """*op* from its fast path on arguments some of which are not dense: the public callable again on
+    dense copies of those (its C entry or fast path, on dense tensors), mutated ones copied back.
+
+    No dispatcher and no kernel error to catch: a kernel's ValueError for a strided input cost about
+    100 us a call (the C++ exception and its backtrace), and the dispatcher's kernel 10-20 us more. The
+    checks on the arguments as given come first: the dtype (the dispatcher's kernel's message) and the
+    alias check over each view's full reach. Versions are bumped as by the dispatcher:
+    a mutated argument copied back by ``copy_``, one passed as it is by the call on it. A tensor of
+    another layout than strided (sparse) goes to *slow*, the dispatcher call.
+    """
+    check_alias = overlap.make_alias_check(op, span, exact=EXACT)
+    dts, dtype_error, dt = torch_dtypes(op), dtype_checker(op), op.dtype_arg
+    n_pos = sum(1 for a in op.schema.arguments if not a.kwarg_only)
+    keywords = [a.name for a in op.schema.arguments if a.kwarg_only]
+    sources = list(op.return_sources)
+    aliased = any(k < 0 for k in sources)
+    strided, is_dense, densify = torch.strided, torch.Tensor.is_contiguous, torch.Tensor.contiguous
+
+    def run(args: Sequence[Any], slow: Callable[[], Any]) -> Any:
+        if any(type(a) is torch.Tensor and a.layout is not strided for a in args):
+            return slow()
+        if args[dt].dtype not in dts:
+            dtype_error(args[dt])
+        check_alias(args)  # the devices: by the call on the copies, with the same message
+        full, back = overlap.dense_args(op, args, is_dense, densify, rows)
+        result = op.call(*full[:n_pos], **dict(zip(keywords, full[n_pos:])))
+        for orig, copy in back:
+            orig.copy_(copy)
+        if not aliased:
+            return result
+        got = result if isinstance(result, tuple) else (result,)
+        packed = tuple(args[-1 - k] if k < 0 else r for k, r in zip(sources, got))  # the caller's, not copies
+        return packed[0] if len(packed) == 1 else packed
+
+    return run
 
 
 def strided_call(op: OpDef) -> Callable[[Sequence[Any]], Any]:

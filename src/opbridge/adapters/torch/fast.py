@@ -9,10 +9,11 @@ active. CPU and CUDA tensors both take it, each calling its device's kernel
 handle: no Python stream object and no host synchronisation, so calls are
 safe under CUDA graph capture). In every other case the call goes through
 ``torch.ops.<ns>.<op>``, and so does a call whose kernel rejects an argument
-type (the dispatcher's parser names it) or a non-contiguous input (the
-dispatcher's kernel runs on dense copies). The fast path bumps the version
-counter of every tensor it mutates, as the dispatcher's ADInplaceOrView
-kernel would.
+type (the dispatcher's parser names it). Inputs in a layout the kernels do not
+take (not contiguous, nor rows at a stride where declared) run on dense copies
+from the fast path itself (:func:`.calls.strided_fast`), never through a
+kernel's error. The fast path bumps the version counter of every tensor it
+mutates, as the dispatcher's ADInplaceOrView kernel would.
 
 Every attribute read costs tens of nanoseconds per call, so the path
 reads what it must and lets the kernel check the rest (shapes, the other
@@ -28,7 +29,7 @@ trace it is skipped (Dynamo traces the callable as the dispatcher call).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -76,8 +77,9 @@ def _guards(op: OpDef, extra: list[str]) -> str:
 
 
 def _device_branches(op: OpDef, body: Callable[[str, str], list[str]], slow: str, dense: str, devices: str,
-                     indent: str) -> list[str]:
-    """``if lead.is_cpu: ... elif lead.is_cuda: ... else: <slow>``, each device's *body* in a try.
+                     indent: str, first: Sequence[str] = ()) -> list[str]:
+    """``if lead.is_cpu: ... elif lead.is_cuda: ... else: <slow>``, each device's *body* in a try,
+    after the lines *first*.
 
     A TypeError from the kernel, or a ValueError while some input is not
     dense, goes to *slow*; any other error is the kernel's own and is raised,
@@ -89,7 +91,8 @@ def _device_branches(op: OpDef, body: Callable[[str, str], list[str]], slow: str
     lead = op.schema.arguments[op.dispatch_arg].name
     lines = []
     for n, device in enumerate(_devices(op)):
-        lines += [f"{indent}{'if' if n == 0 else 'elif'} {lead}.is_{device}:", f"{indent}    try:"]
+        lines += [f"{indent}{'if' if n == 0 else 'elif'} {lead}.is_{device}:"]
+        lines += [f"{indent}    {line}" for line in first] + [f"{indent}    try:"]
         lines += body(device, indent + " " * 8)
         lines += [f"{indent}    except TypeError:", f"{indent}        return {slow}",
                   f"{indent}    except ValueError:", f"{indent}        if {dense}: raise",
@@ -108,13 +111,15 @@ def prelude(op: OpDef) -> str | None:
     names = [a.name for a in args]
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     slow = f"_t_slow({', '.join(a.name if not a.kwarg_only else f'{a.name}={a.name}' for a in args)})"
-    # Dense inputs only: a kernel (a user's too) may read raw memory; strided calls take the dispatcher.
-    # Kernels that reject strided tensors themselves are left to raise ValueError (see _device_branches).
-    dense = [] if op.library.kernels_check_inputs else [calls.dense_test(op, names)]
-    lines = [f"    if {_guards(op, dense)}:"]
+    # Layouts the kernels take only (a kernel, a user's too, may read raw memory): a strided call runs the
+    # kernel on dense copies here (_t_copies), never through the dispatcher or a kernel's ValueError
+    # (about 100 us for the C++ exception alone, where the copies cost a few).
+    lines = [f"    if {_guards(op, [])}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}))"
+    strided = [f"if not ({calls.dense_test(op, names, rows=True)}):",
+               f"    return _t_copies(({''.join(n + ', ' for n in names)}), lambda: {slow})"]
     lines += _device_branches(op, lambda d, ind: calls.kernel_lines(op, d, names, outs, ind), slow,
-                              calls.dense_test(op, names), devices, "        ")
+                              calls.dense_test(op, names), devices, "        ", first=strided)
     # One increment_version call for the tensors that are always there (it takes an iterable).
     required = [a.name for a in op.schema.mutated_args if not a.type.optional]
     if required:
@@ -136,11 +141,12 @@ def out_prelude(op: OpDef) -> str:
     def body(device: str, indent: str) -> list[str]:
         return calls.kernel_lines(op, device, names, ["out"], indent, allocate=False)
 
-    checked = op.library.kernels_check_inputs
     # out= sharing memory with an input: the checked path writes a fresh buffer (overlap.outputs_overlap)
     apart = f"not _t_ovl(out, ({''.join(names[i] + ', ' for i in core.tensor_indices(op))}))"
     fits = core.out_fits_source(op, names, "out", "_t_out_plan")  # else the checked path's ValueError
-    guards = ["type(out) is _T", "not out.requires_grad", fits, *([] if checked else [dense]), apart]
+    # Layouts the kernels take, else the checked path (dense copies), not a kernel's ValueError.
+    takes = f"{calls.dense_test(op, names, rows=True)} and out.is_contiguous()"
+    guards = ["type(out) is _T", "not out.requires_grad", fits, takes, apart]
     lines = [f"        if {_guards(op, guards)}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
     lines += _device_branches(op, body, slow, dense, devices, " " * 12)
@@ -157,7 +163,8 @@ def install(op: OpDef, slow: Callable[..., Any]) -> None:
         return
     # Bound straight into the callable's globals, where the lazy kernels replace themselves.
     calls.namespace(op, op.call.__globals__)
-    install_prelude(op, "torch", body, {**_PROBES, "_t_slow": slow}, out_prelude=out_prelude(op))
+    install_prelude(op, "torch", body, {**_PROBES, "_t_slow": slow, "_t_copies": calls.strided_fast(op)},
+                    out_prelude=out_prelude(op))
     INSTALLED.add(op.qualname)
     native.when_native(op, lambda sh, handle: _install_entry(op, sh, handle))
 
