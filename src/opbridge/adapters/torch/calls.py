@@ -360,7 +360,7 @@ def strided_fast(op: OpDef) -> Callable[[Sequence[Any], Callable[[], Any]], Any]
     checks on the arguments as given come first: the dtype (the dispatcher's kernel's message) and the
     alias check over each view's full reach. Versions are bumped as by the dispatcher:
     a mutated argument copied back by ``copy_``, one passed as it is by the call on it. A tensor of
-    another layout than strided (sparse) goes to *slow*, the dispatcher call.
+    another layout than strided (sparse) goes to *slow*, the dispatcher call, with *args*.
     """
     check_alias = overlap.make_alias_check(op, span, exact=EXACT)
     dts, dtype_error, dt = torch_dtypes(op), dtype_checker(op), op.dtype_arg
@@ -370,9 +370,9 @@ def strided_fast(op: OpDef) -> Callable[[Sequence[Any], Callable[[], Any]], Any]
     aliased = any(k < 0 for k in sources)
     strided, is_dense, densify = torch.strided, torch.Tensor.is_contiguous, torch.Tensor.contiguous
 
-    def run(args: Sequence[Any], slow: Callable[[], Any]) -> Any:
+    def run(args: Sequence[Any], slow: Callable[..., Any]) -> Any:
         if any(type(a) is torch.Tensor and a.layout is not strided for a in args):
-            return slow()
+            return slow(*args[:n_pos], **dict(zip(keywords, args[n_pos:])))
         if args[dt].dtype not in dts:
             dtype_error(args[dt])
         check_alias(args)  # the devices: by the call on the copies, with the same message

@@ -117,7 +117,7 @@ def prelude(op: OpDef) -> str | None:
     lines = [f"    if {_guards(op, [])}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}))"
     strided = [f"if not ({calls.dense_test(op, names, rows=True)}):",
-               f"    return _t_copies(({''.join(n + ', ' for n in names)}), lambda: {slow})"]
+               f"    return _t_copies(({''.join(n + ', ' for n in names)}), _t_slow)"]  # no lambda: no cells
     lines += _device_branches(op, lambda d, ind: calls.kernel_lines(op, d, names, outs, ind), slow,
                               calls.dense_test(op, names), devices, "        ", first=strided)
     # One increment_version call for the tensors that are always there (it takes an iterable).
