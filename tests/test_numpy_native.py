@@ -86,7 +86,7 @@ def test_integers_and_scalars(entry: native.Library) -> None:
 
 def test_calls_left_to_python(entry: native.Library) -> None:
     x = np.ones((4, 8), np.float32)
-    _left("add", x[:, ::2], x[:, ::2])  # strided
+    _taken("add", x[:, ::2], x[:, ::2])  # strided: declined, then the call on its dense copies is the entry's
     before = _calls("add")
     with pytest.raises(TypeError, match="got >f4"):  # byte-swapped: refused, by the Python path
         ops.add(x.astype(">f4"), x.astype(">f4"))

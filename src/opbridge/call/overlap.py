@@ -303,6 +303,37 @@ def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
     return full, back
 
 
+def recall_dense(op: OpDef, check_alias: Callable[[Sequence[Any]], None], is_dense: Callable[[Any], bool],
+                 densify: Callable[[Any], Any], rows: Callable[[Any], bool] | None,
+                 copy_back: Callable[[Any, Any], object]) -> Callable[[Sequence[Any]], Any]:
+    """*op* from an adapter's fast path on arguments some of which a kernel does not take as they are:
+    the public callable again on :func:`dense_args`' copies (its C entry or fast path, on dense arrays),
+    mutated arguments then copied back (``copy_back(original, copy)``) and the caller's own arrays
+    returned where a return aliases one. No kernel error to catch and no slower path: a kernel's
+    ValueError for a strided input costs about 100 us a call (a C++ exception and its backtrace). The
+    alias check runs on the arguments as given (a copy overlaps nothing); the other checks are the
+    call's, with its messages.
+    """
+    n_pos = sum(1 for a in op.schema.arguments if not a.kwarg_only)
+    keywords = [a.name for a in op.schema.arguments if a.kwarg_only]
+    sources = list(op.return_sources)
+    aliased = any(k < 0 for k in sources)
+
+    def run(args: Sequence[Any]) -> Any:
+        check_alias(args)
+        full, back = dense_args(op, args, is_dense, densify, rows)
+        result = op.call(*full[:n_pos], **dict(zip(keywords, full[n_pos:])))
+        for orig, copy in back:
+            copy_back(orig, copy)
+        if not aliased:
+            return result
+        got = result if isinstance(result, tuple) else (result,)
+        packed = tuple(args[-1 - k] if k < 0 else r for k, r in zip(sources, got))
+        return packed[0] if len(packed) == 1 else packed
+
+    return run
+
+
 def dense_outputs(outs: Sequence[Any], is_dense: Callable[[Any], bool],
                   new_dense: Callable[[Any], Any], *, fresh: bool = False) -> tuple[list[Any], list[tuple[Any, Any]]]:
     """The caller's ``out=`` buffers as a kernel that takes dense tensors gets them.

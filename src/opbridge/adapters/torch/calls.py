@@ -351,40 +351,27 @@ def run_kernel(op: OpDef, outs: Sequence[Any], args: Sequence[Any]) -> None:
         _set_stream(KDL_CUDA, index, prev)
 
 
-def strided_fast(op: OpDef) -> Callable[[Sequence[Any], Callable[[], Any]], Any]:
-    """*op* from its fast path on arguments some of which are not dense: the public callable again on
-    dense copies of those (its C entry or fast path, on dense tensors), mutated ones copied back.
-
-    No dispatcher and no kernel error to catch: a kernel's ValueError for a strided input cost about
-    100 us a call (the C++ exception and its backtrace), and the dispatcher's kernel 10-20 us more. The
-    checks on the arguments as given come first: the dtype (the dispatcher's kernel's message) and the
-    alias check over each view's full reach. Versions are bumped as by the dispatcher:
-    a mutated argument copied back by ``copy_``, one passed as it is by the call on it. A tensor of
-    another layout than strided (sparse) goes to *slow*, the dispatcher call, with *args*.
+def strided_fast(op: OpDef) -> Callable[[Sequence[Any], Callable[..., Any]], Any]:
+    """*op* from its fast path on tensors some of which are not in a layout its kernels take:
+    :func:`opbridge.call.overlap.recall_dense` (the public callable again on dense copies; no
+    dispatcher, no kernel error), after the dtype check with the dispatcher's kernel's message.
+    Versions are bumped as by the dispatcher: a mutated argument copied back by ``copy_``, one passed
+    as it is by the call on it. A tensor of another layout than strided (sparse) goes to *slow*, the
+    dispatcher call, with *args*.
     """
-    check_alias = overlap.make_alias_check(op, span, exact=EXACT)
+    recall = overlap.recall_dense(op, overlap.make_alias_check(op, span, exact=EXACT), torch.Tensor.is_contiguous,
+                                  torch.Tensor.contiguous, rows, torch.Tensor.copy_)
     dts, dtype_error, dt = torch_dtypes(op), dtype_checker(op), op.dtype_arg
     n_pos = sum(1 for a in op.schema.arguments if not a.kwarg_only)
     keywords = [a.name for a in op.schema.arguments if a.kwarg_only]
-    sources = list(op.return_sources)
-    aliased = any(k < 0 for k in sources)
-    strided, is_dense, densify = torch.strided, torch.Tensor.is_contiguous, torch.Tensor.contiguous
+    strided = torch.strided
 
     def run(args: Sequence[Any], slow: Callable[..., Any]) -> Any:
         if any(type(a) is torch.Tensor and a.layout is not strided for a in args):
             return slow(*args[:n_pos], **dict(zip(keywords, args[n_pos:])))
         if args[dt].dtype not in dts:
             dtype_error(args[dt])
-        check_alias(args)  # the devices: by the call on the copies, with the same message
-        full, back = overlap.dense_args(op, args, is_dense, densify, rows)
-        result = op.call(*full[:n_pos], **dict(zip(keywords, full[n_pos:])))
-        for orig, copy in back:
-            orig.copy_(copy)
-        if not aliased:
-            return result
-        got = result if isinstance(result, tuple) else (result,)
-        packed = tuple(args[-1 - k] if k < 0 else r for k, r in zip(sources, got))  # the caller's, not copies
-        return packed[0] if len(packed) == 1 else packed
+        return recall(args)
 
     return run
 
