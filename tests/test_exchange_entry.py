@@ -100,7 +100,7 @@ def test_calls_left_to_python(entry: exchange.Library) -> None:
     with paddle.no_grad():
         _taken("gelu", xg)  # grad off: nothing to record
     _taken("gelu", x)
-    _left("gelu", x[:, ::2])  # strided, not declared row_strided: one dense copy on the Python path
+    _taken("gelu", x[:, ::2])  # strided, not declared row_strided: declined, then its dense copy's call is taken
     with pytest.raises(TypeError, match="dtype"):
         _left("gelu", _t(np.ones(4, np.int32)))
     param = paddle.create_parameter([4], "float32")
