@@ -15,6 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -231,6 +232,39 @@ def test_memory_section(result: dict[str, Any]) -> None:
     new = next(r for r in mem["rows"] if r["op"] == "add" and r["candidate"] == kernels.OURS_NEW
                and r["dtype"] == "float32")
     assert new["new_output_bytes"] == 64 * 1024 * 4
+
+
+class _Touching:
+    """A candidate whose call writes a temporary of *n* bytes (0: none) and returns nothing new."""
+
+    name, mode = "touching", "inplace"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def bind(self, args: list[Any]) -> tuple[Any, Any]:
+        def fn() -> None:
+            if self.n:
+                np.ones(self.n, dtype=np.uint8)  # written, so its pages count
+
+        return fn, lambda ret: []
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_memory_measure_sees_a_temporary(reset: bool) -> None:
+    """The peak measurement finds an input-sized temporary and reports none where there is none."""
+    from opbridge.bench.kernels import memory
+
+    if reset and not memory._reset_peak():
+        pytest.skip("/proc/self/clear_refs cannot reset the peak here")
+    x = np.zeros(16 << 20, dtype=np.uint8)
+    big = memory._measure_one(None, _Touching(x.nbytes), [x], reset=reset, warm=False)
+    none = memory._measure_one(None, _Touching(0), [x], reset=reset, warm=False)
+    if not reset and big["resolution_bytes"] >= x.nbytes:
+        pytest.skip("an earlier peak of this process hides the temporary without a reset")
+    assert big["beyond_io_bytes"] >= 0.9 * x.nbytes, big
+    assert none["beyond_io_bytes"] < 0.1 * x.nbytes, none
+    assert big["file_paged_in_bytes"] >= 0
 
 
 def test_files(result: dict[str, Any]) -> None:
