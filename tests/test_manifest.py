@@ -240,7 +240,25 @@ def host(tmp_path: Path) -> opbridge.Library:
      derivatives:
        - name: neg(Tensor x) -> Tensor
          x: twice(grad, x)
-     """, r"derivatives of neg: twice\(\) takes 1 positional argument\(s\), 2 given"),
+     """, r"derivatives of neg: twice\(\) takes at most 1 positional argument \(2 given\)"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         shape: {like: x}
+         reference: numpy.negative
+     derivatives:
+       - name: neg(Tensor x) -> Tensor
+         x: twice(y=grad)
+     """, r"derivatives of neg: twice\(\) got an unexpected keyword argument 'y'"),
+    ("""
+     ops:
+       - func: neg(Tensor x) -> Tensor
+         shape: {like: x}
+         reference: numpy.negative
+     derivatives:
+       - name: neg(Tensor x) -> Tensor
+         x: twice()
+     """, r"derivatives of neg: twice\(\) missing required argument 'x' \(schema: twice"),
     ("""
      ops:
        - func: neg(Tensor x) -> Tensor

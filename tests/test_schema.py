@@ -476,6 +476,19 @@ def test_bind(args: tuple[object, ...], kwargs: dict[str, object], expected: lis
 
 
 @pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [(("X", "W"), {}), (("X", "W", 0.5), {}), (("X", "W", 0.2), {"inplace": True}), ((), {"x": "X", "weight": "W"})],
+)
+def test_split_inverts_bind(args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+    """A bound call split again is a call that binds to the same values: keyword-only ones by name."""
+    bound = RMS.bind("rms_norm", args, kwargs)
+    pos, kw = RMS.split(bound)
+    assert (len(pos), list(kw)) == (3, ["inplace"])
+    assert RMS.bind("rms_norm", pos, kw) == bound
+    assert RMS.split(bound[:2]) == (["X", "W"], {})  # trailing defaults left out
+
+
+@pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
         (("X",), {}, "rms_norm() missing required argument 'weight'"),

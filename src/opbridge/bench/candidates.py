@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opbridge.bench import BenchError
-from opbridge.bench.verify import as_tuple, mutated, split_call
+from opbridge.bench.verify import as_tuple, mutated
 
 OURS_OUT, OURS_NEW, REF = "opbridge_out", "opbridge_new", "numpy_ref"
 EAGER_NEW, EAGER_OUT, COMPILE_NEW, COMPILE_OUT = "eager_new", "eager_out", "compile_new", "compile_out"
@@ -107,7 +107,7 @@ def opbridge_candidates(op: Any) -> list[Candidate]:
     mut = mutated(op)
 
     def call(args: list[Any], **extra: Any) -> Callable[[], Any]:
-        pos, kw = split_call(op, args)
+        pos, kw = op.schema.split(args)
         return functools.partial(op.call, *pos, **kw, **extra)
 
     if not op.n_outputs:
@@ -134,7 +134,7 @@ def reference_candidate(op: Any) -> Candidate:
 
     def bind(args: list[Any]) -> Bound:
         np_args = [a.numpy() if hasattr(a, "numpy") else a for a in args]
-        pos, kw = split_call(op, np_args)
+        pos, kw = op.schema.split(np_args)
         return (functools.partial(op.reference, *pos, **kw),
                 lambda ret: (*as_tuple(ret)[:op.n_outputs], *(np_args[i] for i in mut)))
 

@@ -36,13 +36,6 @@ def mutated(op: Any) -> list[int]:
     return [i for i, a in enumerate(op.schema.arguments) if a.is_mutated]
 
 
-def split_call(op: Any, args: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Positional and keyword-only parts of schema-ordered *args*."""
-    pos = [v for a, v in zip(op.schema.arguments, args) if not a.kwarg_only]
-    kw = {a.name: v for a, v in zip(op.schema.arguments, args) if a.kwarg_only}
-    return pos, kw
-
-
 def peer_tolerance(op: Any, dtype: str) -> tuple[float, float]:
     """``(rtol, atol)`` between two approximations of *op*'s result: twice the op's own."""
     rtol, atol = op.tolerance(dtype)
@@ -166,7 +159,7 @@ def reference64(op: Any, args: Sequence[Any]) -> tuple[Any, ...]:
         return np.array(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)
 
     np_args = [wide(a) for a in args]
-    pos, kw = split_call(op, np_args)
+    pos, kw = op.schema.split(np_args)
     ret = as_tuple(op.reference(*pos, **kw))[:op.n_outputs]
     return (*ret, *(np_args[i] for i in mutated(op)))
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opbridge._codegen import compile_source
-from opbridge.call.core import tensor_indices
+from opbridge.call.core import pack_results, tensor_indices
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -314,22 +314,21 @@ def recall_dense(op: OpDef, check_alias: Callable[[Sequence[Any]], None], is_den
     alias check runs on the arguments as given (a copy overlaps nothing); the other checks are the
     call's, with its messages.
     """
-    n_pos = sum(1 for a in op.schema.arguments if not a.kwarg_only)
-    keywords = [a.name for a in op.schema.arguments if a.kwarg_only]
-    sources = list(op.return_sources)
+    split = op.schema.split
+    sources = op.return_sources
     aliased = any(k < 0 for k in sources)
 
     def run(args: Sequence[Any]) -> Any:
         check_alias(args)
         full, back = dense_args(op, args, is_dense, densify, rows)
-        result = op.call(*full[:n_pos], **dict(zip(keywords, full[n_pos:])))
+        pos, kw = split(full)
+        result = op.call(*pos, **kw)
         for orig, copy in back:
             copy_back(orig, copy)
         if not aliased:
             return result
-        got = result if isinstance(result, tuple) else (result,)
-        packed = tuple(args[-1 - k] if k < 0 else r for k, r in zip(sources, got))
-        return packed[0] if len(packed) == 1 else packed
+        got = result if isinstance(result, tuple) else (result,)  # the new outputs, then the copies' aliases
+        return pack_results(op, args, [r for k, r in zip(sources, got) if k >= 0])
 
     return run
 

@@ -82,19 +82,12 @@ def _check_call(where: Where, entry: Map, call: ast.Call, schemas: Mapping[str, 
         raise where.error(entry, f"derivatives of {op}: {name}(...) is not an op of this library "
                                  f"(ops: {', '.join(sorted(schemas))})")
     target = schemas[call.func.id]
-    positional = [a.name for a in target.arguments if not a.kwarg_only]
-    given = positional[:len(call.args)]
-    if len(call.args) > len(positional):
-        raise where.error(entry, f"derivatives of {op}: {call.func.id}() takes {len(positional)} positional "
-                                 f"argument(s), {len(call.args)} given")
-    for kw in call.keywords:
-        if kw.arg is None or kw.arg not in {a.name for a in target.arguments} or kw.arg in given:
-            raise where.error(entry, f"derivatives of {op}: {call.func.id}() got a bad keyword {kw.arg!r}")
-        given.append(kw.arg)
-    missing = [a.name for a in target.arguments if not a.has_default and a.name not in given]
-    if missing:
-        raise where.error(entry, f"derivatives of {op}: {call.func.id}() is missing {', '.join(missing)} "
-                                 f"(schema: {target})")
+    if any(kw.arg is None for kw in call.keywords):
+        raise where.error(entry, f"derivatives of {op}: {call.func.id}(**...) is not allowed")
+    try:  # the call's names against the target's schema, as a Python call of the op would bind them
+        target.bind(call.func.id, call.args, {kw.arg: kw.value for kw in call.keywords if kw.arg is not None})
+    except TypeError as e:
+        raise where.error(entry, f"derivatives of {op}: {e} (schema: {target})") from None
     return call.func.id
 
 

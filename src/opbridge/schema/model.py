@@ -10,6 +10,7 @@ that builds these is :mod:`opbridge.schema.parser`.
 from __future__ import annotations
 
 import enum
+import functools
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -182,6 +183,22 @@ class Schema:
     def is_functional(self) -> bool:
         """bool: No mutated arguments and no aliasing returns."""
         return not self.is_mutating and all(r.type.alias is None for r in self.returns)
+
+    @functools.cached_property
+    def n_positional(self) -> int:
+        """int: Arguments before the ``*`` marker (keyword-only ones always follow them)."""
+        return sum(1 for a in self.arguments if not a.kwarg_only)
+
+    @functools.cached_property
+    def keyword_names(self) -> tuple[str, ...]:
+        """tuple of str: Names of the keyword-only arguments, in schema order."""
+        return tuple(a.name for a in self.arguments if a.kwarg_only)
+
+    def split(self, values: Sequence[object]) -> tuple[list[object], dict[str, object]]:
+        """The inverse of :meth:`bind`: schema-ordered *values* as a call's positional and
+        keyword arguments (keyword-only ones by name). *values* may stop early (defaults)."""
+        n = self.n_positional
+        return list(values[:n]), dict(zip(self.keyword_names, values[n:]))
 
     def bind(self, op: str, args: Sequence[object], kwargs: Mapping[str, object]) -> list[object]:
         """Map a Python call onto the schema, without checking value types.

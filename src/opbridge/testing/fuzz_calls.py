@@ -77,8 +77,7 @@ class Fuzzer:
 
     def invoke(self, call: Callable[..., Any], args: Sequence[Any], **extra: Any) -> Any:
         """*call* on the schema-ordered *args*, keyword-only ones by name."""
-        pos = [v for a, v in zip(self.args, args) if not a.kwarg_only]
-        kw = {a.name: v for a, v in zip(self.args, args) if a.kwarg_only}
+        pos, kw = self.op.schema.split(args)
         return call(*pos, **kw, **extra)
 
     def paths(self) -> list[tuple[str, Callable[..., Any]]]:

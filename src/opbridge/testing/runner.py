@@ -119,13 +119,8 @@ class Runner:
 
     # -- calling ----------------------------------------------------------------
 
-    def split(self, full: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
-        pos = [v for a, v in zip(self.args, full, strict=True) if not a.kwarg_only]
-        kw = {a.name: v for a, v in zip(self.args, full, strict=True) if a.kwarg_only}
-        return pos, kw
-
     def call(self, full: Sequence[Any]) -> tuple[Any, ...]:
-        pos, kw = self.split(full)
+        pos, kw = self.op.schema.split(full)
         return as_tuple(self.op.call(*pos, **kw), len(self.op.schema.returns), self.op.name)
 
     def reference(self, ref_args: Sequence[Any]) -> tuple[tuple[Any, ...], dict[int, np.ndarray]]:

@@ -43,7 +43,7 @@ def run_opcheck(r: Runner, case: Case, test_utils: Sequence[str] | None) -> None
                 if i in op.differentiable and v is not None and v.is_floating_point() else v
                 for i, v in enumerate(full)]
     overload = getattr(getattr(torch.ops, op.library.namespace), op.name).default
-    pos, kw = r.split(full)
+    pos, kw = r.op.schema.split(full)
     extra: dict[str, Any] = {} if test_utils is None else {"test_utils": tuple(test_utils)}
     with r.checking("opcheck"):
         torch.library.opcheck(overload, tuple(pos), kw or None, **extra)
@@ -79,7 +79,7 @@ def run_compile(r: Runner, case: Case, backend: str) -> None:
         with r.checking("compile"):
             compiled = torch.compile(run_op, fullgraph=True, backend=backend)
             full_c, full_e = copies(), copies()
-            pos, kw = r.split(full_c)
+            pos, kw = r.op.schema.split(full_c)
             got = as_tuple(compiled(*pos, **kw), len(op.schema.returns), op.name)
             want = r.call(full_e)
             same(got, want, "output")
@@ -96,7 +96,7 @@ def run_compile(r: Runner, case: Case, backend: str) -> None:
                 for runner in (compiled, run_op):
                     leaves = {i: full[i].detach().clone().requires_grad_() for i in diff}
                     args = [leaves.get(i, v) for i, v in enumerate(full)]
-                    p, k = r.split(args)
+                    p, k = r.op.schema.split(args)
                     outs = [o for o in as_tuple(runner(*p, **k), len(op.schema.returns), op.name)
                             if o.dtype.is_floating_point]
                     gr = torch.autograd.grad(outs, [leaves[i] for i in diff], gs, allow_unused=True)
@@ -130,7 +130,7 @@ def run_gradcheck(r: Runner, case: Case) -> None:
         args = list(full)
         for i, leaf in zip(diff, leaves, strict=True):
             args[i] = leaf
-        pos, kw = r.split(args)
+        pos, kw = r.op.schema.split(args)
         return tuple(o for o in as_tuple(op.call(*pos, **kw), n_returns, op.name) if o.is_floating_point())
 
     rtol, atol = op.tolerance("float64")

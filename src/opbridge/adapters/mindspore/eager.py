@@ -253,8 +253,7 @@ def on_tape_call(op: OpDef) -> Callable[..., Any]:
     """What a call does while MindSpore records gradients: the recorded primitive, or a clear error."""
     reason = unsupported_reason(op)
     if reason is None:
-        kw_names = [a.name for a in op.schema.arguments if a.kwarg_only]
-        n_pos = len(op.schema.arguments) - len(kw_names)
+        split = op.schema.split
 
         def recorded(*args: Any) -> Any:
             fn = graph.graph_function(op)
@@ -268,7 +267,8 @@ def on_tape_call(op: OpDef) -> Callable[..., Any]:
             # The aot entry point takes dense buffers: strided inputs get one (recorded) copy.
             args = tuple(a.contiguous() if isinstance(a, Tensor) and not a.is_contiguous() else a for a in args)
             with primitive.checked():
-                return fn(*args[:n_pos], **dict(zip(kw_names, args[n_pos:], strict=True)))
+                pos, kw = split(args)
+                return fn(*pos, **kw)
 
         return recorded
     if op.schema.is_mutating:

@@ -362,13 +362,12 @@ def strided_fast(op: OpDef) -> Callable[[Sequence[Any], Callable[..., Any]], Any
     recall = overlap.recall_dense(op, overlap.make_alias_check(op, span, exact=EXACT), torch.Tensor.is_contiguous,
                                   torch.Tensor.contiguous, rows, torch.Tensor.copy_)
     dts, dtype_error, dt = torch_dtypes(op), dtype_checker(op), op.dtype_arg
-    n_pos = sum(1 for a in op.schema.arguments if not a.kwarg_only)
-    keywords = [a.name for a in op.schema.arguments if a.kwarg_only]
-    strided = torch.strided
+    split, strided = op.schema.split, torch.strided
 
     def run(args: Sequence[Any], slow: Callable[..., Any]) -> Any:
         if any(type(a) is torch.Tensor and a.layout is not strided for a in args):
-            return slow(*args[:n_pos], **dict(zip(keywords, args[n_pos:])))
+            pos, kw = split(args)
+            return slow(*pos, **kw)
         if args[dt].dtype not in dts:
             dtype_error(args[dt])
         return recall(args)

@@ -191,8 +191,7 @@ def checked(op: OpDef) -> Callable[..., Any]:
     ``torch.ops.<ns>.<op>`` itself keeps torch's rules.
     """
     overload = packet(op)
-    kw_only = [a.name for a in op.schema.arguments if a.kwarg_only]
-    n_pos = len(op.schema.arguments) - len(kw_only)
+    kw_only, n_pos = op.schema.keyword_names, op.schema.n_positional
 
     # torch's parser takes a bool for an int or float argument, and other values for a bool one;
     # opbridge's declaration does not (core.scalar_guards)
