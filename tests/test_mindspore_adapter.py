@@ -907,6 +907,21 @@ FIRST_USE = {
 
         print(float(f(ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.ones(4, np.float32))).asnumpy()[0, 0]))
     """,
+    "adapter-imported-first": """
+        # the adapter's own import brings MindSpore in (a circular import before the fix)
+        import numpy as np
+        import opbridge.ops
+        from opbridge.adapters import mindspore as adapter
+        import mindspore as ms
+
+        adapter.load_kernels()
+
+        @ms.jit
+        def f(x, w):
+            return opbridge.ops.rms_norm(x, w) * 2
+
+        print(float(f(ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.ones(4, np.float32))).asnumpy()[0, 0]))
+    """,
     "graph-cell-opbridge-first": """
         import numpy as np
         import opbridge.ops

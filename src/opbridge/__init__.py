@@ -71,7 +71,9 @@ def _register_with_mindspore() -> None:
     from opbridge import registry
     from opbridge.call import dispatch
 
-    if registry.libraries():
+    # `import opbridge.adapters.mindspore` imports MindSpore itself: the adapter registers every library
+    # declared so far when its import ends (as torch's does)
+    if registry.libraries() and not dispatch.initializing("opbridge.adapters.mindspore"):
         dispatch.adapter("mindspore")
 
 
