@@ -108,11 +108,43 @@ def test_cancel_stops_the_child_and_everything_it_started(tmp_path: Path) -> Non
     assert not counter.exists() and not (tmp_path / "lib.so").exists() and not job.tmp.exists()
 
 
-def test_a_background_child_runs_at_lower_priority(tmp_path: Path) -> None:
-    child = detached.Child([sys.executable, "-c", "import os, sys; os.nice(int(sys.argv[1])); print(os.nice(0))",
-                            str(detached.niceness(True))])
-    code, log = child.wait()
-    assert code == 0 and int(log) == os.nice(0) + detached.BACKGROUND_NICENESS
+@pytest.mark.parametrize("background", [True, False])
+def test_a_background_compiler_runs_idle(tmp_path: Path, background: bool) -> None:
+    """A background build's compiler runs nice-r and, on Linux, under SCHED_IDLE; a foreground one as the program."""
+    out, tmp = tmp_path / "lib.so", tmp_path / "lib.so.tmp"
+    probe = ("import os, sys; print(os.sched_getscheduler(0), os.nice(0), "
+             "open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else -1); "
+             "open(sys.argv[1], 'w').write('built')")
+    code, log = detached.locked_compile([sys.executable, "-c", probe, str(tmp)], out, tmp, background).wait()
+    assert code == 0 and out.read_text() == "built", log
+    policy, nice, group_nice = (int(v) for v in log.split())
+    idle = getattr(os, "SCHED_IDLE", None)
+    if background:
+        assert nice == os.nice(0) + detached.BACKGROUND_NICENESS
+        if idle is not None:
+            assert policy == idle
+        assert group_nice in (19, -1)  # its session's scheduler group too, where Linux has autogroups
+    else:
+        assert (nice, policy) == (os.nice(0), os.sched_getscheduler(0))
+
+
+def test_a_c_entry_child_runs_idle(tmp_path: Path) -> None:
+    """The C entries' background child lowers itself the same way before it builds its ENTRY."""
+    from opbridge.call import c_entry
+
+    (tmp_path / "probe_entry.py").write_text(
+        "import os\nclass _E:\n    def build(self):\n        print(os.sched_getscheduler(0), os.nice(0))\n"
+        "        return 'unused', None\nENTRY = _E()\n")
+    entry = c_entry.CEntry("a probe", "probe_entry", spec=lambda: None, load=lambda p: None,  # type: ignore[arg-type,return-value]
+                           enabled=lambda: True, fallback="nothing")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(detached, "python_env", lambda: env)
+        code, log = entry.start_child().wait()
+    assert code == 0, log
+    policy, nice = (int(v) for v in log.split())
+    assert nice == os.nice(0) + detached.BACKGROUND_NICENESS
+    assert policy == getattr(os, "SCHED_IDLE", policy)
 
 
 def test_numpy_entry_built_in_the_background_lands_after_the_program_exits(tmp_path: Path) -> None:

@@ -122,11 +122,11 @@ def out_prelude_source(op: OpDef, array_type: str, fn_out: str) -> str:
             "                return _ce_r\n")
 
 
-# The background build's child (opbridge.build.detached): argv is its niceness, then the module whose
-# ENTRY it builds.
+# The background build's child (opbridge.build.detached), after its LOWER_PRIORITY lines: argv is its
+# niceness, then the module whose ENTRY it builds.
 _CHILD = """\
 import importlib, os, sys
-os.nice(int(sys.argv[1]))
+_lower(int(sys.argv[1]))
 path, error = importlib.import_module(sys.argv[2]).ENTRY.build()
 if error is not None:
     print(error)
@@ -212,7 +212,8 @@ class CEntry(Generic[L]):
         """
         from opbridge.build import detached
 
-        return detached.Child([sys.executable, "-c", _CHILD, str(detached.niceness(True)), self.module],
+        code = detached.LOWER_PRIORITY + _CHILD
+        return detached.Child([sys.executable, "-c", code, str(detached.niceness(True)), self.module],
                               detached.python_env())
 
     def _background(self, child: Child) -> None:
