@@ -4,12 +4,13 @@ Each op's eager call is generated from its schema (:func:`eager_source`): no
 loops or lookups, one wait for MindSpore's queued work, each tensor as a
 NumPy view of its memory (:mod:`.views`), a one-set-lookup check of the
 declared dtypes, new outputs from the shape rule (contiguous, the core's one
-rule), the kernel, the results. Anything unusual (a strided input, a
-non-tensor, a tensor on another device, an undeclared dtype, a kernel error)
-falls back to :func:`checked_call`, which runs the same call through the
-op-call core with every check and either raises the named error or
-completes it: strided inputs get one dense copy, and mutated strided
-arguments are copied in, computed and copied back.
+rule), the kernel, the results. A tensor in a layout the kernels do not take
+runs the op again on dense copies (``overlap.recall_dense``: the C entry takes
+them; mutated ones are copied back). Anything else unusual (a non-tensor, a
+tensor on another device, an undeclared dtype, ``out=`` with a strided
+argument, a kernel error) falls back to :func:`run_checked`, which runs the
+same call through the op-call core with every check and either raises the
+named error or completes it.
 
 While MindSpore records gradients, a call goes through the op's
 ``ops.Custom`` primitive instead (:func:`on_tape_call`), so the declared
@@ -37,6 +38,7 @@ from opbridge.adapters.mindspore.views import (
     kernel_arg,
     new_tensor,
     relabel,
+    share,
     sync,
 )
 from opbridge.call import exchange
@@ -64,6 +66,8 @@ from opbridge.call.overlap import (
     dense_outputs,
     ndarray_rows,
     outputs_overlap,
+    recall_dense,
+    row_strided,
 )
 from opbridge.errors import BackendUnavailableError
 
@@ -198,15 +202,20 @@ def eager_source(op: OpDef, out: bool = False) -> str:
     if out:
         lines.append("        _b0 = _arg(out)")
     lead = names[op.dtype_arg]  # the argument whose dtype the declared dtypes constrain
-    # Not a tensor, not on the CPU, a dtype NumPy cannot view, strided: the checked call says or does it.
+    # Not a tensor, not on the CPU, a dtype NumPy cannot view: the checked call says or does it.
     guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
-    # A strided tensor reaches the kernel as a dense copy (the checked call), except one the op declares
-    # row_strided, which the kernel takes as it lies: a kernel that does not check its layout would
-    # otherwise read a strided view as dense memory.
-    guards += [f"{'' if not a.type.optional else a.name + ' is not None and '}not {a.name}.is_contiguous()"
-               for i, a in enumerate(args) if a.type.is_tensor and i not in op.row_strided]
+    # A tensor in a layout the kernels do not take (strided, except rows at a stride where the op declares
+    # row_strided) runs on dense copies: the op's public callable again (_copies: overlap.recall_dense),
+    # whose C entry takes them (add on a (64, 128) slice: 48-50 us through the checked call, where the
+    # contiguous call costs 7); with out=, the checked call.
+    layout = [f"{'' if not a.type.optional else a.name + ' is not None and '}not "
+              + (f"({a.name}.is_contiguous() or _rows({a.name}))" if i in op.row_strided
+                 else f"{a.name}.is_contiguous()")
+              for i, a in enumerate(args) if a.type.is_tensor]
     lines += ["    except Exception:", f"        return {slow}",
               f"    if {' or '.join(guards)}:", f"        return {slow}"]
+    if layout:
+        lines += [f"    if {' or '.join(layout)}:", f"        return {slow if out else f'_copies({tup})'}"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
                                 rows=(_ROWS_SPAN, "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs
@@ -231,7 +240,7 @@ def eager_source(op: OpDef, out: bool = False) -> str:
         outs = [f"_o{j}" for j in range(n_out)]
     lines += ["    try:", f"        _k({', '.join([*(f'_b{j}' for j in range(n_out)), *kernel_args])})",
               "    except (TypeError, ValueError):",
-              f"        return {slow}  # a strided input (dense copies), or the kernel's named error"]
+              f"        return {slow}  # the kernel's named error"]
     lines += ["    return out"] if out else returns_source(op, names, outs, "    ")
     return "\n".join(lines) + "\n"
 
@@ -297,8 +306,34 @@ def _generated_names(op: OpDef, kern: Callable[..., Any]) -> dict[str, Any]:
         # row_strided arguments (rows at a stride reach the kernel as they are): their host views' reach
         "_rspan": lambda t: _view_span(host_view(t)),
         "_exact": lambda a, b: NDARRAY_SHARES(host_view(a), host_view(b)),
+        "_rows": _rows,
         "_k": kern,
     }
+
+
+def _rows(t: Tensor) -> bool:
+    """Whether a kernel takes *t* as rows at a stride, where its op declares it ``row_strided``."""
+    return row_strided(tuple(t.shape), t.stride())
+
+
+def _dense_copy(t: Tensor) -> Tensor:
+    """A new contiguous CPU tensor holding strided *t*'s values (through NumPy: MindSpore's own
+    ``contiguous()`` took 0.2-5 ms here)."""
+    return share(np.ascontiguousarray(host_view(t)), t.dtype)
+
+
+def _copy_back(original: Tensor, copy: Tensor) -> None:
+    np.copyto(host_view(original), host_view(copy))
+
+
+def _strided_copies(op: OpDef) -> Callable[[Sequence[Any]], Any]:
+    """:func:`opbridge.call.overlap.recall_dense` for MindSpore: dense copies made and written back through
+    host views (bfloat16 as its bits), the alias check on the caller's tensors' host views."""
+    def check_alias(args: Sequence[Any]) -> None:
+        if op.schema.is_mutating:
+            check_no_alias(op, host_views(op, args), _view_span, NDARRAY_SHARES)
+
+    return recall_dense(op, check_alias, Tensor.is_contiguous, _dense_copy, _rows, _copy_back)
 
 
 #: MindSpore's tensors for the tensor C entry, read through their methods: ``Tensor`` (a ``Parameter`` too,
@@ -334,6 +369,7 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
         **_generated_names(op, kern),
         "_on_tape": on_tape_call(op),
         "_checked": checked,
+        "_copies": _strided_copies(op),
         "_alloc": alloc,
         "_from_rule": from_rule,
         "_pack": lambda a, o: pack_results(op, a, o),

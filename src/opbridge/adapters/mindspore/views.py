@@ -121,16 +121,17 @@ def alloc(shape: Sequence[int], dtype: Any) -> tuple[Tensor, Any]:
     npd = NUMPY.get(dtype)
     if npd is None:
         raise TypeError(f"opbridge: cannot allocate a MindSpore output of dtype {dtype}")
-    shape = tuple(shape)
+    buf = memory.empty_ndarray(tuple(shape), npd)
+    return share(buf, dtype), (bfloat16_tensor(buf) if dtype == ms.bfloat16 else buf)
+
+
+def share(buf: np.ndarray, dtype: Any) -> Tensor:
+    """A MindSpore tensor of *dtype* on NumPy buffer *buf*, which has its host view's dtype (bfloat16 as
+    uint16; see :func:`alloc`)."""
     if dtype == ms.bfloat16:
         bf16 = _numpy_bfloat16()
-        if bf16 is not None:
-            out = memory.empty_ndarray(shape, bf16)
-            return Tensor.from_numpy(out), bfloat16_tensor(out.view(npd))
-        buf = memory.empty_ndarray(shape, npd)
-        return Tensor.from_numpy(buf).view(ms.bfloat16), bfloat16_tensor(buf)
-    buf = memory.empty_ndarray(shape, npd)
-    return Tensor.from_numpy(buf), buf
+        return Tensor.from_numpy(buf.view(bf16)) if bf16 is not None else Tensor.from_numpy(buf).view(ms.bfloat16)
+    return Tensor.from_numpy(buf)
 
 
 @functools.cache
