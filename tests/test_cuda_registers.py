@@ -135,16 +135,37 @@ def test_rms_norm_with_its_staged_policies_on_compiles_without_spills() -> None:
     assert not any(kernels.values()), {name: n for name, n in kernels.items() if n}
 
 
+@pytest.fixture(scope="module")
+def host_program(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The launch rules' host code (WIDTH_TU's gated widths, COVER_TU's row coverage) in one program, compiled
+    by nvcc once: ``host_program widths WAVE ROWS...`` or ``host_program covers``."""
+    source = tmp_path_factory.mktemp("host") / "rules.cu"
+    source.write_text(WIDTH_TU + COVER_TU + MAIN_TU)
+    exe = source.with_suffix("")
+    done = subprocess.run([*_nvcc(source), "-o", str(exe)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(exe)
+
+
+MAIN_TU = """
+#include <cstring>
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "widths") == 0) return widths(argc - 2, argv + 2);
+  return covers();
+}
+"""
+
+
 # The unit width launch_gated uses (include/opbridge/cuda_gated.h's gated_width) for rows of 14336, on a
 # device that runs `wave` narrow blocks at once (an H200: 132 SMs x 16 blocks of 128 threads).
 WIDTH_TU = """
 #include <opbridge/cuda_gated.h>
 #include <cstdio>
 #include <cstdlib>
-namespace cu = opbridge::cuda;
-int main(int argc, char** argv) {
-  const long long wave = std::atoll(argv[1]);
-  for (int i = 2; i < argc; ++i) {
+int widths(int argc, char** argv) {
+  namespace cu = opbridge::cuda;
+  const long long wave = std::atoll(argv[0]);
+  for (int i = 1; i < argc; ++i) {
     const long long rows = std::atoll(argv[i]);
     std::printf("%lld %d %d %d %d %d\\n", rows,
                 cu::gated_width<cu::GatedCurrent, float>(rows, 14336, wave),
@@ -153,29 +174,27 @@ int main(int argc, char** argv) {
                 cu::gated_width<cu::GatedBackward, __nv_bfloat16>(rows, 14336, wave),
                 cu::gated_width<cu::GatedBackward, double>(rows, 14336, wave));
   }
+  return 0;
 }
 """
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
-def test_gated_units_narrow_only_while_their_grid_fits_one_wave(tmp_path: Path) -> None:
+def test_gated_units_narrow_only_while_their_grid_fits_one_wave(host_program: str) -> None:
     """64-bit units where 128-bit ones would leave the device more than half idle (the H200 sweeps: 1.12-1.20x
     for the backward at 1 and 8 rows), 128-bit ones from the rows where the narrow grid passes one wave;
     float32's forward never narrows (the sweeps: up to 1.02x slower at 8 rows)."""
-    source = tmp_path / "width.cu"
-    source.write_text(WIDTH_TU)
-    exe = tmp_path / "width"
-    done = subprocess.run([*_nvcc(source), "-o", str(exe)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
     rows = [1, 8, 18, 19, 37, 38, 75, 76, 256, 4096]
-    out = subprocess.run([str(exe), str(132 * 16), *map(str, rows)], capture_output=True, text=True, check=True)
+    out = subprocess.run([host_program, "widths", str(132 * 16), *map(str, rows)], capture_output=True, text=True,
+                         check=True)
     # rows: forward float32, bfloat16; backward float32, bfloat16, float64 (elements per unit)
     got = {int(r): tuple(map(int, w)) for r, *w in (line.split() for line in out.stdout.splitlines())}
     assert got == {1: (4, 4, 2, 4, 1), 8: (4, 4, 2, 4, 1), 18: (4, 4, 2, 4, 1), 19: (4, 4, 2, 4, 2),
                    37: (4, 4, 2, 4, 2), 38: (4, 4, 4, 4, 2), 75: (4, 4, 4, 4, 2), 76: (4, 8, 4, 8, 2),
                    256: (4, 8, 4, 8, 2), 4096: (4, 8, 4, 8, 2)}
     # a device that runs fewer blocks at once narrows fewer rows: one SM of 16 blocks, none of these
-    small = subprocess.run([str(exe), "16", "1"], capture_output=True, text=True, check=True).stdout.split()
+    small = subprocess.run([host_program, "widths", "16", "1"], capture_output=True, text=True,
+                           check=True).stdout.split()
     assert small == ["1", "4", "8", "4", "8", "2"]
 
 
@@ -204,7 +223,7 @@ long long uncovered(const char* name) {
   std::printf("%s %lld %lld\\n", name, fits, bad);
   return bad;
 }
-int main() {
+int covers() {
   long long bad = 0;
   bad += uncovered<cu::RmsNormRows<8>>("rms16") + uncovered<cu::RmsNormRows<4>>("rms32");
   bad += uncovered<cu::FusedAddRmsNormRows<8>>("fused16") + uncovered<cu::FusedAddRmsNormRows<4>>("fused32");
@@ -216,13 +235,8 @@ int main() {
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
-def test_row_kernels_blocks_hold_every_unit_of_a_row(tmp_path: Path) -> None:
-    source = tmp_path / "cover.cu"
-    source.write_text(COVER_TU)
-    exe = tmp_path / "cover"
-    done = subprocess.run([*_nvcc(source), "-o", str(exe)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = subprocess.run([str(exe)], capture_output=True, text=True)
+def test_row_kernels_blocks_hold_every_unit_of_a_row(host_program: str) -> None:
+    out = subprocess.run([host_program, "covers"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
     rows = {name: (int(fits), int(bad)) for name, fits, bad in (line.split() for line in out.stdout.splitlines())}
     assert all(fits > 0 for fits, _ in rows.values()), rows  # each rule takes rows it can hold
