@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import linecache
 import re
 import subprocess
 import tempfile
 from pathlib import Path
+
+from opbridge._codegen import compile_source  # linecache keeps the source: Triton's @jit reads it back
 
 
 def _liger_ops(root: str | None) -> Path:
@@ -31,25 +32,18 @@ def _liger_ops(root: str | None) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "ops"
 
 
-def _run(source: str, name: str, ns: dict[str, object]) -> None:
-    """Run *source* into *ns* under a file name of its own, registered with linecache, where Triton's
-    ``@jit`` (inspect.getsource) reads each kernel's text back."""
-    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
-    exec(compile(source, name, "exec"), ns)  # noqa: S102
-
-
 def _kernel_and_settings(ops: Path) -> tuple[object, object]:
     """Liger's forward kernel and calculate_settings, run from their source (the modules import torch)."""
     ns: dict[str, object] = {}
     head = "import triton\nimport triton.language as tl\nfrom triton.language.extra.libdevice import rsqrt\n"
     src = (ops / "rms_norm.py").read_text()
-    _run(head + src[src.index("_CASTING_MODE_NONE"):src.index("def rms_norm_forward")],
+    compile_source(head + src[src.index("_CASTING_MODE_NONE"):src.index("def rms_norm_forward")],
          f"<liger_registers: {ops / 'rms_norm.py'}>", ns)
     utils = (ops / "utils.py").read_text()
     settings = re.search(r"^def calculate_settings\(.*?(?=^\S)", utils, re.S | re.M)
     if settings is None:
         raise SystemExit(f"liger_registers: no calculate_settings in {ops / 'utils.py'}")
-    _run("import triton\ndef is_hip():\n    return False\n" + settings.group(0),
+    compile_source("import triton\ndef is_hip():\n    return False\n" + settings.group(0),
          f"<liger_registers: {ops / 'utils.py'}>", ns)
     return ns["_rms_norm_forward_kernel"], ns["calculate_settings"]
 
