@@ -128,23 +128,39 @@ def test_a_background_compiler_runs_idle(tmp_path: Path, background: bool) -> No
         assert (nice, policy) == (os.nice(0), os.sched_getscheduler(0))
 
 
-def test_a_c_entry_child_runs_idle(tmp_path: Path) -> None:
-    """The C entries' background child lowers itself the same way before it builds its ENTRY."""
+def _probe_entry(tmp_path: Path, name: str) -> Any:
+    """A CEntry whose child builds module *name*'s ENTRY: it prints its scheduling and writes ``lib.so``."""
     from opbridge.call import c_entry
 
-    (tmp_path / "probe_entry.py").write_text(
-        "import os\nclass _E:\n    def build(self):\n        print(os.sched_getscheduler(0), os.nice(0))\n"
-        "        return 'unused', None\nENTRY = _E()\n")
-    entry = c_entry.CEntry("a probe", "probe_entry", spec=lambda: None, load=lambda p: None,  # type: ignore[arg-type,return-value]
-                           enabled=lambda: True, fallback="nothing")
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(detached, "python_env", lambda: env)
-        code, log = entry.start_child().wait()
+    (tmp_path / f"{name}.py").write_text(
+        "import os, pathlib\nclass _E:\n    def build(self):\n        print(os.sched_getscheduler(0), os.nice(0))\n"
+        f"        out = pathlib.Path({str(tmp_path / 'lib.so')!r}); out.write_text('built')\n"
+        "        return out, None\nENTRY = _E()\n")
+
+    def spec() -> Any:
+        raise AssertionError("the program looked the library up in its own cache")
+
+    return c_entry.CEntry("a probe", name, spec=spec, load=lambda p: p, enabled=lambda: True, fallback="nothing")
+
+
+def test_a_c_entry_child_runs_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C entries' background child lowers itself the same way before it builds its ENTRY."""
+    entry = _probe_entry(tmp_path, "probe_idle")
+    monkeypatch.setattr(detached, "python_env", lambda: dict(os.environ, PYTHONPATH=str(tmp_path)))
+    code, log = entry.start_child().wait()
     assert code == 0, log
-    policy, nice = (int(v) for v in log.split())
+    policy, nice = (int(v) for v in log.splitlines()[0].split())
     assert nice == os.nice(0) + detached.BACKGROUND_NICENESS
     assert policy == getattr(os, "SCHED_IDLE", policy)
+
+
+def test_a_background_entry_loads_what_its_child_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program loads the library its child names, not its own cache's lookup, which a changed
+    OPBRIDGE_CACHE_DIR (a test's, while an idle build outlived the test that started it) would miss."""
+    entry = _probe_entry(tmp_path, "probe_built")
+    monkeypatch.setattr(detached, "python_env", lambda: dict(os.environ, PYTHONPATH=str(tmp_path)))
+    entry._background(entry.start_child())
+    assert entry.lib == tmp_path / "lib.so" and not entry.failed
 
 
 def test_numpy_entry_built_in_the_background_lands_after_the_program_exits(tmp_path: Path) -> None:

@@ -123,14 +123,18 @@ def out_prelude_source(op: OpDef, array_type: str, fn_out: str) -> str:
 
 
 # The background build's child (opbridge.build.detached), after its LOWER_PRIORITY lines: argv is its
-# niceness, then the module whose ENTRY it builds.
-_CHILD = """\
+# niceness, then the module whose ENTRY it builds. Its last line names what it built (_BUILT), which the
+# program loads: the cache the child was started for, even if the program's OPBRIDGE_CACHE_DIR has
+# changed since (a starved idle build can outlive a test that set it).
+_BUILT = "opbridge built: "
+_CHILD = f"""\
 import importlib, os, sys
 _lower(int(sys.argv[1]))
 path, error = importlib.import_module(sys.argv[2]).ENTRY.build()
 if error is not None:
     print(error)
     sys.exit(1)
+print({_BUILT!r} + str(path))
 """
 
 
@@ -222,10 +226,12 @@ class CEntry(Generic[L]):
         from opbridge.build.progress import first_errors
 
         code, log = child.wait()
-        path = self.cached()
+        lines = log.strip().splitlines()
+        built = Path(lines[-1][len(_BUILT):]) if code == 0 and lines and lines[-1].startswith(_BUILT) else None
+        path = built if built is not None and built.is_file() else self.cached()
         error: Exception | None = None
         if path is None:
-            last = log.strip().splitlines()[-1:] or [f"its build process exited with status {code}"]
+            last = lines[-1:] or [f"its build process exited with status {code}"]
             error = BuildError(f"building {self.what} failed: {last[0]}", errors=first_errors(log), log=log)
         with self.lock:
             if self.lib is None and not self.failed:
