@@ -549,3 +549,18 @@ def test_codegen_without_a_library_of_yours_says_so(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "opbridge", "codegen"], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert run.returncode == 2 and "no library of yours is declared: pass --import MODULE" in run.stderr, run.stderr
+
+
+def test_build_natives_builds_what_a_framework_would_in_the_background() -> None:
+    """`opbridge build` and the demo build the native entries up front (aot.natives): here NumPy's C entry
+    for NumPy alone, loaded, so NumPy calls start native; the labels are the ones SERVES maps."""
+    from opbridge.adapters.numpy import native
+    from opbridge.aot import natives
+
+    if not native.ENTRY.enabled():
+        pytest.skip("OPBRIDGE_NUMPY_NATIVE=0")
+    built = natives.build_natives(("numpy",))
+    assert [b.label for b in built] == ["NumPy C entry"], built
+    assert built[0].path is not None and built[0].path.is_file(), built[0].why_not
+    assert native.loaded() is not None
+    assert {fw for serves in natives.SERVES.values() for fw in serves} == {"torch", "numpy", "paddle", "mindspore"}

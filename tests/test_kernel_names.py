@@ -236,7 +236,7 @@ def test_opbridge_build_exits_1_with_the_message(tmp_path: Path, namespaces: lis
     code = textwrap.dedent("""
         import sys
         from opbridge.cli import commands
-        commands._build_c_entries = lambda: True  # only the library's build is under test
+        commands._build_natives = lambda: True  # only the library's build is under test
         from opbridge.cli import main
         sys.exit(main(sys.argv[1:]))
     """)

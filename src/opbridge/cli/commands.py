@@ -144,50 +144,24 @@ def _cmd_build(args: argparse.Namespace) -> int:
         built += 1
     if built == 0:
         print(f"nothing to build for {args.device}", file=sys.stderr)
-    ok = _build_torch_native() and ok
-    ok = _build_c_entries() and ok
+    ok = _build_natives() and ok
     return EXIT_OK if ok else EXIT_FAILURE
 
 
-def _build_c_entries() -> bool:
-    """Build the C entries (one per Python, NumPy's also per NumPy version): NumPy's, and the tensor
-    entry where Paddle or MindSpore is installed; each only where it is on. False when one failed (the
-    program would keep its Python path: `opbridge build` says so and exits 1)."""
-    import importlib.util
+def _build_natives() -> bool:
+    """Build the native entries (:mod:`opbridge.aot.natives`) every installed framework would build in the
+    background on first use. False when one failed (the program would keep its Python path: `opbridge
+    build` says so and exits 1)."""
+    from opbridge.aot.natives import build_natives
 
-    from opbridge.call import c_entry
-
-    wanted = [("NumPy C entry", "opbridge.adapters.numpy.native")]
-    if any(importlib.util.find_spec(fw) is not None for fw in ("paddle", "mindspore")):
-        wanted.append(("tensor C entry", "opbridge.call.exchange"))
     ok = True
-    for label, module in wanted:
-        entry = c_entry.module_entry(module)
-        if not entry.enabled():
-            continue
-        start = time.monotonic()
-        lib = entry.library(build_now=True)
-        if lib is None:
-            err(f"{label}: not available ({entry.fallback})")
+    for b in build_natives():
+        if b.path is None:
+            err(f"{b.label}: not available ({b.why_not})")
             ok = False
-            continue
-        print(f"{label}: {lib.path} ({time.monotonic() - start:.2f}s)")
+        else:
+            print(f"{b.label}: {b.path} ({b.seconds:.2f}s)")
     return ok
-
-
-def _build_torch_native() -> bool:
-    """Build torch's native dispatcher kernels (one shim per torch version) if torch is installed.
-
-    Otherwise the first process that loads a kernel builds it in the
-    background and runs on the Python kernels meanwhile. False when it failed
-    (programs keep the Python kernels; `opbridge build` exits 1).
-    """
-    import importlib.util
-
-    from opbridge import config
-
-    if not config.torch_native() or importlib.util.find_spec("torch") is None:
-        return True
     from opbridge.adapters.torch import native
 
     start = time.monotonic()
