@@ -73,6 +73,8 @@ def test_worker_protocol_numpy(library_path: str) -> None:
     assert {"python", "executable", "versions", "module", "rounds", "max_number", "sections",
             "skipped_sections", "errors"} <= set(doc)
     assert doc["errors"] == {}
+    # the timings go through NumPy's C entry, built before them (not on the Python path while it builds)
+    assert list(doc["natives"]) == ["NumPy C entry"] and doc["natives"]["NumPy C entry"].endswith(".so")
     # The same file, found in the shared cache (or, should the sources have changed since the
     # fixture built it, loaded explicitly: "pinned").
     assert doc["module"]["loaded_path"] == library_path

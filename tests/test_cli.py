@@ -433,6 +433,7 @@ def test_bench_overhead_quick_json(cli_env: dict[str, str]) -> None:
     doc = json.loads(proc.stdout)
     assert doc["quick"] is True
     assert {"cpu_model", "cpu_count", "python", "torch", "tvm_ffi", "date"} <= set(doc["machine"])
+    assert set(doc["natives"]) <= {"torch native kernels", "NumPy C entry"}  # built before the timing
     assert set(doc["stats_us"]) == set(overhead.CANDIDATES)
     for row in doc["stats_us"].values():
         assert {"p20", "p50", "p80"} <= set(row)

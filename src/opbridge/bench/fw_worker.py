@@ -249,6 +249,12 @@ def measure(framework: str, rounds: int, number: int, target_ms: float = 5.0,
         doc["unavailable"] = f"import {_IMPORT[framework]} failed: {type(e).__name__}: {e}"
         return doc
     doc["module"] = _use_module(module)
+    # the native entries the timings go through, built now: a background build takes idle CPU only,
+    # which the timing leaves none of
+    from opbridge.aot.natives import build_natives
+
+    doc["natives"] = {b.label: str(b.path) if b.path is not None else f"not available: {b.why_not}"
+                      for b in build_natives((framework,))}
     if parity_budget_s is not None:
         from opbridge.bench import parity
 

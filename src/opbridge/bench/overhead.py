@@ -275,6 +275,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info["torch_threads"] = torch.get_num_threads()
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
+    # the torch shim and NumPy's C entry, built before the timing (a background build takes idle CPU only)
+    from opbridge.aot.natives import build_natives
+
+    natives = {b.label: str(b.path) if b.path is not None else f"not available: {b.why_not}"
+               for b in build_natives(("torch", "numpy"))}
     eager = _eager_section(rounds, number, device)
     result: dict[str, Any] = {
         "benchmark": "overhead",
@@ -285,6 +290,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     + (" (host launch cost; kernels run asynchronously)" if device == "cuda" else ""),
         "rounds": rounds,
         "number": number,
+        "natives": natives,
         **eager,
     }
     if backend is None:
