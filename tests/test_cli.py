@@ -129,7 +129,7 @@ def test_demo_help_shows_the_demos_options_and_passes_them_on(
     assert main(["demo", "--frameworks", "numpy,torch", "--rounds", "2"]) == 0
     assert (seen[0].frameworks, seen[0].rounds, seen[0].number) == (["numpy", "torch"], 2, 200)
     assert main(["demo", "--frameworks", "nope"]) == 2  # checked before anything builds
-    assert "unknown framework 'nope'" in capsys.readouterr().err
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
 
 
 def test_python_dash_m_opbridge_is_the_opbridge_command(cli_env: dict[str, str]) -> None:
@@ -565,3 +565,29 @@ def test_build_natives_builds_what_a_framework_would_in_the_background() -> None
     assert built[0].path is not None and built[0].path.is_file(), built[0].why_not
     assert native.loaded() is not None
     assert {fw for serves in natives.SERVES.values() for fw in serves} == {"torch", "numpy", "paddle", "mindspore"}
+
+
+@pytest.mark.parametrize("argv", [
+    ["fuzz", "--frameworks", "numpy,torch", "--ops", "add", "gelu"],
+    ["fuzz", "--frameworks", "numpy", "torch", "--ops", "add,gelu"],
+    ["fuzz", "--frameworks", "numpy,", "torch", "--ops", "add", "--ops", "add,gelu"],
+])
+def test_list_options_take_words_commas_or_both(argv: list[str]) -> None:
+    """Every list option of opbridge takes its values as words, comma-separated, or both."""
+    from opbridge.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert (args.frameworks, args.ops) == (["numpy", "torch"], ["add", "gelu"])
+
+
+def test_list_options_check_each_value(capsys: pytest.CaptureFixture[str]) -> None:
+    from opbridge.cli import build_parser
+
+    for argv in (["fuzz", "--frameworks", "numpy,tensorflow"], ["bench", "gpu", "--dtypes", "float32", "int8"],
+                 ["bench", "frameworks", "--frameworks", ","]):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args(argv)
+        assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+    ok = build_parser().parse_args(["bench", "kernels", "--out", "o", "--dtypes", "float32,bfloat16", "--ops", "add"])
+    assert (ok.dtypes, ok.ops) == (["float32", "bfloat16"], ["add"])

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from opbridge.aot.natives import build_natives
+from opbridge.bench import ListOption
 from opbridge.testing.harness import HARNESSES, get
 from opbridge.testing.matrix import NONCONTIGUOUS
 
@@ -111,20 +112,11 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
     return ok_all, rows
 
 
-def _framework_list(text: str) -> list[str]:
-    """``--frameworks``: a comma-separated list of harness names, each checked before anything runs."""
-    names = [f.strip() for f in text.split(",") if f.strip()]
-    unknown = [n for n in names if n not in HARNESSES]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown framework {unknown[0]!r} (choose from {', '.join(HARNESSES)})")
-    return names
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options to *parser* (``python -m opbridge.demo`` and ``opbridge demo``)."""
-    parser.add_argument("--frameworks", type=_framework_list, default=list(DEFAULT_FRAMEWORKS),
-                        help=f"comma-separated subset of {', '.join(HARNESSES)} "
+    parser.add_argument("--frameworks", action=ListOption, choices=HARNESSES, default=list(DEFAULT_FRAMEWORKS),
+                        metavar="NAME",
+                        help=f"a subset of {', '.join(HARNESSES)} "
                              f"(default {','.join(DEFAULT_FRAMEWORKS)})")
     parser.add_argument("--rounds", type=int, default=15, help="timing rounds per op")
     parser.add_argument("--number", type=int, default=200, help="calls per round")

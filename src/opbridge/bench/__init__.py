@@ -48,6 +48,28 @@ BENCHES: dict[str, str] = {
 }
 
 
+class _Choices(tuple):  # type: ignore[type-arg]
+    """Choices that a word of comma-separated values is in when each of its values is (argparse checks
+    each word of a list option before its action splits it)."""
+
+    def __contains__(self, word: object) -> bool:
+        values = [v.strip() for v in str(word).split(",") if v.strip()]
+        return bool(values) and all(tuple.__contains__(self, v) for v in values)
+
+
+class ListOption(argparse.Action):
+    """A list option that takes its values as words, comma-separated, or both (``--ops add gelu``,
+    ``--ops add,gelu``), as every list option of ``opbridge`` does."""
+
+    def __init__(self, option_strings: list[str], dest: str, choices: Any = None, **kwargs: Any) -> None:
+        kwargs.setdefault("nargs", "+")
+        super().__init__(option_strings, dest, choices=None if choices is None else _Choices(choices), **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, [v.strip() for word in values for v in str(word).split(",") if v.strip()])
+
+
 class BenchError(OpbridgeError, RuntimeError):
     """A benchmark could not run, or a candidate computed a wrong result."""
 

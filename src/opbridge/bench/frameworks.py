@@ -76,7 +76,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError, fw_builds, parity_report, subproc
+from opbridge.bench import BenchError, ListOption, fw_builds, parity_report, subproc
 from opbridge.bench.fw_report import format_text
 from opbridge.bench.fw_sections import PER_CALL_OPS
 from opbridge.bench.report import say, write_json, write_results
@@ -126,10 +126,10 @@ _CHECKOUT = _checkout(_SRC_ROOT)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this benchmark's options to *parser*."""
-    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS),
+    parser.add_argument("--frameworks", action=ListOption, choices=FRAMEWORKS, default=list(FRAMEWORKS),
                         metavar="NAME",
                         help=f"frameworks to measure (default: all of {', '.join(FRAMEWORKS)})")
-    parser.add_argument("--ops", nargs="+", metavar="OP", default=None,
+    parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
                         help=f"per-call ops to time, each in every framework's eager (PyNative) mode and "
                              f"the graph modes that have it (default: all of {', '.join(PER_CALL_OPS)}; "
                              f"add with --quick); not with --parity")

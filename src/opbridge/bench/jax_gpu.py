@@ -76,7 +76,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError
+from opbridge.bench import BenchError, ListOption
 from opbridge.bench.jax_gpu_calls import Call, Jitted, Pipelined, candidates, results, to_jax
 from opbridge.bench.jax_gpu_report import CSV_FIELDS, OURS, csv_rows, format_text, misses, problems, ratios, record
 from opbridge.bench.timing import dist_version
@@ -102,9 +102,9 @@ PIPELINE = 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``opbridge bench jax-gpu``."""
-    parser.add_argument("--ops", nargs="+", metavar="OP", default=None,
+    parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
                         help=f"ops (default: {', '.join(OPS)}; per call only {', '.join(PER_CALL_OPS)})")
-    parser.add_argument("--dtypes", nargs="+", choices=("float32", "float16", "bfloat16"), default=list(DTYPES),
+    parser.add_argument("--dtypes", action=ListOption, choices=("float32", "float16", "bfloat16"), default=list(DTYPES),
                         help="dtypes of the large size (default: float32 bfloat16; per call is float32)")
     parser.add_argument("--size", type=int, nargs=2, metavar=("ROWS", "COLS"), default=list(DEFAULT_SIZE),
                         help=f"the large size (default {DEFAULT_SIZE[0]} {DEFAULT_SIZE[1]})")

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any
 
+from opbridge.bench import ListOption
 from opbridge.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -34,12 +35,12 @@ def register(sub: Any) -> None:
                     "MindSpore cannot share one; MindSpore needs its own environment). Exit status 1 when a "
                     "check fails. Needs hypothesis.")
     add_import_option(p)
-    p.add_argument("--ops", nargs="+", metavar="NAME",
+    p.add_argument("--ops", action=ListOption, metavar="NAME",
                    help="ops to fuzz, by name or namespace::name (default: the ops of the libraries the "
                         "--import modules declare; without --import, every declared op)")
-    p.add_argument("--frameworks", nargs="+", default=["numpy", "torch"], choices=FRAMEWORKS, metavar="NAME",
+    p.add_argument("--frameworks", action=ListOption, default=["numpy", "torch"], choices=FRAMEWORKS, metavar="NAME",
                    help="frameworks to fuzz in (default: numpy torch; choices: %(choices)s)")
-    p.add_argument("--checks", nargs="+", choices=CHECKS, metavar="CHECK",
+    p.add_argument("--checks", action=ListOption, choices=CHECKS, metavar="CHECK",
                    help="checks to run (default: all of %(choices)s)")
     p.add_argument("--examples", type=int, default=25, metavar="N", help="examples per check (default: 25)")
     p.add_argument("--random", action="store_true",

@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError
+from opbridge.bench import BenchError, ListOption
 from opbridge.bench.gpu.cases import LARGE, QUICK_ROWS, SERVING_ROWS, Size, problems, sizes_for, standing
 from opbridge.bench.gpu.text import CSV_FIELDS, csv_rows, format_text
 from opbridge.bench.timing import dist_version
@@ -86,9 +86,9 @@ SAME_MODE = {"eager_new": "opbridge_new", "compile_new": "opbridge_new", "liger"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``opbridge bench gpu``."""
-    parser.add_argument("--ops", nargs="+", metavar="OP", default=None,
+    parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
                         help=f"ops to time (default: {', '.join(OPS)}, those declared)")
-    parser.add_argument("--dtypes", nargs="+", choices=("float32", "float16", "bfloat16"),
+    parser.add_argument("--dtypes", action=ListOption, choices=("float32", "float16", "bfloat16"),
                         default=list(DTYPES), help="dtypes (default: float32 bfloat16)")
     parser.add_argument("--rows", type=int, nargs="*", metavar="N", default=None,
                         help=f"serving rows (default {' '.join(map(str, SERVING_ROWS))}; --quick "

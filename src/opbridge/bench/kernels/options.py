@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError
+from opbridge.bench import BenchError, ListOption
 
 DTYPES = ("float32", "float64", "bfloat16")
 #: Every dtype ``--dtypes`` accepts.
@@ -62,15 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from opbridge.bench.workloads import SIZES
 
     sizes = ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in SIZES.items())
-    parser.add_argument("--ops", metavar="LIST", default=None,
-                        help=f"comma-separated ops (default: {', '.join(DEFAULT_OPS)}, those declared)")
+    parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
+                        help=f"ops, as words or comma-separated (default: {', '.join(DEFAULT_OPS)}, those declared)")
     parser.add_argument("--all-ops", action="store_true",
                         help="every declared op with a workload, backward ops included")
-    parser.add_argument("--sizes", metavar="LIST", default=None,
-                        help=f"comma-separated sizes: names ({sizes}) or RxC (default: all three)")
-    parser.add_argument("--dtypes", metavar="LIST", default=",".join(DTYPES),
-                        help=f"comma-separated dtypes (default {','.join(DTYPES)}); ops with fixed integer "
-                             "dtypes (advance_step_flashattn) run once per size whatever this says")
+    parser.add_argument("--sizes", action=ListOption, metavar="SIZE", default=None,
+                        help=f"sizes, as words or comma-separated: names ({sizes}) or RxC (default: all three)")
+    parser.add_argument("--dtypes", action=ListOption, metavar="DTYPE", default=list(DTYPES),
+                        help=f"dtypes, as words or comma-separated (default {','.join(DTYPES)}); ops with fixed "
+                             "integer dtypes (advance_step_flashattn) run once per size whatever this says")
     parser.add_argument("--rounds", type=int, metavar="N", default=None,
                         help=f"most interleaved rounds per case (default {FULL['rounds']}, "
                              f"{QUICK['rounds']} with --quick; large cases get fewer to fit a time budget)")
@@ -111,8 +111,9 @@ def _parse_size(text: str) -> tuple[str, tuple[int, int]]:
     return text, (int(rows), int(cols))
 
 
-def _csv_list(text: str | None) -> list[str]:
-    return [t.strip() for t in (text or "").split(",") if t.strip()]
+def _csv_list(values: str | list[str] | None) -> list[str]:
+    words = [values] if isinstance(values, str) else (values or [])
+    return [t.strip() for w in words for t in w.split(",") if t.strip()]
 
 
 def settings(args: argparse.Namespace) -> Settings:
