@@ -40,6 +40,12 @@ def build_natives(frameworks: tuple[str, ...] | None = None) -> list[Built]:
     return [_build(label) for label in want if _enabled(label)]
 
 
+def summary(frameworks: tuple[str, ...]) -> dict[str, str]:
+    """:func:`build_natives` for a benchmark's JSON: each entry's path, or why it is not available."""
+    return {b.label: str(b.path) if b.path is not None else f"not available: {b.why_not}"
+            for b in build_natives(frameworks)}
+
+
 def _installed(framework: str) -> bool:
     return importlib.util.find_spec(framework) is not None
 

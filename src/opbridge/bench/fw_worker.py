@@ -251,10 +251,9 @@ def measure(framework: str, rounds: int, number: int, target_ms: float = 5.0,
     doc["module"] = _use_module(module)
     # the native entries the timings go through, built now: a background build takes idle CPU only,
     # which the timing leaves none of
-    from opbridge.aot.natives import build_natives
+    from opbridge.aot import natives
 
-    doc["natives"] = {b.label: str(b.path) if b.path is not None else f"not available: {b.why_not}"
-                      for b in build_natives((framework,))}
+    doc["natives"] = natives.summary((framework,))
     if parity_budget_s is not None:
         from opbridge.bench import parity
 

@@ -276,10 +276,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
     # the torch shim and NumPy's C entry, built before the timing (a background build takes idle CPU only)
-    from opbridge.aot.natives import build_natives
+    from opbridge.aot.natives import summary
 
-    natives = {b.label: str(b.path) if b.path is not None else f"not available: {b.why_not}"
-               for b in build_natives(("torch", "numpy"))}
+    natives = summary(("torch", "numpy"))
     eager = _eager_section(rounds, number, device)
     result: dict[str, Any] = {
         "benchmark": "overhead",
