@@ -189,9 +189,11 @@ def test_project_installs_with_pip_and_passes_its_tests_and_takes_new_ops(tmp_pa
     args = parser.parse_args(["new", "--project", "demo-plugin", "--out", str(tmp_path)])
     assert args.func(args) == 0
     root = tmp_path / "demo-plugin"
-    args = parser.parse_args(["new", "halve_", "--schema", "halve_(Tensor(a!) x, float by=2.0) -> ()",
-                              "--out", str(root), "--cuda"])
-    assert args.func(args) == 0
+    args = parser.parse_args(["new", "halve_", "--schema", "halve_(Tensor(a!) x, float by=2.0) -> ()", "--cuda"])
+    with pytest.MonkeyPatch.context() as m:  # run in the project's root, without --out: the op joins the project
+        m.chdir(root)
+        assert args.func(args) == 0
+    assert not (root / "halve_").exists()
     assert (root / "csrc" / "halve_.cc").is_file() and (root / "demo_plugin" / "ops" / "halve_.py").is_file()
     assert (root / "csrc" / "halve_.cu").is_file() and (root / "csrc" / "halve_.h").is_file()
     # identity has no CUDA kernel: it names its kernels, so the library's CUDA sources give it none.

@@ -60,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         else:
             written = []
+            # run in a project's root, an op joins the project (as with --out .), not a folder of its own there
+            here = Path(".") if scaffold.project_package(Path(".")) is not None else None
             for spec in specs:
-                out = args.out or Path(spec.name)
+                out = args.out or here or Path(spec.name)
                 written += scaffold.new_op(spec, out, force=args.force)
     except FileNotFoundError as e:
         print(f"opbridge: error: {e}", file=sys.stderr)
@@ -89,7 +91,8 @@ def register(subparsers: Any) -> None:
                    help="an msopgen-style prototype (.json, .yaml): op, input_desc, output_desc, attr")
     p.add_argument("--project", metavar="NAME", help="create the plugin project NAME (in --out, default .)")
     p.add_argument("--out", type=Path, metavar="DIR",
-                   help="where to write (default: ./OP); a project's root adds the op to the project")
+                   help="where to write (default: the project, in a project's root; else ./OP); a project's "
+                        "root adds the op to the project")
     p.add_argument("--dtypes",
                    help="dtypes the kernel accepts, comma-separated (default float32,float16,bfloat16)")
     p.add_argument("--cuda", action="store_true",
