@@ -6,8 +6,8 @@ than many scripts run. Compiled in a child that dies with its program, they
 would never land in the cache for a script shorter than the build: each run
 would compile again, be stopped at exit, and print the same "building" line.
 So such a build runs in a process of its own, in a session of its own (a
-Ctrl-C aimed at the program does not reach it), at a lower priority when it
-runs in the background; it installs its result in the cache itself, and the
+Ctrl-C aimed at the program does not reach it), on CPU the program leaves
+idle when it runs in the background (:data:`LOWER_PRIORITY`); it installs its result in the cache itself, and the
 program that started it, while it lives, waits for it on a thread and loads
 the result. A later process finds the result, or waits for the build in
 flight on its lock instead of starting a second one.
