@@ -876,11 +876,14 @@ def test_tensors_on_a_device_are_refused_by_name(toy: opbridge.Library, monkeypa
     """MindSpore tensors claiming a GPU: a clear error naming op, framework, device; nothing is written."""
     scale_ = toy.ops["scale_"].call
     x, y, buf = _t(np.ones(4)), _t(np.ones(4)), _t(np.zeros(4))
+    wide = _t(np.ones((2, 8)))
     with monkeypatch.context() as m:
         m.setattr(Tensor, "device", property(lambda self: "GPU:0"))
         pattern = r"add: argument 'x' is a MindSpore tensor on GPU:0, and opbridge has no GPU:0 kernel"
         with pytest.raises(opbridge.BackendUnavailableError, match=pattern):
             ops.add(x, y)
+        with pytest.raises(opbridge.BackendUnavailableError, match=pattern):  # strided: no copy is made of it
+            ops.add(wide[:, ::2], wide[:, 1::2])
         with pytest.raises(opbridge.BackendUnavailableError, match=pattern):
             ops.add(x, y, out=buf)
         with pytest.raises(opbridge.BackendUnavailableError, match=r"scale_: argument 'x' is a MindSpore tensor"):

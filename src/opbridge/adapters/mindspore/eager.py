@@ -34,11 +34,13 @@ from opbridge.adapters.mindspore.views import (
     NUMPY,
     NotOnHostError,
     alloc,
+    copy_back,
+    dense_copy,
     host_view,
     kernel_arg,
     new_tensor,
     relabel,
-    share,
+    rows,
     sync,
 )
 from opbridge.call import exchange
@@ -67,7 +69,6 @@ from opbridge.call.overlap import (
     ndarray_rows,
     outputs_overlap,
     recall_dense,
-    row_strided,
 )
 from opbridge.errors import BackendUnavailableError
 
@@ -188,9 +189,22 @@ def eager_source(op: OpDef, out: bool = False) -> str:
     sig = ", ".join(names)
     tup = f"({sig},)"
     slow = f"_checked_out({tup}, out)" if out else f"_checked({tup})"
+    lead = names[op.dtype_arg]  # the argument whose dtype the declared dtypes constrain
+    # Not a tensor, not on the CPU, a dtype NumPy cannot view: the checked call says or does it.
+    guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
+    # A layout the kernels do not take (strided; rows at a stride are taken where declared row_strided), tested
+    # before the host views are made, runs on dense copies (_copies: overlap.recall_dense, the C entry's).
+    layout = " or ".join(f"{'' if not a.type.optional else a.name + ' is not None and '}not "
+                         + (f"({a.name}.is_contiguous() or _rows({a.name}))" if i in op.row_strided
+                            else f"{a.name}.is_contiguous()")
+                         for i, a in enumerate(args) if a.type.is_tensor)
     lines = [f"def {op.name}({sig}{', out' if out else ''}):", "    if _requires_grad():",
              f"        return {slow if out else f'_on_tape({sig})'}",
-             "    _sync()", "    try:"]
+             "    _sync()"]
+    if layout and not out:
+        lines += ["    try:", f"        _strided = {layout}", "    except Exception:", f"        return {slow}",
+                  "    if _strided:", f"        return {slow} if {' or '.join(guards)} else _copies({tup})"]
+    lines.append("    try:")
     kernel_args = []
     for i, a in enumerate(args):
         if a.type.is_tensor:
@@ -201,21 +215,10 @@ def eager_source(op: OpDef, out: bool = False) -> str:
             kernel_args.append(a.name)
     if out:
         lines.append("        _b0 = _arg(out)")
-    lead = names[op.dtype_arg]  # the argument whose dtype the declared dtypes constrain
-    # Not a tensor, not on the CPU, a dtype NumPy cannot view: the checked call says or does it.
-    guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
-    # A tensor in a layout the kernels do not take (strided, except rows at a stride where the op declares
-    # row_strided) runs on dense copies: the op's public callable again (_copies: overlap.recall_dense),
-    # whose C entry takes them (add on a (64, 128) slice: 48-50 us through the checked call, where the
-    # contiguous call costs 7); with out=, the checked call.
-    layout = [f"{'' if not a.type.optional else a.name + ' is not None and '}not "
-              + (f"({a.name}.is_contiguous() or _rows({a.name}))" if i in op.row_strided
-                 else f"{a.name}.is_contiguous()")
-              for i, a in enumerate(args) if a.type.is_tensor]
     lines += ["    except Exception:", f"        return {slow}",
               f"    if {' or '.join(guards)}:", f"        return {slow}"]
-    if layout:
-        lines += [f"    if {' or '.join(layout)}:", f"        return {slow if out else f'_copies({tup})'}"]
+    if layout and out:
+        lines += [f"    if {layout}:", f"        return {slow}"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
                                 rows=(_ROWS_SPAN, "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs
@@ -306,34 +309,38 @@ def _generated_names(op: OpDef, kern: Callable[..., Any]) -> dict[str, Any]:
         # row_strided arguments (rows at a stride reach the kernel as they are): their host views' reach
         "_rspan": lambda t: _view_span(host_view(t)),
         "_exact": lambda a, b: NDARRAY_SHARES(host_view(a), host_view(b)),
-        "_rows": _rows,
+        "_rows": rows,
         "_k": kern,
     }
 
 
-def _rows(t: Tensor) -> bool:
-    """Whether a kernel takes *t* as rows at a stride, where its op declares it ``row_strided``."""
-    return row_strided(tuple(t.shape), t.stride())
+class _DeclineError(Exception):
+    """A copy cannot be made (a tensor off the CPU, a dtype NumPy cannot view): the checked call names it."""
 
 
-def _dense_copy(t: Tensor) -> Tensor:
-    """A new contiguous CPU tensor holding strided *t*'s values (through NumPy: MindSpore's own
-    ``contiguous()`` took 0.2-5 ms here)."""
-    return share(np.ascontiguousarray(host_view(t)), t.dtype)
-
-
-def _copy_back(original: Tensor, copy: Tensor) -> None:
-    np.copyto(host_view(original), host_view(copy))
-
-
-def _strided_copies(op: OpDef) -> Callable[[Sequence[Any]], Any]:
+def _strided_copies(op: OpDef, checked: Callable[[tuple[Any, ...]], Any]) -> Callable[[tuple[Any, ...]], Any]:
     """:func:`opbridge.call.overlap.recall_dense` for MindSpore: dense copies made and written back through
-    host views (bfloat16 as its bits), the alias check on the caller's tensors' host views."""
+    host views (bfloat16 as its bits), the alias check on the caller's tensors' host views. Where a copy
+    cannot be made, before anything is written, *checked* (the checked call) takes the call and names why."""
     def check_alias(args: Sequence[Any]) -> None:
         if op.schema.is_mutating:
             check_no_alias(op, host_views(op, args), _view_span, NDARRAY_SHARES)
 
-    return recall_dense(op, check_alias, Tensor.is_contiguous, _dense_copy, _rows, _copy_back)
+    def densify(t: Any) -> Tensor:
+        try:
+            return dense_copy(t)
+        except (NotOnHostError, KeyError, AttributeError) as e:
+            raise _DeclineError from e
+
+    recall = recall_dense(op, check_alias, Tensor.is_contiguous, densify, rows, copy_back)
+
+    def run(args: tuple[Any, ...]) -> Any:
+        try:
+            return recall(args)
+        except _DeclineError:
+            return checked(args)
+
+    return run
 
 
 #: MindSpore's tensors for the tensor C entry, read through their methods: ``Tensor`` (a ``Parameter`` too,
@@ -369,7 +376,7 @@ def make_eager(op: OpDef) -> Callable[..., Any]:
         **_generated_names(op, kern),
         "_on_tape": on_tape_call(op),
         "_checked": checked,
-        "_copies": _strided_copies(op),
+        "_copies": _strided_copies(op, checked),
         "_alloc": alloc,
         "_from_rule": from_rule,
         "_pack": lambda a, o: pack_results(op, a, o),

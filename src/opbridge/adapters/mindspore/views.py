@@ -32,6 +32,7 @@ from mindspore.graph.api import _pynative_executor
 
 from opbridge._tvm import bfloat16_tensor
 from opbridge.call import memory
+from opbridge.call.overlap import row_strided
 
 #: MindSpore dtype -> NumPy dtype of a view of its memory (bfloat16 as its bits)
 NUMPY: dict[Any, np.dtype[Any]] = {
@@ -160,3 +161,19 @@ def span(t: Tensor) -> tuple[int, int]:
     """``(start, end)`` byte addresses of *t*'s memory, for the alias check of mutating ops."""
     p = int(t.data_ptr())
     return p, p + int(t.nbytes)
+
+
+def rows(t: Tensor) -> bool:
+    """Whether a kernel takes *t* as rows at a stride, where its op declares it ``row_strided``."""
+    return row_strided(tuple(t.shape), t.stride())
+
+
+def dense_copy(t: Tensor) -> Tensor:
+    """A new contiguous CPU tensor holding strided *t*'s values, through NumPy (MindSpore's own
+    ``contiguous()`` and a wait for it took 108 us here); raises as :func:`host_view` does."""
+    return share(np.ascontiguousarray(host_view(t)), t.dtype)
+
+
+def copy_back(original: Tensor, copy: Tensor) -> None:
+    """Write dense *copy*'s values into *original*, through its strides."""
+    np.copyto(host_view(original), host_view(copy))
