@@ -179,6 +179,19 @@ def scalar_guards(op: OpDef, names: Sequence[str]) -> list[str]:
     return guards
 
 
+def layout_source(op: OpDef, names: Sequence[str], dense: str, rows: str | None) -> str:
+    """An expression a generated fast path tests: every Tensor argument among *names* is in a layout the
+    op's kernels take, *dense* (``{t}`` the argument's name), or, where the op declares the argument
+    ``row_strided`` and *rows* is given, *rows* (rows at a stride). An optional argument may be None."""
+    tests = []
+    for i in tensor_indices(op):
+        t = dense.format(t=names[i])
+        if rows is not None and i in op.row_strided:
+            t = f"({t} or {rows.format(t=names[i])})"
+        tests.append(f"({names[i]} is None or {t})" if op.schema.arguments[i].type.optional else t)
+    return " and ".join(tests) or "True"
+
+
 def scalar_rules(op: OpDef) -> list[tuple[int, bool, bool]]:
     """``(index, takes a bool, optional)`` of each ``int``, ``float`` and ``bool`` argument: the scalars
     whose type :func:`scalar_guards` tests (and torch's checked path, where the dispatcher's parser

@@ -50,6 +50,7 @@ from opbridge.call.core import (
     check_lead_dtype,
     check_outs,
     framework_dtypes,
+    layout_source,
     like_indices,
     out_fits_source,
     pack_results,
@@ -194,15 +195,12 @@ def eager_source(op: OpDef, out: bool = False) -> str:
     guards = [f"{lead}.dtype not in _dtypes", *(f"not ({g})" for g in scalar_guards(op, names))]
     # A layout the kernels do not take (strided; rows at a stride are taken where declared row_strided), tested
     # before the host views are made, runs on dense copies (_copies: overlap.recall_dense, the C entry's).
-    layout = " or ".join(f"{'' if not a.type.optional else a.name + ' is not None and '}not "
-                         + (f"({a.name}.is_contiguous() or _rows({a.name}))" if i in op.row_strided
-                            else f"{a.name}.is_contiguous()")
-                         for i, a in enumerate(args) if a.type.is_tensor)
+    takes = layout_source(op, names, "{t}.is_contiguous()", "_rows({t})") if op.schema.tensor_args else ""
     lines = [f"def {op.name}({sig}{', out' if out else ''}):", "    if _requires_grad():",
              f"        return {slow if out else f'_on_tape({sig})'}",
              "    _sync()"]
-    if layout and not out:
-        lines += ["    try:", f"        _strided = {layout}", "    except Exception:", f"        return {slow}",
+    if takes and not out:
+        lines += ["    try:", f"        _strided = not ({takes})", "    except Exception:", f"        return {slow}",
                   "    if _strided:", f"        return {slow} if {' or '.join(guards)} else _copies({tup})"]
     lines.append("    try:")
     kernel_args = []
@@ -217,8 +215,8 @@ def eager_source(op: OpDef, out: bool = False) -> str:
         lines.append("        _b0 = _arg(out)")
     lines += ["    except Exception:", f"        return {slow}",
               f"    if {' or '.join(guards)}:", f"        return {slow}"]
-    if layout and out:
-        lines += [f"    if {layout}:", f"        return {slow}"]
+    if takes and out:
+        lines += [f"    if not ({takes}):", f"        return {slow}"]
     lines += alias_check_source(op, names, "{s} = {t}.data_ptr(); {e} = {s} + {t}.nbytes", "    ",
                                 rows=(_ROWS_SPAN, "_exact({a}, {b})")).splitlines()
     n_out = op.n_outputs

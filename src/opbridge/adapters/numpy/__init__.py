@@ -159,8 +159,7 @@ def _fast_prelude(op: OpDef, entry: bool = False) -> str | None:
     # Layouts the kernels take only (a kernel, a user's too, may read raw memory: C-contiguous, or rows at
     # a stride where declared); other arrays run on dense copies (_np_copies: this callable again on
     # them), never through a kernel's ValueError, whose C++ exception and backtrace cost about 100 us.
-    takes = " and ".join(f"({a.name}.flags.c_contiguous or _np_rows({a.name}))" if i in op.row_strided
-                         else f"{a.name}.flags.c_contiguous" for i, a in enumerate(args) if a.type.is_tensor)
+    takes = core.layout_source(op, names, "{t}.flags.c_contiguous", "_np_rows({t})")
     if not op.library.kernels_check_inputs:  # else the kernel's TypeError falls back to the checked path
         conds.append(f"{names[op.dtype_arg]}.dtype in _np_dts")
     conds += core.scalar_guards(op, names)

@@ -175,13 +175,7 @@ def dtype_checker(op: OpDef) -> Callable[[torch.Tensor], None]:
 def dense_test(op: OpDef, names: Sequence[str], rows: bool = False) -> str:
     """An expression: every Tensor argument among *names* is contiguous; with *rows*, or rows at a
     stride where the op declares it ``row_strided`` (``_t_rows``): the layouts its kernels take."""
-    tests = []
-    for i in core.tensor_indices(op):
-        t = f"{names[i]}.is_contiguous()"
-        if rows and i in op.row_strided:
-            t = f"({t} or _t_rows({names[i]}))"
-        tests.append(f"({names[i]} is None or {t})" if op.schema.arguments[i].type.optional else t)
-    return " and ".join(tests) or "True"
+    return core.layout_source(op, names, "{t}.is_contiguous()", "_t_rows({t})" if rows else None)
 
 
 # -- the kernel call, as generated lines -----------------------------------------------------
