@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 #: The frameworks each native entry serves.
 SERVES = {"torch native kernels": ("torch",), "NumPy C entry": ("numpy",),
           "tensor C entry": ("paddle", "mindspore")}
+#: The module whose ``ENTRY`` is each C entry (:mod:`opbridge.call.c_entry`); the torch shim is not one.
+_C_ENTRIES = {"NumPy C entry": "opbridge.adapters.numpy.native", "tensor C entry": "opbridge.call.exchange"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def _installed(framework: str) -> bool:
 
 
 def _enabled(label: str) -> bool:
-    if label == "torch native kernels":
+    if label not in _C_ENTRIES:
         from opbridge import config
 
         return config.torch_native()
@@ -61,13 +63,12 @@ def _enabled(label: str) -> bool:
 def _entry(label: str) -> CEntry[Any]:
     from opbridge.call import c_entry
 
-    module = "opbridge.adapters.numpy.native" if label == "NumPy C entry" else "opbridge.call.exchange"
-    return c_entry.module_entry(module)
+    return c_entry.module_entry(_C_ENTRIES[label])
 
 
 def _build(label: str) -> Built:
     start = time.monotonic()
-    if label == "torch native kernels":
+    if label not in _C_ENTRIES:
         from opbridge.adapters.torch import native
 
         shim = native.shim(build_now=True)

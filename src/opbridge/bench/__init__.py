@@ -48,12 +48,17 @@ BENCHES: dict[str, str] = {
 }
 
 
+def _values(word: object) -> list[str]:
+    """The comma-separated values of one word of a list option."""
+    return [v.strip() for v in str(word).split(",") if v.strip()]
+
+
 class _Choices(tuple):  # type: ignore[type-arg]
     """Choices that a word of comma-separated values is in when each of its values is (argparse checks
     each word of a list option before its action splits it)."""
 
     def __contains__(self, word: object) -> bool:
-        values = [v.strip() for v in str(word).split(",") if v.strip()]
+        values = _values(word)
         return bool(values) and all(tuple.__contains__(self, v) for v in values)
 
 
@@ -67,7 +72,7 @@ class ListOption(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, [v.strip() for word in values for v in str(word).split(",") if v.strip()])
+        setattr(namespace, self.dest, [v for word in values for v in _values(word)])
 
 
 class BenchError(OpbridgeError, RuntimeError):

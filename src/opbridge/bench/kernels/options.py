@@ -111,11 +111,6 @@ def _parse_size(text: str) -> tuple[str, tuple[int, int]]:
     return text, (int(rows), int(cols))
 
 
-def _csv_list(values: str | list[str] | None) -> list[str]:
-    words = [values] if isinstance(values, str) else (values or [])
-    return [t.strip() for w in words for t in w.split(",") if t.strip()]
-
-
 def settings(args: argparse.Namespace) -> Settings:
     """Resolve *args* (with ``--quick``) into :class:`Settings`."""
     from opbridge.bench.stream import DEFAULT_N, QUICK_N
@@ -123,8 +118,8 @@ def settings(args: argparse.Namespace) -> Settings:
 
     quick = bool(getattr(args, "quick", False))
     d = QUICK if quick else FULL
-    sizes = dict(_parse_size(s) for s in _csv_list(args.sizes)) if args.sizes else dict(SIZES)
-    dtypes = tuple(_csv_list(args.dtypes)) or DTYPES
+    sizes = dict(_parse_size(s) for s in args.sizes) if args.sizes else dict(SIZES)  # split by ListOption
+    dtypes = tuple(args.dtypes) or DTYPES
     bad = [t for t in dtypes if t not in FLOAT_DTYPES]
     if bad:
         raise BenchError(f"--dtypes: unsupported {', '.join(bad)} ({', '.join(FLOAT_DTYPES)})")
@@ -135,7 +130,7 @@ def settings(args: argparse.Namespace) -> Settings:
     mem = _parse_size(args.memory_size)[1] if args.memory_size else ((256, 4096) if quick else SIZES["large"])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Settings(
-        ops=tuple(_csv_list(args.ops)) if args.ops else None,
+        ops=tuple(args.ops) if args.ops else None,
         all_ops=bool(args.all_ops),
         sizes=sizes,
         dtypes=dtypes,
