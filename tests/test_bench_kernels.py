@@ -479,6 +479,11 @@ def test_indexed_quick_run(indexed: dict[str, Any]) -> None:
     """Both ops run, verified, against the reference and torch eager; the integer op once per size."""
     cases = indexed["cases"]
     assert indexed["skipped_ops"] == []
+    # the native entries were loaded before anything was timed or measured, not by a background build
+    # mid-measurement (whose library and callbacks a call's peak memory would count)
+    for natives in (indexed["natives"], indexed["memory"]["natives"]):
+        assert set(natives) == {"torch native kernels", "NumPy C entry"}, natives
+        assert all(path.endswith(".so") for path in natives.values()), natives
     assert {(c["op"], c["size"], c["dtype"]) for c in cases} == {
         *(("rotary_embedding", s, d) for s in INDEXED_SIZES for d in DTYPES),
         *(("advance_step_flashattn", s, "int64/int32") for s in INDEXED_SIZES)}

@@ -157,8 +157,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say("kernels", "importing torch and opbridge, loading the kernels")
     import torch
 
+    from opbridge.aot.natives import summary
     from opbridge.bench import stream
 
+    # the native entries the calls go through, built and loaded now, not by a background build that
+    # finishes, and loads them, in the middle of a timing or a memory measurement
+    natives = summary(("torch", "numpy"))
     load_start = loadavg()
     p = plan(s)
     if not p.ops:
@@ -219,6 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "kernels",
         "quick": bool(getattr(args, "quick", False)),
         "machine": info,
+        "natives": natives,
         "settings": {
             "sizes": {k: list(v) for k, v in s.sizes.items()}, "dtypes": list(s.dtypes), "rounds_max": s.rounds,
             "rounds_min": s.min_rounds, "target_ms": s.target_s * 1e3, "case_budget_s": s.case_budget_s,
