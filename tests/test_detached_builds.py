@@ -44,7 +44,7 @@ def test_a_job_finishes_after_its_program_exits(tmp_path: Path) -> None:
     out, counter = tmp_path / "lib.so", tmp_path / "runs"
     code = (f"import sys; from pathlib import Path; from opbridge.adapters.torch.native import build; "
             f"build.Job(background=True, out=Path({str(out)!r}), make_command=lambda tmp: "
-            f"[sys.executable, '-c', {_FAKE_CC!r}, str(tmp), {str(counter)!r}, '1'])")
+            f"[sys.executable, '-c', {_FAKE_CC!r}, str(tmp), {str(counter)!r}, '5'])")  # outlasts torch's exit
     started = time.monotonic()
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert not out.exists() and time.monotonic() - started < 30  # the program did not wait for the build
