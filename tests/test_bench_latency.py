@@ -28,6 +28,9 @@ def test_short_run_reports_quiet_and_loaded_percentiles() -> None:
             assert all(0 < q["p50"] <= q["p99"] <= q["p99.9"] for q in by.values())
     assert set(result["p99_ratio_loaded"]) == OPS
     assert "fused_add_rms_norm" in latency.format_text(result)
+    # the torch shim was built before the timing, not left to an idle background build
+    assert list(result["natives"]) == ["torch native kernels"]
+    assert result["natives"]["torch native kernels"].endswith(".so")
 
 
 def test_arguments_are_checked_by_the_parser() -> None:

@@ -20,6 +20,9 @@ def test_quick_run_reports_every_candidate() -> None:
         assert row["malloc_over_pool"] > 0 and row["pool_over_existing"] > 0
     text = outputs.format_text(result)
     assert "malloc/pool" in text and "numpy  add" in text
+    # both frameworks' native entries were built before the timing
+    assert set(result["natives"]) == {"torch native kernels", "NumPy C entry"}, result["natives"]
+    assert all(path.endswith(".so") for path in result["natives"].values()), result["natives"]
 
 
 def test_a_wrong_candidate_is_an_error_not_a_timing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -116,17 +116,19 @@ def _measure(pair: tuple[Any, Any], calls: int) -> dict[str, dict[str, float]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure quiet, then beside one spinning process."""
+    from opbridge.aot.natives import summary
     from opbridge.bench.timing import machine_info
 
     calls = args.calls if args.calls is not None else 2000 if args.quick else 20000
     shape = tuple(args.shape)
+    natives = summary(("torch",))  # built before the timing (a background build takes idle CPU only)
     loads = _workloads(shape)
     for ours, theirs in loads.values():  # warm up: build, page in, wake the thread pools
         for _ in range(200):
             ours()
             theirs()
     result: dict[str, Any] = {"benchmark": "latency", "machine": machine_info(), "shape": list(shape),
-                              "calls": calls, "unit": "us", "quiet": {}, "loaded": {}}
+                              "calls": calls, "unit": "us", "natives": natives, "quiet": {}, "loaded": {}}
     for name, pair in loads.items():
         print(f"latency: {name} quiet", file=sys.stderr)
         result["quiet"][name] = _measure(pair, calls)

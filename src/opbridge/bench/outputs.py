@@ -194,6 +194,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dtypes = tuple(d for d in dtypes if d != "bfloat16")
         skipped["bfloat16"] = "ml_dtypes is not installed (NumPy has no bfloat16 without it)"
     budget = 0.5 if quick else args.row_seconds
+    from opbridge.aot.natives import summary
+
+    # the native entries, built before the timing (a background build takes idle CPU only)
+    natives = summary(tuple(fw.name for fw in frameworks))
     rows = []
     for fw in frameworks:
         for shape in shapes:
@@ -201,7 +205,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for op in OPS:
                     print(f"bench outputs: {fw.name} {op} {shape[0]}x{shape[1]} {dtype}", file=sys.stderr, flush=True)
                     rows.append(_row(fw, op, shape, dtype, target_s=0.02, budget_s=budget))
-    return {"benchmark": "outputs", "quick": quick, "machine": machine_info(), "pool": memory.host_stats(),
+    return {"benchmark": "outputs", "quick": quick, "machine": machine_info(), "natives": natives,
+            "pool": memory.host_stats(),
             "skipped": skipped, "rows": rows, "ok": not any("error" in r for r in rows)}
 
 

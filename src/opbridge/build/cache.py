@@ -6,11 +6,16 @@ import contextlib
 import fcntl
 import os
 import stat
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from opbridge import config
+from opbridge.build import preempt as _preempt
 from opbridge.errors import CacheSecurityError
+
+T = TypeVar("T")
 
 #: Where torch's dispatcher shims live in the cache: ``<cache>/torch-native/<key>/``
 #: (built by :mod:`opbridge.adapters.torch.native.build`, counted and pruned by
@@ -54,17 +59,19 @@ def cache_root(create: bool = True) -> Path:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path, preempt: bool = True) -> Iterator[None]:
     """Hold an exclusive ``flock`` on *path* for the duration of the block.
 
     The kernel drops the lock when the holder exits, however it exits, so a
     build killed half-way never leaves waiters hanging (unlike a lock file
-    that is polled for existence).
+    that is polled for existence). With *preempt*, a process that does not
+    run idle takes the lock from a starved background build instead of
+    waiting for it (:mod:`opbridge.build.preempt`).
     """
     path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _preempt.take(fd, preempt)
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -89,3 +96,25 @@ def lock_held(path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def await_build(lock: Path, built: Callable[[], T | None], settle_s: float = 0.5) -> T | None:
+    """What *built* finds once no build holds *lock* (a build in flight finishes first); None when nothing is built.
+
+    Meant for a program whose background build was stopped by a foreground build
+    (:mod:`opbridge.build.preempt`): that build takes the lock moments after the
+    stopped one lets go, so an empty result is final only once the lock has stayed
+    free for *settle_s*. Never takes the lock from a background build. Raises OSError
+    if the lock file cannot be opened.
+    """
+    while True:
+        with file_lock(lock, preempt=False):
+            pass
+        result = built()
+        if result is not None:
+            return result
+        end = time.monotonic() + settle_s
+        while not lock_held(lock):
+            if time.monotonic() > end:
+                return None
+            time.sleep(0.05)

@@ -10,7 +10,9 @@ Ctrl-C aimed at the program does not reach it), on CPU the program leaves
 idle when it runs in the background (:data:`LOWER_PRIORITY`); it installs its result in the cache itself, and the
 program that started it, while it lives, waits for it on a thread and loads
 the result. A later process finds the result, or waits for the build in
-flight on its lock instead of starting a second one.
+flight on its lock instead of starting a second one; a foreground build
+takes the lock over from a background build that gets no CPU
+(:mod:`opbridge.build.preempt`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from opbridge.build.cache import build_lock
+from opbridge.build import preempt
+from opbridge.build.cache import await_build, build_lock
 from opbridge.build.toolchain import missing_compiler
 
 #: How much lower than the program a background build runs (``nice``), where it cannot run idle.
@@ -52,17 +55,18 @@ def _lower(n):
 
 # The child that compiles one library: run by the interpreter in isolated mode, standard library only.
 # argv: niceness, output, temporary output, lock file, the log line for a compiler that is not there,
-# then the compiler command (which writes the temporary output). Under the lock: nothing to do if
+# then the compiler command (which writes the temporary output). The lock is taken by preempt.take (whose
+# source runs first): a foreground child stops a starved background holder. Under the lock: nothing to do if
 # another build installed the output; else compile, install by rename, then write the compiler's
 # log. Exit status 0: the output is installed. Before the rename it records the output's size beside it
 # (installed() below reads it): an output cut short is rebuilt, never loaded.
-_LOCKED_COMPILE = """\
-import fcntl, os, subprocess, sys
+_LOCKED_COMPILE = Path(preempt.__file__).read_text() + """\
+import subprocess, sys
 """ + LOWER_PRIORITY + """\
 nice, out, tmp, lock, missing, *cmd = sys.argv[1:]
 _lower(int(nice))
 fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-fcntl.flock(fd, fcntl.LOCK_EX)
+take(fd)
 log, code = "", 0
 
 def installed():
@@ -177,3 +181,12 @@ def locked_compile(command: Sequence[str], out: Path, tmp: Path, background: boo
     argv = [sys.executable, "-I", "-c", _LOCKED_COMPILE, str(niceness(background)), str(out), str(tmp),
             str(build_lock(out)), str(missing_compiler(command[0])), *command]
     return Child(argv)
+
+
+def awaited(out: Path) -> bool:
+    """Whether *out* is installed once no build of it holds its lock (one in flight finishes first);
+    never takes the lock from a background build (:func:`.cache.await_build`). Never raises."""
+    try:
+        return await_build(build_lock(out), lambda: installed(out) or None) is not None
+    except OSError:
+        return False

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from opbridge.build import housekeeping
-from opbridge.build.cache import cache_root, file_lock
+from opbridge.build.cache import await_build, cache_root, file_lock
 from opbridge.build.compile import BuildSpec, fingerprint
 from opbridge.build.incremental import build_module
 
@@ -64,6 +64,19 @@ def cached_artifact(spec: BuildSpec) -> Path | None:
     return None
 
 
+def _lock(entry: Path) -> Path:
+    return entry.parent / "locks" / (entry.name + ".lock")
+
+
+def awaited_artifact(spec: BuildSpec) -> Path | None:
+    """The cached module for *spec* once no build of it holds its lock (one in flight finishes first),
+    or None; never builds, and never takes the lock from a background build (:func:`.cache.await_build`)."""
+    try:
+        return await_build(_lock(_entry_dir(spec)), lambda: cached_artifact(spec))
+    except OSError:
+        return None
+
+
 def build(spec: BuildSpec, force: bool = False) -> Path:
     """Build *spec* (or reuse the cached build) and return the ``.so`` path.
 
@@ -79,7 +92,7 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
     if not force and _complete(entry, so):
         housekeeping.touch(entry)
         return so
-    with file_lock(entry.parent / "locks" / (entry.name + ".lock")):
+    with file_lock(_lock(entry)):
         if not force and _complete(entry, so):
             return so
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))

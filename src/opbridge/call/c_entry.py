@@ -164,10 +164,11 @@ class CEntry(Generic[L]):
         return self.lib
 
     def library(self, build_now: bool = False) -> L | None:
-        """The library: loaded, or built now with *build_now*; None while it is not there (or failed)."""
-        builder = self.builder
-        if self.lib is None and build_now and builder is not None:
-            builder.join()
+        """The library: loaded, or built now with *build_now*; None while it is not there (or failed).
+
+        Building now does not wait for this process's background build: it takes
+        the build over if that one gets no CPU (:mod:`opbridge.build.preempt`).
+        """
         if self.lib is None and build_now and not self.failed:
             path, error = self.build()
             with self.lock:
@@ -189,6 +190,12 @@ class CEntry(Generic[L]):
         from opbridge.build import jit
 
         return jit.cached_artifact(self.spec())
+
+    def awaited(self) -> Path | None:
+        """The built library in the cache once no build of it is in flight, or None (nothing is built)."""
+        from opbridge.build import jit
+
+        return jit.awaited_artifact(self.spec())
 
     def _finish(self, path: Path | None, error: Exception | None) -> None:
         """Load the built library and run what waited for it, or warn once. Holds the lock."""
@@ -229,6 +236,8 @@ class CEntry(Generic[L]):
         lines = log.strip().splitlines()
         built = Path(lines[-1][len(_BUILT):]) if code == 0 and lines and lines[-1].startswith(_BUILT) else None
         path = built if built is not None and built.is_file() else self.cached()
+        if path is None and code != 0:  # stopped by a foreground build that took its lock (build.preempt)?
+            path = self.awaited()
         error: Exception | None = None
         if path is None:
             last = lines[-1:] or [f"its build process exited with status {code}"]

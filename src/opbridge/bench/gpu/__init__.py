@@ -153,6 +153,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     ops.LIBRARY.module("cuda")
     build_s = time.perf_counter() - started
+    # the torch shim, built before the timing (a background build takes idle CPU only)
+    from opbridge.aot.natives import summary
+
+    natives = summary(("torch",))
 
     wls, liger = workloads(), liger_impls()
     names = list(args.ops or OPS)
@@ -187,6 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      "target_ms": TARGET_MS},
         "liger": liger_missing() or "installed",
         "cuda_module_load_s": round(build_s, 3),
+        "natives": natives,
         "copy": {"before": copy_before, "after": copy_after, "reference_gbps": ref},
         "results": results,
         "standing": standing(results),

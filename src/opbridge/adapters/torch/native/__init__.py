@@ -237,10 +237,10 @@ def shim(build_now: bool = False) -> Shim | None:
             return None
         if detached.installed(path):  # a library cut short is rebuilt, never loaded (SIGBUS)
             _SHIM = _load(path)
-    if _SHIM is None and _BUILDER is not None and (build_now or not _BUILDER.thread.is_alive()):
+    if _SHIM is None and _BUILDER is not None and not _BUILDER.thread.is_alive():
         _BUILDER.thread.join()
         _finish(_BUILDER)
-    elif _SHIM is None and build_now and not _BUILD_FAILED:
+    if _SHIM is None and build_now and not _BUILD_FAILED:  # takes over a background build that gets no CPU
         try:
             _SHIM = _load(build.build())
         except (BuildError, OSError) as e:

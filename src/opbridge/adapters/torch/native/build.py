@@ -133,7 +133,8 @@ class Job:
             With the command and the compiler's first errors, when compiling fails.
         """
         code, log = self.child.wait()
-        if code != 0 or not detached.installed(self.out):
+        # stopped by a foreground build that took its lock (build.preempt)? That one installs the shim
+        if not (detached.installed(self.out) or (code != 0 and detached.awaited(self.out))):
             errors = first_errors(log)
             last = log.strip().splitlines()[-1:]
             why = f": {last[0]}" if last and not errors else ""  # not a compile error: say what it was
