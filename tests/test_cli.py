@@ -591,3 +591,42 @@ def test_list_options_check_each_value(capsys: pytest.CaptureFixture[str]) -> No
     assert "invalid choice" in capsys.readouterr().err
     ok = build_parser().parse_args(["bench", "kernels", "--out", "o", "--dtypes", "float32,bfloat16", "--ops", "add"])
     assert (ok.dtypes, ok.ops) == (["float32", "bfloat16"], ["add"])
+
+
+def _numeric_options(parser: Any, path: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
+    """Every option of *parser* and its subcommands that reads a number: (``"bench gpu --rounds"``, its type)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _numeric_options(sub, (*path, name))
+        elif action.option_strings and action.type is not None and action.type not in (str, Path):
+            found.append((" ".join((*path, action.option_strings[-1])), action.type))
+    return found
+
+
+# Options where zero or a negative number means something: how much to keep, which device.
+_NOT_POSITIVE = {"cache prune --keep", "cache prune --max-mb", "bench gpu --device", "bench kernels --local-stream-mib"}
+# Options with a type of their own that refuses what is not positive.
+_OWN_CHECK = {"bench latency --shape"}
+
+
+def test_every_count_and_duration_option_refuses_zero_negative_and_nan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`opbridge demo --rounds 0` was a ZeroDivision-like traceback from the timing core; every other command
+    checked its own numbers after parsing, each in its own words. Now one argparse type says it, by option."""
+    from opbridge.bench import POSITIVE_FLOAT, POSITIVE_INT
+    from opbridge.cli import build_parser
+
+    options = dict(_numeric_options(build_parser()))
+    assert {"demo --rounds", "demo --number", "fuzz --examples", "bench gpu --rounds"} <= set(options)
+    positive = {o for o, kind in options.items() if kind in (POSITIVE_INT, POSITIVE_FLOAT)}
+    unchecked = set(options) - positive - _NOT_POSITIVE - _OWN_CHECK
+    assert not unchecked, f"numeric options without a positive type (or a reason to have none): {unchecked}"
+    for option in sorted(positive | _OWN_CHECK):
+        *command, flag = option.split()
+        nargs = 2 if option.endswith("--size") else 1
+        for bad in ("0", "-1", "nan", "x"):
+            with pytest.raises(SystemExit) as info:
+                build_parser().parse_args([*command, flag, *[bad] * nargs])
+            assert info.value.code == 2, option
+        assert f"argument {flag}: must be" in capsys.readouterr().err, option

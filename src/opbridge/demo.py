@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from opbridge.aot.natives import build_natives
-from opbridge.bench import ListOption
+from opbridge.bench import POSITIVE_INT, ListOption
 from opbridge.testing.harness import HARNESSES, get
 from opbridge.testing.matrix import NONCONTIGUOUS
 
@@ -118,8 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME",
                         help=f"a subset of {', '.join(HARNESSES)} "
                              f"(default {','.join(DEFAULT_FRAMEWORKS)})")
-    parser.add_argument("--rounds", type=int, default=15, help="timing rounds per op")
-    parser.add_argument("--number", type=int, default=200, help="calls per round")
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=15, help="timing rounds per op")
+    parser.add_argument("--number", type=POSITIVE_INT, default=200, help="calls per round")
 
 
 def run(args: argparse.Namespace) -> int:

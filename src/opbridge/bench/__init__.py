@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any, Protocol, cast
+import math
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
 
 from opbridge.errors import OpbridgeError
 
@@ -106,9 +108,34 @@ def load(name: str) -> Bench:
     return cast(Bench, importlib.import_module(module))
 
 
+N = TypeVar("N", int, float)
+
+
+def positive(kind: Callable[[str], N]) -> Callable[[str], N]:
+    """An argparse ``type``: the text read as *kind* (``int`` or ``float``), above zero, else a usage error
+    naming the option (``argument --rounds: must be a positive integer, got '0'``)."""
+    what = "integer" if kind is int else "number"
+
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or math.isinf(value):
+            raise argparse.ArgumentTypeError(f"must be a positive {what}, got {text!r}")
+        return value
+
+    parse.__name__ = f"positive {what}"
+    return parse
+
+
+#: The argparse types of counts (rounds, repeats, calls) and of durations and sizes.
+POSITIVE_INT, POSITIVE_FLOAT = positive(int), positive(float)
+
+
 def exit_status(result: dict[str, Any]) -> int:
     """The exit status of a benchmark command after printing *result*: 1 if it says ``"ok": false``, else 0."""
     return 1 if result.get("ok") is False else 0
 
 
-__all__ = ["BENCHES", "Bench", "BenchError", "exit_status", "load"]
+__all__ = ["BENCHES", "POSITIVE_FLOAT", "POSITIVE_INT", "Bench", "BenchError", "exit_status", "load", "positive"]

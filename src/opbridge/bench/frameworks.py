@@ -76,7 +76,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError, ListOption, fw_builds, parity_report, subproc
+from opbridge.bench import POSITIVE_FLOAT, POSITIVE_INT, BenchError, ListOption, fw_builds, parity_report, subproc
 from opbridge.bench.fw_report import format_text
 from opbridge.bench.fw_sections import PER_CALL_OPS
 from opbridge.bench.report import say, write_json, write_results
@@ -140,16 +140,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"python of the MindSpore environment (default: $OPBRIDGE_MS_PYTHON, else "
                              f"{''.join(f'{p}, else ' for _, p in _ms_candidates(_CHECKOUT)[:-1])}"
                              f"{_MS_FALLBACK}, where they exist)")
-    parser.add_argument("--rounds", type=int, metavar="N", default=None,
+    parser.add_argument("--rounds", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"interleaved rounds per section (default {_FULL['rounds']}, "
                              f"{_QUICK['rounds']} with --quick)")
-    parser.add_argument("--number", type=int, metavar="N", default=None,
+    parser.add_argument("--number", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"most calls per candidate per round (default {_FULL['number']}, "
                              f"{_QUICK['number']} with --quick); slow candidates get fewer")
-    parser.add_argument("--target-ms", type=float, metavar="MS", default=None,
+    parser.add_argument("--target-ms", type=POSITIVE_FLOAT, metavar="MS", default=None,
                         help=f"aim for samples of about this many ms (default {_TARGET_MS}, "
                              f"{_PARITY['target_ms']:g} with --parity)")
-    parser.add_argument("--cold-repeat", type=int, metavar="N", default=None,
+    parser.add_argument("--cold-repeat", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"cold builds of the op library, median reported "
                              f"(default {_FULL['cold_repeat']}, "
                              f"{_QUICK['cold_repeat']} with --quick)")
@@ -158,7 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(1024, 4096) and (4096, 4096), float32 and bfloat16, on NumPy arrays, on the "
                              "framework's arrays and as the framework's own formula, with page faults per "
                              "call (opbridge.bench.parity)")
-    parser.add_argument("--row-seconds", type=float, metavar="S", default=None,
+    parser.add_argument("--row-seconds", type=POSITIVE_FLOAT, metavar="S", default=None,
                         help=f"--parity: about S seconds of timing per row (default {_PARITY['row_s']}, "
                              f"{_PARITY_QUICK['row_s']} with --quick)")
     parser.add_argument("--out", metavar="DIR", default=None,
@@ -181,9 +181,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     cold = args.cold_repeat if args.cold_repeat is not None else d["cold_repeat"]
     target = args.target_ms if args.target_ms is not None else d.get("target_ms", _TARGET_MS)
     row_s = getattr(args, "row_seconds", None) or d.get("row_s")
-    if rounds < 1 or number < 1 or cold < 1 or target <= 0 or (row_s is not None and row_s <= 0):
-        raise BenchError(f"--rounds, --number, --cold-repeat, --target-ms and --row-seconds must be positive "
-                         f"(got {rounds}, {number}, {cold}, {target}, {row_s})")
     return {"rounds": rounds, "number": number, "cold_repeat": cold, "target_sample_ms": target,
             "parity_row_s": row_s if parity else None, "ops": _ops(args, parity)}
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from opbridge.bench import POSITIVE_FLOAT, POSITIVE_INT
 from opbridge.bench.fw_sections import PER_CALL_OPS, SECTIONS, Section, called_op
 from opbridge.bench.timing import dist_version, interleaved, summary
 
@@ -283,19 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m opbridge.bench.fw_worker",
                                 description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("framework", choices=FRAMEWORKS)
-    p.add_argument("--rounds", type=int, default=100, help="interleaved rounds per section")
-    p.add_argument("--number", type=int, default=400, help="most calls per candidate per round")
-    p.add_argument("--target-ms", type=float, default=5.0,
+    p.add_argument("--rounds", type=POSITIVE_INT, default=100, help="interleaved rounds per section")
+    p.add_argument("--number", type=POSITIVE_INT, default=400, help="most calls per candidate per round")
+    p.add_argument("--target-ms", type=POSITIVE_FLOAT, default=5.0,
                    help="aim for samples of about this long (fewer calls for slow candidates)")
     p.add_argument("--module", default=None, help="path of the compiled op library to load")
-    p.add_argument("--parity", type=float, metavar="SECONDS", default=None,
+    p.add_argument("--parity", type=POSITIVE_FLOAT, metavar="SECONDS", default=None,
                    help="time the parity table instead of the sections, about SECONDS per row")
     p.add_argument("--ops", nargs="+", choices=PER_CALL_OPS, default=["add"], metavar="OP",
                    help=f"per-call ops whose sections to time (default: add; any of {', '.join(PER_CALL_OPS)})")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.number < 1 or args.target_ms <= 0 or (args.parity is not None
-                                                                      and args.parity <= 0):
-        p.error("--rounds, --number, --target-ms and --parity must be positive")
     try:
         doc = measure(args.framework, args.rounds, args.number, args.target_ms, args.module, args.parity,
                       ops=tuple(dict.fromkeys(args.ops)))

@@ -76,7 +76,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError, ListOption
+from opbridge.bench import POSITIVE_INT, BenchError, ListOption
 from opbridge.bench.jax_gpu_calls import Call, Jitted, Pipelined, candidates, results, to_jax
 from opbridge.bench.jax_gpu_report import CSV_FIELDS, OURS, csv_rows, format_text, misses, problems, ratios, record
 from opbridge.bench.timing import dist_version
@@ -106,11 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"ops (default: {', '.join(OPS)}; per call only {', '.join(PER_CALL_OPS)})")
     parser.add_argument("--dtypes", action=ListOption, choices=("float32", "float16", "bfloat16"), default=list(DTYPES),
                         help="dtypes of the large size (default: float32 bfloat16; per call is float32)")
-    parser.add_argument("--size", type=int, nargs=2, metavar=("ROWS", "COLS"), default=list(DEFAULT_SIZE),
+    parser.add_argument("--size", type=POSITIVE_INT, nargs=2, metavar=("ROWS", "COLS"), default=list(DEFAULT_SIZE),
                         help=f"the large size (default {DEFAULT_SIZE[0]} {DEFAULT_SIZE[1]})")
     parser.add_argument("--no-large", action="store_true", help="leave out the large size")
     parser.add_argument("--no-per-call", action="store_true", help="leave out the per-call cases")
-    parser.add_argument("--rounds", type=int, metavar="N", default=None,
+    parser.add_argument("--rounds", type=POSITIVE_INT, metavar="N", default=None,
                         help="interleaved rounds per case (default 15; --quick 5)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="also write results.json and results.csv into DIR")

@@ -18,20 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from opbridge.bench import POSITIVE_INT
+
 DESCRIPTION = ("Per-call latency percentiles (p50/p99/p99.9) of small built-in ops next to torch, "
                "quiet and beside one busy competing process.")
 
 _SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return n
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -47,7 +39,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``opbridge bench latency``."""
-    parser.add_argument("--calls", type=_positive, default=None,
+    parser.add_argument("--calls", type=POSITIVE_INT, default=None,
                         help="calls per candidate and load (default 20000; 2000 with --quick)")
     parser.add_argument("--shape", type=_shape, default=(8, 4096), help="input shape, 8,4096 or 8x4096 (default)")
 

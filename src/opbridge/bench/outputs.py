@@ -30,7 +30,7 @@ import resource
 from collections.abc import Callable
 from typing import Any
 
-from opbridge.bench import ListOption
+from opbridge.bench import POSITIVE_FLOAT, ListOption
 from opbridge.bench.parity_timing import calibrated_each, load_context
 from opbridge.bench.timing import machine_info, ratio
 
@@ -51,7 +51,7 @@ _FAULT_CALLS = 3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frameworks", action=ListOption, choices=("numpy", "torch"), default=["numpy", "torch"],
                         help="array types to measure (default: both; torch is skipped where it is missing)")
-    parser.add_argument("--row-seconds", type=float, default=4.0, metavar="S",
+    parser.add_argument("--row-seconds", type=POSITIVE_FLOAT, default=4.0, metavar="S",
                         help="about S seconds of timing per row (default 4)")
 
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from opbridge.bench import BenchError
+from opbridge.bench import POSITIVE_INT, BenchError
 from opbridge.bench.timing import interleaved, machine_info, ratio, summary
 
 DESCRIPTION = (
@@ -75,10 +75,10 @@ _BASELINES: dict[str, Any] = {}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this benchmark's options to *parser*."""
-    parser.add_argument("--repeat", type=int, metavar="N", default=None,
+    parser.add_argument("--repeat", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"interleaved rounds (default {_FULL['rounds']}, "
                              f"{_QUICK['rounds']} with --quick)")
-    parser.add_argument("--number", type=int, metavar="N", default=None,
+    parser.add_argument("--number", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"calls per candidate per round (default {_FULL['number']}, "
                              f"{_QUICK['number']} with --quick)")
     parser.add_argument("--compile-backend", metavar="NAME", default=None,
@@ -96,8 +96,6 @@ def _settings(args: argparse.Namespace) -> tuple[int, int, str | None]:
     defaults = _QUICK if args.quick else _FULL
     rounds = args.repeat if args.repeat is not None else defaults["rounds"]
     number = args.number if args.number is not None else defaults["number"]
-    if rounds < 1 or number < 1:
-        raise BenchError(f"--repeat and --number must be positive (got {rounds}, {number})")
     if args.no_compile:
         return rounds, number, None
     return rounds, number, args.compile_backend or ("aot_eager" if args.quick else "inductor")

@@ -164,7 +164,8 @@ def _torch_native(torch_installed: bool) -> dict[str, Any]:
         state = "built"
     elif lock_held(build_lock(Path(lines[-2]))):
         state = ("being built in the background now (by a detached compiler that finishes even if the program "
-                 "that started it has exited); until then torch.ops runs the Python kernels")
+                 "that started it has exited, on idle CPU only: `opbridge build` takes it over if it gets none); "
+                 "until then torch.ops runs the Python kernels")
     else:
         state = ("not built yet: `opbridge build` compiles it (10-60 s of one core); the first kernel load "
                  "also starts it in the background, and until then torch.ops runs the Python kernels")

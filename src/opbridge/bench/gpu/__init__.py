@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError, ListOption
+from opbridge.bench import POSITIVE_INT, BenchError, ListOption
 from opbridge.bench.gpu.cases import LARGE, QUICK_ROWS, SERVING_ROWS, Size, problems, sizes_for, standing
 from opbridge.bench.gpu.text import CSV_FIELDS, csv_rows, format_text
 from opbridge.bench.timing import dist_version
@@ -90,13 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"ops to time (default: {', '.join(OPS)}, those declared)")
     parser.add_argument("--dtypes", action=ListOption, choices=("float32", "float16", "bfloat16"),
                         default=list(DTYPES), help="dtypes (default: float32 bfloat16)")
-    parser.add_argument("--rows", type=int, nargs="*", metavar="N", default=None,
+    parser.add_argument("--rows", type=POSITIVE_INT, nargs="*", metavar="N", default=None,
                         help=f"serving rows (default {' '.join(map(str, SERVING_ROWS))}; --quick "
                              f"{' '.join(map(str, QUICK_ROWS))}; none: only the large size)")
-    parser.add_argument("--size", type=int, nargs=2, metavar=("ROWS", "COLS"), default=None,
+    parser.add_argument("--size", type=POSITIVE_INT, nargs=2, metavar=("ROWS", "COLS"), default=None,
                         help=f"the large size (default {DEFAULT_SIZE}; left out with --quick)")
     parser.add_argument("--no-large", action="store_true", help="leave out the large size")
-    parser.add_argument("--rounds", type=int, metavar="N", default=None,
+    parser.add_argument("--rounds", type=POSITIVE_INT, metavar="N", default=None,
                         help="interleaved rounds per case (default 15; --quick 5)")
     parser.add_argument("--device", type=int, metavar="INDEX", default=0,
                         help="CUDA device index (default 0)")

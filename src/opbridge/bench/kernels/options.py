@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import BenchError, ListOption
+from opbridge.bench import POSITIVE_FLOAT, POSITIVE_INT, BenchError, ListOption
 
 DTYPES = ("float32", "float64", "bfloat16")
 #: Every dtype ``--dtypes`` accepts.
@@ -71,10 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", action=ListOption, metavar="DTYPE", default=list(DTYPES),
                         help=f"dtypes, as words or comma-separated (default {','.join(DTYPES)}); ops with fixed "
                              "integer dtypes (advance_step_flashattn) run once per size whatever this says")
-    parser.add_argument("--rounds", type=int, metavar="N", default=None,
+    parser.add_argument("--rounds", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"most interleaved rounds per case (default {FULL['rounds']}, "
                              f"{QUICK['rounds']} with --quick; large cases get fewer to fit a time budget)")
-    parser.add_argument("--target-ms", type=float, metavar="MS", default=None,
+    parser.add_argument("--target-ms", type=POSITIVE_FLOAT, metavar="MS", default=None,
                         help=f"time of one sample of the slowest candidate (default {FULL['target_ms']:g}, "
                              f"{QUICK['target_ms']:g} with --quick)")
     parser.add_argument("--compile", dest="compile", action="store_true", default=None,
@@ -86,14 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size of the peak-memory measurement (default large; 256x4096, float32 only, "
                              "with --quick)")
     parser.add_argument("--no-plots", action="store_true", help="write no PNG plots")
-    parser.add_argument("--stream-n", type=int, metavar="N", default=None,
+    parser.add_argument("--stream-n", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"STREAM floats per array (default {DEFAULT_N}, {QUICK_N} with --quick)")
     parser.add_argument("--local-stream-mib", type=float, metavar="MIB", default=LOCAL_CEILING_BYTES / 2**20,
                         help="cases moving at least MIB MiB also time a STREAM copy of their own byte count, "
                              "interleaved with the candidates, and their fractions of the copy ceiling are "
                              f"against it (default {LOCAL_CEILING_BYTES / 2**20:g}: every row of the float64 "
                              "vs float32 table); smaller cases time copies on 1 and N threads instead")
-    parser.add_argument("--threads", type=int, metavar="N", default=None,
+    parser.add_argument("--threads", type=POSITIVE_INT, metavar="N", default=None,
                         help="STREAM threads (default: torch's intra-op threads)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="results folder (default results/bench-kernels-<timestamp>/)")
@@ -125,8 +125,6 @@ def settings(args: argparse.Namespace) -> Settings:
         raise BenchError(f"--dtypes: unsupported {', '.join(bad)} ({', '.join(FLOAT_DTYPES)})")
     rounds = int(args.rounds if args.rounds is not None else d["rounds"])
     target_ms = args.target_ms if args.target_ms is not None else d["target_ms"]
-    if rounds < 1 or target_ms <= 0:
-        raise BenchError(f"--rounds and --target-ms must be positive (got {rounds}, {target_ms})")
     mem = _parse_size(args.memory_size)[1] if args.memory_size else ((256, 4096) if quick else SIZES["large"])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Settings(
