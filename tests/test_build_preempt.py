@@ -151,3 +151,42 @@ def test_a_foreground_jit_build_takes_over_from_a_starved_background_one(tmp_pat
     assert background.wait(30) < 0  # stopped
     assert waiter.communicate(timeout=30)[0] == built.stdout  # awaited_artifact waited for the foreground build
     assert built.stdout.strip().endswith("k.so")
+
+
+def test_a_program_whose_c_entry_build_was_stopped_loads_the_foreground_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C entries' path end to end: a program's background child (idle from its start) builds through the
+    JIT cache; a foreground build stops it; the program's thread loads what the foreground build installed."""
+    src = tmp_path / "k.cc"
+    src.write_text('extern "C" int opb_k() { return 1; }\n')
+    cxx = tmp_path / "cxx"  # the real compiler, after 300 s in the background child
+    cxx.write_text(f"#!/bin/sh\n[ -n \"$SLOW_CXX\" ] && [ \"$1\" != --version ] && sleep 300\n"
+                   f"exec {os.environ.get('CXX', 'c++')} \"$@\"\n")
+    cxx.chmod(0o755)
+    (tmp_path / "probe_preempted.py").write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        from opbridge.build import compile as c
+        from opbridge.call.c_entry import CEntry
+        ENTRY = CEntry("a probe", "probe_preempted", spec=lambda: c.BuildSpec(name="k", sources=(Path({str(src)!r}),)),
+                       load=lambda p: p, enabled=lambda: True, fallback="nothing")
+    """))
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OPBRIDGE_CXX", str(cxx))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from opbridge.build import detached, jit
+
+    monkeypatch.setattr(detached, "python_env", lambda: dict(_env(), SLOW_CXX="1"))
+    import probe_preempted  # type: ignore[import-not-found]
+
+    entry = probe_preempted.ENTRY
+    child = entry.start_child()
+    waiting = threading.Thread(target=entry._background, args=(child,), daemon=True)
+    waiting.start()
+    end = time.monotonic() + 120
+    while not list((tmp_path / "cache").glob("jit/.k-*tmp-*")) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert list((tmp_path / "cache").glob("jit/.k-*tmp-*")), "the background child never started its compile"
+    built = jit.build(entry.spec())  # in the foreground: stops the child
+    waiting.join(60)
+    assert child.proc.returncode is not None and child.proc.returncode < 0
+    assert entry.lib == built and not entry.failed
