@@ -235,6 +235,27 @@ def test_ops_registered_before_the_shim_existed_turn_native_once_it_is_built(
     assert not [w for w in recwarn if "verrid" in str(w.message)]
 
 
+def test_building_the_shim_now_turns_the_ops_registered_before_native_at_once(
+        no_shim_yet: None, make_library: Callable[..., opbridge.Library]) -> None:
+    """`opbridge build`, the demo and the benchmarks build the shim now (aot.natives): the ops this process
+    registered on Python kernels before turn native then, not at the next kernel load (which may never come:
+    a benchmark that built every native entry first then timed Python kernels)."""
+    lib = make_library({"k.cc": KERNELS_CC})
+
+    @lib.op("twice(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float32",))
+    def twice(x: Any) -> Any:
+        return 2 * x
+
+    op, x = lib.ops["twice"], torch.randn(5)
+    ns = getattr(torch.ops, lib.namespace)
+    _same(ns.twice(x), 2 * x)  # loads the kernel; the shim would be built beside the program
+    assert op.qualname in native._PENDING and native.native_calls(op) is None
+    assert native.shim(build_now=True) is not None
+    assert not native._PENDING and native.native_calls(op) == 0
+    _same(ns.twice(x), 2 * x)
+    assert native.native_calls(op) == 1
+
+
 _PROBE = """
 import torch, opbridge, opbridge.ops as ops
 from opbridge.adapters.torch import native

@@ -245,6 +245,8 @@ def shim(build_now: bool = False) -> Shim | None:
             _SHIM = _load(build.build())
         except (BuildError, OSError) as e:
             _failed(e)
+    if _SHIM is not None and _PENDING:  # the ops registered on Python kernels meanwhile become native now
+        _flush(_SHIM)
     return _SHIM
 
 
