@@ -395,6 +395,26 @@ def test_doctor_text_reports_an_unsafe_cache(cli_env: dict[str, str], tmp_path: 
     assert "world-writable" in proc.stdout
 
 
+def test_a_cache_that_cannot_be_made_is_one_clear_error(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """OPBRIDGE_CACHE_DIR through a file: an op's first call ended in pathlib's FileNotFoundError or
+    NotADirectoryError traceback, `opbridge build` printed the reason four times over (with three warnings),
+    and doctor said "ok"."""
+    (tmp_path / "a-file").write_text("")
+    env = {**cli_env, "OPBRIDGE_CACHE_DIR": str(tmp_path / "a-file" / "cache")}
+    doctor = run_cli(env, "doctor")
+    assert "--  cache" in doctor.stdout and "a-file is not a directory" in doctor.stdout, doctor.stdout
+    build = run_cli(env, "build")
+    assert build.returncode == 1 and "Traceback" not in build.stderr and "Warning" not in build.stderr
+    assert build.stderr.strip().splitlines() == [
+        f"opbridge: error: cannot create the cache directory {tmp_path / 'a-file' / 'cache'}: Not a directory. Set "
+        "OPBRIDGE_CACHE_DIR to a directory you can write (`opbridge doctor` shows the one in use)"]
+    call = subprocess.run([sys.executable, "-c", "import numpy as np, opbridge, opbridge.ops as ops\n"
+                           "try:\n    ops.add(np.ones(2, np.float32), np.ones(2, np.float32))\n"
+                           "except opbridge.CacheError as e:\n    print(isinstance(e, OSError), e)"],
+                          env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert call.stdout.startswith("True opbridge: cannot create the cache directory"), call.stdout + call.stderr
+
+
 # -- build -----------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from opbridge.declare import OpDef, Spec, like
 from opbridge.errors import (
     BackendUnavailableError,
     BuildError,
+    CacheError,
     CacheSecurityError,
     DeclarationError,
     OpbridgeError,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendUnavailableError",
     "BuildError",
+    "CacheError",
     "CacheSecurityError",
     "DeclarationError",
     "Library",

@@ -48,6 +48,10 @@ class CacheSecurityError(OpbridgeError, PermissionError):
     """The build cache directory is not private to the current user."""
 
 
+class CacheError(OpbridgeError, OSError):
+    """The build cache directory cannot be made (a path through a file, a read-only or missing parent)."""
+
+
 class BackendUnavailableError(OpbridgeError, RuntimeError):
     """A device or framework has no usable toolchain or runtime here (for example CUDA without a GPU)."""
 

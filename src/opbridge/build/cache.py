@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from opbridge import config
 from opbridge.build import preempt as _preempt
-from opbridge.errors import CacheSecurityError
+from opbridge.errors import CacheError, CacheSecurityError
 
 T = TypeVar("T")
 
@@ -45,12 +45,18 @@ def cache_root(create: bool = True) -> Path:
     ------
     CacheSecurityError
         If the directory belongs to another user or is group/world-writable.
+    CacheError
+        If the directory cannot be made (an OSError, naming the directory and the setting).
     """
     root = config.cache_dir()
     if create and not root.exists():
         old = os.umask(0o077)
         try:
             root.mkdir(parents=True, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise CacheError(f"opbridge: cannot create the cache directory {root}: {e.strerror or e}. Set "
+                             f"OPBRIDGE_CACHE_DIR to a directory you can write (`opbridge doctor` shows the "
+                             f"one in use)") from e
         finally:
             os.umask(old)
     if root.exists():

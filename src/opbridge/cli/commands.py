@@ -134,6 +134,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
         os.environ["OPBRIDGE_VERBOSE"] = "1"
     import_all(args.imports)
     libs = _selected_libraries(args.library)
+    from opbridge.build.cache import cache_root
+
+    try:  # every build below goes into it: one message, not one per build
+        cache_root()
+    except OSError as e:  # CacheError, CacheSecurityError
+        err(str(e).removeprefix("opbridge: "))
+        return EXIT_FAILURE
     ok = True
     built = 0
     for lib in libs:
@@ -162,14 +169,6 @@ def _build_natives() -> bool:
         else:
             print(f"{b.label}: {b.path} ({b.seconds:.2f}s)")
     return ok
-    from opbridge.adapters.torch import native
-
-    start = time.monotonic()
-    if native.shim(build_now=True) is None:
-        err("torch native kernels: not available (torch ops keep their Python dispatcher kernels)")
-        return False
-    print(f"torch native kernels: {native.build.path()} ({time.monotonic() - start:.2f}s)")
-    return True
 
 
 def register_build(sub: Any) -> None:

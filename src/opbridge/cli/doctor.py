@@ -124,6 +124,11 @@ def _cache() -> dict[str, Any]:
         root = cache_root(create=False)
     except CacheSecurityError as e:
         return {**info, "exists": True, "private": False, "error": str(e)}
+    blocked = next((p for p in (root, *root.parents) if p.exists()), None)
+    if not root.exists() and blocked is not None and not (blocked.is_dir() and os.access(blocked, os.W_OK)):
+        why = "not writable" if blocked.is_dir() else "not a directory"
+        return {**info, "exists": False, "private": None,
+                "error": f"cannot be created: {blocked} is {why}; set OPBRIDGE_CACHE_DIR to a directory you can write"}
     info["exists"] = root.exists()
     info["private"] = True if root.exists() else None  # created 0700 on first build
     return info
@@ -299,7 +304,7 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
         + _cuda_settings(r["nvcc"]),
         f"{mark(gpu['present'])} cuda gpu    {gpus}",
         f"{mark(r['ascend']['found'])} ascend/cann {r['ascend']['path'] or r['ascend']['detail']}",
-        f"{mark(cache['private'] is not False)} cache       {cache['dir']} ({private})",
+        f"{mark(cache['private'] is not False and 'error' not in cache)} cache       {cache['dir']} ({private})",
     ]
     if "error" in cache:
         lines.append(f"      {cache['error']}")
