@@ -134,6 +134,18 @@ def test_refuses_cache_dir_owned_by_another_user(tmp_path: Path, monkeypatch: py
         cache.cache_root()
 
 
+def test_a_cache_dir_its_owner_cannot_write_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a PermissionError from the first mkdir inside it, at the first op call. (This machine's tests run
+    as root, whom no mode stops, so the directory's access check answers for a user it would stop.)"""
+    root = tmp_path / "read-only"
+    root.mkdir(mode=0o500)
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(root))
+    monkeypatch.setattr(cache.os, "access", lambda path, mode: Path(path) != root)
+    with pytest.raises(opbridge.CacheError, match=f"cannot write to the cache directory {root}"):
+        cache.cache_root()
+    assert cache.cache_root(create=False) == root  # looking (doctor, housekeeping) still works
+
+
 def test_build_then_cache_hit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
     spec = _spec(tmp_path)

@@ -46,7 +46,7 @@ def cache_root(create: bool = True) -> Path:
     CacheSecurityError
         If the directory belongs to another user or is group/world-writable.
     CacheError
-        If the directory cannot be made (an OSError, naming the directory and the setting).
+        If the directory cannot be made, or written (an OSError, naming the directory and the setting).
     """
     root = config.cache_dir()
     if create and not root.exists():
@@ -61,6 +61,9 @@ def cache_root(create: bool = True) -> Path:
             os.umask(old)
     if root.exists():
         _check_private(root)
+        if create and not os.access(root, os.W_OK | os.X_OK):
+            raise CacheError(f"opbridge: cannot write to the cache directory {root}. Set OPBRIDGE_CACHE_DIR to a "
+                             f"directory you can write (`opbridge doctor` shows the one in use)")
     return root
 
 

@@ -124,11 +124,12 @@ def _cache() -> dict[str, Any]:
         root = cache_root(create=False)
     except CacheSecurityError as e:
         return {**info, "exists": True, "private": False, "error": str(e)}
-    blocked = next((p for p in (root, *root.parents) if p.exists()), None)
-    if not root.exists() and blocked is not None and not (blocked.is_dir() and os.access(blocked, os.W_OK)):
+    blocked = next((p for p in (root, *root.parents) if p.exists()), None)  # where a build would write first
+    if blocked is not None and not (blocked.is_dir() and os.access(blocked, os.W_OK | os.X_OK)):
         why = "not writable" if blocked.is_dir() else "not a directory"
-        return {**info, "exists": False, "private": None,
-                "error": f"cannot be created: {blocked} is {why}; set OPBRIDGE_CACHE_DIR to a directory you can write"}
+        return {**info, "exists": root.exists(), "private": True if root.exists() else None,
+                "error": f"cannot be {'written' if blocked == root else 'created'}: {blocked} is {why}; set "
+                         f"OPBRIDGE_CACHE_DIR to a directory you can write"}
     info["exists"] = root.exists()
     info["private"] = True if root.exists() else None  # created 0700 on first build
     return info
