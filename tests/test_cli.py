@@ -650,3 +650,12 @@ def test_every_count_and_duration_option_refuses_zero_negative_and_nan(capsys: p
                 build_parser().parse_args([*command, flag, *[bad] * nargs])
             assert info.value.code == 2, option
         assert f"argument {flag}: must be" in capsys.readouterr().err, option
+
+
+def test_doctor_reports_misspelt_settings_instead_of_failing(cli_env: dict[str, str]) -> None:
+    env = {**cli_env, "OPBRIDGE_TORCH_NATIVE": "maybe", "OPBRIDGE_NUMPY_NATIVE": "2", "OPBRIDGE_HUGEPAGES": "nah",
+           "OPBRIDGE_CUDA_ARCHS": "sm90"}
+    proc = run_cli(env, "doctor")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    for name in ("OPBRIDGE_TORCH_NATIVE", "OPBRIDGE_NUMPY_NATIVE", "OPBRIDGE_HUGEPAGES", "OPBRIDGE_CUDA_ARCHS"):
+        assert f"{name} must" in proc.stdout, (name, proc.stdout)

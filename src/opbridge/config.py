@@ -60,11 +60,22 @@ variable                   meaning                                        defaul
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
+_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+def _flag(name: str, default: bool = False) -> bool:
+    """A yes/no setting: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``, in any case; unset or
+    empty means *default*. Anything else raises ValueError naming the setting: a misspelt value must not
+    silently mean the default."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in _YES or raw in _NO:
+        return raw in _YES
+    raise ValueError(f"{name} must be one of {', '.join(_YES + _NO)} (any case), got {os.environ[name]!r}")
 
 
 def cache_dir() -> Path:
@@ -88,10 +99,10 @@ def show_progress() -> bool:
 
 def max_jobs() -> int:
     """Parallel compile jobs (``OPBRIDGE_MAX_JOBS``, default: CPU count)."""
-    raw = os.environ.get("OPBRIDGE_MAX_JOBS")
-    if raw and raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    return os.cpu_count() or 1
+    jobs = _whole("OPBRIDGE_MAX_JOBS", 0, "of compile jobs, at least 1")
+    if jobs < 1 and os.environ.get("OPBRIDGE_MAX_JOBS", "").strip():
+        raise ValueError(f"OPBRIDGE_MAX_JOBS must be at least 1, got {jobs}")
+    return jobs or os.cpu_count() or 1
 
 
 def cxx() -> str:
@@ -101,8 +112,11 @@ def cxx() -> str:
 
 def cuda_archs() -> list[str]:
     """CUDA architectures to compile for, e.g. ``["80", "90"]``."""
-    raw = os.environ.get("OPBRIDGE_CUDA_ARCHS", "80;90")
-    return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+    raw = os.environ.get("OPBRIDGE_CUDA_ARCHS", "").strip() or "80;90"  # unset or empty: the default
+    archs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+    if not archs or any(re.fullmatch(r"\d+[af]?", a) is None for a in archs):
+        raise ValueError(f"OPBRIDGE_CUDA_ARCHS must list compute capabilities such as 80;90 (or 90a), got {raw!r}")
+    return archs
 
 
 def cuda_flags() -> list[str]:
@@ -160,7 +174,7 @@ def threading() -> str:
 
 def hugepages() -> bool:
     """Whether fresh CPU outputs get transparent-huge-page advice (``OPBRIDGE_HUGEPAGES``, default on)."""
-    return os.environ.get("OPBRIDGE_HUGEPAGES", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _flag("OPBRIDGE_HUGEPAGES", True)
 
 
 def _whole(name: str, default: int, what: str) -> int:
@@ -191,15 +205,15 @@ def output_cache_idle_ms() -> int:
 
 def numpy_native() -> bool:
     """Whether NumPy calls go through opbridge's C entry (``OPBRIDGE_NUMPY_NATIVE``, default on)."""
-    return os.environ.get("OPBRIDGE_NUMPY_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _flag("OPBRIDGE_NUMPY_NATIVE", True)
 
 
 def exchange_entry() -> bool:
     """Whether calls on Paddle's and MindSpore's tensors go through opbridge's tensor C entry
     (``OPBRIDGE_EXCHANGE_ENTRY``, default on)."""
-    return os.environ.get("OPBRIDGE_EXCHANGE_ENTRY", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _flag("OPBRIDGE_EXCHANGE_ENTRY", True)
 
 
 def torch_native() -> bool:
     """Whether torch ops get the native (C++) dispatcher kernels (``OPBRIDGE_TORCH_NATIVE``, default on)."""
-    return os.environ.get("OPBRIDGE_TORCH_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _flag("OPBRIDGE_TORCH_NATIVE", True)

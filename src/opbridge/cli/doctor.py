@@ -84,11 +84,16 @@ def _nvcc() -> dict[str, Any]:
         flags: list[str] | str = config.cuda_flags()
     except ValueError as e:
         flags = f"error: {e}"
-    settings = {"archs": config.cuda_archs(), "flags": flags}
+    try:
+        archs: list[str] | str = config.cuda_archs()
+    except ValueError as e:
+        archs = f"error: {e}"
+    settings = {"archs": archs, "flags": flags}
     path = nvcc_path()
     if path is None:
         return {"path": None, "version": "not found", "ok": False, **settings}
-    return {**_tool(path, pick=_release_line), "command": "nvcc", **settings}
+    tool = _tool(path, pick=_release_line)
+    return {**tool, "command": "nvcc", **settings, "ok": tool["ok"] and not isinstance(archs, str)}
 
 
 def _cuda_gpu() -> dict[str, Any]:
@@ -226,9 +231,10 @@ def _outputs() -> dict[str, Any]:
     try:
         cache_mb = config.output_cache_bytes() >> 20
         idle_ms = config.output_cache_idle_ms()
+        advise = config.hugepages()
     except ValueError as e:
         return {"min_bytes": memory.MIN_BYTES, "error": str(e), "state": f"misconfigured: {e}"}
-    if not config.hugepages():
+    if not advise:
         pages = "huge-page advice off (OPBRIDGE_HUGEPAGES=0)"
     elif memory.advise_enabled():
         pages = "huge pages advised (THP in [madvise] mode)"
@@ -255,6 +261,14 @@ def _frameworks() -> dict[str, dict[str, Any]]:
     return out
 
 
+def _settled(section: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A native entry's section, or, where a setting it reads is misspelt (ValueError), what is wrong."""
+    try:
+        return section()
+    except ValueError as e:
+        return {"state": f"misconfigured: {e}", "path": None, "built": False, "error": str(e)}
+
+
 def doctor_report() -> dict[str, Any]:
     """Everything ``opbridge doctor`` checks, as one JSON-serialisable dict."""
     cxx = _tool(config.cxx())
@@ -273,9 +287,9 @@ def doctor_report() -> dict[str, Any]:
         "ascend": _ascend(),
         "cache": _cache(),
         "frameworks": frameworks,
-        "torch_native": _torch_native(frameworks["torch"]["installed"]),
-        "numpy_entry": _numpy_entry(),
-        "exchange_entry": _exchange_entry(frameworks),
+        "torch_native": _settled(lambda: _torch_native(frameworks["torch"]["installed"])),
+        "numpy_entry": _settled(_numpy_entry),
+        "exchange_entry": _settled(lambda: _exchange_entry(frameworks)),
         "outputs": _outputs(),
     }
 
@@ -284,7 +298,9 @@ def _cuda_settings(nvcc: dict[str, Any]) -> str:
     """The nvcc line's tail: the architectures, and OPBRIDGE_CUDA_FLAGS where set (they change the kernels)."""
     flags = nvcc.get("flags") or []
     shown = flags if isinstance(flags, str) else " ".join(flags)
-    return f" (archs {';'.join(nvcc.get('archs', []))}" + (f"; OPBRIDGE_CUDA_FLAGS {shown}" if shown else "") + ")"
+    archs = nvcc.get("archs", [])
+    return (f" (archs {archs if isinstance(archs, str) else ';'.join(archs)}"
+            + (f"; OPBRIDGE_CUDA_FLAGS {shown}" if shown else "") + ")")
 
 
 def _doctor_lines(r: dict[str, Any]) -> list[str]:
