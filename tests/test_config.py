@@ -7,7 +7,9 @@ reached nvcc, while ``OPBRIDGE_THREADING`` and the output-cache settings already
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +62,26 @@ def test_cuda_archs(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("OPBRIDGE_CUDA_ARCHS", bad)
         with pytest.raises(ValueError, match="OPBRIDGE_CUDA_ARCHS must list compute capabilities"):
             config.cuda_archs()
+
+
+def test_cpp_reads_yes_no_settings_as_python_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPBRIDGE_CUDA_SYNC_CHECKS is read by the CUDA kernels themselves (include/opbridge/settings.h): "false",
+    "no" and "off" meant on there, as any value but "0" did."""
+    from opbridge.build import compile as compile_mod
+
+    source = tmp_path / "yes_no.cc"
+    source.write_text('#include <opbridge/settings.h>\n#include <cstdio>\n'
+                      'int main(int argc, char** argv) {\n'
+                      '  for (int i = 1; i < argc; ++i) std::printf("%d\\n", opbridge::yes_no(argv[i], 7));\n}\n')
+    exe = tmp_path / "yes_no"
+    subprocess.run([config.cxx(), "-std=c++17", f"-I{compile_mod.INCLUDE_DIR}", str(source), "-o", str(exe)],
+                   check=True, capture_output=True)
+    values = ["", " ", "1", "ON", " yes ", "True", "0", "off", "No", "FALSE", "maybe", "2", "-1", "o"]
+    got = subprocess.run([str(exe), *values], check=True, capture_output=True, text=True).stdout.split()
+    for value, cpp in zip(values, got, strict=True):
+        monkeypatch.setenv("OPBRIDGE_X", value)
+        try:
+            python = "7" if not value.strip() else str(int(config._flag("OPBRIDGE_X")))
+        except ValueError:
+            python = "-1"
+        assert cpp == python, (value, cpp, python)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <opbridge/cuda.h>
+#include <opbridge/settings.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -174,10 +175,16 @@ void raise_recorded(const char* op, ErrorFlag& flag, bool earlier, Describe desc
 }
 
 // Whether OPBRIDGE_CUDA_SYNC_CHECKS asks kernels with device-side checks to
-// synchronise and raise from the offending call (read on every call).
+// synchronise and raise from the offending call (read on every call, as yes/no
+// settings are read everywhere: opbridge/settings.h; a misspelt value raises).
 inline bool sync_checks() {
   const char* v = std::getenv("OPBRIDGE_CUDA_SYNC_CHECKS");
-  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+  const int on = yes_no(v, 0);
+  if (on < 0) {
+    TVM_FFI_THROW(ValueError) << "OPBRIDGE_CUDA_SYNC_CHECKS must be one of 1, true, yes, on, 0, false, no, off "
+                              << "(any case), got '" << v << "'";
+  }
+  return on == 1;
 }
 
 // After a launch of `flag`'s family on `stream`: with OPBRIDGE_CUDA_SYNC_CHECKS, waits for it and raises
