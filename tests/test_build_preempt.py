@@ -121,14 +121,21 @@ def test_a_foreground_shim_build_takes_over_from_a_starved_background_one(tmp_pa
     assert (tmp_path / "foreground-runs").read_text() == "1" and out.read_text() == "lib"
 
 
-def test_a_foreground_jit_build_takes_over_from_a_starved_background_one(tmp_path: Path) -> None:
-    """The same for the JIT cache's lock (the C entries' child builds through it)."""
+def _slow_cxx(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-function source, and a compiler that is the real one but for 300 s first where $SLOW_CXX is set
+    (the background build's; its version query, part of the cache key, is not slowed)."""
     src = tmp_path / "k.cc"
     src.write_text('extern "C" int opb_k() { return 1; }\n')
-    cxx = tmp_path / "cxx"  # the real compiler, after 300 s in the background build
+    cxx = tmp_path / "cxx"
     cxx.write_text(f"#!/bin/sh\n[ -n \"$SLOW_CXX\" ] && [ \"$1\" != --version ] && sleep 300\n"
                    f"exec {os.environ.get('CXX', 'c++')} \"$@\"\n")
     cxx.chmod(0o755)
+    return src, cxx
+
+
+def test_a_foreground_jit_build_takes_over_from_a_starved_background_one(tmp_path: Path) -> None:
+    """The same for the JIT cache's lock (the C entries' child builds through it)."""
+    src, cxx = _slow_cxx(tmp_path)
     env = dict(_env(), OPBRIDGE_CACHE_DIR=str(tmp_path / "cache"), OPBRIDGE_CXX=str(cxx), OPBRIDGE_NO_PROGRESS="1")
     script = textwrap.dedent(f"""
         import os, sys
@@ -157,12 +164,7 @@ def test_a_program_whose_c_entry_build_was_stopped_loads_the_foreground_build(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C entries' path end to end: a program's background child (idle from its start) builds through the
     JIT cache; a foreground build stops it; the program's thread loads what the foreground build installed."""
-    src = tmp_path / "k.cc"
-    src.write_text('extern "C" int opb_k() { return 1; }\n')
-    cxx = tmp_path / "cxx"  # the real compiler, after 300 s in the background child
-    cxx.write_text(f"#!/bin/sh\n[ -n \"$SLOW_CXX\" ] && [ \"$1\" != --version ] && sleep 300\n"
-                   f"exec {os.environ.get('CXX', 'c++')} \"$@\"\n")
-    cxx.chmod(0o755)
+    src, cxx = _slow_cxx(tmp_path)
     (tmp_path / "probe_preempted.py").write_text(textwrap.dedent(f"""
         from pathlib import Path
         from opbridge.build import compile as c
