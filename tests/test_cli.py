@@ -408,6 +408,9 @@ def test_a_cache_that_cannot_be_made_is_one_clear_error(cli_env: dict[str, str],
     assert build.stderr.strip().splitlines() == [
         f"opbridge: error: cannot create the cache directory {tmp_path / 'a-file' / 'cache'}: Not a directory. Set "
         "OPBRIDGE_CACHE_DIR to a directory you can write (`opbridge doctor` shows the one in use)"]
+    fuzz = run_cli(env, "fuzz", "--ops", "add", "--examples", "2", "--frameworks", "numpy")
+    assert fuzz.returncode != 0 and fuzz.stderr.strip().splitlines()[-1].startswith(
+        "opbridge: error: cannot create the cache directory"), fuzz.stderr  # one prefix, as every command's
     call = subprocess.run([sys.executable, "-c", "import numpy as np, opbridge, opbridge.ops as ops\n"
                            "try:\n    ops.add(np.ones(2, np.float32), np.ones(2, np.float32))\n"
                            "except opbridge.CacheError as e:\n    print(isinstance(e, OSError), e)"],

@@ -139,7 +139,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     try:  # every build below goes into it: one message, not one per build
         cache_root()
     except OSError as e:  # CacheError, CacheSecurityError
-        err(str(e).removeprefix("opbridge: "))
+        err(str(e))
         return EXIT_FAILURE
     ok = True
     built = 0

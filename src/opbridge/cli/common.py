@@ -25,8 +25,9 @@ class UsageError(OpbridgeError, ValueError):
 
 
 def err(msg: str) -> None:
-    """Print ``opbridge: error: <msg>`` on stderr."""
-    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    """Print ``opbridge: error: <msg>`` on stderr (once: an error message that already starts with
+    ``opbridge: ``, as the cache's do, does not get it twice)."""
+    print(f"{PROG}: error: {msg.removeprefix(f'{PROG}: ')}", file=sys.stderr)
 
 
 def print_json(doc: Any) -> None:
