@@ -99,10 +99,7 @@ def show_progress() -> bool:
 
 def max_jobs() -> int:
     """Parallel compile jobs (``OPBRIDGE_MAX_JOBS``, default: CPU count)."""
-    jobs = _whole("OPBRIDGE_MAX_JOBS", 0, "of compile jobs, at least 1")
-    if jobs < 1 and os.environ.get("OPBRIDGE_MAX_JOBS", "").strip():
-        raise ValueError(f"OPBRIDGE_MAX_JOBS must be at least 1, got {jobs}")
-    return jobs or os.cpu_count() or 1
+    return _whole("OPBRIDGE_MAX_JOBS", os.cpu_count() or 1, "of compile jobs, at least 1", least=1)
 
 
 def cxx() -> str:
@@ -177,12 +174,16 @@ def hugepages() -> bool:
     return _flag("OPBRIDGE_HUGEPAGES", True)
 
 
-def _whole(name: str, default: int, what: str) -> int:
+def _whole(name: str, default: int, what: str, least: int = 0) -> int:
+    """A whole-number setting (unset or empty: *default*); a value that is not one, or is under *least*,
+    raises ValueError naming the setting."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     if not raw.isdigit():
         raise ValueError(f"{name} must be a whole number ({what}), got {raw!r}")
+    if int(raw) < least:
+        raise ValueError(f"{name} must be at least {least}, got {int(raw)}")
     return int(raw)
 
 
@@ -197,10 +198,7 @@ def output_cache_bytes() -> int:
 
 def output_cache_idle_ms() -> int:
     """How long a recycled output buffer may sit unused (``OPBRIDGE_OUTPUT_CACHE_IDLE_MS``, default 1000)."""
-    ms = _whole("OPBRIDGE_OUTPUT_CACHE_IDLE_MS", 1000, "of milliseconds, at least 1")
-    if ms < 1:
-        raise ValueError(f"OPBRIDGE_OUTPUT_CACHE_IDLE_MS must be at least 1, got {ms}")
-    return ms
+    return _whole("OPBRIDGE_OUTPUT_CACHE_IDLE_MS", 1000, "of milliseconds, at least 1", least=1)
 
 
 def numpy_native() -> bool:

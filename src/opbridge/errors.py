@@ -49,7 +49,7 @@ class CacheSecurityError(OpbridgeError, PermissionError):
 
 
 class CacheError(OpbridgeError, OSError):
-    """The build cache directory cannot be made (a path through a file, a read-only or missing parent)."""
+    """The build cache directory cannot be made or written (a path through a file, a read-only parent)."""
 
 
 class BackendUnavailableError(OpbridgeError, RuntimeError):
