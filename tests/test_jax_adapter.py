@@ -1121,17 +1121,40 @@ def test_out_inside_grad_names_the_op_not_its_target() -> None:
     np.testing.assert_allclose(float(g), float(jnp.sum(ops.rms_norm(x, jnp.ones(8)))), rtol=1e-5)
 
 
+def test_rotary_embedding_takes_int32_positions_without_x64() -> None:
+    """JAX without x64 (its default) makes positions int32; the kernels take them as they are."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on in this process")
+    rng = np.random.default_rng(0)
+    pos = rng.integers(0, 16, size=(2, 5))
+    q, k, cache = rng.standard_normal((2, 5, 32)), rng.standard_normal((2, 5, 16)), rng.standard_normal((16, 6))
+    want = [np.asarray(t, np.float32).copy() for t in (q, k)]
+    ops.rotary_embedding.reference(pos, want[0], want[1], 8, cache.astype(np.float32), False)
+    jx = [jnp.asarray(a, jnp.float32) for a in (q, k, cache)]
+    assert jnp.asarray(pos).dtype == jnp.int32
+    for call in (ops.rotary_embedding, jax.jit(ops.rotary_embedding, static_argnums=(3, 5))):
+        got = call(jnp.asarray(pos), jx[0], jx[1], 8, jx[2], False)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=r"positions\[1, 2\] = 16"):
+        bad = pos.copy()
+        bad[1, 2] = 16
+        jax.jit(ops.rotary_embedding, static_argnums=(3, 5))(jnp.asarray(bad), *jx[:2], 8, jx[2], False)[0] \
+            .block_until_ready()
+
+
 def test_a_64_bit_dtype_error_without_x64_says_how_to_enable_it() -> None:
     from opbridge.adapters.jax.variant import _with_x64_hint
 
     if jax.config.jax_enable_x64:
         pytest.skip("x64 is on in this process")
-    q, cache = jnp.ones((4, 16), jnp.float32), jnp.ones((16, 8), jnp.float32)
-    pos = jnp.arange(4)  # int32: JAX narrows int64 without x64
-    for call in (ops.rotary_embedding, jax.jit(ops.rotary_embedding, static_argnums=(2, 3, 5))):
-        with pytest.raises(TypeError, match=r"positions must have dtype int64, got int32 \(JAX makes 64-bit arrays "
-                                            r'32-bit unless x64 is on: jax.config.update\("jax_enable_x64", True\)'):
-            call(pos, q, None, 8, cache, True)
+    z = jnp.zeros(2, jnp.int32)  # what JAX makes of an int64 array without x64
+    args = (2, 2, 4, z, jnp.zeros((2, 1), jnp.int32), z, z, z, jnp.zeros((2, 1), jnp.int32))
+    for call in (ops.advance_step_flashattn, jax.jit(ops.advance_step_flashattn, static_argnums=(0, 1, 2))):
+        with pytest.raises(TypeError, match=r"input_tokens must have dtype int64, got int32.*\(JAX makes 64-bit "
+                                            r'arrays 32-bit unless x64 is on: jax.config.update\("jax_enable_x64", '
+                                            r"True\)"):
+            call(*args)
     assert _with_x64_hint("negate: x must have dtype float32 or float64, got float32") is None  # not narrowed
     assert _with_x64_hint("add: x must have dtype float32 or bfloat16, got int32 (the dtypes add declares)") is None
     assert "jax_enable_x64" in (_with_x64_hint("negate: x must have dtype float64, got float32") or "")

@@ -332,8 +332,10 @@ ROTARY_REJECTIONS: list[tuple[str, dict[str, Any], type, str]] = [
      {"positions": torch.tensor([[0, 1], [11, 2]]), "query": torch.randn(2, 2, 16),
       "key": torch.randn(2, 2, 8)},
      ValueError, r"positions must be in .*got positions\[1, 0\] = 11"),
-    ("int32 positions", {"positions": torch.tensor([0, 1, 2, 3], dtype=torch.int32)}, TypeError,
-     "positions must have dtype int64, got int32"),
+    ("int16 positions", {"positions": torch.tensor([0, 1, 2, 3], dtype=torch.int16)}, TypeError,
+     "positions must have dtype int64 or int32, got int16"),
+    ("float positions", {"positions": torch.tensor([0.0, 1.0, 2.0, 3.0])}, TypeError,
+     "positions must have dtype int64 or int32, got float32"),
     ("3-D positions",
      {"positions": torch.zeros(1, 2, 2, dtype=torch.int64), "query": torch.randn(1, 2, 2, 16), "key": None},
      ValueError, r"positions must have shape \(num_tokens,\) or \(batch, seq\)"),
@@ -823,8 +825,8 @@ def test_jax_jit_mutating_ops() -> None:
     close(np.asarray(new_x), want_y)
     close(np.asarray(new_res), want_res)
     np.testing.assert_array_equal(np.asarray(jx), x)  # JAX arrays are not mutated: new values come back
-    # rotary with key None (an optional mutated argument): returns (query, None). Positions are int64,
-    # which JAX only keeps with x64 enabled.
+    # rotary with key None (an optional mutated argument): returns (query, None). Positions int64 here,
+    # as vLLM's, which JAX keeps only with x64 enabled (int32 ones: test_jax_adapter); advance_step's too.
     with jax.enable_x64(True):
         pos = jnp.asarray(rng.integers(0, 50, 5))
         q = rng.standard_normal((5, 2 * 8)).astype(np.float32)

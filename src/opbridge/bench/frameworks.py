@@ -26,7 +26,8 @@ Per-call time
                ``bench kernels`` times (in place for the mutating ops)
     jax        eager: each op vs its jitted ``jnp`` formula called eagerly (both
                waited for; a mutating op returns its arguments' new values,
-               int64 positions turn ``jax_enable_x64`` on); inside ``jax.jit``:
+               rotary_embedding's positions int32, as JAX makes them without
+               x64); inside ``jax.jit``:
                ``ops.add`` vs ``x + y``, ``ops.gelu`` / ``ops.rms_norm`` vs
                pure-``jnp`` formulas, at (8,) and (1024, 1024)
     paddle     eager: ``paddle.add``, ``F.gelu``, ``F.swiglu`` and formulas

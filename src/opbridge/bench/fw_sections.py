@@ -186,10 +186,6 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
     from opbridge.bench import natives
 
     info: dict[str, Any] = {}
-    if "rotary_embedding" in ops:  # before any array exists
-        jax.config.update("jax_enable_x64", True)
-        info["jax_enable_x64"] = ("on: rotary_embedding's positions are int64, which JAX keeps only with x64 "
-                                  "(float32 arrays stay float32)")
 
     def arr(shape: tuple[int, ...], seed: int) -> Any:
         return jnp.asarray(rand(shape, seed))

@@ -229,8 +229,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     skipped = left_out(names, ops.LIBRARY.ops, wls, device="cuda" if platform == "gpu" else None, peers=formulas,
                        no_peer="no jnp formula in opbridge.bench.natives.jax_formulas")
     names = [n for n in names if n not in skipped]
-    if "rotary_embedding" in names:  # its positions are int64, which JAX keeps only with x64
-        jax.config.update("jax_enable_x64", True)
     say("jax-gpu", f"{device.device_kind} ({device.platform}); {rounds} rounds")
     per_call: list[dict[str, Any]] = []
     for n in [] if args.no_per_call else [n for n in names if n in PER_CALL_OPS]:

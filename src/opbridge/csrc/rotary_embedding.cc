@@ -1,7 +1,7 @@
 // rotary_embedding, in place, with vLLM's signature and semantics:
 //   rotary_embedding(positions, query!, key!?, head_size, cos_sin_cache, is_neox)
 //
-// positions      int64, (num_tokens,) or (batch, seq)
+// positions      int64 or int32, (num_tokens,) or (batch, seq)
 // query          (*positions.shape, num_heads * head_size) or (*positions.shape, num_heads, head_size)
 // key            None, or as query with its own num_kv_heads (num_heads % num_kv_heads == 0)
 // cos_sin_cache  (max_position, rot_dim), row p = [cos(p f_0..f_{rot_dim/2-1}) | sin(...)],
@@ -30,6 +30,7 @@ using opbridge::Optional;
 using opbridge::TensorView;
 using opbridge::rotary_embedding::kOp;
 using opbridge::StridedRows;
+using opbridge::rotary_embedding::Positions;
 
 template <bool kNeox, typename T>
 OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
@@ -59,7 +60,7 @@ OPB_ALWAYS_INLINE void rotate_head(T* x, const T* cos, const T* sin, int64_t hal
 // at q + t * qs, its key row at k + t * ks (strides in elements: a token's
 // width when dense, the qkv row for vLLM's slices).
 template <bool kNeox, typename T>
-OPB_TARGET_CLONES void rotary_tokens(const int64_t* pos, T* q, T* k, const T* cache, int64_t t0, int64_t t1,
+OPB_TARGET_CLONES void rotary_tokens(Positions pos, T* q, T* k, const T* cache, int64_t t0, int64_t t1,
                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                                      int64_t rot_dim, int64_t qs, int64_t ks) {
   const int64_t half = rot_dim / 2;
@@ -101,7 +102,7 @@ OPB_ALWAYS_INLINE void prefetch_row(const double* row, int64_t rot_dim) {
 }
 
 template <bool kNeox>
-OPB_TARGET_CLONES void rotary_tokens_f64(const int64_t* pos, double* q, double* k, const double* cache, int64_t t0,
+OPB_TARGET_CLONES void rotary_tokens_f64(Positions pos, double* q, double* k, const double* cache, int64_t t0,
                                          int64_t t1, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                                          int64_t rot_dim, int64_t qs, int64_t ks) {
   const int64_t half = rot_dim / 2;
@@ -124,17 +125,55 @@ OPB_TARGET_CLONES void rotary_tokens_f64(const int64_t* pos, double* q, double* 
   }
 }
 
+// Every token's heads, on the pool (positions already checked).
+template <typename T>
+void rotate_all(Positions pos, int64_t num_tokens, const TensorView& query, const Optional<TensorView>& key,
+                int64_t head_size, const TensorView& cos_sin_cache, bool is_neox,
+                const opbridge::rotary_embedding::Dims& dims) {
+  const int64_t num_heads = dims.num_heads, num_kv_heads = dims.num_kv_heads, rot_dim = dims.rot_dim;
+  T* q = opbridge::data_ptr<T>(query);
+  T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
+  const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
+  const StridedRows qr = dims.q_rows, kr = dims.k_rows;
+  // Tokens [a, b) of one stride each: query rows from qb, key rows from kb, positions from p.
+  auto run = [&](Positions p, T* qb, T* kb, int64_t a, int64_t b, int64_t qs, int64_t ks) {
+    if constexpr (std::is_same_v<T, double>) {
+      if (is_neox) {
+        rotary_tokens_f64<true>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+      } else {
+        rotary_tokens_f64<false>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+      }
+    } else if (is_neox) {
+      rotary_tokens<true, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+    } else {
+      rotary_tokens<false, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+    }
+  };
+  // With 2-D positions a strided query or key holds seq dense token rows per batch index
+  // (StridedRows::per): each batch's tokens are one run at the token width.
+  const int64_t seq = std::max(qr.per, kr.per);
+  opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
+    if (seq == 1) return run(pos, q, k, lo, hi, qr.stride, kr.stride);
+    const int64_t qb = qr.per == 1 ? seq * qr.width : qr.stride, kb = kr.per == 1 ? seq * kr.width : kr.stride;
+    for (int64_t t = lo; t < hi;) {
+      const int64_t b = t / seq, end = std::min(hi, (b + 1) * seq);
+      run(pos + b * seq, q + b * qb, k == nullptr ? nullptr : k + b * kb, t - b * seq, end - b * seq, qr.width,
+          kr.width);
+      t = end;
+    }
+  });
+}
+
 }  // namespace
 
 void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<TensorView> key, int64_t head_size,
                           TensorView cos_sin_cache, bool is_neox) {
   const opbridge::rotary_embedding::Dims dims =
       opbridge::rotary_embedding::check_args(kDLCPU, positions, query, key, head_size, cos_sin_cache, false);
-  const int64_t num_heads = dims.num_heads, num_kv_heads = dims.num_kv_heads, rot_dim = dims.rot_dim;
 
   // Positions index the cache: check them all before writing anything.
   const int64_t num_tokens = positions.numel();
-  const int64_t* pos = opbridge::data_ptr<const int64_t>(positions);
+  const Positions pos = opbridge::rotary_embedding::positions_of(positions);
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t p = pos[t];
     if (TVM_FFI_PREDICT_FALSE(p < 0 || p >= dims.max_position)) {
@@ -150,39 +189,8 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<Tenso
     }
   }
   if (num_tokens == 0) return;
-
   OPB_DISPATCH_FLOATING(kOp, query.dtype(), T, [&] {
-    T* q = opbridge::data_ptr<T>(query);
-    T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
-    const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
-    const StridedRows qr = dims.q_rows, kr = dims.k_rows;
-    // Tokens [a, b) of one stride each: query rows from qb, key rows from kb, positions from p.
-    auto run = [&](const int64_t* p, T* qb, T* kb, int64_t a, int64_t b, int64_t qs, int64_t ks) {
-      if constexpr (std::is_same_v<T, double>) {
-        if (is_neox) {
-          rotary_tokens_f64<true>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-        } else {
-          rotary_tokens_f64<false>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-        }
-      } else if (is_neox) {
-        rotary_tokens<true, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-      } else {
-        rotary_tokens<false, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-      }
-    };
-    // With 2-D positions a strided query or key holds seq dense token rows per batch index
-    // (StridedRows::per): each batch's tokens are one run at the token width.
-    const int64_t seq = std::max(qr.per, kr.per);
-    opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
-      if (seq == 1) return run(pos, q, k, lo, hi, qr.stride, kr.stride);
-      const int64_t qb = qr.per == 1 ? seq * qr.width : qr.stride, kb = kr.per == 1 ? seq * kr.width : kr.stride;
-      for (int64_t t = lo; t < hi;) {
-        const int64_t b = t / seq, end = std::min(hi, (b + 1) * seq);
-        run(pos + b * seq, q + b * qb, k == nullptr ? nullptr : k + b * kb, t - b * seq, end - b * seq, qr.width,
-            kr.width);
-        t = end;
-      }
-    });
+    rotate_all<T>(pos, num_tokens, query, key, head_size, cos_sin_cache, is_neox, dims);
   });
 }
 OPBRIDGE_EXPORT(rotary_embedding_cpu);

@@ -3,7 +3,7 @@
 // on CUDA, with rotary_embedding.cc's (vLLM's) semantics and checks: rotates the
 // first rot_dim elements of every head of query (and key) in place by the
 // angles of each token's position.
-//   positions       int64, (num_tokens,) or (batch, seq)
+//   positions       int64 or int32, (num_tokens,) or (batch, seq)
 //   query / key     (*positions.shape, heads * head_size) or (*positions.shape, heads, head_size)
 //   cos_sin_cache   (max_position, rot_dim): row p = [cos | sin], query's dtype
 //   is_neox         pairs (i, i + rot_dim/2) (GPT-NeoX) or (2i, 2i + 1) (GPT-J)
@@ -28,6 +28,7 @@ using opbridge::Optional;
 using opbridge::TensorView;
 using opbridge::rotary_embedding::kOp;
 using opbridge::StridedRows;
+using opbridge::rotary_embedding::Positions;
 namespace cu = opbridge::cuda;
 
 constexpr int kPositionOutOfRange = 1;
@@ -55,7 +56,7 @@ __device__ __forceinline__ void rotate(T* x, int heads, int head_size, const T* 
 // One block per token (grid-stride over tokens).
 template <bool kNeox, typename T>
 __global__ void __launch_bounds__(kMaxThreads)
-    rotary_embedding_kernel(const int64_t* __restrict__ positions, T* __restrict__ query,
+    rotary_embedding_kernel(Positions positions, T* __restrict__ query,
                             T* __restrict__ key, const T* __restrict__ cache, int64_t num_tokens,
                             int64_t max_position, int num_heads, int num_kv_heads, int head_size,
                             int half, StridedRows q_rows, StridedRows k_rows, cu::ErrorSink err) {
@@ -102,9 +103,9 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
   const int half = static_cast<int>(rot_dim / 2);
   const int threads = cu::row_threads(std::max(num_heads, num_kv_heads) * half, kMaxThreads);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(num_tokens, INT32_MAX));
+  const Positions pos = opbridge::rotary_embedding::positions_of(positions);
   OPB_DISPATCH_FLOATING(kOp, query.dtype(), S, [&] {
     using T = cu::device_t<S>;
-    const int64_t* pos = opbridge::data_ptr<const int64_t>(positions);
     T* q = opbridge::data_ptr<T>(query);
     T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
     const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
@@ -117,7 +118,7 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
     } else {
       rotary_embedding_kernel<false><<<grid, threads, 0, ctx.stream>>>(pos, q, k, cache, num_tokens,
                                                                       dims.max_position, nh, nkh, hs, half, qr, kr,
-                                                                     sink);
+                                                                      sink);
     }
     ctx.check_launch();
   });

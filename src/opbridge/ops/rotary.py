@@ -1,9 +1,8 @@
 """vLLM's ``rotary_embedding``, in place on ``query`` and ``key``: its NumPy reference (the
 declaration) and test cases; the kernels are ``opbridge/csrc/rotary_embedding.{cc,cu}``.
 
-Its ``positions`` are int64, which JAX only has with ``jax_enable_x64``
-(otherwise it narrows them to int32 and the kernel rejects them with a
-TypeError naming the argument); in JAX, a position out of range surfaces from
+Its ``positions`` are int64, as torch and vLLM make them, or int32, as JAX makes
+them without ``jax_enable_x64``; in JAX, a position out of range surfaces from
 inside XLA as ``JaxRuntimeError`` carrying the same message.
 ``rotary_embedding_cases`` generates valid positions for the test matrix
 (``check_op``) and the benchmarks.
@@ -53,7 +52,8 @@ def _cos_sin_cache(max_position: int, rot_dim: int, base: float = 10000.0) -> np
 def rotary_embedding_cases(dtype: str, rng: np.random.Generator) -> list[dict[str, Any]]:
     """Valid ``rotary_embedding`` cases: both styles, key None and present, flat and split head
     layouts, 1-D and 2-D positions, partial rotation (rot_dim < head_size), an odd head size, zero
-    tokens, a case above the threading grain, one sliced and one non-contiguous case per tensor."""
+    tokens, a case above the threading grain, one sliced and one non-contiguous case per tensor,
+    and int32 positions (JAX's without x64) in three of them."""
     # (positions shape, query trailing dims, key trailing dims or None, head_size, rot_dim, is_neox)
     specs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...] | None, int, int, bool]] = [
         ((1,), (4,), None, 4, 4, True),
@@ -85,6 +85,9 @@ def rotary_embedding_cases(dtype: str, rng: np.random.Generator) -> list[dict[st
     cases.append({**case(specs[2]), LAYOUT: "sliced"})
     for name in ("positions", "query", "key", "cos_sin_cache"):
         cases.append({**case(specs[2]), NONCONTIGUOUS: name})
+    for spec, extra in ((specs[3], {}), (specs[8], {}), (specs[1], {LAYOUT: "sliced"})):
+        c = case(spec)
+        cases.append({**c, "positions": c["positions"].astype(np.int32), **extra})
     return cases
 
 
@@ -100,7 +103,7 @@ def rotary_embedding(positions: Any, query: Any, key: Any, head_size: int, cos_s
                      is_neox: bool) -> None:
     """vLLM's rotary_embedding, in place on ``query`` and ``key`` (which may be None).
 
-    ``positions``: int64, ``(num_tokens,)`` or ``(batch, seq)``. ``query``:
+    ``positions``: int64 or int32, ``(num_tokens,)`` or ``(batch, seq)``. ``query``:
     ``(*positions.shape, num_heads * head_size)`` or ``(*positions.shape,
     num_heads, head_size)``; ``key`` likewise with its own number of heads
     (dividing num_heads). ``cos_sin_cache``: ``(max_position, rot_dim)``, row
@@ -113,8 +116,8 @@ def rotary_embedding(positions: Any, query: Any, key: Any, head_size: int, cos_s
     is written.
     """
     positions = np.asarray(positions)
-    if positions.dtype != np.int64:
-        raise TypeError(f"rotary_embedding: positions must have dtype int64, got {positions.dtype}")
+    if positions.dtype not in (np.int64, np.int32):
+        raise TypeError(f"rotary_embedding: positions must have dtype int64 or int32, got {positions.dtype}")
     if positions.ndim not in (1, 2):
         raise ValueError(f"rotary_embedding: positions must have shape (num_tokens,) or (batch, seq), "
                          f"got {positions.shape}")

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <opbridge/opbridge.h>
+#include <tvm/ffi/dtype.h>
 
 #include <iostream>
 #include <optional>
@@ -24,9 +25,7 @@ OPB_RT_ std::string dtype_name(DLDataType t) {
   if (t == kInt32) return "int32";
   if (t == kInt64) return "int64";
   if (t == kBool) return "bool";
-  std::ostringstream os;
-  os << "dtype(code=" << int(t.code) << ", bits=" << int(t.bits) << ", lanes=" << t.lanes << ")";
-  return os.str();
+  return std::string(tvm::ffi::DLDataTypeToString(t));  // int16, uint8, float8_e4m3fn, ...
 }
 
 OPB_RT_ std::string shape_str(const TensorView& t) {
