@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import opbridge
 from opbridge.testing import make_cases
-from opbridge.testing.generate import META_KEYS
+from opbridge.testing.generate import META_KEYS, held_cases
 from opbridge.testing.gradients import directional_check
 
 from ._framework import FRAMEWORK, GRAD_OPS, OPS, H, framework_mark
@@ -41,17 +41,16 @@ def _dtypes(op: opbridge.OpDef, floats_only: bool = False) -> list[str]:
 def _require(op: opbridge.OpDef, dtypes: list[str]) -> None:
     if not dtypes:
         pytest.skip(f"{FRAMEWORK} has none of {op.name}'s dtypes {op.dtypes}")
-    ints = {str(v.dtype) for c in make_cases(op, dtypes[0]) for v in c.values()
-            if isinstance(v, np.ndarray) and v.dtype.kind in "iu"}
-    if not ints <= set(H.dtypes):  # int64 in JAX without jax_enable_x64
-        pytest.skip(f"{FRAMEWORK} has no {sorted(ints - set(H.dtypes))}, which {op.name}'s cases take")
+    why = held_cases(op, make_cases(op, dtypes[0]), H.dtypes)[1]  # int64 in JAX without jax_enable_x64
+    if why is not None:
+        pytest.skip(f"{FRAMEWORK} has {why}")
 
 
 def _draw(data: st.DataObject, op: opbridge.OpDef, dtypes: list[str],
           nonempty: bool = False) -> tuple[str, dict[str, Any]]:
     dtype = data.draw(st.sampled_from(dtypes), label="dtype")
     seed = data.draw(st.integers(0, 2**20), label="seed")
-    cases = [c for c in make_cases(op, dtype, seed) if not any(k in c for k in META_KEYS)
+    cases = [c for c in held_cases(op, make_cases(op, dtype, seed), H.dtypes)[0] if not any(k in c for k in META_KEYS)
              and (not nonempty or all(v.size > 0 for v in c.values() if isinstance(v, np.ndarray)))]
     return dtype, data.draw(st.sampled_from(cases), label="case")
 

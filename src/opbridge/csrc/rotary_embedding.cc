@@ -125,51 +125,13 @@ OPB_TARGET_CLONES void rotary_tokens_f64(Positions pos, double* q, double* k, co
   }
 }
 
-// Every token's heads, on the pool (positions already checked).
-template <typename T>
-void rotate_all(Positions pos, int64_t num_tokens, const TensorView& query, const Optional<TensorView>& key,
-                int64_t head_size, const TensorView& cos_sin_cache, bool is_neox,
-                const opbridge::rotary_embedding::Dims& dims) {
-  const int64_t num_heads = dims.num_heads, num_kv_heads = dims.num_kv_heads, rot_dim = dims.rot_dim;
-  T* q = opbridge::data_ptr<T>(query);
-  T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
-  const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
-  const StridedRows qr = dims.q_rows, kr = dims.k_rows;
-  // Tokens [a, b) of one stride each: query rows from qb, key rows from kb, positions from p.
-  auto run = [&](Positions p, T* qb, T* kb, int64_t a, int64_t b, int64_t qs, int64_t ks) {
-    if constexpr (std::is_same_v<T, double>) {
-      if (is_neox) {
-        rotary_tokens_f64<true>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-      } else {
-        rotary_tokens_f64<false>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-      }
-    } else if (is_neox) {
-      rotary_tokens<true, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-    } else {
-      rotary_tokens<false, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
-    }
-  };
-  // With 2-D positions a strided query or key holds seq dense token rows per batch index
-  // (StridedRows::per): each batch's tokens are one run at the token width.
-  const int64_t seq = std::max(qr.per, kr.per);
-  opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
-    if (seq == 1) return run(pos, q, k, lo, hi, qr.stride, kr.stride);
-    const int64_t qb = qr.per == 1 ? seq * qr.width : qr.stride, kb = kr.per == 1 ? seq * kr.width : kr.stride;
-    for (int64_t t = lo; t < hi;) {
-      const int64_t b = t / seq, end = std::min(hi, (b + 1) * seq);
-      run(pos + b * seq, q + b * qb, k == nullptr ? nullptr : k + b * kb, t - b * seq, end - b * seq, qr.width,
-          kr.width);
-      t = end;
-    }
-  });
-}
-
 }  // namespace
 
 void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<TensorView> key, int64_t head_size,
                           TensorView cos_sin_cache, bool is_neox) {
   const opbridge::rotary_embedding::Dims dims =
       opbridge::rotary_embedding::check_args(kDLCPU, positions, query, key, head_size, cos_sin_cache, false);
+  const int64_t num_heads = dims.num_heads, num_kv_heads = dims.num_kv_heads, rot_dim = dims.rot_dim;
 
   // Positions index the cache: check them all before writing anything.
   const int64_t num_tokens = positions.numel();
@@ -189,8 +151,39 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, Optional<Tenso
     }
   }
   if (num_tokens == 0) return;
+
   OPB_DISPATCH_FLOATING(kOp, query.dtype(), T, [&] {
-    rotate_all<T>(pos, num_tokens, query, key, head_size, cos_sin_cache, is_neox, dims);
+    T* q = opbridge::data_ptr<T>(query);
+    T* k = key.has_value() ? opbridge::data_ptr<T>(key.value()) : nullptr;
+    const T* cache = opbridge::data_ptr<const T>(cos_sin_cache);
+    const StridedRows qr = dims.q_rows, kr = dims.k_rows;
+    // Tokens [a, b) of one stride each: query rows from qb, key rows from kb, positions from p.
+    auto run = [&](Positions p, T* qb, T* kb, int64_t a, int64_t b, int64_t qs, int64_t ks) {
+      if constexpr (std::is_same_v<T, double>) {
+        if (is_neox) {
+          rotary_tokens_f64<true>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+        } else {
+          rotary_tokens_f64<false>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+        }
+      } else if (is_neox) {
+        rotary_tokens<true, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+      } else {
+        rotary_tokens<false, T>(p, qb, kb, cache, a, b, num_heads, num_kv_heads, head_size, rot_dim, qs, ks);
+      }
+    };
+    // With 2-D positions a strided query or key holds seq dense token rows per batch index
+    // (StridedRows::per): each batch's tokens are one run at the token width.
+    const int64_t seq = std::max(qr.per, kr.per);
+    opbridge::parallel_for(num_tokens, (num_heads + num_kv_heads) * rot_dim, [&](int64_t lo, int64_t hi) {
+      if (seq == 1) return run(pos, q, k, lo, hi, qr.stride, kr.stride);
+      const int64_t qb = qr.per == 1 ? seq * qr.width : qr.stride, kb = kr.per == 1 ? seq * kr.width : kr.stride;
+      for (int64_t t = lo; t < hi;) {
+        const int64_t b = t / seq, end = std::min(hi, (b + 1) * seq);
+        run(pos + b * seq, q + b * qb, k == nullptr ? nullptr : k + b * kb, t - b * seq, end - b * seq, qr.width,
+            kr.width);
+        t = end;
+      }
+    });
   });
 }
 OPBRIDGE_EXPORT(rotary_embedding_cpu);

@@ -16,7 +16,7 @@ import numpy as np
 from opbridge.cases import META_KEYS, CaseHint
 from opbridge.declare import OpDef
 from opbridge.testing.compare import assert_close
-from opbridge.testing.generate import as_opdef, case_rng, complete_case, make_cases
+from opbridge.testing.generate import as_opdef, case_rng, complete_case, held_cases, make_cases
 from opbridge.testing.harness import get
 from opbridge.testing.layouts import READ_LAYOUTS, WRITE_LAYOUTS, Memory, Placed, rounded
 
@@ -43,7 +43,11 @@ class Fuzzer:
     # -- what can run ---------------------------------------------------------------------
 
     def cases(self, dtype: str, seed: int = 0) -> list[dict[str, Any]]:
-        """The op's cases for *dtype* (its declared ones, or the generator given), without layout keys."""
+        """The op's cases for *dtype* (its declared ones, or the generator given) that this framework can
+        hold (:func:`~opbridge.testing.generate.held_cases`), without layout keys."""
+        return held_cases(self.op, self._cases(dtype, seed), self.h.dtypes)[0]
+
+    def _cases(self, dtype: str, seed: int) -> list[dict[str, Any]]:
         if self.hint is None:
             raw = make_cases(self.op, dtype, seed)
         else:
@@ -69,11 +73,8 @@ class Fuzzer:
         dtypes = self.dtypes()
         if not dtypes:
             return f"{self.framework} has none of {self.op.name}'s dtypes {self.op.dtypes}"
-        ints = {str(v.dtype) for c in self.cases(dtypes[0]) for v in c.values()
-                if isinstance(v, np.ndarray) and v.dtype.kind in "iu"}
-        if not ints <= set(self.h.dtypes):  # int64 in JAX without jax_enable_x64
-            return f"{self.framework} has no {sorted(ints - set(self.h.dtypes))}, which {self.op.name}'s cases take"
-        return None
+        why = held_cases(self.op, self._cases(dtypes[0], 0), self.h.dtypes)[1]  # int64 in JAX without x64
+        return None if why is None else f"{self.framework} has {why}"
 
     def invoke(self, call: Callable[..., Any], args: Sequence[Any], **extra: Any) -> Any:
         """*call* on the schema-ordered *args*, keyword-only ones by name."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy as np
 from opbridge.cases import LAYOUT, META_KEYS, NONCONTIGUOUS, Case, CaseHint, elementwise_cases
 from opbridge.declare import OpDef
 
-__all__ = ["CASE_HINTS", "as_opdef", "case_rng", "complete_case", "make_cases", "only_none"]
+__all__ = ["CASE_HINTS", "as_opdef", "case_rng", "complete_case", "held_cases", "make_cases", "only_none"]
 
 
 class _DeprecatedCaseHints(dict[str, CaseHint]):
@@ -131,6 +131,25 @@ def make_cases(op: Any, dtype: str = "float32", seed: int = 0) -> list[Case]:
     hint = opdef.hints or dict.get(CASE_HINTS, opdef.qualname)
     raw = hint(dtype, rng) if hint is not None else elementwise_cases(opdef, dtype, rng)
     return [complete_case(opdef, c) for c in raw]
+
+
+def held_cases(op: OpDef, cases: Sequence[Case], dtypes: Iterable[str]) -> tuple[list[Case], str | None]:
+    """The *cases* whose integer arrays a framework holding *dtypes* can hold, and, where none is left,
+    why (else None).
+
+    JAX without ``jax_enable_x64`` has no int64: it runs ``rotary_embedding``'s cases with int32
+    positions and leaves out those with int64 ones, and every case of ``advance_step_flashattn``.
+    """
+    have = set(dtypes)
+
+    def ints(c: Case) -> set[str]:
+        return {str(v.dtype) for v in c.values() if isinstance(v, np.ndarray) and v.dtype.kind in "iu"}
+
+    held = [c for c in cases if ints(c) <= have]
+    if held or not cases:
+        return held, None
+    missing = sorted(set().union(*(ints(c) for c in cases)) - have)
+    return held, f"no {missing}, which every case of {op.name} takes"
 
 
 def only_none(op: OpDef, cases: Iterable[Mapping[str, Any]]) -> str | None:
