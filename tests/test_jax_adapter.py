@@ -924,10 +924,11 @@ def test_cuda_content_error_surfaces_as_on_cpu(sync: str, monkeypatch: pytest.Mo
             return ops.rotary_embedding(p, q, None, 8, c, True)[0]
 
         f = jax.jit(rope)
-        good = jnp.asarray([0, 3], jnp.int64)
-        on_cpu = jax.device_put((good, q, cache), jax.devices("cpu")[0])
-        np.testing.assert_allclose(np.asarray(f(*jax.device_put((good, q, cache), gpu))), np.asarray(f(*on_cpu)),
-                                   rtol=1e-5, atol=1e-6)
+        for width in (jnp.int64, jnp.int32):  # torch's and vLLM's positions; JAX's without x64
+            good = jnp.asarray([0, 3], width)
+            on_cpu = jax.device_put((good, q, cache), jax.devices("cpu")[0])
+            np.testing.assert_allclose(np.asarray(f(*jax.device_put((good, q, cache), gpu))),
+                                       np.asarray(f(*on_cpu)), rtol=1e-5, atol=1e-6)
         # JAX raises the kernel's error as JaxRuntimeError, or as ValueError from its C++ dispatch fast path
         with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="rotary_embedding: positions"):
             f(*jax.device_put((bad, q, cache), jax.devices("cpu")[0])).block_until_ready()
