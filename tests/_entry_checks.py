@@ -128,3 +128,21 @@ def parameter_weights(e: Entry, parameter: Callable[[np.ndarray], Any]) -> None:
     got = e.taken("rms_norm", e.to(x), parameter(w), 1e-6)
     assert_close(e.back(got), ops.rms_norm.opdef.reference(x, w, 1e-6))
     e.left("gelu", parameter(w))
+
+
+def several_outputs_out(e: Entry) -> None:
+    """out= a tuple, for an op whose returns are its outputs (rms_norm_backward's (dx, dw)): the entry writes
+    both and returns the caller's tuple; a wrong shape, or an output over an input, takes the Python path."""
+    g, x = (RNG.standard_normal((4, 16)).astype(np.float32) for _ in range(2))
+    w = RNG.standard_normal(16).astype(np.float32)
+    want = ops.rms_norm_backward.opdef.reference(g, x, w)
+    tg, tx, tw = e.to(g), e.to(x), e.to(w)
+    outs = (e.to(np.full_like(g, np.nan)), e.to(np.full_like(w, np.nan)))
+    assert e.taken("rms_norm_backward", tg, tx, tw, out=outs) is outs
+    for got, ref in zip(outs, want, strict=True):
+        assert_close(e.back(got), ref)
+    with pytest.raises(ValueError, match=r"rms_norm_backward: out\[1\] has shape \(8,\)"):
+        e.left("rms_norm_backward", tg, tx, tw, out=(outs[0], e.to(np.zeros(8, np.float32))))
+    gc = e.to(g.copy())
+    dx, _ = e.left("rms_norm_backward", gc, tx, tw, out=(gc, e.to(np.zeros(16, np.float32))))  # dx over grad
+    assert_close(e.back(dx), want[0])

@@ -23,6 +23,7 @@ from _entry_checks import (  # noqa: E402
     parameter_weights,
     qkv_slices_are_taken_where_they_lie,
     results_equal_the_reference,
+    several_outputs_out,
     threads,
 )
 from opbridge.adapters.paddle.eager import EXCHANGE  # noqa: E402
@@ -153,6 +154,10 @@ def test_off_builds_and_loads_nothing() -> None:
     env = {**os.environ, "OPBRIDGE_EXCHANGE_ENTRY": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["True", "True", "None"]
+
+
+def test_out_of_several_outputs_is_written_by_the_entry(entry: exchange.Library) -> None:
+    several_outputs_out(E)
 
 
 def test_out_is_written_by_the_entry(entry: exchange.Library) -> None:

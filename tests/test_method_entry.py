@@ -25,6 +25,7 @@ from _entry_checks import (  # noqa: E402
     parameter_weights,
     qkv_slices_are_taken_where_they_lie,
     results_equal_the_reference,
+    several_outputs_out,
     threads,
 )
 from opbridge import loader, ops  # noqa: E402
@@ -159,6 +160,10 @@ def test_outputs_are_freed(entry: exchange.Library) -> None:
 
 def test_threads(entry: exchange.Library) -> None:
     threads(E)
+
+
+def test_out_of_several_outputs_is_written_by_the_entry(entry: exchange.Library) -> None:
+    several_outputs_out(E)
 
 
 def test_out_is_written_by_the_entry(entry: exchange.Library) -> None:

@@ -435,6 +435,32 @@ def test_out_is_written_by_the_entry(entry: native.Library) -> None:
     assert _calls("add") == before, "the entry took an out= it must leave to Python"
 
 
+def test_out_of_several_outputs_is_written_by_the_entry(entry: native.Library) -> None:
+    """out= of an op whose returns are its outputs (rms_norm_backward's (dx, dw)): a tuple, which the entry
+    writes and returns; outputs that overlap an input or each other, and a wrong shape, it leaves to Python."""
+    rng = np.random.default_rng(4)
+    g, x = (rng.standard_normal((4, 16)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(16).astype(np.float32)
+    want = ops.rms_norm_backward(g, x, w)
+    outs = (np.full_like(g, np.nan), np.full_like(w, np.nan))
+    ops.rms_norm_backward(g, x, w, out=outs)
+    before = _calls("rms_norm_backward")
+    assert ops.rms_norm_backward(g, x, w, out=outs) is outs and _calls("rms_norm_backward") == before + 1
+    for got, ref in zip(outs, want, strict=True):
+        np.testing.assert_array_equal(got, ref)
+    gc = g.copy()
+    dx, dw = ops.rms_norm_backward(gc, x, w, out=(gc, np.empty_like(w)))  # dx over grad: a fresh buffer
+    np.testing.assert_array_equal(dx, want[0])
+    np.testing.assert_array_equal(dw, want[1])
+    buf = np.zeros(80, np.float32)
+    ops.rms_norm_backward(g, x, w, out=(buf[:64].reshape(4, 16), buf[56:72]))  # outputs sharing bytes
+    with pytest.raises(ValueError, match=r"rms_norm_backward: out\[1\] has shape \(8,\)"):
+        ops.rms_norm_backward(g, x, w, out=(outs[0], np.empty(8, np.float32)))
+    with pytest.raises(TypeError, match="out= takes a tensor or a tuple of them, got a list of 2"):
+        ops.rms_norm_backward(g, x, w, out=list(outs))
+    assert _calls("rms_norm_backward") == before + 1, "the entry took an out= it must leave to Python"
+
+
 def test_out_of_a_wrong_shape_raises_the_kernels_error_once(entry: native.Library) -> None:
     x = np.ones((4, 16), np.float32)
     small = np.full((2, 16), 7, np.float32)

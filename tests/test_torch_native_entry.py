@@ -136,6 +136,30 @@ def test_out_runs_through_the_entry_and_bumps_the_version() -> None:
     _assert_same_outcome(op, lambda: ops.add(x, y, out=torch.empty(5, 3).t()))  # a strided out=
 
 
+def test_out_of_several_outputs_runs_through_the_entry() -> None:
+    """out= a tuple, for an op whose returns are its outputs (rms_norm_backward's (dx, dw)): the entry writes
+    both, bumps both versions and returns the tuple; what it cannot take has the Python path's outcome."""
+    op = ops.rms_norm_backward.opdef
+    g, x, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    want = ops.rms_norm_backward(g, x, w)
+    outs = (torch.full((3, 8), float("nan")), torch.full((8,), float("nan")))
+    versions = [o._version for o in outs]
+    before = _entry(op)
+    assert ops.rms_norm_backward(g, x, w, out=outs) is outs
+    assert _entry(op) == before + 1 and [o._version for o in outs] == [v + 1 for v in versions]
+    for got, ref in zip(outs, want, strict=True):
+        _same(got, ref)
+    _assert_same_outcome(op, lambda: ops.rms_norm_backward(g, x, w, out=(outs[0], torch.empty(4))))  # wrong shape
+    _assert_same_outcome(op, lambda: ops.rms_norm_backward(g, x, w, out=(outs[0],)))  # too few
+    def over_grad() -> Any:  # dx over grad: a fresh buffer, copied back
+        gc = g.clone()
+        return ops.rms_norm_backward(gc, x, w, out=(gc, torch.empty(8)))
+
+    _assert_same_outcome(op, over_grad)
+    buf = torch.zeros(32)
+    _assert_same_outcome(op, lambda: ops.rms_norm_backward(g, x, w, out=(buf[:24].view(3, 8), buf[20:28])))
+
+
 class _Sub(torch.Tensor):
     pass
 

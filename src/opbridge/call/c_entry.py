@@ -111,12 +111,14 @@ def prelude_source(op: OpDef, array_type: str, fn: str) -> str:
 
 def out_prelude_source(op: OpDef, array_type: str, fn_out: str) -> str:
     """The same for a call with ``out=`` (8-space indented, for ``install_prelude``'s *out_prelude*): the
-    entry's out= builtin *fn_out*, for an op whose call returns its ``out=`` (:func:`.core.returns_its_out`),
-    ``out`` one array of that type; ``""`` for any other op."""
-    if not core.returns_its_out(op):
+    entry's out= builtin *fn_out*, for an op whose call returns its ``out=`` (:func:`.core.returns_its_outs`),
+    ``out`` one array of that type (a tuple of them, which the entry tests, for an op with more outputs);
+    ``""`` for any other op."""
+    if not core.returns_its_outs(op):
         return ""
     names = [a.name for a in op.schema.arguments]
-    return (f"        if type(out) is {array_type} and type({names[op.dispatch_arg]}) is {array_type}:\n"
+    kind = array_type if op.n_outputs == 1 else "tuple"
+    return (f"        if type(out) is {kind} and type({names[op.dispatch_arg]}) is {array_type}:\n"
             f"            _ce_r = {fn_out}({', '.join(names)}, out)\n"
             "            if _ce_r is not NotImplemented:\n"
             "                return _ce_r\n")

@@ -52,8 +52,15 @@ def tensor_indices(op: OpDef) -> list[int]:
 
 def returns_its_out(op: OpDef) -> bool:
     """Whether a call of *op* with ``out=`` one tensor returns that tensor: the op takes ``out=`` and its one
-    return is its one new output (the adapters' and C entries' fast ``out=`` calls take only such ops)."""
+    return is its one new output (the adapters' generated fast ``out=`` calls take only such ops)."""
     return op.accepts_out and list(op.return_sources) == [0]
+
+
+def returns_its_outs(op: OpDef) -> bool:
+    """Whether a call of *op* with ``out=`` returns it: the op's returns are its new outputs, in order, and
+    nothing else (``out=`` one tensor, or a tuple of one per output). The C entries' ``out=`` calls take
+    such ops: ``rms_norm_backward(..., out=(dx, dw))`` as well as :func:`returns_its_out`'s."""
+    return op.accepts_out and list(op.return_sources) == list(range(op.n_outputs))
 
 
 def like_indices(op: OpDef) -> list[int] | None:
@@ -220,13 +227,11 @@ def check_outs(op: OpDef, args: Sequence[Any], outs: Sequence[Any], dtype_name: 
     fast paths and C entries hand a mismatch to that path.
     """
     for k, (o, s) in enumerate(zip(outs, op.output_specs(args), strict=True)):
-        got = dtype_name(o)
-        if isinstance(s.dtype, str):
-            want, same = s.dtype, got == s.dtype
-        else:  # an input's dtype object: named by an input that has it
-            same = o.dtype == s.dtype
-            want = next((dtype_name(a) for a in args if hasattr(a, "dtype") and a.dtype == s.dtype), str(s.dtype))
+        same = dtype_name(o) == s.dtype if isinstance(s.dtype, str) else o.dtype == s.dtype  # a name, or an input's
         if not same or tuple(o.shape) != tuple(s.shape):
+            got = dtype_name(o)
+            want = s.dtype if isinstance(s.dtype, str) else next(  # named by an input that has it
+                (dtype_name(a) for a in args if hasattr(a, "dtype") and a.dtype == s.dtype), str(s.dtype))
             name = "out" if len(outs) == 1 else f"out[{k}]"
             raise ValueError(f"{op.name}: {name} has shape {tuple(o.shape)} and dtype {got}, but the output has "
                              f"shape {tuple(s.shape)} and dtype {want}")

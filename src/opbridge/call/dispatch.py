@@ -95,6 +95,8 @@ def call_with_out(op: OpDef, table: dict[type, Callable[..., Any]], args: tuple[
     call without ``out=`` would), so the adapter's inline ``out=`` fast path is
     installed even when every call passes ``out=``.
     """
+    if isinstance(out, list):  # as one tensor it would be "got 1"
+        raise TypeError(f"{op.name}: out= takes a tensor or a tuple of them, got a list of {len(out)}")
     outs = tuple(out) if isinstance(out, tuple) else (out,)
     if len(outs) != op.n_outputs:
         raise TypeError(f"{op.name}: out= needs {op.n_outputs} tensor(s), got {len(outs)}")

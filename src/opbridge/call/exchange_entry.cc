@@ -137,7 +137,7 @@ struct ExchangeArrays {
   using Out = Owned*;
 
   // The dispatching tensor's type, and nothing to record for autograd (out= included).
-  static bool Lead(State& st, PyObject* const* args, PyObject* out) {
+  static bool Lead(State& st, PyObject* const* args, PyObject* const* outs, size_t n_outs) {
     if (Py_TYPE(args[st.dtype_arg]) != st.type) return false;
     PyObject* on = PyObject_CallNoArgs(st.grad_enabled);
     if (on == nullptr) {
@@ -155,7 +155,10 @@ struct ExchangeArrays {
       const int kind = st.kinds[i];
       if ((kind == entry::kTensor || kind == entry::kOptionalTensor) && !NoGrad(st, args[i])) return false;
     }
-    return out == nullptr || NoGrad(st, out);
+    for (size_t k = 0; k < n_outs; ++k) {
+      if (!NoGrad(st, outs[k])) return false;
+    }
+    return true;
   }
 
   // Whether *t* (a tensor of the entry's type or a subclass; anything else View refuses) needs no gradient.

@@ -80,7 +80,7 @@ struct MethodArrays {
   using State = MethodState;
   using Out = MethodOut;
 
-  static bool Lead(State& st, PyObject* const* args, PyObject*) {
+  static bool Lead(State& st, PyObject* const* args, PyObject* const*, size_t) {
     if (Py_TYPE(args[st.dtype_arg]) != st.type) return false;
     PyObject* on = PyObject_CallNoArgs(st.grad_enabled);
     const int grad = on == nullptr ? -1 : PyObject_IsTrue(on);

@@ -15,8 +15,8 @@
 // Call<Arrays> is the whole call. Its Arrays policy supplies:
 //   using State = ...;    // OpState, or a struct derived from it with the framework's own facts
 //   using Out = ...;      // a new output before it is handed to Python
-//   static bool Lead(State&, PyObject* const* args, PyObject* out);  // the dispatching argument's type;
-//       // any gate (*out*: the caller's out=, or null)
+//   static bool Lead(State&, PyObject* const* args, PyObject* const* outs, size_t n_outs);  // the
+//       // dispatching argument's type; any gate (*outs*: the caller's out=, one per output; none: 0)
 //   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t* dims, bool written);
 //       // o as a DLTensor the kernel may read (and write, where *written*: an argument the op writes,
 //       // or out=): contiguous, or, where *strides* is given (an argument the op declares
@@ -43,83 +43,123 @@ namespace opbridge {
 namespace entry {
 namespace {  // internal linkage: each entry's translation unit inlines and optimises its own copy
 
-// Whether the caller's out=, viewed in *dl[0]*, has the shape and type of the op's one output: its
-// `like` argument's, or the shape rule's answer. A kernel writes the output as the rule says it is, so
+// Whether the caller's out=, viewed in *dl[0..n_out)*, has the shapes and types of the op's outputs: their
+// `like` arguments', or the shape rule's answer. A kernel writes each output as the rule says it is, so
 // any other buffer would be written past its end or given another type's bits; the Python path then
 // raises the ValueError that names both (call.core.check_outs).
 template <class Arrays>
-bool OutMatches(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs, const DLTensor* dl,
-                const TVMFFIAny* ffi) {
-  const DLTensor& o = dl[0];
-  if (st.rule == nullptr) {
-    const DLTensor& like = dl[1 + st.like[0]];
-    return TypeCode(o.dtype) == TypeCode(like.dtype) && o.ndim == like.ndim &&
-           std::equal(o.shape, o.shape + o.ndim, like.shape);
-  }
+bool OutsMatch(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs, const DLTensor* dl,
+               const TVMFFIAny* ffi) {
+  const size_t n_out = st.n_out;
+  const std::vector<OutSpec>* specs = nullptr;
   std::vector<OutSpec> spill;
-  const std::vector<OutSpec>* specs = RuleSpecs(st, args, nargs, dl + 1, ffi + 1, &spill);
-  if (specs == nullptr) {
+  if (st.rule != nullptr && (specs = RuleSpecs(st, args, nargs, dl + n_out, ffi + n_out, &spill)) == nullptr) {
     PyErr_Clear();
     return false;
   }
-  const OutSpec& s = (*specs)[0];
-  return TypeCode(o.dtype) == s.type && static_cast<size_t>(o.ndim) == s.shape.size() &&
-         std::equal(o.shape, o.shape + o.ndim, s.shape.begin());
-}
-
-// The kernel on the arguments already viewed in *dl* and *ffi* (from index 1) and the caller's *out*:
-// Call's out= half. *out* is viewed dense into slot 0 and must share no byte with an argument (the
-// Python path then writes a fresh buffer and copies). Out of line: inlined into Call, it cost NumPy's
-// shape-rule calls 0.02-0.035 us.
-template <class Arrays>
-[[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs,
-                                     PyObject* out, DLTensor* dl, TVMFFIAny* ffi) {
-  const size_t n = st.kinds.size();
-  int64_t dims[kMaxViewDims];
-  if (!Arrays::View(st, out, &dl[0], nullptr, dims, true)) return NotHandled();
-  if (!OutMatches<Arrays>(st, args, nargs, dl, ffi)) return NotHandled();
-  rows::ByteRows ro, ra;
-  if (!RowsOf(dl[0], &ro)) return NotHandled();
-  for (size_t i = 0; i < n; ++i) {
-    if (ffi[1 + i].type_index == kTVMFFIDLTensorPtr && (!RowsOf(dl[1 + i], &ra) || rows::meet(ro, ra))) {
-      return NotHandled();
+  for (size_t k = 0; k < n_out; ++k) {
+    const DLTensor& o = dl[k];
+    if (specs == nullptr) {
+      const DLTensor& like = dl[n_out + st.like[k]];
+      if (TypeCode(o.dtype) != TypeCode(like.dtype) || o.ndim != like.ndim ||
+          !std::equal(o.shape, o.shape + o.ndim, like.shape)) {
+        return false;
+      }
+    } else {
+      const OutSpec& s = (*specs)[k];
+      if (TypeCode(o.dtype) != s.type || static_cast<size_t>(o.ndim) != s.shape.size() ||
+          !std::equal(o.shape, o.shape + o.ndim, s.shape.begin())) {
+        return false;
+      }
     }
   }
-  ffi[0].type_index = kTVMFFIDLTensorPtr;
-  ffi[0].zero_padding = 0;
-  ffi[0].v_ptr = &dl[0];
+  return true;
+}
+
+// The kernel on the arguments already viewed in *dl* and *ffi* (from index n_out) and the caller's
+// out= (*outs*: one array per output, *out* the object to return: that array, or the tuple holding
+// them): Call's out= half. Each is viewed dense into its slot and must share no byte with an argument
+// or another output (the Python path then writes fresh buffers and copies). Out of line: inlined into
+// Call, it cost NumPy's shape-rule calls 0.02-0.035 us.
+template <class Arrays>
+[[gnu::noinline]] PyObject* CallInto(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs,
+                                     PyObject* out, PyObject* const* outs, DLTensor* dl, TVMFFIAny* ffi) {
+  const size_t n = st.kinds.size(), n_out = st.n_out;
+  int64_t dims[kMaxArgs][kMaxViewDims];
+  rows::ByteRows ro[kMaxArgs], ra;
+  int64_t bytes = 0;
+  for (size_t k = 0; k < n_out; ++k) {
+    if (!Arrays::View(st, outs[k], &dl[k], nullptr, dims[k], true) || !RowsOf(dl[k], &ro[k])) return NotHandled();
+    for (size_t p = 0; p < k; ++p) {
+      if (rows::meet(ro[k], ro[p])) return NotHandled();
+    }
+    bytes += Bytes(dl[k]);
+  }
+  if (!OutsMatch<Arrays>(st, args, nargs, dl, ffi)) return NotHandled();
+  for (size_t i = 0; i < n; ++i) {
+    if (ffi[n_out + i].type_index != kTVMFFIDLTensorPtr) continue;
+    if (!RowsOf(dl[n_out + i], &ra)) return NotHandled();
+    for (size_t k = 0; k < n_out; ++k) {
+      if (rows::meet(ro[k], ra)) return NotHandled();
+    }
+  }
+  for (size_t k = 0; k < n_out; ++k) {
+    ffi[k].type_index = kTVMFFIDLTensorPtr;
+    ffi[k].zero_padding = 0;
+    ffi[k].v_ptr = &dl[k];
+  }
   TVMFFIAny result;
   result.type_index = kTVMFFINone;
   result.zero_padding = 0;
   result.v_int64 = 0;
   int rc;
-  if (Bytes(dl[0]) >= kReleaseGilBytes) {
+  if (bytes >= kReleaseGilBytes) {
     Py_BEGIN_ALLOW_THREADS
-    rc = TVMFFIFunctionCall(st.handle, ffi, static_cast<int32_t>(n + 1), &result);
+    rc = TVMFFIFunctionCall(st.handle, ffi, static_cast<int32_t>(n + n_out), &result);
     Py_END_ALLOW_THREADS
   } else {
-    rc = TVMFFIFunctionCall(st.handle, ffi, static_cast<int32_t>(n + 1), &result);
+    rc = TVMFFIFunctionCall(st.handle, ffi, static_cast<int32_t>(n + n_out), &result);
   }
   if (rc != 0) return set_python_error(take_raised_error());  // never a second run (raised_error.h)
   if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj != nullptr) TVMFFIObjectDecRef(result.v_obj);
-  Arrays::Wrote(st, out);
+  for (size_t k = 0; k < n_out; ++k) Arrays::Wrote(st, outs[k]);
   for (int m : st.mutated) {
-    if (ffi[1 + m].type_index == kTVMFFIDLTensorPtr) Arrays::Wrote(st, args[m]);
+    if (ffi[n_out + m].type_index == kTVMFFIDLTensorPtr) Arrays::Wrote(st, args[m]);
   }
   st.calls.fetch_add(1, std::memory_order_relaxed);
   return Py_NewRef(out);
 }
 
+// Whether the op's returns are its new outputs, in order, and nothing else: the ops whose out= the entry
+// takes (call.core.returns_its_outs), which return it.
+inline bool ReturnsItsOuts(const OpState& st) {
+  if (st.n_out == 0 || st.returns.size() != st.n_out) return false;
+  for (size_t k = 0; k < st.n_out; ++k) {
+    if (st.returns[k] != static_cast<int>(k)) return false;
+  }
+  return true;
+}
+
 // The call of the op on *args* (the schema's arguments in order): new outputs, or, with *out* (the
-// caller's out= of an op with one new output, which it returns), the kernel writes *out*, which must
-// be dense, of the entry's type and apart from every argument.
+// caller's out= of an op whose returns are its new outputs: one array, or a tuple of one per output),
+// the kernel writes *out*, which it returns: dense, of the entry's type and apart from every argument.
 template <class Arrays>
 PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nargs, PyObject* out = nullptr) {
   using Out = typename Arrays::Out;
   const size_t n = st.kinds.size(), n_out = st.n_out;
   if (static_cast<size_t>(nargs) != n || n + n_out > kMaxArgs) return NotHandled();
-  if (out != nullptr && (n_out != 1 || st.returns.size() != 1 || st.returns[0] != 0)) return NotHandled();
-  if (!Arrays::Lead(st, args, out)) return NotHandled();
+  PyObject* const* given = nullptr;  // the caller's out=, one per output
+  if (out != nullptr) {
+    if (!ReturnsItsOuts(st)) return NotHandled();
+    if (n_out == 1) {
+      given = &out;
+    } else if (PyTuple_CheckExact(out) && static_cast<size_t>(PyTuple_GET_SIZE(out)) == n_out) {
+      given = reinterpret_cast<PyTupleObject*>(out)->ob_item;
+    } else {
+      return NotHandled();
+    }
+  }
+  if (!Arrays::Lead(st, args, given, out == nullptr ? 0 : n_out)) return NotHandled();
 
   DLTensor dl[kMaxArgs];
   TVMFFIAny ffi[kMaxArgs];
@@ -152,7 +192,7 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
   if (!declared) return NotHandled();
   // A written argument that overlaps another tensor: the Python path names the pair and raises.
   if (!st.mutated.empty() && Overlaps(st, dl + n_out, ffi + n_out)) return NotHandled();
-  if (out != nullptr) return CallInto<Arrays>(st, args, nargs, out, dl, ffi);
+  if (out != nullptr) return CallInto<Arrays>(st, args, nargs, out, given, dl, ffi);
 
   const std::vector<OutSpec>* specs = nullptr;
   std::vector<OutSpec> spill;

@@ -46,7 +46,9 @@ namespace entry = opbridge::entry;
 struct NumpyArrays {
   using State = entry::OpState;
   using Out = PyObject*;
-  static bool Lead(State& st, PyObject* const* args, PyObject*) { return Py_TYPE(args[st.dtype_arg]) == &PyArray_Type; }
+  static bool Lead(State& st, PyObject* const* args, PyObject* const*, size_t) {
+    return Py_TYPE(args[st.dtype_arg]) == &PyArray_Type;
+  }
   static bool View(State&, PyObject* o, DLTensor* d, int64_t* strides, int64_t*, bool written) {
     return ::View(o, d, strides, written);
   }

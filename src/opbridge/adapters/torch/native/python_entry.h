@@ -2,7 +2,8 @@
 // a Python frame, the dispatcher or torch's argument parser.
 //
 // One builtin per op (and one for out=), made by opb_entry; the callable's generated prelude
-// (adapters/torch/fast.py) calls it first with the schema's arguments in order (then `out`). It
+// (adapters/torch/fast.py) calls it first with the schema's arguments in order (then `out`: one tensor,
+// or a tuple of one per output for an op whose returns are its outputs). It
 // takes the calls the Python fast path takes: exact torch.Tensor arguments (no subclass, no
 // Parameter) that do not require grad, no torch-function or dispatch mode, functorch transform or
 // JIT tracer active (the fast path's _NO_MODES probes), and, through RunKernel, dense tensors of a
@@ -104,10 +105,15 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
     if (!FromPython(st, i, pyargs[i], &args)) return NotHandled();
   }
   c10::SmallVector<at::Tensor, 4> outs;
-  if (with_out) {
-    const at::Tensor* out = PlainTensor(pyargs[n], /*out=*/true);
-    if (out == nullptr) return NotHandled();
-    outs.push_back(*out);
+  if (with_out) {  // one tensor, or a tuple of one per output (an op whose returns are its outputs)
+    PyObject* given = pyargs[n];
+    const bool many = st.n_outputs > 1;
+    if (many && !(PyTuple_CheckExact(given) && PyTuple_GET_SIZE(given) == st.n_outputs)) return NotHandled();
+    for (int k = 0; k < st.n_outputs; ++k) {
+      const at::Tensor* out = PlainTensor(many ? PyTuple_GET_ITEM(given, k) : given, /*out=*/true);
+      if (out == nullptr) return NotHandled();
+      outs.push_back(*out);
+    }
   }
   try {
     bool raised = false;
@@ -126,7 +132,7 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
   }
   st.entry_calls.fetch_add(1, std::memory_order_relaxed);
   if (with_out) {
-    Bump(outs[0]);
+    for (const at::Tensor& o : outs) Bump(o);
     return Py_NewRef(pyargs[n]);
   }
   size_t next = 0;
