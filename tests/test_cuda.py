@@ -152,7 +152,7 @@ class _DLManagedTensor(ctypes.Structure):
     _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
 
-_DTYPES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "int64": (0, 64), "int32": (0, 32)}
+_DTYPES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "int64": (0, 64), "int32": (0, 32), "int16": (0, 16)}
 _KEEP: list[Any] = []  # the memory behind the fake tensors lives as long as the test process
 
 
@@ -256,8 +256,8 @@ def _bad_calls() -> list[tuple[str, Any, type[Exception], str]]:
          r"fused_add_rms_norm: residual must have the same shape as input"),
         ("fused_add_rms_norm_cuda", _same_input_and_residual, ValueError,
          r"fused_add_rms_norm: input must not overlap residual"),
-        ("rotary_embedding_cuda", lambda: _rot(positions=_t(5, dtype="int32")), TypeError,
-         r"rotary_embedding: positions must have dtype int64"),
+        ("rotary_embedding_cuda", lambda: _rot(positions=_t(5, dtype="int16")), TypeError,
+         r"rotary_embedding: positions must have dtype int64 or int32, got int16"),
         ("rotary_embedding_cuda", lambda: _rot(cache=_t(64, 10)), ValueError,
          r"rotary_embedding: cos_sin_cache's last dim .* must be even and in \[2, head_size = 8\]"),
         ("rotary_embedding_cuda", lambda: _rot(key=_t(5, 24)), ValueError,
