@@ -152,7 +152,8 @@ class _DLManagedTensor(ctypes.Structure):
     _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
 
-_DTYPES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "int64": (0, 64), "int32": (0, 32), "int16": (0, 16)}
+_DTYPES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "int64": (0, 64), "int32": (0, 32),
+           "int16": (0, 16)}
 _KEEP: list[Any] = []  # the memory behind the fake tensors lives as long as the test process
 
 

@@ -30,8 +30,10 @@ def test_numpy_bad_input() -> None:
         ops.rms_norm(x.reshape(1, 4), x, "tiny")
     with pytest.raises(TypeError, match="add: x must have dtype"):
         ops.add(np.ones(4, np.int16), np.ones(4, np.int16))
-    with pytest.raises(TypeError, match="out\\[0\\] must be an array of the same framework"):
+    with pytest.raises(TypeError, match="gelu: out= takes a tensor or a tuple of them, got a list of 4"):
         ops.gelu(x, out=[0.0] * 4)
+    with pytest.raises(TypeError, match="out\\[0\\] must be an array of the same framework"):
+        ops.gelu(x, out=(0.0,))
     with pytest.raises(opbridge.UnsupportedFrameworkError, match="gelu: argument 'x' must be an array"):
         ops.gelu("not an array")
 
