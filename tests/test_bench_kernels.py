@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import mmap
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,14 @@ def test_result_structure(result: dict[str, Any]) -> None:
                                       "large_new_speedup_vs_eager", "speedup_vs_compile", "small_speedup_vs_eager",
                                       "small_ceiling_vs_eager", "float64_vs_float32"}
     assert all(c["cache_copies"] == {} for c in cases)  # every case timed the STREAM copy instead
+    # new outputs timed with the pool's buffers kept warm between rounds, and the setting restored after
+    from opbridge import config
+    from opbridge.call import memory
+
+    set_by_user = bool(os.environ.get("OPBRIDGE_OUTPUT_CACHE_IDLE_MS"))
+    want = config.output_cache_idle_ms() if set_by_user else kernels.KEEP_IDLE_MS
+    assert result["settings"]["output_cache_idle_ms"] == want
+    assert memory.idle_ms() == config.output_cache_idle_ms()
     assert "STREAM" in kernels.format_text(result)
 
 

@@ -175,6 +175,21 @@ def test_idle_buffers_go_back_to_the_os() -> None:
     assert out.split() == ["0", "True"]
 
 
+def test_keep_idle_buffers_holds_them_within_its_block() -> None:
+    """bench kernels' setting: idle buffers kept past OPBRIDGE_OUTPUT_CACHE_IDLE_MS inside the block only."""
+    out = _run(_PRELUDE + """
+    with memory.keep_idle_buffers(60_000):
+        y = opbridge.ops.add(x, x); del y
+        time.sleep(0.5)
+        held, inner = memory.host_stats()["cached"], memory.idle_ms()
+    deadline = time.time() + 10
+    while memory.host_stats()["cached"] and time.time() < deadline:
+        time.sleep(0.02)
+    print(held, inner, memory.idle_ms(), memory.host_stats()["cached"])
+    """, OPBRIDGE_OUTPUT_CACHE_IDLE_MS="50")
+    assert out.split() == ["1", "60000", "50", "0"]
+
+
 def test_trim_empties_the_cache() -> None:
     out = _run(_PRELUDE + """
     y = opbridge.ops.add(x, x); del y

@@ -30,6 +30,7 @@ from mindspore.graph.api import _pynative_executor  # noqa: E402
 
 import opbridge  # noqa: E402
 from _hugepages import faults_per_call  # noqa: E402
+from _split_sum import SPLIT_SUM_CC, declare_split_sum  # noqa: E402
 from opbridge import ops  # noqa: E402
 from opbridge.adapters import mindspore as adapter  # noqa: E402
 from opbridge.adapters.mindspore import aot, primitive, shim  # noqa: E402
@@ -88,21 +89,7 @@ void affine_cpu(TensorView out, TensorView x, double alpha, int64_t k, bool nega
 }
 OPBRIDGE_EXPORT(affine_cpu);
 
-// split_sum(Tensor x) -> (Tensor, Tensor): the row sums (int64 count of rows as second output)
-void split_sum_cpu(TensorView sums, TensorView count, TensorView x) {
-  OPB_CHECK_DTYPE("split_sum", x, opbridge::kFloat32);
-  OPB_CHECK_NDIM("split_sum", x, 2);
-  const float* a = static_cast<const float*>(x.data_ptr());
-  float* s = static_cast<float*>(sums.data_ptr());
-  for (int64_t r = 0; r < x.size(0); ++r) {
-    float acc = 0.f;
-    for (int64_t c = 0; c < x.size(1); ++c) acc += a[r * x.size(1) + c];
-    s[r] = acc;
-  }
-  static_cast<int64_t*>(count.data_ptr())[0] = x.size(0);
-}
-OPBRIDGE_EXPORT(split_sum_cpu);
-"""
+""" + SPLIT_SUM_CC
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -139,10 +126,7 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
     def affine(x: Any, alpha: float, *, k: int = 1, negate: bool = False) -> Any:
         return (-alpha if negate else alpha) * k * x
 
-    @lib.op("split_sum(Tensor x) -> (Tensor, Tensor)",
-            shape=lambda x: (opbridge.Spec((x.shape[0],), x.dtype), opbridge.Spec((1,), "int64")))
-    def split_sum(x: Any) -> Any:
-        return x.sum(axis=1), np.array([x.shape[0]], np.int64)
+    declare_split_sum(lib)
 
     adapter.register(lib)  # declared after the adapter was imported: make it known to graphs
     return lib

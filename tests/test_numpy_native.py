@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _split_sum import SPLIT_SUM_CC, declare_split_sum
 from opbridge import ops
 from opbridge.adapters import numpy as npa
 from opbridge.adapters.numpy import native
@@ -379,21 +380,6 @@ def test_an_op_returning_the_argument_it_writes(entry: native.Library, tmp_path:
     np.testing.assert_array_equal(x, np.full(5, 6.0, np.float32))
 
 
-SPLIT_SUM_CC = """
-#include <opbridge/opbridge.h>
-// split_sum(Tensor x) -> (Tensor, Tensor): each row's sum, and the number of rows (int64)
-void split_sum_cpu(opbridge::TensorView sums, opbridge::TensorView count, opbridge::TensorView x) {
-  const float* a = static_cast<const float*>(x.data_ptr());
-  float* s = static_cast<float*>(sums.data_ptr());
-  for (int64_t r = 0; r < x.size(0); ++r) {
-    float acc = 0.f;
-    for (int64_t c = 0; c < x.size(1); ++c) acc += a[r * x.size(1) + c];
-    s[r] = acc;
-  }
-  static_cast<int64_t*>(count.data_ptr())[0] = x.size(0);
-}
-OPBRIDGE_EXPORT(split_sum_cpu);
-"""
 
 
 def test_out_of_outputs_a_shape_rule_gives(entry: native.Library, tmp_path: Any) -> None:
@@ -401,13 +387,10 @@ def test_out_of_outputs_a_shape_rule_gives(entry: native.Library, tmp_path: Any)
     the rule's answer, and leaves a mismatch to Python's ValueError."""
     import opbridge
 
-    (tmp_path / "split_sum.cc").write_text(SPLIT_SUM_CC)
+    (tmp_path / "split_sum.cc").write_text(
+        "#include <opbridge/opbridge.h>\nusing tvm::ffi::TensorView;\n" + SPLIT_SUM_CC)
     lib = opbridge.Library("np_entry_outs", sources=["split_sum.cc"], root=tmp_path, dtypes=["float32"])
-
-    @lib.op("split_sum(Tensor x) -> (Tensor, Tensor)",
-            shape=lambda x: (opbridge.Spec((x.shape[0],), x.dtype), opbridge.Spec((1,), "int64")))
-    def split_sum(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return x.sum(axis=1), np.array([x.shape[0]], np.int64)
+    split_sum = declare_split_sum(lib)
 
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     outs = (np.zeros(3, np.float32), np.zeros(1, np.int64))

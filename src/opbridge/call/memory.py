@@ -32,10 +32,11 @@ memory synchronously; ``OPBRIDGE_HUGEPAGES=0`` turns the advice off.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ def advise_fresh(ptr: int, nbytes: int) -> bool:
 
 _POOL = "opbridge.host_buffers.v1."  # the prefix of the pool's tvm-ffi globals
 _host: list[Any] = []  # [empty] once a loaded module has registered the pool and it is configured
+_idle: list[int] = []  # [ms] where keep_idle_buffers set this process's idle time
 
 
 def _pool_fn(name: str) -> Any:
@@ -102,9 +104,38 @@ def _host_fn() -> Any | None:
     empty = _pool_fn("empty")
     if empty is None:  # no module loaded yet, or only modules built before the pool existed
         return None
-    _pool_fn("configure")(advise_enabled(), config.output_cache_bytes(), config.output_cache_idle_ms())
+    _pool_fn("configure")(advise_enabled(), config.output_cache_bytes(), idle_ms())
     _host.append(empty)
     return empty
+
+
+def idle_ms() -> int:
+    """How long this process's pool keeps a recycled buffer unused: :func:`keep_idle_buffers`'s time, else
+    ``OPBRIDGE_OUTPUT_CACHE_IDLE_MS``'s."""
+    return _idle[0] if _idle else config.output_cache_idle_ms()
+
+
+@contextlib.contextmanager
+def keep_idle_buffers(ms: int) -> Iterator[None]:
+    """Within the block, keep a recycled output buffer *ms* milliseconds unused before giving it back, in this
+    process only, instead of ``OPBRIDGE_OUTPUT_CACHE_IDLE_MS``.
+
+    For a benchmark whose rounds leave an op's calls further apart than that (``bench kernels`` interleaves
+    NumPy references that run over a second at 4096²): each new output would otherwise map fresh memory,
+    which a loop calling the op does not.
+    """
+    before = list(_idle)
+    _set_idle([int(ms)])
+    try:
+        yield
+    finally:
+        _set_idle(before)
+
+
+def _set_idle(ms: list[int]) -> None:
+    _idle[:] = ms
+    if _host:
+        _pool_fn("configure")(advise_enabled(), config.output_cache_bytes(), idle_ms())
 
 
 def host_ready() -> bool:
