@@ -1,7 +1,7 @@
 """vLLM's multi-step ``advance_step_flashattn``: its NumPy reference (the declaration) and test
 cases; the kernels are ``opbridge/csrc/advance_step.{cc,cu}``.
 
-Its int64 tensors need ``jax_enable_x64`` in JAX (as ``rotary_embedding``'s);
+Its int64 tensors (vLLM's kernel takes them so) need ``jax_enable_x64`` in JAX;
 a bad block id surfaces from inside XLA as ``JaxRuntimeError`` carrying the
 kernel's message. ``advance_step_flashattn_cases`` generates valid block
 tables for the test matrix (``check_op``) and the benchmarks.
