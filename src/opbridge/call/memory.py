@@ -104,9 +104,13 @@ def _host_fn() -> Any | None:
     empty = _pool_fn("empty")
     if empty is None:  # no module loaded yet, or only modules built before the pool existed
         return None
-    _pool_fn("configure")(advise_enabled(), config.output_cache_bytes(), idle_ms())
+    _configure()
     _host.append(empty)
     return empty
+
+
+def _configure() -> None:
+    _pool_fn("configure")(advise_enabled(), config.output_cache_bytes(), idle_ms())
 
 
 def idle_ms() -> int:
@@ -134,8 +138,8 @@ def keep_idle_buffers(ms: int) -> Iterator[None]:
 
 def _set_idle(ms: list[int]) -> None:
     _idle[:] = ms
-    if _host:
-        _pool_fn("configure")(advise_enabled(), config.output_cache_bytes(), idle_ms())
+    if _host:  # configured already: again, with the new idle time
+        _configure()
 
 
 def host_ready() -> bool:

@@ -186,8 +186,9 @@ def _install_entry(op: OpDef, sh: native.Shim, handle: int) -> None:
     body = "\n".join(entry_lines(op, "_t_native", names, "    ")) + "\n" + (prelude(op) or "")
     ns: dict[str, Any] = {"_t_native": sh.entry(handle), "_t_ni": NotImplemented}
     out_body = out_prelude(op)
-    # the C entry takes out= of every op returning it, one tensor or a tuple (rms_norm_backward's (dx, dw))
-    if out_body or (core.returns_its_outs(op) and not any(a.type.is_tensor_list for a in op.schema.arguments)):
+    # the C entry takes out= of every op returning it, one tensor or a tuple (rms_norm_backward's (dx, dw)):
+    # the ops out_prelude gives a body for, and those with several outputs
+    if core.returns_its_outs(op) and not any(a.type.is_tensor_list for a in op.schema.arguments):
         ns["_t_native_out"] = sh.entry(handle, with_out=True)
         out_body = "\n".join(entry_lines(op, "_t_native_out", [*names, "out"], " " * 8)) + "\n" + out_body
     install_prelude(op, "torch", body, ns, out_prelude=out_body)
