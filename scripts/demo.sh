@@ -5,9 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/envs.sh
 export OPBRIDGE_CACHE_DIR=${OPBRIDGE_CACHE_DIR:-$PWD/.cache/opbridge}
-# advance_step's int64 token ids need JAX's 64-bit mode; JAX narrows int64 to int32 without it (rotary's positions
-# run either way).
-JAX_ENABLE_X64=1 .venv/bin/python -m opbridge.demo --frameworks numpy,torch,jax,paddle "$@"
+# JAX as users first meet it, without its 64-bit mode: rotary's positions and advance_step's token ids, positions
+# and slots arrive as int32, which the kernels take.
+.venv/bin/python -m opbridge.demo --frameworks numpy,torch,jax,paddle "$@"
 if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
   .venv-ms/bin/python -m opbridge.demo --frameworks mindspore "$@"
 fi

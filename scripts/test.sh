@@ -25,8 +25,8 @@ run .venv/bin/python -m pytest -q -p no:cacheprovider tests \
 for fw in numpy torch paddle; do
   run env OPBRIDGE_FRAMEWORK=$fw .venv/bin/python -m pytest -q -p no:cacheprovider tests/conformance
 done
-# JAX twice: as users first meet it (no 64-bit types: int64 arrays narrow to int32, so advance_step's cases and
-# rotary's int64 positions are left out, its int32 ones run), and with JAX_ENABLE_X64=1 (float64, int64).
+# JAX twice: as users first meet it (no 64-bit types: int64 arrays narrow to int32, so the int64 cases of rotary's
+# positions and advance_step's ids are left out, their int32 ones run), and with JAX_ENABLE_X64=1 (float64, int64).
 run env OPBRIDGE_FRAMEWORK=jax .venv/bin/python -m pytest -q -p no:cacheprovider tests/conformance
 run env OPBRIDGE_FRAMEWORK=jax JAX_ENABLE_X64=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/conformance
 [ -f tests/test_jax_adapter.py ] && run .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_jax_adapter.py

@@ -159,6 +159,11 @@ def extra(tmp_path_factory: pytest.TempPathFactory) -> opbridge.Library:
     def negate(x: Any) -> Any:
         return -x
 
+    @lib.op("negate64(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=("float64",),
+            kernels={"cpu": "negate_cpu"})
+    def negate64(x: Any) -> Any:  # an op that takes a 64-bit dtype only
+        return -x
+
     return lib
 
 
@@ -1122,6 +1127,31 @@ def test_out_inside_grad_names_the_op_not_its_target() -> None:
     np.testing.assert_allclose(float(g), float(jnp.sum(ops.rms_norm(x, jnp.ones(8)))), rtol=1e-5)
 
 
+def test_advance_step_runs_without_x64() -> None:
+    """JAX without x64 makes token ids, positions and slots int32; the kernels take them as they are
+    and advance as vLLM's int64 step does."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on in this process")
+    rng = np.random.default_rng(0)
+    n, q, bs, width = 6, 4, 16, 4
+    state = {"input_tokens": np.full(n, 555), "sampled_token_ids": rng.integers(0, 32000, (q, 1)),
+             "input_positions": np.full(n, 777), "seq_lens": rng.integers(0, bs * width, n).astype(np.int32),
+             "slot_mapping": np.full(n, 999), "block_tables": rng.integers(0, 5000, (n, width)).astype(np.int32)}
+    want = {k: v.copy() for k, v in state.items()}
+    ops.advance_step_flashattn.reference(n, q, bs, *want.values())  # int64, as vLLM's
+    mutated = ["input_tokens", "input_positions", "seq_lens", "slot_mapping"]
+    args = [jnp.asarray(v) for v in state.values()]
+    assert args[0].dtype == jnp.int32
+    for call in (ops.advance_step_flashattn, jax.jit(ops.advance_step_flashattn, static_argnums=(0, 1, 2))):
+        got = call(n, q, bs, *args)
+        for name, g in zip(mutated, got, strict=True):
+            assert g.dtype == jnp.int32, name
+            np.testing.assert_array_equal(np.asarray(g), want[name], err_msg=name)
+    bad = [*args[:3], args[3].at[1].set(-1), *args[4:]]
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=r"seq_lens must be >= 0, got seq_lens\[1\]"):
+        jax.block_until_ready(ops.advance_step_flashattn(n, q, bs, *bad))
+
+
 def test_rotary_embedding_takes_int32_positions_without_x64() -> None:
     """JAX without x64 (its default) makes positions int32; the kernels take them as they are."""
     if jax.config.jax_enable_x64:
@@ -1144,18 +1174,18 @@ def test_rotary_embedding_takes_int32_positions_without_x64() -> None:
             .block_until_ready()
 
 
-def test_a_64_bit_dtype_error_without_x64_says_how_to_enable_it() -> None:
+def test_a_64_bit_dtype_error_without_x64_says_how_to_enable_it(extra: opbridge.Library) -> None:
     from opbridge.adapters.jax.variant import _with_x64_hint
 
     if jax.config.jax_enable_x64:
         pytest.skip("x64 is on in this process")
-    z = jnp.zeros(2, jnp.int32)  # what JAX makes of an int64 array without x64
-    args = (2, 2, 4, z, jnp.zeros((2, 1), jnp.int32), z, z, z, jnp.zeros((2, 1), jnp.int32))
-    for call in (ops.advance_step_flashattn, jax.jit(ops.advance_step_flashattn, static_argnums=(0, 1, 2))):
-        with pytest.raises(TypeError, match=r"input_tokens must have dtype int64, got int32.*\(JAX makes 64-bit "
+    negate64 = extra.ops["negate64"].call
+    x = jnp.asarray(np.ones(2))  # what JAX makes of a float64 array without x64: float32
+    for call in (negate64, jax.jit(negate64)):
+        with pytest.raises(TypeError, match=r"x must have dtype float64, got float32.*\(JAX makes 64-bit "
                                             r'arrays 32-bit unless x64 is on: jax.config.update\("jax_enable_x64", '
                                             r"True\)"):
-            call(*args)
+            call(x)
     assert _with_x64_hint("negate: x must have dtype float32 or float64, got float32") is None  # not narrowed
     assert _with_x64_hint("add: x must have dtype float32 or bfloat16, got int32 (the dtypes add declares)") is None
     assert "jax_enable_x64" in (_with_x64_hint("negate: x must have dtype float64, got float32") or "")

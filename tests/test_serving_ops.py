@@ -570,6 +570,50 @@ def test_advance_step_edges() -> None:
     assert args["slot_mapping"][1:].tolist() == [-1, -1]
 
 
+def _narrowed(args: dict[str, Any]) -> dict[str, Any]:
+    """*args* with the token ids, positions and slots int32, as JAX makes them without x64."""
+    wide = ("input_tokens", "sampled_token_ids", "input_positions", "slot_mapping")
+    return {n: v.int() if n in wide else v.clone() if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize("sizes", [(8, 5, 16, 8), (70000, 69000, 32, 4), (3, 2, 2**20, 2**11)])
+def test_advance_step_int32_ids_match_int64(sizes: tuple[int, ...], framework: str) -> None:
+    """Token ids, positions and slots as int32 (all four) advance as the int64 call does, on the
+    kernel and the reference; a slot past int32 is refused before anything is written."""
+    args = step_args(*sizes)
+    if sizes[2] == 2**20:  # the largest block id whose slots fit int32, at the last position it serves
+        args["seq_lens"][0] = INT32_MAX - 1
+        args["block_tables"][0, -1] = INT32_MAX // 2**20 - 1
+    narrow = _narrowed(args)
+    ref = {n: v.numpy() if isinstance(v, torch.Tensor) else v for n, v in _narrowed(args).items()}
+    ops.advance_step_flashattn(**args)
+    if framework == "numpy":
+        narrow = {n: v.numpy() if isinstance(v, torch.Tensor) else v for n, v in narrow.items()}
+    ops.advance_step_flashattn(**narrow)
+    ops.advance_step_flashattn.reference(**ref)
+    for n, v in args.items():
+        if isinstance(v, torch.Tensor):
+            assert np.asarray(narrow[n]).dtype == ref[n].dtype == np.int32
+            np.testing.assert_array_equal(np.asarray(narrow[n]), v.numpy(), err_msg=n)
+            np.testing.assert_array_equal(ref[n], v.numpy(), err_msg=n)
+    if sizes[2] == 2**20:
+        assert int(np.asarray(narrow["slot_mapping"])[0]) == 2047 * 2**20 - 2  # block 2046, its last slot
+    bad = _narrowed(step_args(8, 5, 16, 8))
+    bad["block_tables"][3] = INT32_MAX // 16  # one past the largest: slots up to 2^31 + 14
+    if framework == "numpy":
+        bad = {n: v.numpy() if isinstance(v, torch.Tensor) else v for n, v in bad.items()}
+    before = {n: np.array(v) for n, v in bad.items() if hasattr(v, "shape")}
+    msg = (r"block_tables\[3\]\[\d+\] = 134217727 is not a valid block id \(must be in \[0, 134217726\] so that "
+           r"its slots id \* block_size \+ \[0, block_size\) fit in int32\)")
+    with pytest.raises(ValueError, match=msg):
+        ops.advance_step_flashattn(**bad)
+    for n, v in before.items():
+        np.testing.assert_array_equal(np.asarray(bad[n]), v, err_msg=n)
+    with pytest.raises(ValueError, match=msg):
+        ops.advance_step_flashattn.reference(**{n: np.array(v) if hasattr(v, "shape") else v for n, v in bad.items()})
+
+
 ADVANCE_REJECTIONS: list[tuple[str, Callable[[dict[str, Any]], None], type, str]] = [
     ("num_seqs < 0", lambda a: a.update(num_seqs=-1), ValueError, "num_seqs must be >= 0, got -1"),
     ("num_queries < 0", lambda a: a.update(num_queries=-1), ValueError, "num_queries must be >= 0, got -1"),
@@ -577,16 +621,18 @@ ADVANCE_REJECTIONS: list[tuple[str, Callable[[dict[str, Any]], None], type, str]
      r"num_queries \(9\) must be <= num_seqs \(8\)"),
     ("block_size 0", lambda a: a.update(block_size=0), ValueError, "block_size must be > 0, got 0"),
     ("block_size < 0", lambda a: a.update(block_size=-16), ValueError, "block_size must be > 0, got -16"),
-    ("input_tokens int32", lambda a: a.update(input_tokens=a["input_tokens"].int()), TypeError,
-     "input_tokens must have dtype int64, got int32"),
+    ("input_tokens int16", lambda a: a.update(input_tokens=a["input_tokens"].short()), TypeError,
+     "input_tokens must have dtype int64 or int32, got int16"),
+    ("input_tokens int32 alone", lambda a: a.update(input_tokens=a["input_tokens"].int()), TypeError,
+     r"sampled_token_ids must have the same dtype as input_tokens \(int32\), got int64"),
     ("sampled int32", lambda a: a.update(sampled_token_ids=a["sampled_token_ids"].int()), TypeError,
-     "sampled_token_ids must have dtype int64, got int32"),
+     r"sampled_token_ids must have the same dtype as input_tokens \(int64\), got int32"),
     ("input_positions int32", lambda a: a.update(input_positions=a["input_positions"].int()), TypeError,
-     "input_positions must have dtype int64, got int32"),
+     r"input_positions must have the same dtype as input_tokens \(int64\), got int32"),
     ("seq_lens int64", lambda a: a.update(seq_lens=a["seq_lens"].long()), TypeError,
      "seq_lens must have dtype int32, got int64"),
     ("slot_mapping float", lambda a: a.update(slot_mapping=a["slot_mapping"].float()), TypeError,
-     "slot_mapping must have dtype int64, got float32"),
+     r"slot_mapping must have the same dtype as input_tokens \(int64\), got float32"),
     ("block_tables int64", lambda a: a.update(block_tables=a["block_tables"].long()), TypeError,
      "block_tables must have dtype int32, got int64"),
     ("input_tokens size", lambda a: a.update(input_tokens=torch.zeros(7, dtype=torch.int64)), ValueError,

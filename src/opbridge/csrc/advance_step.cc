@@ -11,6 +11,7 @@
 //
 // dtypes / shapes: input_tokens, input_positions, slot_mapping int64 (num_seqs,);
 // sampled_token_ids int64 (num_queries, 1) (or flat (num_queries,)); seq_lens int32 (num_seqs,);
+// those four int64 as vLLM's, or all four int32 (JAX's without x64; slots must then fit int32);
 // block_tables int32 (num_seqs, max_blocks). All contiguous, on CPU, pairwise disjoint.
 //
 // Validated before anything is written, for every i < num_queries:
@@ -18,7 +19,8 @@
 //   0 <= seq_lens[i] < INT32_MAX (the increment must not overflow int32),
 //   seq_lens[i] / block_size < max_blocks (the block index must lie within the table's width),
 //   block id b = block_tables[i][seq_lens[i] / block_size] with 0 <= b and
-//     (b + 1) * block_size <= INT64_MAX (every slot of the block is a representable int64).
+//     (b + 1) * block_size <= INT64_MAX (every slot of the block is a representable int64; INT32_MAX
+//     for int32 slots).
 // What cannot be checked here: that b is below the KV cache's number of blocks (the cache is
 // not an argument), i.e. that slot_mapping[i] indexes the cache. The block manager that filled
 // block_tables guarantees it in vLLM; a kernel consuming slot_mapping must bound it itself.
@@ -34,18 +36,19 @@ namespace {
 using opbridge::TensorView;
 using opbridge::advance_step::kOp;
 
-// Sequences [lo, hi): the validated update (see the file comment).
+// Sequences [lo, hi): the validated update (see the file comment), with token ids, positions and
+// slots of type I.
+template <typename I>
 void advance_rows(int64_t lo, int64_t hi, int64_t num_queries, int64_t block_size, int64_t max_blocks,
-                  int64_t* tokens, const int64_t* sampled, int64_t* positions, int32_t* seq_lens,
-                  int64_t* slots, const int32_t* tables) {
+                  I* tokens, const I* sampled, I* positions, int32_t* seq_lens, I* slots, const int32_t* tables) {
   for (int64_t i = lo; i < hi; ++i) {
     if (i < num_queries) {
       const int64_t pos = seq_lens[i];
       tokens[i] = sampled[i];
       seq_lens[i] = int32_t(pos + 1);
-      positions[i] = pos;
+      positions[i] = I(pos);
       const int64_t block = tables[i * max_blocks + pos / block_size];
-      slots[i] = block * block_size + pos % block_size;
+      slots[i] = I(block * block_size + pos % block_size);
     } else {
       tokens[i] = 0;
       positions[i] = 0;
@@ -54,26 +57,24 @@ void advance_rows(int64_t lo, int64_t hi, int64_t num_queries, int64_t block_siz
   }
 }
 
-}  // namespace
-
-OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cpu) {
-  const int64_t max_blocks = opbridge::advance_step::check_args(
-      kDLCPU, num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
-      block_tables);
-
-  int64_t* tokens = opbridge::data_ptr<int64_t>(input_tokens);
-  const int64_t* sampled = opbridge::data_ptr<const int64_t>(sampled_token_ids);
-  int64_t* positions = opbridge::data_ptr<int64_t>(input_positions);
+template <typename I>
+void advance(int64_t num_seqs, int64_t num_queries, int64_t block_size, int64_t max_blocks, TensorView input_tokens,
+             TensorView sampled_token_ids, TensorView input_positions, TensorView seq_lens, TensorView slot_mapping,
+             TensorView block_tables) {
+  I* tokens = opbridge::data_ptr<I>(input_tokens);
+  const I* sampled = opbridge::data_ptr<const I>(sampled_token_ids);
+  I* positions = opbridge::data_ptr<I>(input_positions);
   int32_t* lens = opbridge::data_ptr<int32_t>(seq_lens);
-  int64_t* slots = opbridge::data_ptr<int64_t>(slot_mapping);
+  I* slots = opbridge::data_ptr<I>(slot_mapping);
   const int32_t* tables = opbridge::data_ptr<const int32_t>(block_tables);
 
   // Validate every query before writing anything (first failure wins, in index order).
-  const int64_t max_block_id = std::numeric_limits<int64_t>::max() / block_size - 1;
+  constexpr bool wide = sizeof(I) == 8;
+  const int64_t max_block_id = opbridge::advance_step::max_block_id(block_size, wide);
   for (int64_t i = 0; i < num_queries; ++i) {
     OPB_CHECK(sampled[i] >= 0, ValueError)
         << kOp << ": sampled_token_ids must be >= 0 (token ids), got sampled_token_ids[" << i << "] = "
-        << sampled[i];
+        << int64_t(sampled[i]);
     const int64_t len = lens[i];
     OPB_CHECK(len >= 0, ValueError) << kOp << ": seq_lens must be >= 0, got seq_lens[" << i << "] = " << len;
     OPB_CHECK(len < std::numeric_limits<int32_t>::max(), ValueError)
@@ -86,11 +87,23 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cpu) {
     const int64_t id = tables[i * max_blocks + b];
     OPB_CHECK(id >= 0 && id <= max_block_id, ValueError)
         << kOp << ": block_tables[" << i << "][" << b << "] = " << id << " is not a valid block id (must be in [0, "
-        << max_block_id << "] so that its slots id * block_size + [0, block_size) fit in int64)";
+        << max_block_id << "] so that its slots id * block_size + [0, block_size) fit in "
+        << opbridge::advance_step::ids_name(wide) << ")";
   }
 
   opbridge::parallel_for(num_seqs, 1, [&](int64_t lo, int64_t hi) {
-    advance_rows(lo, hi, num_queries, block_size, max_blocks, tokens, sampled, positions, lens, slots, tables);
+    advance_rows<I>(lo, hi, num_queries, block_size, max_blocks, tokens, sampled, positions, lens, slots, tables);
   });
+}
+
+}  // namespace
+
+OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cpu) {
+  const int64_t max_blocks = opbridge::advance_step::check_args(
+      kDLCPU, num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+      block_tables);
+  auto run = opbridge::advance_step::wide_ids(input_tokens) ? advance<int64_t> : advance<int32_t>;
+  run(num_seqs, num_queries, block_size, max_blocks, input_tokens, sampled_token_ids, input_positions, seq_lens,
+      slot_mapping, block_tables);
 }
 OPBRIDGE_EXPORT(advance_step_flashattn_cpu);

@@ -9,14 +9,15 @@
 //     slot_mapping[i]    = block_tables[i][pos / block_size] * block_size + pos % block_size
 //   for num_queries <= i < num_seqs (CUDA-graph padding):
 //     input_tokens[i] = 0, input_positions[i] = 0, slot_mapping[i] = -1; seq_lens[i] untouched
-// dtypes / shapes as advance_step.cc: int64 (num_seqs,) except seq_lens (int32) and
+// dtypes / shapes as advance_step.cc: int64 (num_seqs,), or int32 for all four of input_tokens,
+// sampled_token_ids, input_positions and slot_mapping, except seq_lens (int32) and
 // block_tables (int32, (num_seqs, max_blocks)); sampled_token_ids (num_queries, 1) or
 // (num_queries,); all contiguous, the mutated ones disjoint from every other.
 //
 // Sizes, dtypes, counts and overlaps are checked on the host. The per-query
 // values (a token id >= 0, 0 <= seq_lens[i] < INT32_MAX, the block index
 // within the table's width, a block id b with 0 <= b and (b + 1) * block_size
-// <= INT64_MAX) live on the device; checking them on the host would cost a
+// <= INT64_MAX, or INT32_MAX for int32 slots) live on the device; checking them on the host would cost a
 // device sync per decoding step, and vLLM's own kernel checks none of them
 // (an out-of-range position reads past block_tables: vllm#10432, #14404).
 // Here an offending query is left unchanged except slot_mapping[i] = -1 (the
@@ -51,12 +52,14 @@ constexpr int kThreads = 256;
 
 __device__ unsigned long long g_claim;  // this family's error claim word, per device
 
+// I: the type of the token ids, positions and slots (int64_t, or int32_t for all four).
+template <typename I>
 __global__ void __launch_bounds__(kThreads)
     advance_step_flashattn_kernel(int64_t num_seqs, int64_t num_queries, int64_t block_size,
-                                  int64_t max_block_id, int64_t* __restrict__ input_tokens,
-                                  const int64_t* __restrict__ sampled_token_ids,
-                                  int64_t* __restrict__ input_positions, int32_t* __restrict__ seq_lens,
-                                  int64_t* __restrict__ slot_mapping,
+                                  int64_t max_block_id, I* __restrict__ input_tokens,
+                                  const I* __restrict__ sampled_token_ids,
+                                  I* __restrict__ input_positions, int32_t* __restrict__ seq_lens,
+                                  I* __restrict__ slot_mapping,
                                   const int32_t* __restrict__ block_tables, int64_t max_blocks,
                                   cu::ErrorSink err) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -86,10 +89,10 @@ __global__ void __launch_bounds__(kThreads)
     if (id < 0 || id > max_block_id) {
       code = kInvalidBlockId, value = id, bound = b;
     } else {
-      input_tokens[i] = token;
+      input_tokens[i] = I(token);
       seq_lens[i] = static_cast<int32_t>(pos + 1);
-      input_positions[i] = pos;
-      slot_mapping[i] = id * block_size + pos % block_size;
+      input_positions[i] = I(pos);
+      slot_mapping[i] = I(id * block_size + pos % block_size);
       return;
     }
   }
@@ -109,7 +112,8 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
       kDLCUDA, num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
       block_tables);
 
-  const int64_t max_block_id = std::numeric_limits<int64_t>::max() / block_size - 1;
+  const bool wide = opbridge::advance_step::wide_ids(input_tokens);
+  const int64_t max_block_id = opbridge::advance_step::max_block_id(block_size, wide);
   // The messages of advance_step.cc, for a record the kernel made.
   auto describe = [&](const cu::ErrorRecord& r) {
     std::ostringstream os;
@@ -132,7 +136,8 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
       default:
         os << "block_tables[" << i << "][" << r.bound << "] = " << r.value
            << " is not a valid block id (must be in [0, " << max_block_id
-           << "] so that its slots id * block_size + [0, block_size) fit in int64)";
+           << "] so that its slots id * block_size + [0, block_size) fit in "
+           << opbridge::advance_step::ids_name(wide) << ")";
         break;
     }
     os << "; that query was left unchanged and its slot_mapping entry set to -1 (padding)";
@@ -145,11 +150,19 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
   const cu::ErrorSink sink = error_flag().sink(kOp, ctx.device(), &g_claim);
   const int64_t blocks = (num_seqs + kThreads - 1) / kThreads;
   OPB_CHECK(blocks <= INT32_MAX, ValueError) << kOp << ": num_seqs = " << num_seqs << " is too large";
-  advance_step_flashattn_kernel<<<unsigned(blocks), kThreads, 0, ctx.stream>>>(
-      num_seqs, num_queries, block_size, max_block_id, opbridge::data_ptr<int64_t>(input_tokens),
-      opbridge::data_ptr<const int64_t>(sampled_token_ids), opbridge::data_ptr<int64_t>(input_positions),
-      opbridge::data_ptr<int32_t>(seq_lens), opbridge::data_ptr<int64_t>(slot_mapping),
-      opbridge::data_ptr<const int32_t>(block_tables), max_blocks, sink);
+  auto launch = [&](auto ids) {
+    using I = decltype(ids);
+    advance_step_flashattn_kernel<I><<<unsigned(blocks), kThreads, 0, ctx.stream>>>(
+        num_seqs, num_queries, block_size, max_block_id, opbridge::data_ptr<I>(input_tokens),
+        opbridge::data_ptr<const I>(sampled_token_ids), opbridge::data_ptr<I>(input_positions),
+        opbridge::data_ptr<int32_t>(seq_lens), opbridge::data_ptr<I>(slot_mapping),
+        opbridge::data_ptr<const int32_t>(block_tables), max_blocks, sink);
+  };
+  if (wide) {
+    launch(int64_t{});
+  } else {
+    launch(int32_t{});
+  }
   ctx.check_launch();
   cu::raise_now_if_asked(kOp, error_flag(), ctx.stream, describe);
 }

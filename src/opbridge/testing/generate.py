@@ -138,7 +138,7 @@ def held_cases(op: OpDef, cases: Sequence[Case], dtypes: Iterable[str]) -> tuple
     why (else None).
 
     JAX without ``jax_enable_x64`` has no int64: it runs ``rotary_embedding``'s cases with int32
-    positions and leaves out those with int64 ones, and every case of ``advance_step_flashattn``.
+    positions and ``advance_step_flashattn``'s with int32 ids, and leaves out their int64 ones.
     """
     have = set(dtypes)
 

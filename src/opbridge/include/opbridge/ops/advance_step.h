@@ -21,16 +21,24 @@ inline void check_scalars(const char* op, int64_t num_seqs, int64_t num_queries,
   OPB_CHECK(block_size > 0, ValueError) << op << ": block_size must be > 0, got " << block_size;
 }
 
+// The width of the token ids, positions and slots: int64 (vLLM's) or int32 (JAX's without x64), one
+// for all four tensors. A block id b is valid when every slot b * block_size + [0, block_size) fits it.
+inline bool wide_ids(const TensorView& input_tokens) { return input_tokens.dtype() == kInt64; }
+inline int64_t max_block_id(int64_t block_size, bool wide) {
+  return (wide ? INT64_MAX : int64_t(INT32_MAX)) / block_size - 1;
+}
+inline const char* ids_name(bool wide) { return wide ? "int64" : "int32"; }
+
 // dtypes, shapes, contiguity and disjointness; returns block_tables' width (max_blocks).
 inline int64_t check_tensors(const char* op, int64_t num_seqs, int64_t num_queries, const TensorView& input_tokens,
                              const TensorView& sampled_token_ids, const TensorView& input_positions,
                              const TensorView& seq_lens, const TensorView& slot_mapping,
                              const TensorView& block_tables) {
-  OPB_CHECK_DTYPE(op, input_tokens, opbridge::kInt64);
-  OPB_CHECK_DTYPE(op, sampled_token_ids, opbridge::kInt64);
-  OPB_CHECK_DTYPE(op, input_positions, opbridge::kInt64);
+  OPB_CHECK_DTYPE(op, input_tokens, opbridge::kInt64, opbridge::kInt32);  // as wide_ids reads it
+  OPB_CHECK_SAME_DTYPE(op, sampled_token_ids, input_tokens);
+  OPB_CHECK_SAME_DTYPE(op, input_positions, input_tokens);
   OPB_CHECK_DTYPE(op, seq_lens, opbridge::kInt32);
-  OPB_CHECK_DTYPE(op, slot_mapping, opbridge::kInt64);
+  OPB_CHECK_SAME_DTYPE(op, slot_mapping, input_tokens);
   OPB_CHECK_DTYPE(op, block_tables, opbridge::kInt32);
 
   OPB_CHECK_NDIM(op, input_tokens, 1);
