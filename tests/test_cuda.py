@@ -267,6 +267,10 @@ def _bad_calls() -> list[tuple[str, Any, type[Exception], str]]:
          r"rotary_embedding: query must have shape \(\*positions.shape"),
         ("advance_step_flashattn_cuda", lambda: _adv(num_queries=5), ValueError,
          r"advance_step_flashattn: num_queries \(5\) must be <= num_seqs \(4\)"),
+        ("advance_step_flashattn_cuda", lambda: _adv(input_tokens=_t(4, dtype="int16")), TypeError,
+         r"advance_step_flashattn: input_tokens must have dtype int64 or int32, got int16"),
+        ("advance_step_flashattn_cuda", lambda: _adv(input_tokens=_t(4, dtype="int32")), TypeError,
+         r"advance_step_flashattn: sampled_token_ids must have the same dtype as input_tokens \(int32\), got int64"),
         ("advance_step_flashattn_cuda", lambda: _adv(seq_lens=_t(4, dtype="int64")), TypeError,
          r"advance_step_flashattn: seq_lens must have dtype int32, got int64"),
         ("advance_step_flashattn_cuda", lambda: _adv(block_tables=_t(8, dtype="int32")), ValueError,
@@ -298,6 +302,20 @@ def test_cuda_call_without_a_driver_says_so(cuda_module: Any) -> None:
     with pytest.raises(RuntimeError, match=r"add: cudaGetDevice failed: cudaErrorInsufficientDriver: .*"
                                            r"no NVIDIA driver was found"):
         mod["add_cuda"](_t(3, 4), _t(3, 4), _t(3, 4))
+
+
+@needs_nvcc
+@pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is installed (this checks the error without)")
+@pytest.mark.parametrize("kernel", ["advance_step_flashattn_cuda", "rotary_embedding_cuda"])
+def test_a_misspelt_sync_checks_setting_raises_before_the_launch(cuda_module: Any, kernel: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-place kernels with device-side checks read OPBRIDGE_CUDA_SYNC_CHECKS before they touch the
+    device: a misspelt value raises before anything is written (here, before the missing driver does),
+    so a call retried with the setting mended does not advance or rotate twice."""
+    mod, _ = cuda_module
+    monkeypatch.setenv("OPBRIDGE_CUDA_SYNC_CHECKS", "maybe")
+    with pytest.raises(ValueError, match=r"OPBRIDGE_CUDA_SYNC_CHECKS must be one of .* got 'maybe'"):
+        mod[kernel](*(_adv() if kernel.startswith("advance") else _rot()))
 
 
 @needs_nvcc
@@ -452,6 +470,36 @@ def test_cuda_matches_cpu(gpu: Any, name: str, dtype: str) -> None:
             got = _results(op, _torch_args(op, case, dtype, "cuda", offset))
             gpu.cuda.synchronize()
             _assert_same(op, dtype, got, want, f"{name} {dtype} case {i} offset {offset}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_misaligned_outs_on_cuda_match_cpu(gpu: Any, dtype: str) -> None:
+    """out= buffers that start one element into a larger one (no 128-bit access) are written as the
+    CPU writes new outputs, for every op that takes out=: rms_norm_backward's grad_weight, which its
+    one-block grid writes directly, once went out with a 128-bit store whatever its alignment."""
+    from opbridge.call.core import returns_its_outs
+    from opbridge.testing.matrix import NONCONTIGUOUS, make_cases
+
+    torch = gpu
+    for op in _ops().LIBRARY.ops.values():
+        if not returns_its_outs(op) or dtype not in op.dtypes:
+            continue
+        cases = [c for c in make_cases(op, dtype) if c.get(NONCONTIGUOUS) is None][:4]
+        if op.name == "rms_norm_backward":  # one row of 4096: the one-block grid that writes grad_weight
+            x = np.random.default_rng(0).standard_normal((1, 4096))
+            cases.append({"grad": x, "x": x[:, ::-1].copy(), "weight": x[0] / 2, "eps": 1e-6})
+        for i, case in enumerate(cases):
+            want = _results(op, _torch_args(op, case, dtype, "cpu"))[:op.n_outputs]
+            outs = []
+            for w in want:
+                buf = torch.full((w.numel() + 1,), float("nan"), dtype=w.dtype, device="cuda")
+                outs.append(buf[1:].view(w.shape))
+            args = _torch_args(op, case, dtype, "cuda")
+            op.call(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
+            torch.cuda.synchronize()
+            rows = int(np.prod(want[0].shape[:-1])) if want[0].dim() > 1 else 1
+            _assert_same(op, dtype, outs, want, f"{op.name} {dtype} case {i} out= offset 1",
+                         summed=(1, rows) if op.name == "rms_norm_backward" else ())
 
 
 # (rows, H): every launch form of the row kernels. Forward: rows cached in registers with 1 to 8
@@ -609,3 +657,18 @@ def test_device_side_errors_are_reported(gpu: Any, monkeypatch: pytest.MonkeyPat
                                    torch.zeros(3, dtype=torch.int64, device="cuda"), seq_lens, slots,
                                    torch.zeros(3, 2, dtype=torch.int32, device="cuda"))
     assert slots.tolist() == [5, -1, 0] and seq_lens.tolist() == [6, 40, 1]
+
+    # Asynchronous, int32 slots: the next call, with another block size and int64 slots, describes the
+    # offending call (its block size 16, its int32 bound), not itself.
+    monkeypatch.setenv("OPBRIDGE_CUDA_SYNC_CHECKS", "0")
+
+    def step(bs: int, table: Any, ids: Any) -> None:
+        ops.advance_step_flashattn(1, 1, bs, torch.zeros(1, dtype=ids, device="cuda"),
+                                   torch.ones(1, 1, dtype=ids, device="cuda"), torch.zeros(1, dtype=ids, device="cuda"),
+                                   torch.zeros(1, dtype=torch.int32, device="cuda"),
+                                   torch.zeros(1, dtype=ids, device="cuda"), table)
+    step(16, torch.full((1, 1), 2**30, dtype=torch.int32, device="cuda"), torch.int32)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"block_tables\[0\]\[0\] = 1073741824 is not a valid block id \(must be in "
+                                         r"\[0, 134217726\] .* fit in int32\).*earlier call"):
+        step(64, torch.zeros(1, 1, dtype=torch.int32, device="cuda"), torch.int64)

@@ -45,7 +45,8 @@ enum : int {
   kNegativeSeqLen,
   kSeqLenOverflow,
   kBeyondBlockTable,
-  kInvalidBlockId,
+  kInvalidBlockId,       // int64 slots
+  kInvalidBlockId32,     // int32 slots
 };
 
 constexpr int kThreads = 256;
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     const int64_t id = block_tables[i * max_blocks + b];
     if (id < 0 || id > max_block_id) {
-      code = kInvalidBlockId, value = id, bound = b;
+      code = sizeof(I) == 8 ? kInvalidBlockId : kInvalidBlockId32, value = id, bound = b;
     } else {
       input_tokens[i] = I(token);
       seq_lens[i] = static_cast<int32_t>(pos + 1);
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   slot_mapping[i] = -1;
-  cu::report_error(err, code, i, value, bound);
+  cu::report_error(err, code, i, value, bound, /*extra=*/block_size);
 }
 
 cu::ErrorFlag& error_flag() {
@@ -114,10 +115,12 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
 
   const bool wide = opbridge::advance_step::wide_ids(input_tokens);
   const int64_t max_block_id = opbridge::advance_step::max_block_id(block_size, wide);
-  // The messages of advance_step.cc, for a record the kernel made.
-  auto describe = [&](const cu::ErrorRecord& r) {
+  // The messages of advance_step.cc, for a record the kernel made, from the record alone (an earlier
+  // call's may have had another block size or slot width): extra is that call's block size.
+  auto describe = [](const cu::ErrorRecord& r) {
     std::ostringstream os;
-    const long long i = r.index;
+    const long long i = r.index, bs = r.extra;
+    const bool slots64 = r.code != kInvalidBlockId32;
     switch (r.code) {
       case kNegativeToken:
         os << "sampled_token_ids must be >= 0 (token ids), got sampled_token_ids[" << i << "] = " << r.value;
@@ -130,20 +133,21 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
         break;
       case kBeyondBlockTable:
         os << "block index beyond the table's width: sequence " << i << " at position " << r.value
-           << " needs block_tables[" << i << "][" << r.value / block_size << "] (block_size " << block_size
+           << " needs block_tables[" << i << "][" << r.value / bs << "] (block_size " << bs
            << "), but block_tables has " << r.bound << " column(s)";
         break;
       default:
         os << "block_tables[" << i << "][" << r.bound << "] = " << r.value
-           << " is not a valid block id (must be in [0, " << max_block_id
+           << " is not a valid block id (must be in [0, " << opbridge::advance_step::max_block_id(bs, slots64)
            << "] so that its slots id * block_size + [0, block_size) fit in "
-           << opbridge::advance_step::ids_name(wide) << ")";
+           << opbridge::advance_step::ids_name(slots64) << ")";
         break;
     }
     os << "; that query was left unchanged and its slot_mapping entry set to -1 (padding)";
     return os.str();
   };
   cu::raise_recorded(kOp, error_flag(), /*earlier=*/true, describe);
+  const bool sync = cu::sync_checks();
   if (num_seqs == 0) return;
 
   cu::Context ctx(kOp, input_tokens);
@@ -164,6 +168,6 @@ OPB_ADVANCE_STEP_KERNEL(advance_step_flashattn_cuda) {
     launch(int32_t{});
   }
   ctx.check_launch();
-  cu::raise_now_if_asked(kOp, error_flag(), ctx.stream, describe);
+  cu::raise_now_if_asked(kOp, error_flag(), ctx.stream, sync, describe);
 }
 OPBRIDGE_EXPORT(advance_step_flashattn_cuda);

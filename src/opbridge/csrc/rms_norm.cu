@@ -153,7 +153,9 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
     const T* g = opbridge::data_ptr<const T>(grad);
     const T* a = opbridge::data_ptr<const T>(x);
     const T* w = opbridge::data_ptr<const T>(weight);
-    const bool vec = cu::can_vectorize<T>(H, dx, g, a, w);
+    // dw too: a one-block grid (`direct`) stores it in 128-bit units (an out= view one element into a
+    // buffer would otherwise fault, misaligned, and lose the CUDA context).
+    const bool vec = cu::can_vectorize<T>(H, dx, dw, g, a, w);
     if (vec && cu::launch_rms_backward_staged<cu::RmsNormBackwardStaged, V>(ctx, dx, dw, g, a, w, rows, H, C(eps))) {
       return;
     }

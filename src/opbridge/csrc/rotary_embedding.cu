@@ -95,6 +95,7 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
   const int64_t num_heads = dims.num_heads, num_kv_heads = dims.num_kv_heads, rot_dim = dims.rot_dim;
 
   cu::raise_recorded(kOp, error_flag(), /*earlier=*/true, describe);
+  const bool sync = cu::sync_checks();
   const int64_t num_tokens = positions.numel();
   if (num_tokens == 0) return;
 
@@ -122,6 +123,6 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, Optional<Tens
     }
     ctx.check_launch();
   });
-  cu::raise_now_if_asked(kOp, error_flag(), ctx.stream, describe);
+  cu::raise_now_if_asked(kOp, error_flag(), ctx.stream, sync, describe);
 }
 OPBRIDGE_EXPORT(rotary_embedding_cuda);

@@ -36,10 +36,12 @@ namespace cuda {
 // first call's allocations are allowed during a capture (RelaxedCapture), and
 // OPBRIDGE_CUDA_SYNC_CHECKS does not synchronise a stream that is capturing.
 
+// Everything a family's message needs is in its record, not taken from the call that raises it, which
+// may be a later call with other arguments (advance_step records its block size in `extra`).
 struct ErrorRecord {
   int code;  // 0: no error; otherwise a kernel-family specific kind, written last
   int pad;
-  long long index, value, bound;
+  long long index, value, bound, extra;
   unsigned long long epoch;  // increases each time the host consumes a record; read by a reporting kernel
 };
 
@@ -51,13 +53,14 @@ struct ErrorSink {
 
 // Records the first error of the record's current epoch; later ones in the epoch are dropped.
 __device__ __forceinline__ void report_error(const ErrorSink& sink, int code, long long index,
-                                             long long value, long long bound) {
+                                             long long value, long long bound, long long extra = 0) {
   volatile ErrorRecord* r = sink.record;
   const unsigned long long epoch = r->epoch;
   if (atomicMax(sink.claim, epoch) < epoch) {
     r->index = index;
     r->value = value;
     r->bound = bound;
+    r->extra = extra;
     __threadfence_system();
     r->code = code;
   }
@@ -122,6 +125,7 @@ class ErrorFlag {
     out->index = r->index;
     out->value = r->value;
     out->bound = r->bound;
+    out->extra = r->extra;
     r->code = 0;
     r->epoch = r->epoch + 1;  // what the next reporting kernel reads (a graph replay too)
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -187,12 +191,13 @@ inline bool sync_checks() {
   return on == 1;
 }
 
-// After a launch of `flag`'s family on `stream`: with OPBRIDGE_CUDA_SYNC_CHECKS, waits for it and raises
+// After a launch of `flag`'s family on `stream`: where `asked` (sync_checks(), read before the launch, so
+// that a misspelt setting raises before an in-place kernel has written anything), waits for it and raises
 // what it recorded, from this call. Not while the stream is being captured into a CUDA graph, which
 // cannot wait: a capture records the launch only, and its replays report to the next call.
 template <typename Describe>
-void raise_now_if_asked(const char* op, ErrorFlag& flag, cudaStream_t stream, Describe describe) {
-  if (!sync_checks() || capturing(stream)) return;
+void raise_now_if_asked(const char* op, ErrorFlag& flag, cudaStream_t stream, bool asked, Describe describe) {
+  if (!asked || capturing(stream)) return;
   OPB_CUDA_CHECK(op, cudaStreamSynchronize(stream));
   raise_recorded(op, flag, /*earlier=*/false, describe);
 }
