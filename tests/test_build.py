@@ -72,6 +72,22 @@ def test_cuda_flags_reach_nvcc_and_key_cuda_builds_only(tmp_path: Path, monkeypa
         bcompile.fingerprint(cuda)
 
 
+def test_cxx_flags_reach_every_compile_and_link_and_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # OPBRIDGE_CXX_FLAGS: a sanitizer build (-fsanitize=... on the compile and the link) gets its own module
+    spec = _spec(tmp_path)
+    monkeypatch.delenv("OPBRIDGE_CXX_FLAGS", raising=False)
+    key = bcompile.fingerprint(spec)
+    monkeypatch.setenv("OPBRIDGE_CXX_FLAGS", "-fsanitize=undefined '-DNAME=a b'")
+    compile_cmd = bcompile.compile_command(spec, spec.sources[0])
+    assert compile_cmd[-4:-2] == ["-fsanitize=undefined", "-DNAME=a b"], compile_cmd  # after ours: they win
+    link = bcompile.link_command(spec, [tmp_path / "a.o"], tmp_path / "m.so")
+    assert "-fsanitize=undefined" in link
+    assert bcompile.fingerprint(spec) != key
+    monkeypatch.setenv("OPBRIDGE_CXX_FLAGS", "-DX='unclosed")
+    with pytest.raises(ValueError, match="OPBRIDGE_CXX_FLAGS must split as shell words"):
+        bcompile.fingerprint(spec)
+
+
 def test_cache_key_covers_headers_beside_the_sources(tmp_path: Path) -> None:
     # `#include "x.h"` finds x.h beside the including file, in no include directory; the key
     # must cover it, and what it includes in turn, or an edit would load the old module.

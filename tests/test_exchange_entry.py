@@ -156,6 +156,19 @@ def test_off_builds_and_loads_nothing() -> None:
     assert out.stdout.split() == ["True", "True", "None"]
 
 
+def test_a_shape_rule_dimension_below_zero_is_refused(entry: exchange.Library, tmp_path: Any) -> None:
+    """Paddle's entry once made a (-4,) tensor of a 0-byte buffer from such a rule (a negative byte count,
+    wrapped); it now leaves the call to Python, which raises the op's error."""
+    import opbridge
+    from _split_sum import REPEAT_FIRST_CC, declare_repeat_first, shape_rule_dimensions_below_zero_are_refused
+
+    (tmp_path / "rep.cc").write_text("#include <opbridge/opbridge.h>\nusing tvm::ffi::TensorView;\n" + REPEAT_FIRST_CC)
+    lib = opbridge.Library("paddle_entry_rep", sources=["rep.cc"], root=tmp_path, dtypes=["float32"])
+    repeat_first = declare_repeat_first(lib)
+    shape_rule_dimensions_below_zero_are_refused(
+        repeat_first, _t, lambda: exchange.entry_calls(lib.ops["repeat_first"], "paddle"))
+
+
 def test_out_of_several_outputs_is_written_by_the_entry(entry: exchange.Library) -> None:
     several_outputs_out(E)
 

@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from _split_sum import SPLIT_SUM_CC, declare_split_sum
+from _split_sum import (
+    REPEAT_FIRST_CC,
+    SPLIT_SUM_CC,
+    declare_repeat_first,
+    declare_split_sum,
+    shape_rule_dimensions_below_zero_are_refused,
+)
 from opbridge import ops
 from opbridge.adapters import numpy as npa
 from opbridge.adapters.numpy import native
@@ -406,6 +412,16 @@ def test_out_of_outputs_a_shape_rule_gives(entry: native.Library, tmp_path: Any)
     with pytest.raises(ValueError, match=r"split_sum: out\[0\] has shape \(4,\)"):
         split_sum(x, out=(np.zeros(4, np.float32), outs[1]))
     assert calls() == before + 1
+
+
+def test_a_shape_rule_dimension_below_zero_is_refused(entry: native.Library, tmp_path: Any) -> None:
+    import opbridge
+
+    (tmp_path / "rep.cc").write_text("#include <opbridge/opbridge.h>\nusing tvm::ffi::TensorView;\n" + REPEAT_FIRST_CC)
+    lib = opbridge.Library("np_entry_rep", sources=["rep.cc"], root=tmp_path, dtypes=["float32"])
+    repeat_first = declare_repeat_first(lib)
+    shape_rule_dimensions_below_zero_are_refused(repeat_first, lambda a: a,
+                                                 lambda: npa.entry_calls(lib.ops["repeat_first"]))
 
 
 def test_entry_takes_row_strided_slices_and_leaves_other_layouts(entry: native.Library) -> None:

@@ -69,3 +69,27 @@ def test_unhashable_scalar_runs_the_rule_each_time() -> None:
     assert plans((x, [1, 2])) == [(2, 9)]
     assert plans((x, [1, 1])) == [(2, 6)]
     assert calls[0] == 2
+
+
+def test_like_names_a_tensor_that_is_always_there() -> None:
+    """like() copies an argument's shape and dtype: a Tensor? may be None and a scalar has none, so the
+    declaration refuses both (a C entry once read an unset slot for a None one)."""
+    from opbridge.errors import DeclarationError
+
+    lib = opbridge.Library("rule_plan_like_test", sources=[])
+    with pytest.raises(DeclarationError, match=r"pick: like\('y'\) names a Tensor\? argument, which may be None"):
+        lib.op("pick(Tensor x, Tensor? y) -> Tensor", shape=opbridge.like("y"))(lambda x, y: y)
+    with pytest.raises(DeclarationError, match=r"scaled: like\('n'\) names a non-Tensor argument, which has no shape"):
+        lib.op("scaled(Tensor x, int n) -> Tensor", shape=opbridge.like("n"))(lambda x, n: x)
+
+
+def test_a_shape_rule_answer_is_checked() -> None:
+    """Negative dimensions, and more elements than any buffer holds, raise the op's ValueError."""
+    lib = opbridge.Library("rule_plan_dims_test", sources=[])
+    op = lib.op("rep(Tensor x, int n) -> Tensor", shape=lambda x, n: Spec((2, n), x.dtype))(lambda x, n: x)
+    x = np.zeros(3, np.float32)
+    assert op.opdef.output_specs([x, np.int64(4)]) == (Spec((2, 4), x.dtype),)
+    with pytest.raises(ValueError, match=r"rep: its shape rule gave output 0 the shape \(2, -1\); dimensions must be"):
+        op.opdef.output_specs([x, -1])
+    with pytest.raises(ValueError, match=r"rep: .* the shape \(2, 576460752303423488\), 1152921504606846976 elements"):
+        op.opdef.output_specs([x, 2**59])

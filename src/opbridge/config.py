@@ -12,6 +12,10 @@ variable                   meaning                                        defaul
 ``OPBRIDGE_MAX_JOBS``      parallel compile jobs                          CPU count
 ``OPBRIDGE_NO_PROGRESS``   ``1`` hides the build progress line            ``0``
 ``OPBRIDGE_CXX``           C++ compiler                                   ``$CXX`` or ``c++``
+``OPBRIDGE_CXX_FLAGS``     more C++ compiler flags, on every C++ unit and  none
+                           every module's link, split as a shell would
+                           (part of the cache key): ``-g``, or a
+                           sanitizer build (``scripts/sanitize.sh``)
 ``OPBRIDGE_CUDA_ARCHS``    CUDA architectures for ``.cu`` sources         ``80;90``
 ``OPBRIDGE_CUDA_FLAGS``    more ``nvcc`` flags for ``.cu`` sources, split  none
                            as a shell would (part of the cache key): a
@@ -116,6 +120,16 @@ def cuda_archs() -> list[str]:
     return archs
 
 
+def _shell_words(name: str) -> list[str]:
+    import shlex
+
+    raw = os.environ.get(name, "")
+    try:
+        return shlex.split(raw)
+    except ValueError as e:
+        raise ValueError(f"{name} must split as shell words ({e}), got {raw!r}") from None
+
+
 def cuda_flags() -> list[str]:
     """More ``nvcc`` flags for ``.cu`` sources (``OPBRIDGE_CUDA_FLAGS``, split as a shell would).
 
@@ -124,13 +138,19 @@ def cuda_flags() -> list[str]:
     ValueError
         If the value does not split (an unclosed quote).
     """
-    import shlex
+    return _shell_words("OPBRIDGE_CUDA_FLAGS")
 
-    raw = os.environ.get("OPBRIDGE_CUDA_FLAGS", "")
-    try:
-        return shlex.split(raw)
-    except ValueError as e:
-        raise ValueError(f"OPBRIDGE_CUDA_FLAGS must split as shell words ({e}), got {raw!r}") from None
+
+def cxx_flags() -> list[str]:
+    """More C++ compiler flags (``OPBRIDGE_CXX_FLAGS``, split as a shell would), passed when compiling every
+    C++ unit and linking every module: ``-fsanitize=address,undefined`` needs both.
+
+    Raises
+    ------
+    ValueError
+        If the value does not split (an unclosed quote).
+    """
+    return _shell_words("OPBRIDGE_CXX_FLAGS")
 
 
 AOT_DEVICE_CHOICES = ("cpu", "cuda")

@@ -109,8 +109,9 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
     tvm_includes, _ = _tvm_ffi_paths()
     includes = [str(INCLUDE_DIR), *map(str, spec.include_dirs), *tvm_includes]
     inc = [f"-I{p}" for p in includes]
+    user = config.cxx_flags()  # OPBRIDGE_CXX_FLAGS: last, so that they override ours
     cxx = ["-std=c++17", "-O3", "-fPIC", "-fopenmp", "-fvisibility=hidden", f"-D{SEPARATE_RUNTIME}",
-           *inc, *spec.cflags]
+           *inc, *spec.cflags, *user]
     if uses_native_isa(spec):
         cxx[6:6] = NATIVE_FLAGS
     cuda: list[str] = []
@@ -138,7 +139,7 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
         if cuda_lib is not None:
             ld.append(f"-L{cuda_lib}")
         ld += ["-lcudart_static", "-ldl", "-lpthread", "-lrt", "-Wl,--exclude-libs,libcudart_static.a"]
-    ld += list(spec.ldflags)
+    ld += [*spec.ldflags, *user]
     return cxx, cuda, ld
 
 

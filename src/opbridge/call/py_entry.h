@@ -60,6 +60,7 @@ bool OutsMatch(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
   for (size_t k = 0; k < n_out; ++k) {
     const DLTensor& o = dl[k];
     if (specs == nullptr) {
+      if (ffi[n_out + st.like[k]].type_index != kTVMFFIDLTensorPtr) return false;  // as Call declines it
       const DLTensor& like = dl[n_out + st.like[k]];
       if (TypeCode(o.dtype) != TypeCode(like.dtype) || o.ndim != like.ndim ||
           !std::equal(o.shape, o.shape + o.ndim, like.shape)) {
@@ -208,12 +209,18 @@ PyObject* Call(typename Arrays::State& st, PyObject* const* args, Py_ssize_t nar
   for (size_t k = 0; k < n_out; ++k) {
     // below the pool's threshold only: larger outputs come from opbridge's pool on the Python path
     const OutSpec* spec = specs != nullptr ? &(*specs)[k] : nullptr;
+    // like() names a Tensor argument (the declaration checks it); a slot that holds none is declined.
+    if (spec == nullptr && ffi[n_out + st.like[k]].type_index != kTVMFFIDLTensorPtr) {
+      drop(0);
+      return NotHandled();
+    }
     const DLTensor* like = spec == nullptr ? &dl[n_out + st.like[k]] : nullptr;
     int64_t bytes = spec == nullptr ? Bytes(*like) : ItemBytes(FromTypeCode(spec->type));
+    bool sized = true;  // a shape rule's dims >= 0, their byte count within int64 (else the checked path)
     if (spec != nullptr) {
-      for (int64_t d : spec->shape) bytes *= d;
+      for (int64_t d : spec->shape) sized = sized && d >= 0 && !__builtin_mul_overflow(bytes, d, &bytes);
     }
-    if (bytes >= st.max_out_bytes ||
+    if (!sized || bytes >= st.max_out_bytes ||
         !Arrays::New(st, spec == nullptr ? args[st.like[k]] : nullptr, like, spec, &outs[k], &dl[k])) {
       drop(0);
       return NotHandled();

@@ -272,6 +272,10 @@ def _settled(section: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def doctor_report() -> dict[str, Any]:
     """Everything ``opbridge doctor`` checks, as one JSON-serialisable dict."""
     cxx = _tool(config.cxx())
+    try:
+        cxx["flags"] = config.cxx_flags()
+    except ValueError as e:
+        cxx["flags"], cxx["ok"] = f"error: {e}", False
     ninja = _tool(_ninja_exe())
     tvm = _tvm_ffi()
     frameworks = _frameworks()
@@ -292,6 +296,13 @@ def doctor_report() -> dict[str, Any]:
         "exchange_entry": _settled(lambda: _exchange_entry(frameworks)),
         "outputs": _outputs(),
     }
+
+
+def _cxx_settings(cxx: dict[str, Any]) -> str:
+    """The c++ line's tail: OPBRIDGE_CXX_FLAGS where set (they change every module)."""
+    flags = cxx.get("flags") or []
+    shown = flags if isinstance(flags, str) else " ".join(flags)
+    return f" (OPBRIDGE_CXX_FLAGS {shown})" if shown else ""
 
 
 def _cuda_settings(nvcc: dict[str, Any]) -> str:
@@ -315,7 +326,7 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
         f"    python      {r['python']['version']} ({r['python']['executable']})",
         f"    opbridge    {r['opbridge']['version']} ({r['opbridge']['path']})",
         f"{mark(r['tvm_ffi']['ok'])} tvm-ffi     {r['tvm_ffi']['version']} ({r['tvm_ffi']['path']})",
-        f"{mark(r['cxx']['ok'])} c++         {r['cxx']['command']}: {r['cxx']['version']}",
+        f"{mark(r['cxx']['ok'])} c++         {r['cxx']['command']}: {r['cxx']['version']}" + _cxx_settings(r["cxx"]),
         f"{mark(r['ninja']['ok'])} ninja       {r['ninja']['path']}: {r['ninja']['version']}",
         f"{mark(r['nvcc']['ok'])} nvcc        {r['nvcc']['path'] or ''} {r['nvcc']['version']}".rstrip()
         + _cuda_settings(r["nvcc"]),

@@ -200,6 +200,12 @@ class Library:
             for n in shape.names:
                 if n not in arg_names:
                     raise DeclarationError(f"{name}: like({n!r}) names no argument of {arg_names}")
+                t = schema.arguments[arg_names.index(n)].type
+                if not t.is_tensor or t.optional:
+                    raise DeclarationError(
+                        f"{name}: like({n!r}) names a {'Tensor?' if t.is_tensor else 'non-Tensor'} argument, which "
+                        f"{'may be None' if t.is_tensor else 'has no shape'}; name a Tensor one, or give a shape "
+                        f"rule (shape=lambda ...: opbridge.Spec(shape, dtype))")
             if len(shape.names) != n_new:
                 raise DeclarationError(f"{name}: {shape!r} describes {len(shape.names)} output(s), "
                                        f"the schema returns {n_new}")

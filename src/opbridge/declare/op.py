@@ -6,6 +6,8 @@ from __future__ import annotations
 import dis
 import functools
 import inspect
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -15,6 +17,11 @@ from opbridge.schema import Schema
 
 if TYPE_CHECKING:
     from opbridge.declare.library import Library
+
+
+#: The most elements an output a shape rule gives may have: 2^59, so that its bytes (at most 16 per element)
+#: fit an int64.
+MAX_ELEMENTS = 2**59
 
 
 class Spec(NamedTuple):
@@ -205,9 +212,17 @@ class OpDef:
             return tuple(Spec(tuple(args[names.index(n)].shape), args[names.index(n)].dtype)
                          for n in rule.names)
         out = rule(*args)
-        if isinstance(out, Spec):
-            return (out,)
-        return tuple(out)
+        specs = (out,) if isinstance(out, Spec) else tuple(out)
+        for k, s in enumerate(specs):  # symbolic dimensions (jax.export) pass
+            dims = [int(d) for d in s.shape if isinstance(d, numbers.Integral)]
+            if any(d < 0 for d in dims):
+                raise ValueError(f"{self.name}: its shape rule gave output {k} the shape {tuple(s.shape)}; "
+                                 f"dimensions must be >= 0")
+            if math.prod(dims) > MAX_ELEMENTS:  # a framework may make it, of a byte count wrapped past 2^64
+                raise ValueError(f"{self.name}: its shape rule gave output {k} the shape {tuple(s.shape)}, "
+                                 f"{math.prod(dims)} elements: more than any buffer holds (2^59, whose bytes "
+                                 f"at 16 per element fit an int64)")
+        return specs
 
     @property
     def n_outputs(self) -> int:
