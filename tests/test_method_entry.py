@@ -57,6 +57,19 @@ E = Entry("mindspore", _t, _np)
 _calls, _taken, _left = E.calls, E.taken, E.left
 
 
+def test_a_shape_rule_dimension_below_zero_is_refused(entry: exchange.Library, tmp_path: Any) -> None:
+    """MindSpore's tensors: a negative dimension (MindSpore's -1 means a dynamic one) or too many elements is
+    the op's ValueError, never a tensor the entry makes."""
+    import opbridge
+    from _split_sum import REPEAT_FIRST_CC, declare_repeat_first, shape_rule_dimensions_below_zero_are_refused
+
+    (tmp_path / "rep.cc").write_text("#include <opbridge/opbridge.h>\nusing tvm::ffi::TensorView;\n" + REPEAT_FIRST_CC)
+    lib = opbridge.Library("ms_entry_rep", sources=["rep.cc"], root=tmp_path, dtypes=["float32"])
+    repeat_first = declare_repeat_first(lib)
+    shape_rule_dimensions_below_zero_are_refused(
+        repeat_first, _t, lambda: exchange.entry_calls(lib.ops["repeat_first"], "mindspore"))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_results_equal_the_reference(entry: exchange.Library, dtype: str) -> None:
     def check(got: Any) -> None:
