@@ -302,20 +302,30 @@ OPB_EX_EXPORT PyObject* opb_ex_method_entry(PyObject* type, PyObject* grad_enabl
     return nullptr;
   }
   auto* st = new MethodState();
+  auto fail = [st]() -> PyObject* {  // the references taken so far go with the state
+    for (auto& known : st->known_dtypes) Py_DECREF(known.first);
+    for (PyObject* s : {st->s_data_ptr, st->s_shape, st->s_dtype, st->s_is_contiguous, st->s_stride}) Py_XDECREF(s);
+    delete st;
+    return nullptr;
+  };
+  st->s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  st->s_shape = PyUnicode_InternFromString("shape");
+  st->s_dtype = PyUnicode_InternFromString("dtype");
+  st->s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+  st->s_stride = PyUnicode_InternFromString("stride");
+  if (!st->s_data_ptr || !st->s_shape || !st->s_dtype || !st->s_is_contiguous || !st->s_stride) return fail();
   for (Py_ssize_t k = 0; k < PyList_GET_SIZE(dtypes); ++k) {
     PyObject* pair = PyList_GET_ITEM(dtypes, k);
     const long code = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyLong_AsLong(PyTuple_GET_ITEM(pair, 1)) : -1;
     if (code < 0) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "opb_ex_method_entry: dtypes are (dtype, TypeCode)");
-      delete st;
-      return nullptr;
+      return fail();
     }
     st->known_dtypes.emplace_back(Py_NewRef(PyTuple_GET_ITEM(pair, 0)), entry::FromTypeCode(static_cast<int>(code)));
   }
   if (!entry::Init(st, kernel, handle, kinds, like, rule, returns, mutated, rows, dtype_arg, op_dtypes,
                    max_out_bytes)) {
-    delete st;
-    return nullptr;
+    return fail();
   }
   st->type = reinterpret_cast<PyTypeObject*>(Py_NewRef(type));
   st->grad_enabled = Py_NewRef(grad_enabled);
@@ -324,10 +334,5 @@ OPB_EX_EXPORT PyObject* opb_ex_method_entry(PyObject* type, PyObject* grad_enabl
   st->host_attr = Py_NewRef(host_attr);
   st->host_value = Py_NewRef(host_value);
   st->unready_attr = unready_attr == Py_None ? nullptr : Py_NewRef(unready_attr);
-  st->s_data_ptr = PyUnicode_InternFromString("data_ptr");
-  st->s_shape = PyUnicode_InternFromString("shape");
-  st->s_dtype = PyUnicode_InternFromString("dtype");
-  st->s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-  st->s_stride = PyUnicode_InternFromString("stride");
   return entry::Builtins<MethodArrays>(st, "opbridge_method_entry", "opbridge_method_entry_out");
 }

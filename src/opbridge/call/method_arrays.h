@@ -36,7 +36,8 @@ struct MethodState : opbridge::entry::OpState {
   PyObject* unready_attr = nullptr;  // an attribute true while a tensor has no memory yet; or null
   // The framework's dtype objects (compared by identity: the framework keeps one of each) and theirs.
   std::vector<std::pair<PyObject*, DLDataType>> known_dtypes;
-  PyObject *s_data_ptr, *s_shape, *s_dtype, *s_is_contiguous, *s_stride;  // interned names
+  PyObject *s_data_ptr = nullptr, *s_shape = nullptr, *s_dtype = nullptr, *s_is_contiguous = nullptr,
+           *s_stride = nullptr;  // interned names
 };
 
 // A new output before it is handed to Python: the tensor and the shape its DLTensor points to.
