@@ -165,3 +165,22 @@ def test_opbridge_fuzz_import_fuzzes_the_imported_libraries_only(
     everything = fuzzed()  # without --import: every declared op, the built-in ones too
     assert everything == {op.qualname for op in registry.all_ops()} and "opbridge::add" in everything
     assert fuzzed("--import", str(tmp_path / "fuzz_scope_none.py"), status=2) == set()
+
+
+def test_a_result_smaller_than_the_lead_is_compared_as_a_sum_over_it() -> None:
+    """rms_norm_backward's dw sums 33 rows of (33, 2053): fuzz_op, check_op and the benchmarks compare it
+    within the op's tolerance grown by sqrt(33) (testing.tolerances, one rule); dx, the lead's size, within
+    the op's own. A fuzz run once failed dw at 1.7e-5 of -0.0334 (a cancelling sum) against the bare one."""
+    import math
+
+    from opbridge import ops
+    from opbridge.bench import verify
+    from opbridge.testing.tolerances import result_tolerance
+
+    op = ops.rms_norm_backward.opdef
+    x, dw = np.zeros((33, 2053), np.float32), np.zeros(2053, np.float32)
+    rtol, atol = op.tolerance("float32")
+    assert result_tolerance(op, "float32", x, x) == (rtol, atol)
+    got = result_tolerance(op, "float32", dw, x)
+    assert got == pytest.approx((rtol * math.sqrt(33), atol * math.sqrt(33)))
+    assert verify.reference_tolerances(op, "float32", [x, dw], [x, x, dw]) == [(rtol, atol), got]

@@ -17,11 +17,13 @@ and the first bad elements (:func:`opbridge.testing.compare.assert_close`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from opbridge.bench import BenchError
+from opbridge.testing.tolerances import numel, reduction_length, reduction_tolerance, result_tolerance
+
+__all__ = ["numel", "reduction_length", "reduction_tolerance"]  # the testing kit's rule, re-exported
 
 
 def as_tuple(x: Any) -> tuple[Any, ...]:
@@ -40,37 +42,6 @@ def peer_tolerance(op: Any, dtype: str) -> tuple[float, float]:
     """``(rtol, atol)`` between two approximations of *op*'s result: twice the op's own."""
     rtol, atol = op.tolerance(dtype)
     return 2 * rtol, 2 * atol
-
-
-def numel(x: Any) -> int:
-    """Elements of an array (1 for a scalar)."""
-    return int(math.prod(tuple(x.shape))) if hasattr(x, "shape") else 1
-
-
-def reduction_length(result_numel: int, lead_numel: int) -> int:
-    """How many input elements each element of a result sums over, at least: ``lead / result``.
-
-    A result smaller than the op's lead input (a weight gradient of shape
-    ``(H,)`` from ``x`` of ``(R, H)``) is a sum over ``R`` rows; a result of
-    the lead input's size reduces over nothing more than the op's own
-    tolerance already covers (1).
-    """
-    if result_numel <= 0:
-        return 1
-    return max(1, lead_numel // result_numel)
-
-
-def reduction_tolerance(rtol: float, atol: float, n: int) -> tuple[float, float]:
-    """Tolerances for a result summed over *n* terms: both grow with ``sqrt(n)``.
-
-    Rounding errors of a sum of *n* terms of random sign grow like
-    ``sqrt(n)`` (``n`` in the worst case, which blocked and tree-shaped GPU
-    reductions do not approach); the sum's own magnitude grows like
-    ``sqrt(n)`` too, so the absolute tolerance, which covers the elements
-    that cancel to near zero, grows alike.
-    """
-    g = math.sqrt(max(1, n))
-    return rtol * g, atol * g
 
 
 def close(got: Any, expected: Any, rtol: float, atol: float) -> bool:
@@ -167,10 +138,4 @@ def reference64(op: Any, args: Sequence[Any]) -> tuple[Any, ...]:
 def reference_tolerances(op: Any, dtype: str, expected: Sequence[Any],
                          args: Sequence[Any]) -> list[tuple[float, float]]:
     """``(rtol, atol)`` per result against the float64 reference: the op's, grown for reductions."""
-    rtol, atol = op.tolerance(dtype)
-    lead = args[op.dispatch_arg]
-    lead_numel = numel(lead)
-    out = []
-    for e in expected:
-        out.append(reduction_tolerance(rtol, atol, reduction_length(numel(e), lead_numel)))
-    return out
+    return [result_tolerance(op, dtype, e, args[op.dispatch_arg]) for e in expected]
