@@ -76,12 +76,13 @@ def test_cpp_reads_yes_no_settings_as_python_does(tmp_path: Path, monkeypatch: p
     exe = tmp_path / "yes_no"
     subprocess.run([config.cxx(), "-std=c++17", f"-I{compile_mod.INCLUDE_DIR}", str(source), "-o", str(exe)],
                    check=True, capture_output=True)
-    values = ["", " ", "1", "ON", " yes ", "True", "0", "off", "No", "FALSE", "maybe", "2", "-1", "o"]
+    values = ["", " ", "1", "ON", " yes ", "True", "0", "off", "No", "FALSE", "maybe", "2", "-1", "o",
+              "\t1\n", "1\x1f", "\x1c0"]  # C's isspace only: str.strip() would also trim \x1c-\x1f
     got = subprocess.run([str(exe), *values], check=True, capture_output=True, text=True).stdout.split()
     for value, cpp in zip(values, got, strict=True):
         monkeypatch.setenv("OPBRIDGE_X", value)
         try:
-            python = "7" if not value.strip() else str(int(config._flag("OPBRIDGE_X")))
+            python = "7" if not value.strip(config._BLANK) else str(int(config._flag("OPBRIDGE_X")))
         except ValueError:
             python = "-1"
         assert cpp == python, (value, cpp, python)

@@ -68,13 +68,16 @@ import re
 from pathlib import Path
 
 _YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: What both readers trim from a yes/no value: C's isspace, as settings.h reads it in the kernels (str.strip()
+#: would also trim "\x1c"-"\x1f", "\x85" and "\xa0", which C refuses).
+_BLANK = " \t\n\v\f\r"
 
 
 def _flag(name: str, default: bool = False) -> bool:
     """A yes/no setting: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``, in any case; unset or
     empty means *default*. Anything else raises ValueError naming the setting: a misspelt value must not
     silently mean the default."""
-    raw = os.environ.get(name, "").strip().lower()
+    raw = os.environ.get(name, "").strip(_BLANK).lower()
     if not raw:
         return default
     if raw in _YES or raw in _NO:
