@@ -43,6 +43,14 @@ if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
   [ -f tests/test_mindspore_adapter.py ] && run env OPBRIDGE_EXCHANGE_ENTRY=0 .venv-ms/bin/python -m pytest -q \
     -p no:cacheprovider tests/test_mindspore_adapter.py
 fi
+# The C++ (kernels, C entries) under ASan and UBSan, a canary first, where the compiler has the runtime.
+sanitize=0
+scripts/sanitize.sh --quick || sanitize=$?
+case $sanitize in
+  0) ;;
+  77) echo "== sanitizer runs skipped: no AddressSanitizer runtime for this compiler" ;;
+  *) status=1 ;;
+esac
 # The example plugin: its wheel built in a fresh venv, installed, tested in torch and MindSpore.
 if [ "${OPBRIDGE_SKIP_WHEEL:-0}" != "1" ]; then
   run env OPBRIDGE_MINDSPORE_PYTHON="$PWD/.venv-ms/bin/python" bash examples/vllm_plugin/ci_wheel.sh
