@@ -6,7 +6,6 @@ from __future__ import annotations
 import dis
 import functools
 import inspect
-import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -213,16 +212,27 @@ class OpDef:
                          for n in rule.names)
         out = rule(*args)
         specs = (out,) if isinstance(out, Spec) else tuple(out)
-        for k, s in enumerate(specs):  # symbolic dimensions (jax.export) pass
-            dims = [int(d) for d in s.shape if isinstance(d, numbers.Integral)]
-            if any(d < 0 for d in dims):
-                raise ValueError(f"{self.name}: its shape rule gave output {k} the shape {tuple(s.shape)}; "
-                                 f"dimensions must be >= 0")
-            if math.prod(dims) > MAX_ELEMENTS:  # a framework may make it, of a byte count wrapped past 2^64
-                raise ValueError(f"{self.name}: its shape rule gave output {k} the shape {tuple(s.shape)}, "
-                                 f"{math.prod(dims)} elements: more than any buffer holds (2^59, whose bytes "
-                                 f"at 16 per element fit an int64)")
+        for k, s in enumerate(specs):
+            self._check_size(k, s.shape)
         return specs
+
+    def _check_size(self, k: int, shape: Sequence[Any]) -> None:
+        """Output *k*'s *shape* from the shape rule: no dimension below 0, at most :data:`MAX_ELEMENTS`
+        elements (a framework may make more, of a byte count wrapped past 2^64). Symbolic dimensions
+        (``jax.export``) pass. Checked paths call the rule per call, so plain ints take no ABC test."""
+        n = 1
+        for d in shape:
+            if type(d) is not int:
+                if not isinstance(d, numbers.Integral):
+                    continue
+                d = int(d)
+            if d < 0:
+                raise ValueError(f"{self.name}: its shape rule gave output {k} the shape {tuple(shape)}; "
+                                 f"dimensions must be >= 0")
+            n *= d
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"{self.name}: its shape rule gave output {k} the shape {tuple(shape)}, {n} elements: "
+                             f"more than any buffer holds (2^59, whose bytes at 16 per element fit an int64)")
 
     @property
     def n_outputs(self) -> int:

@@ -18,7 +18,6 @@ from opbridge.cases import LAYOUT, NONCONTIGUOUS
 from opbridge.ops._library import LIBRARY
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
-_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 # ---------------------------------------------------------------------------
@@ -53,7 +52,7 @@ def advance_step_flashattn_cases(dtype: str, rng: np.random.Generator) -> list[d
     """
     wide = np.dtype(dtype) != np.int32
     dtype = "int64" if wide else "int32"
-    ids_max = _INT64_MAX if wide else _INT32_MAX
+    ids_max = int(np.iinfo(dtype).max)  # as the reference bounds block ids
 
     def case(num_seqs: int, num_queries: int, block_size: int, max_blocks: int, *,
              flat: bool = False, huge: bool = False) -> dict[str, Any]:
