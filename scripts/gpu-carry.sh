@@ -54,4 +54,7 @@ gpu-carry: done. On the device machine (carry $DIR), for example:
     scripts/gpu-check.sh
   OPBRIDGE_CACHE_DIR=\$PWD/$DIR/obc-staged OPBRIDGE_CUDA_ARCHS=$ARCHS OPBRIDGE_CUDA_FLAGS="$STAGED_FLAGS" \\
     GPU_CHECK_WHEELS=$DIR GPU_CHECK_ONLY="cuda_tests bench_gpu" scripts/gpu-check.sh
+On a machine lent for one call of some minutes, the tests and benchmarks in it, packed into one file:
+  OPBRIDGE_CACHE_DIR=\$PWD/$DIR/obc OPBRIDGE_CUDA_ARCHS=$ARCHS GPU_CHECK_WHEELS=$DIR GPU_CHECK_BUDGET=540 \\
+    GPU_CHECK_OUT=/tmp/gpu-check GPU_CHECK_ARCHIVE=/tmp/gpu-check.tgz scripts/gpu-check.sh
 EOF

@@ -26,9 +26,15 @@
 #                                  # summary already in the output folder: one check split over the
 #                                  # calls of a machine lent for a few minutes at a time
 #   GPU_CHECK_STEP_LIMIT=SECONDS scripts/gpu-check.sh  # each step under `timeout` (exit status 124)
+#   GPU_CHECK_BUDGET=SECONDS scripts/gpu-check.sh  # the whole check's time: each step gets at most what is
+#                                  # left (less 20 s for the summary), the steps it leaves no 20 s are
+#                                  # not run (steps.txt: "NAME skipped 0"): one call of a lent machine
+#   GPU_CHECK_ARCHIVE=FILE scripts/gpu-check.sh  # at the end, the output folder packed into FILE (.tar.gz):
+#                                  # for a machine that hands back a few files
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+GPU_CHECK_START=$SECONDS
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${GPU_CHECK_OUT:-results/gpu-check}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -48,27 +54,8 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
 echo "gpu-check: $(cat "$OUT/gpu.txt"); writing $OUT"
 
-wanted() {  # wanted NAME: whether GPU_CHECK_ONLY (unset: every step) names NAME or the step it reruns
-  [ -z "${GPU_CHECK_ONLY:-}" ] && return 0
-  local w
-  for w in $GPU_CHECK_ONLY; do
-    case "$1" in "$w" | "${w}_no_native" | "${w}_gdb") return 0 ;; esac
-  done
-  return 1
-}
-step() {  # step NAME COMMAND...: run, keep the log and the exit status
-  local name=$1; shift
-  wanted "$name" || return 0
-  echo "== $name: $*"
-  local t0=$SECONDS
-  local limit=()
-  [ -n "${GPU_CHECK_STEP_LIMIT:-}" ] && limit=(timeout "$GPU_CHECK_STEP_LIMIT")
-  "${limit[@]}" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  sed -i "/^$name /d" "$OUT/steps.txt"
-  echo "$name $rc $((SECONDS - t0))" >> "$OUT/steps.txt"
-  tail -3 "$OUT/$name.log"
-}
+# wanted, step (GPU_CHECK_ONLY, GPU_CHECK_STEP_LIMIT, GPU_CHECK_BUDGET)
+source scripts/gpu_check_steps.sh
 [ -n "${GPU_CHECK_ONLY:-}" ] && touch "$OUT/steps.txt" || : > "$OUT/steps.txt"
 # -v and unbuffered output: each test's name reaches the log as it starts, so a crash (a native fault
 # kills the process before pytest reports) still names the test it happened in. --capture=sys, not
@@ -77,7 +64,9 @@ step() {  # step NAME COMMAND...: run, keep the log and the exit status
 # file and was lost with the process (the torch- and JAX-GPU steps' one SIGSEGV on an H200, 2026-11-26,
 # left no traceback).
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
-PYTEST=("$PY" -m pytest -v --capture=sys -p no:cacheprovider -o addopts=""
+# -p no:benchmark: pytest-benchmark (on the device machine's image) warns at start-up under xdist, and our
+# filterwarnings = error made that an INTERNALERROR of every GPU test step (H200, 2026-11-27).
+PYTEST=("$PY" -m pytest -v --capture=sys -p no:cacheprovider -p no:benchmark -o addopts=""
         -W ignore::pytest.PytestUnraisableExceptionWarning)
 # The GPU test steps run their tests in one pytest-xdist worker (a process of its own, not a fork: CUDA
 # survives) that xdist replaces when a native fault kills it: the fault fails that test only, named in
@@ -144,3 +133,8 @@ if [ -n "$SWEEPS" ]; then
   step sweep_gated "$SWEEPS/cuda_gated_sweep"
 fi
 "$PY" scripts/gpu_check_summary.py "$OUT"
+status=$?
+if [ -n "${GPU_CHECK_ARCHIVE:-}" ]; then
+  tar czf "$GPU_CHECK_ARCHIVE" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "gpu-check: packed into $GPU_CHECK_ARCHIVE"
+fi
+exit $status

@@ -57,7 +57,9 @@ def main(out: Path) -> int:
     steps = {}
     for line in (out / "steps.txt").read_text().splitlines():
         name, rc, secs = line.split()
-        steps[name] = {"exit_status": int(rc), "seconds": int(secs)}
+        # "skipped": GPU_CHECK_BUDGET left the step no time, so it did not run
+        steps[name] = {"exit_status": None, "skipped": True} if rc == "skipped" else {
+            "exit_status": int(rc), "seconds": int(secs)}
     summary: dict[str, object] = {"gpu": (out / "gpu.txt").read_text().strip(), "steps": steps}
     for name in ("cuda_tests", "torch_gpu_tests", "jax_gpu_tests", "torch_gpu_fuzz"):
         summary[name] = _junit(out / f"{name}.xml")
@@ -74,7 +76,10 @@ def main(out: Path) -> int:
         summary[name] = [c.as_json() for c in sweep_summary.cases(log.read_text())] if log.exists() else None
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     failed = [n for n, s in steps.items() if s["exit_status"]]
-    verdict = "FAILED: " + ", ".join(failed) if failed else "all steps passed"
+    skipped = [n for n, s in steps.items() if s.get("skipped")]
+    verdict = "FAILED: " + ", ".join(failed) if failed else ("every step run passed" if skipped else "all steps passed")
+    if skipped:
+        verdict += "; not run, for want of time (GPU_CHECK_BUDGET): " + ", ".join(skipped)
     print(f"gpu-check: {verdict}; summary in {out / 'summary.json'}")
     for key, value in summary.items():  # each bench gpu run's cases where a peer was faster
         lines = _standing_lines(value)

@@ -22,7 +22,7 @@ pytest.importorskip("jax_tvm_ffi")
 pytest.importorskip("torch")
 
 from opbridge import bench  # noqa: E402
-from opbridge.bench import jax_gpu, jax_gpu_report, natives  # noqa: E402
+from opbridge.bench import jax_gpu, jax_gpu_calls, jax_gpu_report, natives  # noqa: E402
 from opbridge.cli import main  # noqa: E402
 
 CPU = ["bench", "jax-gpu", "--platform", "cpu", "--rounds", "2", "--quick"]
@@ -56,12 +56,31 @@ def test_cpu_platform_through_the_cli(tmp_path: Path) -> None:
     assert gated["candidates"]["xla"]["gbps"] > 0 and gated["target"] == 1.0 and per_call[0]["target"] == 1.1
     fused = next(r for r in large if r["op"] == "fused_add_rms_norm")
     assert "donated" in fused["candidates"]["opbridge"]["what"]
+    # each jitted call applies the op to 8 copies, every copy verified; opbridge's program is 8 custom calls
+    assert result["settings"]["copies"] == jax_gpu.COPIES == 8 and "8 copies" in fused["candidates"]["xla"]["what"]
+    assert all(r["copies"] == 8 and r["kernels"]["opbridge"] == 8 and r["kernels"]["xla"] >= 8 for r in large)
     assert result["ratios"]["per_call"]["add eager"] == per_call[0]["ratio"]
     assert result["ratios"]["large"]["add float32 64x128"] == large[0]["ratio"]
     assert json.loads((out / "results.json").read_text())["ratios"] == result["ratios"]
     assert len((out / "results.csv").read_text().splitlines()) == 1 + 2 * (len(per_call) + len(large))
     text = jax_gpu.format_text(result)
     assert "per call (1x8, float32)" in text and "fused_add_rms_norm" in text and "FAILED" not in text
+    assert "8 copies of the arguments per jitted call; times per op" in text
+
+
+def test_one_op_per_jitted_call_and_copies_that_xla_fused(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*CPU, "--ops", "add", "fused_add_rms_norm", "--size", "8", "16", "--dtypes", "float32", "--no-per-call"]
+    assert main([*args, "--copies", "1", "--json"]) == 0
+    large = json.loads(capsys.readouterr().out)["large"]
+    assert [(r["copies"], r["kernels"]["opbridge"]) for r in large] == [(1, 1), (1, 1)]
+    assert "copies" not in large[0]["candidates"]["opbridge"]["what"]
+    # a program with fewer kernels than copies (XLA's horizontal fusion on a GPU) is named in the case's notes
+    monkeypatch.setattr(jax_gpu_calls, "kernels_in", lambda jitted, tensors: 2)
+    assert main([*args, "--copies", "3", "--json"]) == 0
+    large = json.loads(capsys.readouterr().out)["large"]
+    assert all(r["notes"] == ["opbridge: 2 kernels for 3 copies (copies fused)",
+                              "xla: 2 kernels for 3 copies (copies fused)"] for r in large), large
 
 
 def test_a_wrong_formula_is_a_mismatch_and_fails_the_command(monkeypatch: pytest.MonkeyPatch,

@@ -449,7 +449,7 @@ def _assert_same(op: Any, dtype: str, got: list[Any], want: list[Any], where: st
             assert (g == w).all(), f"{where} result {j}: {g} != {w}"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int64"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int64", "int32"])
 @pytest.mark.parametrize("name", ["add", "gelu", "gelu_backward", "rms_norm", "rms_norm_backward",
                                   "silu_and_mul", "silu_and_mul_backward", "gelu_and_mul",
                                   "gelu_and_mul_backward", "fused_add_rms_norm", "rotary_embedding",

@@ -47,12 +47,17 @@ Timing
     :data:`PIPELINE` calls back to back, then one wait, divided by
     :data:`PIPELINE` (the time per call once asynchronous dispatch keeps the
     device's queue full, not a host round trip of about 60 µs per call on an
-    H200). At (4096, 4096) a jitted call's dispatch, about 40 µs on an H200,
-    still bounds both candidates for the ops whose kernels take less; a
-    larger ``--size`` compares the kernels. (Several applications inside one
-    jitted program do not isolate them either: XLA fuses a chain of the
-    formula into one kernel, across ``optimization_barrier`` too, which a
-    custom call cannot match.) A missed target is listed (``misses``), not a
+    H200). Each jitted call applies the op to ``--copies`` (default
+    :data:`COPIES`) independent copies of its arguments, and the time is per
+    op: a jitted call's dispatch, about 40 µs on an H200, bounded both
+    candidates at (4096, 4096) for the ops whose kernels take less (H200,
+    2026-11-27, one op per call: 38 µs for XLA's bfloat16 silu_and_mul,
+    whose data moves in 12 µs at copy bandwidth). The copies share no
+    argument and each result passes through an ``optimization_barrier`` of
+    its own, so XLA fuses neither a chain nor the copies into one kernel
+    (it fuses a chain of the formula across barriers, and loop fusions
+    feeding one consumer horizontally, which a custom call cannot match).
+    ``--copies 1``: one op per jitted call, as before. A missed target is listed (``misses``), not a
     failure.
 
 Without JAX, jax-tvm-ffi, torch (the shared inputs and the float64 check use
@@ -98,6 +103,8 @@ PER_CALL_SHAPE = (1, 8)
 TARGET_MS = 20.0
 #: Large cases: calls per wait (see Timing above).
 PIPELINE = 20
+#: Large cases: copies of the arguments per jitted call (``--copies``; see Timing above).
+COPIES = 8
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the large size (default {DEFAULT_SIZE[0]} {DEFAULT_SIZE[1]})")
     parser.add_argument("--no-large", action="store_true", help="leave out the large size")
     parser.add_argument("--no-per-call", action="store_true", help="leave out the per-call cases")
+    parser.add_argument("--copies", type=POSITIVE_INT, metavar="K", default=COPIES,
+                        help=f"large size: each jitted call applies the op to K independent copies of its "
+                             f"arguments, so that dispatch does not bound the kernels (default {COPIES}; 1: one "
+                             f"op per jitted call)")
     parser.add_argument("--rounds", type=POSITIVE_INT, metavar="N", default=None,
                         help="interleaved rounds per case (default 15; --quick 5)")
     parser.add_argument("--out", metavar="DIR", default=None,
@@ -142,8 +153,9 @@ def unavailable(platform: str = "gpu") -> str | None:
 
 
 def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: tuple[int, int], dtype: str,
-             device: Any, mode: str, rounds: int, target_ms: float) -> dict[str, Any]:
-    """Verify and time opbridge and its peer on one case; return its record (:func:`record`)."""
+             device: Any, mode: str, rounds: int, target_ms: float, copies: int = 1) -> dict[str, Any]:
+    """Verify and time opbridge and its peer on one case; return its record (:func:`record`). *copies*:
+    the large cases' copies of the arguments per jitted call (every copy's results are verified)."""
     from opbridge.bench.candidates import make_args
     from opbridge.bench.timing import calibrated
     from opbridge.bench.verify import mismatch, reference64, reference_tolerances
@@ -157,21 +169,30 @@ def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: 
     def fresh() -> list[Any]:  # arrays of a call's own: a donated one is gone after the call
         return [to_jax(a, device) for a in pristine]
 
-    cands = candidates(op, formula, pristine, mode, peer)
+    copies = copies if pipelined else 1
+    cands = candidates(op, formula, pristine, mode, peer, copies)
     fns: dict[str, Call] = {}
     bad: list[dict[str, str]] = []
     notes: list[str] = []
+    kernels: dict[str, int] = {}
     for name, _what, bind in cands:
         try:
-            got = results(op, bind(fresh())())
+            ret = bind(fresh())()
+            got = [results(op, r) for r in (ret if copies > 1 else (ret,))]
         except Exception as e:  # opbridge failing is a problem; a peer that cannot run this case is missing
             msg = f"raised {type(e).__name__}: {str(e).strip()[:300]}"
             (bad.append({"candidate": name, "message": msg}) if name == OURS
              else notes.append(f"{name} dropped: {msg}"))
             continue
-        why = mismatch(got, expected, tols, dtype)
+        why = next((f"copy {c}: {w}" if copies > 1 else w for c, w in
+                    enumerate(mismatch(g, expected, tols, dtype) for g in got) if w is not None), None)
         if why is None:
-            fns[name] = Pipelined(bind(fresh(), block=False), PIPELINE) if pipelined else bind(fresh())
+            call = bind(fresh(), block=False) if pipelined else bind(fresh())
+            fns[name] = Pipelined(call, PIPELINE) if pipelined else call
+            if pipelined:  # the kernels of XLA's program: one per copy unless it fused copies (see Timing)
+                kernels[name] = call.kernels()  # type: ignore[attr-defined]
+                if kernels[name] < copies:  # XLA joined copies: not the time of one op's kernel
+                    notes.append(f"{name}: {kernels[name]} kernels for {copies} copies (copies fused)")
         else:
             bad.append({"candidate": name, "message": why})
     stats: dict[str, dict[str, float]] = {}
@@ -179,14 +200,17 @@ def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: 
     if fns:
         stats, _, number = calibrated(fns, target_s=target_ms / 1e3, rounds=rounds, min_rounds=rounds,
                                       budget_s=1e9)
-        if pipelined:  # a sample's calls were batches of PIPELINE
-            stats = {n: {k: (round(v / PIPELINE, 4) if k.startswith("p") else v) for k, v in st.items()}
+        if pipelined:  # a sample's calls were batches of PIPELINE jitted calls of *copies* ops each
+            per = PIPELINE * copies
+            stats = {n: {k: (round(v / per, 4) if k.startswith("p") else v) for k, v in st.items()}
                      for n, st in stats.items()}
-            number *= PIPELINE
+            number *= per
     moved = wl.moved(op, pristine)["total"] if section == "large" else None
     rec = record(section, op.name, dtype, tuple(pristine[op.dispatch_arg].shape), mode, peer, stats,
                  {n: w for n, w, _ in cands}, number, moved)
     rec["mismatches"], rec["notes"] = bad, notes
+    if pipelined:
+        rec["copies"], rec["kernels"] = copies, kernels
     return rec
 
 
@@ -242,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for dtype in args.dtypes:
             say("jax-gpu", f"large: {n} {size} {dtype}")
             large.append(run_case("large", ops.LIBRARY.ops[n], wls[n], formulas[n], size, dtype, device, "jit",
-                                  rounds, target_ms))
+                                  rounds, target_ms, args.copies))
     records = [*per_call, *large]
     bad = problems(records)
     result: dict[str, Any] = {
@@ -253,7 +277,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "versions": {v: dist_version(v) for v in ("jax", "jaxlib", "jax-tvm-ffi", "apache-tvm-ffi", "opbridge",
                                                   "jax-cuda12-plugin", "jax-cuda13-plugin")},
         "settings": {"rounds": rounds, "target_ms": target_ms, "per_call_shape": list(PER_CALL_SHAPE),
-                     "size": list(size), "dtypes": list(args.dtypes), "platform": platform},
+                     "size": list(size), "copies": args.copies, "dtypes": list(args.dtypes),
+                     "platform": platform},
         "cuda_module_load_s": build_s,
         "per_call": per_call,
         "large": large,

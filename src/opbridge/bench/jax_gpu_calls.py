@@ -14,6 +14,7 @@ reference's order (:func:`results`).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,12 +48,40 @@ class Pipelined:
         return jax.block_until_ready(out)
 
 
+def kernels_in(jitted: Callable[..., Any], tensors: Sequence[Any]) -> int:
+    """The kernels XLA's optimized program of *jitted* on *tensors* launches: its fusions and custom calls
+    (wherever they are: XLA's GPU command buffers hold them in computations of their own)."""
+    text = jitted.lower(*tensors).compile().as_text()  # type: ignore[attr-defined]
+    return len(re.findall(r"= [^\n]*?\b(?:fusion|custom-call)\(", text))
+
+
+class _Plain:
+    """A jitted call on fixed tensors, waiting for its results with *block*."""
+
+    def __init__(self, jitted: Callable[..., Any], tensors: list[Any], block: bool = True) -> None:
+        self.jitted, self.tensors, self.block = jitted, tensors, block
+
+    def __call__(self) -> Any:
+        import jax
+
+        out = self.jitted(*self.tensors)
+        return jax.block_until_ready(out) if self.block else out
+
+    def kernels(self) -> int:
+        return kernels_in(self.jitted, self.tensors)
+
+
 class _Fed:
-    """A jitted call that donates the mutated tensors and feeds its results back as the next ones."""
+    """A jitted call that donates the mutated tensors and feeds its results back as the next ones.
+
+    With *copies* > 1 the call returns one result per copy of the tensors (each copy's
+    tensors are *tensors*' next ``len(tensors) // copies``), and each copy is fed back
+    from its own result.
+    """
 
     def __init__(self, jitted: Callable[..., Any], tensors: list[Any], fed: Sequence[int],
-                 block: bool = True) -> None:
-        self.jitted, self.tensors, self.fed, self.block = jitted, tensors, fed, block
+                 block: bool = True, copies: int = 1) -> None:
+        self.jitted, self.tensors, self.fed, self.block, self.copies = jitted, tensors, fed, block, copies
 
     def __call__(self) -> Any:
         import jax
@@ -60,40 +89,67 @@ class _Fed:
         out = self.jitted(*self.tensors)
         if self.block:
             out = jax.block_until_ready(out)
-        for j, i in enumerate(self.fed):  # mutated arguments' new values come first, in schema order
-            self.tensors[i] = out[j]
+        per_copy, width = (out if self.copies > 1 else (out,)), len(self.tensors) // self.copies
+        for c, got in enumerate(per_copy):
+            for j, i in enumerate(self.fed):  # mutated arguments' new values come first, in schema order
+                self.tensors[c * width + i] = got[j]
         return out
+
+    def kernels(self) -> int:
+        return kernels_in(self.jitted, self.tensors)
 
 
 class Jitted:
     """``jax.jit`` of *fn* over the tensors of schema-ordered *args*, every other argument static.
 
     With *donate*, the op's mutated tensors are donated and fed back
-    (:class:`_Fed`); :meth:`bind` then needs arrays of its own.
+    (:class:`_Fed`); :meth:`bind` then needs arrays of its own. With
+    *copies* > 1 the jitted program applies *fn* to that many independent
+    copies of the tensors (:meth:`bind` makes them on the arrays' device) and
+    returns a tuple of their results, one per copy: one dispatch for that
+    many kernels, so that a jitted call's dispatch (about 40 µs on an H200)
+    does not bound a kernel that takes less. Each copy's result passes
+    through an ``optimization_barrier`` of its own: XLA's GPU pipeline fuses
+    the loop fusions that feed one consumer (here the results' tuple)
+    horizontally, into one kernel, up to 8192 x 8192 elements each, which
+    would time XLA on one launch for many copies and opbridge on many.
     """
 
-    def __init__(self, op: Any, fn: Callable[..., Any], args: Sequence[Any], donate: bool = False) -> None:
+    def __init__(self, op: Any, fn: Callable[..., Any], args: Sequence[Any], donate: bool = False,
+                 copies: int = 1) -> None:
         import jax
 
         from opbridge.bench.verify import mutated
 
         self.at = [i for i, a in enumerate(args) if hasattr(a, "shape")]
+        self.copies = copies
         statics, n, at = {i: a for i, a in enumerate(args) if i not in self.at}, len(args), self.at
 
-        def body(*ts: Any) -> Any:
+        def one(ts: Sequence[Any]) -> Any:
             full = dict(statics)
             full.update(zip(at, ts))
             return fn(*(full[i] for i in range(n)))
 
+        def body(*ts: Any) -> Any:
+            if copies == 1:
+                return one(ts)
+            return tuple(jax.lax.optimization_barrier(one(ts[c * len(at):(c + 1) * len(at)]))
+                         for c in range(copies))
+
         self.fed = tuple(at.index(i) for i in mutated(op)) if donate else ()
-        self.jitted = jax.jit(body, donate_argnums=self.fed)
+        donated = tuple(c * len(at) + j for c in range(copies) for j in self.fed)
+        self.jitted = jax.jit(body, donate_argnums=donated)
 
     def bind(self, args: Sequence[Any], block: bool = True) -> Call:
-        """The call on *args*; *block*: each call waits for its result (else it returns at once)."""
+        """The call on *args* (and copies of them); *block*: each call waits for its results (else it
+        returns at once)."""
+        import jax.numpy as jnp
+
         ts = [args[i] for i in self.at]
+        ts += [jnp.array(t, copy=True) for _ in range(self.copies - 1) for t in ts]
         if self.fed:
-            return _Fed(self.jitted, ts, self.fed, block)
-        return functools.partial(_block, self.jitted, *ts) if block else functools.partial(self.jitted, *ts)
+            return _Fed(self.jitted, ts, self.fed, block, self.copies)
+        return _Plain(self.jitted, ts, block)
 
 
 def eager(fn: Callable[..., Any]) -> Callable[..., Call]:
@@ -105,8 +161,10 @@ def eager(fn: Callable[..., Any]) -> Callable[..., Call]:
 Cand = tuple[str, str, Callable[..., Call]]
 
 
-def candidates(op: Any, formula: Callable[..., Any], args: Sequence[Any], mode: str, peer: str) -> list[Cand]:
-    """opbridge's call and the formula's, ``eager`` or ``jit`` (a mutating op's jit donates, see module doc)."""
+def candidates(op: Any, formula: Callable[..., Any], args: Sequence[Any], mode: str, peer: str,
+               copies: int = 1) -> list[Cand]:
+    """opbridge's call and the formula's, ``eager`` or ``jit`` (a mutating op's jit donates, see module doc;
+    *copies*: :class:`Jitted`'s)."""
     from opbridge import ops
 
     ours = getattr(ops, op.name)
@@ -115,8 +173,10 @@ def candidates(op: Any, formula: Callable[..., Any], args: Sequence[Any], mode: 
                 (peer, "the jnp formula, eagerly (jnp op by op)", eager(formula))]
     donate = op.schema.is_mutating
     fed = ", mutated arguments donated and fed back" if donate else ""
-    return [(OURS, f"jax.jit(lambda *t: opbridge.ops.{op.name}(*t)){fed}", Jitted(op, ours, args, donate).bind),
-            (peer, f"jax.jit of the jnp formula (XLA fuses it){fed}", Jitted(op, formula, args, donate).bind)]
+    fed += f", {copies} copies of the arguments per jitted call" if copies > 1 else ""
+    return [(OURS, f"jax.jit(lambda *t: opbridge.ops.{op.name}(*t)){fed}",
+             Jitted(op, ours, args, donate, copies).bind),
+            (peer, f"jax.jit of the jnp formula (XLA fuses it){fed}", Jitted(op, formula, args, donate, copies).bind)]
 
 
 # -- arrays in and out --------------------------------------------------------------------------------

@@ -128,7 +128,9 @@ def format_text(result: dict[str, Any]) -> str:
                          f"{_verdict(rec)}")
             lines += _case_lines(rec)
     if result["large"]:
-        lines += ["", "large, under jax.jit: opbridge vs XLA's fusion of the same formula; GB/s at the p50 "
+        copies = result["settings"].get("copies", 1)
+        per = f" ({copies} copies of the arguments per jitted call; times per op)" if copies > 1 else ""
+        lines += ["", f"large, under jax.jit{per}: opbridge vs XLA's fusion of the same formula; GB/s at the p50 "
                       "(each input read once, each output written once)",
                   f"{'op':<19} {'dtype':<9} {'shape':<11} {'opbridge us':>26} {'GB/s':>6} {'xla us':>26} "
                   f"{'GB/s':>6}  ratio"]

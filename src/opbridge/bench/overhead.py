@@ -54,7 +54,8 @@ CANDIDATES: dict[str, str] = {
     "torch.ops.aten.add": "torch.ops.aten.add.Tensor(x, y)  (ATen through the same entry: the floor of torch.ops)",
     "custom_op": "torch.library.custom_op functional op calling torch.add",
     "torch.library.impl": "torch.library.Library DEF + Python CPU impl calling torch.add, via torch.ops",
-    "tvm_ffi_raw": "loader.kernel(add, 'cpu')(out, x, y), out preallocated",
+    "tvm_ffi_raw": "loader.kernel(add, x.device.type)(out, x, y), out preallocated (on CUDA inside "
+                   "tvm_ffi.use_raw_stream of torch's current stream)",
     "np.add": "np.add(x, y) on numpy arrays",
     "opbridge_numpy": "opbridge.ops.add(x, y) on numpy arrays",
 }
