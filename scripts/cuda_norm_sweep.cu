@@ -5,7 +5,9 @@
 // current policy with cache-streaming rows; the persistent grid that loads each block's next row
 // during the current one's sum, kPrefetch; and policies that ask for 1536 or 2048 threads per SM,
 // min_blocks, at 1 and 2 units; and, for rms_norm, its rows staged through 2-4 shared-memory stages by
-// cp.async, cuda_norm_staged.h, no policy of the cached kernel but the candidate for many rows), each
+// cp.async, cuda_norm_staged.h, no policy of the cached kernel but the candidate for many rows; and its
+// looped form, cuda_norm_looped.h, one block of 128-1024 threads per row as Inductor's, its loads
+// batched 2 or 4 units at a time under an occupancy or left to the compiler), each
 // timed as 100 launches in a CUDA graph (median of 10 replays)
 // and checked against the op's current policy. Each line also gives the kernel's registers per
 // thread, its bytes of local memory (spills) and its blocks per SM. It launches the product's kernel
@@ -18,6 +20,7 @@
 // needs a CUDA GPU. Not part of the product; tests/test_cuda.py builds it.
 #include <opbridge/cuda_norm.h>
 #include <opbridge/cuda_norm_backward.h>
+#include <opbridge/cuda_norm_looped.h>
 #include <opbridge/cuda_norm_staged.h>
 
 #include <string>
@@ -220,6 +223,33 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     staged_at(integral_constant<int, 2>{});
     staged_at(integral_constant<int, 3>{});
     staged_at(integral_constant<int, 4>{});
+  }
+  // rms_norm's looped form (cuda_norm_looped.h) in place of the cached kernel: one block of up to MaxT
+  // threads per row (Inductor's shape for long rows), the row read again for the scale, its loops as
+  // compiled (unroll 0) or U units loaded at once, asking for MinB blocks per SM (0: nothing).
+  auto looped = [&](auto threads_c, auto unroll_c, auto min_blocks_c) {
+    if constexpr (!Fused) {
+      constexpr int MaxT = decltype(threads_c)::value, U = decltype(unroll_c)::value;
+      constexpr int MinB = decltype(min_blocks_c)::value;
+      auto* kernel = cu::rms_rows_looped_kernel<N, U, T, MaxT, MinB>;
+      const int threads = cu::row_threads(hv, MaxT);
+      const KernelFacts facts = kernel_facts(kernel, threads, MinB);
+      const opbridge::StridedRows xs{H, 1, H};
+      const auto launch = [&] { kernel<<<unsigned(rows), threads, 0, s>>>(out, x, xs, w, rows, H, eps); };
+      char form[24];
+      std::snprintf(form, sizeof form, " looped %d min %d", U, MinB);
+      run(launch, facts, int((hv + threads - 1) / threads), threads, MaxT, false, false, form, false);
+    }
+  };
+  if (g_sections.cached) {
+    using std::integral_constant;
+    looped(integral_constant<int, 256>{}, integral_constant<int, 0>{}, integral_constant<int, 0>{});
+    looped(integral_constant<int, 512>{}, integral_constant<int, 0>{}, integral_constant<int, 0>{});
+    looped(integral_constant<int, 1024>{}, integral_constant<int, 0>{}, integral_constant<int, 0>{});
+    looped(integral_constant<int, 256>{}, integral_constant<int, 2>{}, integral_constant<int, 6>{});
+    looped(integral_constant<int, 512>{}, integral_constant<int, 2>{}, integral_constant<int, 3>{});
+    looped(integral_constant<int, 128>{}, integral_constant<int, 4>{}, integral_constant<int, 8>{});
+    looped(integral_constant<int, 256>{}, integral_constant<int, 4>{}, integral_constant<int, 3>{});
   }
   for (T* p : {x, res, x0, res0, w, y}) CK(cudaFree(p));
 }

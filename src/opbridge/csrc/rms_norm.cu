@@ -3,11 +3,12 @@
 // One block per row (grid-stride over rows), 128-bit accesses when H and the
 // pointers allow, fp32 block reductions (fp64 for float64).
 // Forward: rows that fit in a block's registers run cuda_norm.h's cached
-// kernel (one memory round trip per row); longer rows the two-pass form
-// below, whose second read hits L1/L2.
+// kernel (one memory round trip per row); longer rows the looped form of
+// cuda_norm_looped.h, whose second read hits L1/L2.
 #include <opbridge/cuda.h>
 #include <opbridge/cuda_norm.h>
 #include <opbridge/cuda_norm_backward.h>
+#include <opbridge/cuda_norm_looped.h>
 #include <opbridge/cuda_norm_staged.h>
 #include <opbridge/ops/rms_norm.h>
 
@@ -15,39 +16,6 @@ namespace {
 
 using opbridge::TensorView;
 namespace cu = opbridge::cuda;
-
-template <int N, typename T, typename C = opbridge::compute_t<T>>
-__global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, const T* __restrict__ x, opbridge::StridedRows xs,
-                                                        const T* __restrict__ w, int64_t rows,
-                                                        int64_t H, C eps) {
-  __shared__ C scratch[32];
-  const int64_t hv = H / N;
-  const C inv_h = cu::inverse_of<C>(H);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + xs.offset(r);
-    T* yr = out + r * H;
-    C ss = 0;
-    for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
-      const cu::Vec<T, N> v = cu::load<N>(xr + i * N);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const C f = cu::to_compute(v.v[k]);
-        ss += f * f;
-      }
-    }
-    const C rs = cu::rsqrt_of(cu::block_sum(ss, scratch) * inv_h + eps);
-    for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
-      const cu::Vec<T, N> v = cu::load<N>(xr + i * N);
-      const cu::Vec<T, N> wv = cu::load<N>(w + i * N);
-      cu::Vec<T, N> o;
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        o.v[k] = cu::from_compute<T>(cu::to_compute(v.v[k]) * rs * cu::to_compute(wv.v[k]));
-      }
-      cu::store<N>(yr + i * N, o);
-    }
-  }
-}
 
 // With gw_i = g_i w_i:  dx = r gw - x r^3 mean(gw x),  dw = sum over rows of g x r.
 // Block b accumulates its rows' g x r into partial[b, :] in fp32 (each column
@@ -126,10 +94,10 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     if (cu::can_vectorize<T>(H, y, a, w) && xs.stride % V == 0) {
       if (!cu::launch_rms_rows_staged<cu::RmsNormStaged, V>(ctx, y, a, xs, w, rows, H, C(eps)) &&
           !cu::launch_rms_rows_of<cu::RmsNormRows, V>(ctx, y, a, xs, w, rows, H, C(eps))) {
-        rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
+        cu::rms_rows_looped_kernel<V, 0><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
       }
     } else {
-      rms_norm_kernel<1><<<grid, cu::row_threads(H), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
+      cu::rms_rows_looped_kernel<1, 0><<<grid, cu::row_threads(H), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
     }
     ctx.check_launch();
   });
