@@ -6,7 +6,7 @@
 // during the current one's sum, kPrefetch; and policies that ask for 1536 or 2048 threads per SM,
 // min_blocks, at 1 and 2 units; and, for rms_norm, its rows staged through 2-4 shared-memory stages by
 // cp.async, cuda_norm_staged.h, no policy of the cached kernel but the candidate for many rows; and its
-// looped form, cuda_norm_looped.h, one block of 128-1024 threads per row as Inductor's, its loads
+// looped form, cuda_norm_looped.h, one block of 128-1024 threads per row, a looped reduction, its loads
 // batched 2 or 4 units at a time under an occupancy or left to the compiler), each
 // timed as 100 launches in a CUDA graph (median of 10 replays)
 // and checked against the op's current policy. Each line also gives the kernel's registers per
@@ -225,7 +225,7 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     staged_at(integral_constant<int, 4>{});
   }
   // rms_norm's looped form (cuda_norm_looped.h) in place of the cached kernel: one block of up to MaxT
-  // threads per row (Inductor's shape for long rows), the row read again for the scale, its loops as
+  // threads per row, the row read again for the scale, its loops as
   // compiled (unroll 0) or U units loaded at once, asking for MinB blocks per SM (0: nothing).
   auto looped = [&](auto threads_c, auto unroll_c, auto min_blocks_c) {
     if constexpr (!Fused) {

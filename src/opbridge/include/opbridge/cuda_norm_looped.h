@@ -2,9 +2,11 @@
 // then reads the row again, with the weight, to scale and write it; the second read mostly hits the
 // cache. rms_norm.cu runs it for rows that do not fit a block's registers (the row-cached kernel of
 // cuda_norm.h, every other row); the norm sweep (scripts/cuda_norm_sweep.cu) also times it in place of
-// the cached kernel, at several block sizes and with its loops unrolled: the form Inductor generates for
-// a long row (one row per program, a loop of loads, the row read again from the cache), which ran
-// bfloat16 rows of 8192 at 0.96 of copy bandwidth on an H200 where the cached kernel ran 0.72.
+// the cached kernel, at several block sizes and with its loads batched: the form of a looped reduction
+// (one row per program, a loop of loads, the row read again from the cache), which is how Triton
+// kernels such as Inductor's are written for long rows (theirs not inspected here). Inductor ran
+// bfloat16 rms_norm at 8192 x 8192 at 0.96 of copy bandwidth on an H200 (2026-11-27) where the cached
+// kernel ran 0.72.
 #pragma once
 
 #include <opbridge/cuda.h>
