@@ -85,6 +85,7 @@ crash_diag() {  # crash_diag NAME COMMAND...: after a native crash, in one proce
   local name=$1; shift
   case "$(awk -v n="$name" '$1 == n {print $2}' "$OUT/steps.txt" | tail -1)" in
     134|139) ;;
+    skipped | "") return 0 ;;  # not run (GPU_CHECK_BUDGET, GPU_CHECK_ONLY)
     *) grep -q "crashed while running" "$OUT/$name.log" 2> /dev/null || return 0 ;;
   esac
   step "${name}_no_native" env OPBRIDGE_TORCH_NATIVE=0 "$@" "${ISOLATE[@]}"

@@ -9,6 +9,19 @@
 #   GPU_CHECK_BUDGET=S         the whole check's seconds: each step is also bounded by what is left of them,
 #                              less GPU_CHECK_RESERVE (default 20: the summary, the archive); a step that would
 #                              get under 20 s is not run, and steps.txt says "NAME skipped 0"
+# Seconds are whole numbers (anything else stops the check). A step over its limit gets SIGTERM, and
+# SIGKILL 10 s later (a process stuck in a driver call may ignore the first).
+
+check_seconds() {  # check_seconds NAME: stop with an error unless $NAME is unset, empty or a whole number
+  local v=${!1:-}
+  if [ -n "$v" ] && ! [[ $v =~ ^[0-9]+$ ]]; then
+    echo "gpu-check: $1 must be a whole number of seconds, got '$v'" >&2
+    exit 2
+  fi
+}
+check_seconds GPU_CHECK_BUDGET
+check_seconds GPU_CHECK_RESERVE
+check_seconds GPU_CHECK_STEP_LIMIT
 
 wanted() {  # wanted NAME: whether GPU_CHECK_ONLY (unset: every step) names NAME or the step it reruns
   [ -z "${GPU_CHECK_ONLY:-}" ] && return 0
@@ -39,12 +52,13 @@ step() {  # step NAME COMMAND...: run, keep the log and the exit status
   if [ "$lim" = "-1" ]; then
     echo "== $name: not run, under 20 s of GPU_CHECK_BUDGET=$GPU_CHECK_BUDGET left"
     record "$name" skipped 0
+    rm -f "$OUT/$name.log" "$OUT/$name.xml"  # an earlier call's, which would read as this one's
     return 0
   fi
   echo "== $name${lim:+ (at most $lim s)}: $*"
   local t0=$SECONDS
   local limit=()
-  [ -n "$lim" ] && limit=(timeout "$lim")
+  [ -n "$lim" ] && limit=(timeout -k 10 "$lim")
   "${limit[@]}" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   record "$name" "$rc" "$((SECONDS - t0))"

@@ -85,6 +85,9 @@ def main(out: Path) -> int:
         lines = _standing_lines(value)
         if lines:
             print(f"{key}:" + "\n".join(lines))
+    if steps and len(skipped) == len(steps):
+        print("gpu-check: no step ran: GPU_CHECK_BUDGET left none of them 20 s")
+        return 2
     return 1 if failed else 0
 
 

@@ -76,11 +76,38 @@ def test_one_op_per_jitted_call_and_copies_that_xla_fused(monkeypatch: pytest.Mo
     assert [(r["copies"], r["kernels"]["opbridge"]) for r in large] == [(1, 1), (1, 1)]
     assert "copies" not in large[0]["candidates"]["opbridge"]["what"]
     # a program with fewer kernels than copies (XLA's horizontal fusion on a GPU) is named in the case's notes
-    monkeypatch.setattr(jax_gpu_calls, "kernels_in", lambda jitted, tensors: 2)
+    # a program with fewer kernels than its copies' (XLA's horizontal fusion on a GPU) is named in the notes:
+    # here one copy's program has 2 and three copies' have 5
+    monkeypatch.setattr(jax_gpu_calls, "kernels_in", lambda jitted, tensors: 2 if len(tensors) <= 3 else 5)
     assert main([*args, "--copies", "3", "--json"]) == 0
     large = json.loads(capsys.readouterr().out)["large"]
-    assert all(r["notes"] == ["opbridge: 2 kernels for 3 copies (copies fused)",
-                              "xla: 2 kernels for 3 copies (copies fused)"] for r in large), large
+    assert all(r["notes"] == ["opbridge: 5 kernels for 3 copies of 2 (copies fused)",
+                              "xla: 5 kernels for 3 copies of 2 (copies fused)"] for r in large), large
+
+
+def test_kernels_are_counted_outside_fusion_bodies() -> None:
+    hlo = """HloModule m
+%fused_inner (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %n = f32[8]{0} negate(%p)
+}
+%fused_outer (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %f = f32[8]{0} fusion(%p), kind=kLoop, calls=%fused_inner
+}
+%command_buffer (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %c = f32[8]{0} custom-call(%a), custom_call_target="opbridge.x"
+  ROOT %g = f32[8]{0} fusion(%c), kind=kCustom, calls=%fused_outer
+}
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %h = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused_inner
+  ROOT %cb = f32[8]{0} call(%x), to_apply=%command_buffer
+}
+"""
+    # the custom call and the fusion in the command buffer, the fusion in ENTRY; not the one nested in %fused_outer
+    assert jax_gpu_calls.count_kernels(hlo) == 3
 
 
 def test_a_wrong_formula_is_a_mismatch_and_fails_the_command(monkeypatch: pytest.MonkeyPatch,

@@ -19,16 +19,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _steps(out: Path, body: str, **env: str) -> str:
-    """Run *body* (bash) after sourcing the step machinery with OUT=*out*; its stdout."""
+def _steps(out: Path, body: str, status: int = 0, **env: str) -> str:
+    """Run *body* (bash) after sourcing the step machinery with OUT=*out*; its stdout (and stderr)."""
     out.mkdir(exist_ok=True)
     (out / "gpu.txt").write_text("stand-in GPU\n")
-    script = f"source scripts/gpu_check_steps.sh\nGPU_CHECK_START=$SECONDS\n: > \"$OUT/steps.txt\"\n{body}\n"
+    script = f"GPU_CHECK_START=$SECONDS\nsource scripts/gpu_check_steps.sh\n: > \"$OUT/steps.txt\"\n{body}\n"
     keep = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
     r = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**keep, "OUT": str(out), **env})
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    assert r.returncode == status, r.stdout + r.stderr
+    return r.stdout + r.stderr
 
 
 def _lines(out: Path) -> dict[str, list[str]]:
@@ -46,11 +46,27 @@ def test_each_step_is_bounded_by_its_limit_and_what_is_left_of_the_budget(tmp_pa
     assert "== second: not run, under 20 s of GPU_CHECK_BUDGET=22 left" in text
     assert not (out / "second.log").exists()
 
+    # a step not run leaves no earlier call's log or results behind to be read as its own
+    (out / "fourth.log").write_text("an earlier call's log")
+    (out / "fourth.xml").write_text("<testsuite/>")
+    _steps(out, "step fourth true", GPU_CHECK_BUDGET="5")
+    assert not (out / "fourth.log").exists() and not (out / "fourth.xml").exists()
+
     out = tmp_path / "limit"
     text = _steps(out, "step slow sleep 30\nstep quick echo done", GPU_CHECK_STEP_LIMIT="1")
     steps = _lines(out)
     assert steps["slow"][0] == "124" and int(steps["slow"][1]) < 5, steps  # timeout's status
     assert steps["quick"][0] == "0" and "done" in text
+
+    # a step that ignores SIGTERM is killed 10 s later
+    out = tmp_path / "hang"
+    _steps(out, "step hang bash -c 'trap \"\" TERM; sleep 60'", GPU_CHECK_STEP_LIMIT="1")
+    status, secs = _lines(out)["hang"]
+    assert status == "137" and int(secs) < 20, (status, secs)
+
+    for bad in ({"GPU_CHECK_BUDGET": "540s"}, {"GPU_CHECK_STEP_LIMIT": "5m"}, {"GPU_CHECK_RESERVE": "-1"}):
+        text = _steps(tmp_path / "bad", "step a true", status=2, **bad)
+        assert f"{next(iter(bad))} must be a whole number of seconds, got '{next(iter(bad.values()))}'" in text
 
     out = tmp_path / "only"
     _steps(out, "step a true\nstep b true\nstep a_no_native true", GPU_CHECK_ONLY="a")
@@ -61,16 +77,21 @@ def test_the_summary_lists_the_steps_not_run_and_fails_on_a_failed_one(
         tmp_path: Path, script_module: Callable[[str], Any], capsys: pytest.CaptureFixture[str]) -> None:
     summary = script_module("gpu_check_summary")
     out = tmp_path / "out"
-    _steps(out, "step ran true\nstep late true", GPU_CHECK_BUDGET="19", GPU_CHECK_RESERVE="0")
+    _steps(out, "step ran sleep 2\nstep late true", GPU_CHECK_BUDGET="21", GPU_CHECK_RESERVE="0")
     assert summary.main(out) == 0
     said = capsys.readouterr().out
-    assert "not run, for want of time (GPU_CHECK_BUDGET): ran, late" in said and "FAILED" not in said
+    assert "every step run passed; not run, for want of time (GPU_CHECK_BUDGET): late" in said
+    assert "FAILED" not in said
     steps = json.loads((out / "summary.json").read_text())["steps"]
     assert steps["late"] == {"exit_status": None, "skipped": True}
 
     _steps(out, "step ran false\nstep late true", GPU_CHECK_BUDGET="100")
     assert summary.main(out) == 1
     assert "FAILED: ran" in capsys.readouterr().out
+
+    _steps(out, "step ran true\nstep late true", GPU_CHECK_BUDGET="10")  # nothing ran: not a pass
+    assert summary.main(out) == 2
+    assert "no step ran" in capsys.readouterr().out
 
 
 def test_the_gpu_test_steps_keep_pytest_benchmark_out(tmp_path: Path) -> None:

@@ -54,9 +54,11 @@ Timing
     2026-11-27, one op per call: 38 µs for XLA's bfloat16 silu_and_mul,
     whose data moves in 12 µs at copy bandwidth). The copies share no
     argument and each result passes through an ``optimization_barrier`` of
-    its own, so XLA fuses neither a chain nor the copies into one kernel
-    (it fuses a chain of the formula across barriers, and loop fusions
-    feeding one consumer horizontally, which a custom call cannot match).
+    its own, so that XLA fuses neither a chain nor the copies into one
+    kernel (it fuses a chain of the formula across barriers, and loop
+    fusions feeding one consumer horizontally, which a custom call cannot
+    match); not yet checked on a GPU, so each case records the kernels of
+    its programs and notes one that joined copies.
     ``--copies 1``: one op per jitted call, as before. A missed target is listed (``misses``), not a
     failure.
 
@@ -189,10 +191,12 @@ def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: 
         if why is None:
             call = bind(fresh(), block=False) if pipelined else bind(fresh())
             fns[name] = Pipelined(call, PIPELINE) if pipelined else call
-            if pipelined:  # the kernels of XLA's program: one per copy unless it fused copies (see Timing)
+            if pipelined:  # the kernels of XLA's program: one copy's each, unless it joined copies (Timing)
                 kernels[name] = call.kernels()  # type: ignore[attr-defined]
-                if kernels[name] < copies:  # XLA joined copies: not the time of one op's kernel
-                    notes.append(f"{name}: {kernels[name]} kernels for {copies} copies (copies fused)")
+                single = call.single() if copies > 1 else kernels[name]  # type: ignore[attr-defined]
+                if kernels[name] < copies * single:  # not the time of one op's kernels
+                    notes.append(f"{name}: {kernels[name]} kernels for {copies} copies of {single} "
+                                 f"(copies fused)")
         else:
             bad.append({"candidate": name, "message": why})
     stats: dict[str, dict[str, float]] = {}

@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks) rms_rows_looped_kernel(
   __shared__ C scratch[32];
   const int64_t hv = H / N;
   const C inv_h = inverse_of<C>(H);
-  constexpr int U = Unroll > 1 ? Unroll : 1;
+  constexpr int U = Unroll > 1 ? Unroll : 1;  // units loaded at once
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + xs.offset(r);
     T* yr = out + r * H;
@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks) rms_rows_looped_kernel(
       }
     }
     const C rs = rsqrt_of(block_sum(ss, scratch) * inv_h + eps);
-    for (int64_t i0 = threadIdx.x; i0 < hv; i0 += int64_t(U) * blockDim.x) {
-      if constexpr (Unroll > 1) {
+    if constexpr (Unroll > 1) {
+      for (int64_t i0 = threadIdx.x; i0 < hv; i0 += int64_t(U) * blockDim.x) {
         held_t<T, N> h[U], hw[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -84,28 +84,17 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks) rms_rows_looped_kernel(
             store<N>(yr + i * N, o);
           }
         }
-        continue;
       }
-      Vec<T, N> v[U], wv[U];
+    } else {
+      for (int64_t i = threadIdx.x; i < hv; i += blockDim.x) {
+        const Vec<T, N> v = load<N>(xr + i * N);
+        const Vec<T, N> wv = load<N>(w + i * N);
+        Vec<T, N> o;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t i = i0 + int64_t(u) * blockDim.x;
-        if (i < hv) {
-          v[u] = load<N>(xr + i * N);
-          wv[u] = load<N>(w + i * N);
+        for (int k = 0; k < N; ++k) {
+          o.v[k] = from_compute<T>(to_compute(v.v[k]) * rs * to_compute(wv.v[k]));
         }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t i = i0 + int64_t(u) * blockDim.x;
-        if (i < hv) {
-          Vec<T, N> o;
-#pragma unroll
-          for (int k = 0; k < N; ++k) {
-            o.v[k] = from_compute<T>(to_compute(v[u].v[k]) * rs * to_compute(wv[u].v[k]));
-          }
-          store<N>(yr + i * N, o);
-        }
+        store<N>(yr + i * N, o);
       }
     }
   }
