@@ -71,9 +71,10 @@ def count_kernels(hlo: str) -> int:
             bodies[name] = []
         elif name:
             bodies[name].append(line)
-    fused = {c for lines in bodies.values() for line in lines if _LAUNCH.search(line)
-             and _LAUNCH.search(line)[1] == "fusion" for c in _CALLS.findall(line)}
-    return sum(1 for n, lines in bodies.items() if n not in fused for line in lines if _LAUNCH.search(line))
+    launches = {n: [m for m in map(_LAUNCH.search, lines) if m is not None] for n, lines in bodies.items()}
+    fused = {c for lines in bodies.values() for line in lines
+             if (m := _LAUNCH.search(line)) is not None and m[1] == "fusion" for c in _CALLS.findall(line)}
+    return sum(len(found) for n, found in launches.items() if n not in fused)
 
 
 class _Plain:
