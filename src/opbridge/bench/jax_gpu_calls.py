@@ -72,8 +72,7 @@ def count_kernels(hlo: str) -> int:
         elif name:
             bodies[name].append(line)
     launches = {n: [m for m in map(_LAUNCH.search, lines) if m is not None] for n, lines in bodies.items()}
-    fused = {c for lines in bodies.values() for line in lines
-             if (m := _LAUNCH.search(line)) is not None and m[1] == "fusion" for c in _CALLS.findall(line)}
+    fused = {c for found in launches.values() for m in found if m[1] == "fusion" for c in _CALLS.findall(m.string)}
     return sum(len(found) for n, found in launches.items() if n not in fused)
 
 
@@ -95,7 +94,7 @@ class _Plain:
         return kernels_in(self.jitted, self.tensors)
 
 
-class _Fed:
+class _Fed(_Plain):
     """A jitted call that donates the mutated tensors and feeds its results back as the next ones.
 
     With *copies* > 1 the call returns one result per copy of the tensors (each copy's
@@ -105,23 +104,15 @@ class _Fed:
 
     def __init__(self, jitted: Callable[..., Any], tensors: list[Any], fed: Sequence[int],
                  block: bool = True, copies: int = 1, single: Callable[[], int] | None = None) -> None:
-        self.jitted, self.tensors, self.fed, self.block, self.copies = jitted, tensors, fed, block, copies
-        self.single = single  # the kernels of one copy's program (Jitted.bind)
+        super().__init__(jitted, tensors, block, single)
+        self.fed, self.copies, self.width = fed, copies, len(tensors) // copies
 
     def __call__(self) -> Any:
-        import jax
-
-        out = self.jitted(*self.tensors)
-        if self.block:
-            out = jax.block_until_ready(out)
-        per_copy, width = (out if self.copies > 1 else (out,)), len(self.tensors) // self.copies
-        for c, got in enumerate(per_copy):
+        out = super().__call__()
+        for c, got in enumerate(out if self.copies > 1 else (out,)):
             for j, i in enumerate(self.fed):  # mutated arguments' new values come first, in schema order
-                self.tensors[c * width + i] = got[j]
+                self.tensors[c * self.width + i] = got[j]
         return out
-
-    def kernels(self) -> int:
-        return kernels_in(self.jitted, self.tensors)
 
 
 class Jitted:
