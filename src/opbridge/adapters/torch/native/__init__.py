@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opbridge import config, loader
+from opbridge import _tvm, config, loader
 from opbridge.adapters.torch.native import build
 from opbridge.build import detached
 from opbridge.call import core, memory
@@ -110,6 +110,10 @@ class Shim:
     def __init__(self, path: Path) -> None:
         import torch  # the shim links against it; imported already wherever ops register with torch
 
+        # tvm-ffi's library first, as `import tvm_ffi` loads it (RTLD_GLOBAL, the process's fault handler
+        # kept): loaded as the shim's dependency instead, it would resolve its C++ runtime in the shim's
+        # scope (exports.map says what that did on an H200), and replace faulthandler's SIGSEGV handler
+        _tvm.tvm_ffi()
         lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may raise Python errors
         try:
             os.utime(path)  # its last use, for `opbridge cache prune` (build/housekeeping.py)

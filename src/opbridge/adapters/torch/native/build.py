@@ -38,6 +38,8 @@ INCLUDE_DIR = Path(__file__).resolve().parents[3] / "include"
 #: Every file the shim is compiled from (``shim.cc`` includes the headers beside it): its cache key.
 SOURCES = (SOURCE, *(SOURCE.with_name(h) for h in ("op_state.h", "python_calls.h", "kernel_call.h", "python_entry.h")),
            *(INCLUDE_DIR / "opbridge" / h for h in ("host_buffers.h", "raised_error.h", "byte_rows.h")))
+#: The linker version script: the shim exports its ``opb_*`` C entries and nothing else (the file says why).
+EXPORTS = SOURCE.with_name("exports.map")
 LIB_NAME = "libopbridge_torch_native.so"
 
 
@@ -68,7 +70,7 @@ def cache_key() -> str:
     """The content hash naming this process's shim in the cache."""
     parts = [torch.__version__, str(torch.version.git_version), str(torch.version.cuda),
              str(sysconfig.get_config_var("EXT_SUFFIX")), sys.implementation.cache_tag or "",
-             _tvm_ffi_version(), config.cxx(), *_installs(), *(p.read_text() for p in SOURCES)]
+             _tvm_ffi_version(), config.cxx(), *_installs(), *(p.read_text() for p in (*SOURCES, EXPORTS))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
@@ -91,7 +93,8 @@ def command(output: Path) -> list[str]:
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes), str(SOURCE), "-o", str(output),
            f"-L{torch_lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10",
            f"-L{tvm_lib.parent}", f"-l{tvm_lib.stem.removeprefix('lib')}",
-           f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{tvm_lib.parent}"]
+           f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{tvm_lib.parent}",
+           f"-Wl,--version-script={EXPORTS}", "-Wl,--exclude-libs,ALL"]
     if _with_cuda():
         cmd[1:1] = ["-DOPB_WITH_CUDA"]
     return cmd
