@@ -81,7 +81,19 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     else return Src{x, opbridge::StridedRows{H, 1, H}};
   }();
   using Current = std::conditional_t<Fused, cu::FusedAddRmsNormRows<N>, cu::RmsNormRows<N>>;  // the ops' policies
-  const int current_units = cu::cached_units<Current>(hv);
+  // rms_norm's policy for these rows as launch_rms_norm_rows picks it: RmsNormManyRows where it applies
+  const bool many = !Fused && cu::RmsNormManyRows<N>::applies(rows, hv, true);
+  struct Knobset {
+    int units, bound, min_blocks;
+    bool fast, stream, prefetch;
+  };
+  auto knobs_of = [&](auto policy) {
+    using P = decltype(policy);
+    const int units = cu::cached_units<P>(hv);
+    return Knobset{units, P::kMaxThreads, P::min_blocks(units), P::kFastSum, P::kStream, P::kPrefetch};
+  };
+  const Knobset cur = many ? knobs_of(cu::RmsNormManyRows<N>{}) : knobs_of(Current{});
+  const int current_units = cur.units;
   std::vector<T> want, got(n);
   auto reset = [&] {
     CK(cudaMemcpyAsync(x, x0, n * sizeof(T), cudaMemcpyDeviceToDevice, s));
@@ -115,9 +127,8 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     int64_t blocks = rows;
     if (prefetch) blocks = std::min<int64_t>(rows, int64_t(sms) * std::max(facts.per_sm, 1));  // one wave
     const auto launch = [&] { kernel<<<unsigned(blocks), threads, 0, s>>>(out, rows_src, w, rows, H, eps); };
-    const bool current = units == current_units && bound == Current::kMaxThreads && fast == Current::kFastSum &&
-                         stream == Current::kStream && prefetch == Current::kPrefetch &&
-                         min_blocks == Current::min_blocks(units);
+    const bool current = units == cur.units && bound == cur.bound && fast == cur.fast && stream == cur.stream &&
+                         prefetch == cur.prefetch && min_blocks == cur.min_blocks;
     run(launch, facts, units, threads, bound, fast, stream, prefetch ? " prefetch" : "", current);
   };
   // rms_norm's rows through S shared-memory stages (cuda_norm_staged.h): a persistent grid of blocks of
@@ -173,14 +184,23 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     std::printf("%s %s %lld x %lld: rows do not fit the cached kernel (the two-pass form runs)\n",
                 Fused ? "fused_add_rms_norm" : "rms_norm", dtype_name<T>(), (long long)rows, (long long)H);
   } else {  // the current policy first: its result is the reference; then it with streaming rows
-    cu::with_units<Current::kMaxUnits>(current_units, [&](auto k) {
-      variant_at(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
-                 integral_constant<bool, Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{},
-                 integral_constant<int, Current::min_blocks(decltype(k)::value)>{});
-      variant_at(k, integral_constant<int, Current::kMaxThreads>{}, integral_constant<bool, Current::kFastSum>{},
-                 integral_constant<bool, !Current::kStream>{}, integral_constant<bool, Current::kPrefetch>{},
-                 integral_constant<int, Current::min_blocks(decltype(k)::value)>{});
-    });
+    auto first = [&](auto policy) {
+      using P = decltype(policy);
+      cu::with_units<P::kMaxUnits>(current_units, [&](auto k) {
+        variant_at(k, integral_constant<int, P::kMaxThreads>{}, integral_constant<bool, P::kFastSum>{},
+                   integral_constant<bool, P::kStream>{}, integral_constant<bool, P::kPrefetch>{},
+                   integral_constant<int, P::min_blocks(decltype(k)::value)>{});
+        variant_at(k, integral_constant<int, P::kMaxThreads>{}, integral_constant<bool, P::kFastSum>{},
+                   integral_constant<bool, !P::kStream>{}, integral_constant<bool, P::kPrefetch>{},
+                   integral_constant<int, P::min_blocks(decltype(k)::value)>{});
+      });
+    };
+    if constexpr (!Fused) {
+      if (many) first(cu::RmsNormManyRows<N>{});
+      else first(Current{});
+    } else {
+      first(Current{});
+    }
   }
   if (g_sections.cached) {
     per_units(integral_constant<int, 1>{});

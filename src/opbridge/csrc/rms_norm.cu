@@ -93,7 +93,7 @@ void rms_norm_cuda(TensorView out, TensorView x, TensorView weight, double eps) 
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, y, a, w) && xs.stride % V == 0) {
       if (!cu::launch_rms_rows_staged<cu::RmsNormStaged, V>(ctx, y, a, xs, w, rows, H, C(eps)) &&
-          !cu::launch_rms_rows_of<cu::RmsNormRows, V>(ctx, y, a, xs, w, rows, H, C(eps))) {
+          !cu::launch_rms_norm_rows<V>(ctx, y, a, xs, w, rows, H, C(eps))) {
         cu::rms_rows_looped_kernel<V, 0><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(y, a, xs, w, rows, H, C(eps));
       }
     } else {

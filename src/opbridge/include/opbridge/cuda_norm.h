@@ -29,8 +29,8 @@ namespace cuda {
 // loads), a knob the sweep tries (scripts/cuda_norm_sweep.cu). kPrefetch: a persistent grid (one wave)
 // whose blocks load their next row while they reduce and write the current one, and load the weight
 // once: with one or two blocks per SM, the block sum's barriers otherwise leave the memory system idle
-// (the sweep's candidate for bfloat16 rows of 8192, where no other policy came within 25% of Inductor
-// on an H200); no shipped policy sets it yet, untried on a GPU. min_blocks(units): the kernel's second
+// (a candidate for bfloat16 rows of 8192 when no policy came within 25% of Inductor on an H200; the
+// occupancy below since did); no shipped policy sets it. min_blocks(units): the kernel's second
 // __launch_bounds__ argument for that many units per thread, blocks of kMaxThreads that must fit on an
 // SM at once, so that ptxas holds a thread's registers to 65536 / (kMaxThreads x min_blocks):
 // Liger-Kernel's bfloat16 rms_norm for rows of 8192 runs 512 threads x 16 elements at 39 registers, 3
@@ -43,8 +43,14 @@ namespace cuda {
 // The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
 // product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy
 // of each case, the policies before in brackets):
-//  - rms_norm, 16-bit: one unit per thread, up to 1024 threads, one-barrier sum: 1.00-1.03 of the
-//    best (1.00-1.21; bfloat16 at 8192 x 8192 86 -> 89 us, 104 before);
+//  - rms_norm, 16-bit: one unit per thread up to 512 threads, then two, then four; one-barrier sum;
+//    4 blocks per SM at one unit, 3 at two (min_blocks). The sweep of 2026-11-28 (H200, every policy
+//    at 1, 8, 64, 256, 1024, 4096 rows of 4096 and 8192 x 8192, bfloat16), against the policy before
+//    (one unit, up to 1024 threads, no occupancy asked): rows of 4096 1.544 / 1.588 / 1.696 / 2.221 /
+//    4.498 / 20.650 us against 1.629 / 1.667 / 1.767 / 2.285 / 4.764 / 20.909; 8192 x 8192 68.4 against
+//    86.6 us (x1.26; Inductor's was 65.4 on 2026-11-27). Not the best at 4096 rows of 4096: two units of
+//    256 threads at 6 blocks ran 18.7 us there and 2-4% slower at 1-256 rows. Rows of 16384 (four
+//    units of 512 threads, two of 1024 before) are not measured;
 //  - rms_norm, float32 (and float64): 4 units, up to 512 threads, one-barrier sum: 1.00-1.07 (1.00-1.09);
 //  - fused_add_rms_norm, 16-bit: as rms_norm's: 1.00 (1.04-1.13);
 //  - fused_add_rms_norm, float32: 2 units, 512 threads then up to 1024, three-barrier sum:
@@ -55,10 +61,24 @@ namespace cuda {
 template <int N>
 struct RmsNormRows {
   static constexpr bool k16 = N >= 8;  // 16-bit elements (8 per unit)
-  static constexpr int kMaxThreads = k16 ? 1024 : 512, kPreferredThreads = k16 ? 1024 : 256;
-  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = k16 ? 2 : 4;
+  static constexpr int kMaxThreads = 512, kPreferredThreads = k16 ? 512 : 256;
+  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = 4;
   static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
-  static constexpr int min_blocks(int) { return 0; }
+  // 16-bit: 4 blocks of 512 per SM at one unit (32 registers), 3 at two (40); four units ask nothing
+  static constexpr int min_blocks(int units) { return !k16 ? 0 : units == 1 ? 4 : units == 2 ? 3 : 0; }
+};
+// rms_norm's policy for many contiguous 16-bit rows of 257-512 units (hidden 2056-4096): two units per
+// thread in blocks of 256, 6 blocks per SM (40 registers). The sweep of 2026-11-28 (H200, bfloat16 rows
+// of 4096): 4096 rows 18.7 us against RmsNormRows' 20.7; 1024 rows 4.53 against 4.50, and 2-4% slower
+// at 1-256 rows, hence from kMinRows on (between the two measured sizes).
+template <int N>
+struct RmsNormManyRows : RmsNormRows<N> {
+  static constexpr int kMaxThreads = 256, kPreferredThreads = 256, kPreferredUnits = 2, kMaxUnits = 2;
+  static constexpr int64_t kMinRows = 2048;
+  static constexpr int min_blocks(int units) { return units == 2 ? 6 : 0; }
+  static constexpr bool applies(int64_t rows, int64_t hv, bool contiguous) {
+    return N >= 8 && contiguous && rows >= kMinRows && hv > 256 && hv <= 512;
+  }
 };
 template <int N>
 struct FusedAddRmsNormRows {
@@ -333,6 +353,20 @@ bool launch_rms_rows_of(const Context& ctx, T* out, const T* x, const StridedRow
     }
   }
   return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T>{x, xs}, w, rows, H, eps);
+}
+
+// rms_norm's rows of x under RmsNormManyRows where it applies, else RmsNormRows; false when the rows fit
+// neither (the caller runs the looped form).
+template <int N, typename T, typename C>
+bool launch_rms_norm_rows(const Context& ctx, T* out, const T* x, const StridedRows& xs, const T* w, int64_t rows,
+                          int64_t H, C eps) {
+  if constexpr (N >= 8) {  // contiguous rows only: read as dense ones (the strided form is not compiled)
+    if (RmsNormManyRows<N>::applies(rows, H / N, xs.per == 1 && xs.stride == H) &&
+        launch_rms_rows_cached<RmsNormManyRows, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps)) {
+      return true;
+    }
+  }
+  return launch_rms_rows_of<RmsNormRows, N>(ctx, out, x, xs, w, rows, H, eps);
 }
 
 }  // namespace cuda
