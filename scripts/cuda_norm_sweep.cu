@@ -11,7 +11,8 @@
 // timed as 100 launches in a CUDA graph (median of 10 replays)
 // and checked against the op's current policy. Each line also gives the kernel's registers per
 // thread, its bytes of local memory (spills) and its blocks per SM. It launches the product's kernel
-// template itself (rms_rows_cached_kernel, with the row source launch_rms_rows_of would pick), so
+// template itself (rms_rows_cached_kernel, with the row source and, for rms_norm, the policy
+// launch_rms_norm_rows would pick), so
 // what it measures is what a policy change would ship.
 // Then rms_norm's backward (cuda_norm_backward.h) at the same sizes, under each units / threads /
 // occupancy policy and staged through 2 or 3 stages (cuda_norm_staged.h), timed with the column sum its

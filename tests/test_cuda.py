@@ -503,10 +503,10 @@ def test_misaligned_outs_on_cuda_match_cpu(gpu: Any, dtype: str) -> None:
 
 
 # (rows, H): every launch form of the row kernels. Forward: rows cached in registers with 1 to 8
-# 128-bit units per thread (rms_norm, blocks of up to 256 threads) or up to 4 units and blocks of up
-# to 1024 threads (fused_add_rms_norm at 9000 and 8192), and the two-pass form for longer rows
-# (rms_norm float32 at 9000; both at 20000). Backward: the cached persistent kernel with several rows
-# per block (5000 x 256) and 2 or 4 units per thread (4096, 8192), and the global-partial form
+# 128-bit units per thread (rms_norm, blocks of up to 512 threads, of 256 for many 16-bit rows of 4096) or
+# up to 4 units and blocks of up to 1024 threads (fused_add_rms_norm at 9000 and 8192), and the two-pass
+# form for longer rows (rms_norm float32 at 9000; both at 20000). Backward: the cached persistent kernel
+# with several rows per block (5000 x 256) and 2 or 4 units per thread (4096, 8192), and the global-partial form
 # (9000, 20000). With the staged policies on (OPBRIDGE_CUDA_FLAGS="-DOPB_RMS_NORM_STAGES=3
 # -DOPB_RMS_NORM_BACKWARD_STAGES=2", cuda_norm_staged.h; from 1024 rows), 5000 x 256 and 2048 x 4096
 # take the staged kernels, forward and backward, several rows per block. Gated activations: units of

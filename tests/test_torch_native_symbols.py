@@ -13,13 +13,14 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")
+
 from opbridge import config
 from opbridge.adapters.torch import native
-
-pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_the_shim_exports_its_c_entries_and_nothing_else(shim_path: str) -> None
     assert names - entries == set(), "the shim exports more than its C entries"
 
 
-def test_no_library_binds_a_symbol_to_the_shim(shim_path: str) -> None:
+def test_no_library_binds_a_symbol_to_the_shim(shim_path: str, tmp_path: Path) -> None:
     """A fresh process registers the ops with the shim cached (so the shim loads at registration, before
     any kernel) and raises a kernel's error; the dynamic linker's log shows what each library bound where."""
     probe = ("import torch\n"
@@ -55,13 +56,17 @@ def test_no_library_binds_a_symbol_to_the_shim(shim_path: str) -> None:
              "    ops.rotary_embedding(torch.tensor([0, 99]), torch.randn(2, 8), None, 8, torch.randn(4, 8), True)\n"
              "except ValueError:\n"
              "    print('raised')\n")
+    log = tmp_path / "ld"  # the dynamic linker's log (tens of MB) goes to ld.<pid>
     env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(config.cache_dir()), "OPBRIDGE_TORCH_NATIVE": "1",
-           "LD_DEBUG": "bindings"}
+           "LD_DEBUG": "bindings", "LD_DEBUG_OUTPUT": str(log)}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.split() == ["raised"], done.stdout + done.stderr[-3000:]
+    logged = "".join(p.read_text(errors="replace") for p in tmp_path.glob("ld.*"))
     name = re.escape(os.path.basename(shim_path))
     into_shim = re.compile(rf"binding file (\S+) \[\d+\] to \S*{name} \[\d+\]: \S+ symbol `([^']+)'")
-    foreign = sorted({(m[1], m[2]) for m in into_shim.finditer(done.stderr)
+    bound = [(m[1], m[2]) for m in into_shim.finditer(logged)]
+    assert any(symbol.startswith("opb_") for _, symbol in bound), "no log of ctypes' lookups in the shim"
+    foreign = sorted({(m[1], m[2]) for m in into_shim.finditer(logged)
                       if not m[2].startswith("opb_")  # its entries, looked up by ctypes
                       and os.path.basename(m[1]) != os.path.basename(shim_path)})  # and its own calls
     assert foreign == [], f"{len(foreign)} bindings into the shim, e.g. {foreign[:3]}"

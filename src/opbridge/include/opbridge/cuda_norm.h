@@ -34,7 +34,8 @@ namespace cuda {
 // __launch_bounds__ argument for that many units per thread, blocks of kMaxThreads that must fit on an
 // SM at once, so that ptxas holds a thread's registers to 65536 / (kMaxThreads x min_blocks):
 // Liger-Kernel's bfloat16 rms_norm for rows of 8192 runs 512 threads x 16 elements at 39 registers, 3
-// blocks (1536 threads, 48 KiB of loads) per SM, where this kernel's fastest policy ran 2 blocks. Per
+// blocks (1536 threads, 48 KiB of loads) per SM, where this kernel's policy before 2026-11-28 ran 2 blocks
+// of 1024 (rms_norm's 16-bit policy now runs Liger's). Per
 // units, because the registers a unit needs decide what fits: at 3 blocks of 512, 2 bfloat16 units
 // fit 40 registers without spilling, 4 spill (340-500 bytes of spill loads). A kernel asked for an
 // occupancy also holds its units as raw bytes (load_units), and contiguous rows are read as dense ones
@@ -52,7 +53,8 @@ namespace cuda {
 //    256 threads at 6 blocks ran 18.7 us there and 2-4% slower at 1-256 rows. Rows of 16384 (four
 //    units of 512 threads, two of 1024 before) are not measured;
 //  - rms_norm, float32 (and float64): 4 units, up to 512 threads, one-barrier sum: 1.00-1.07 (1.00-1.09);
-//  - fused_add_rms_norm, 16-bit: as rms_norm's: 1.00 (1.04-1.13);
+//  - fused_add_rms_norm, 16-bit: rms_norm's policy before 2026-11-28 (one unit, up to 1024 threads,
+//    no occupancy asked): 1.00 (1.04-1.13);
 //  - fused_add_rms_norm, float32: 2 units, 512 threads then up to 1024, three-barrier sum:
 //    1.00-1.05 (1.02-1.25; one row 2.46 -> 1.98 us).
 // Earlier, measured through opbridge bench gpu and dropped: splitting each of a few rows over a
@@ -64,7 +66,8 @@ struct RmsNormRows {
   static constexpr int kMaxThreads = 512, kPreferredThreads = k16 ? 512 : 256;
   static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = 4;
   static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
-  // 16-bit: 4 blocks of 512 per SM at one unit (32 registers), 3 at two (40); four units ask nothing
+  // 16-bit: 4 blocks of 512 per SM at one unit (32 registers), 3 at two (40); four units ask nothing.
+  // sm_86/89/120 hold 1536 threads per SM: ptxas ignores the 4 there (a warning), as before this policy
   static constexpr int min_blocks(int units) { return !k16 ? 0 : units == 1 ? 4 : units == 2 ? 3 : 0; }
 };
 // rms_norm's policy for many contiguous 16-bit rows of 257-512 units (hidden 2056-4096): two units per
@@ -126,7 +129,7 @@ void with_units(int units, Go&& go) {
 // (min_blocks > 0) with fewer spills: rms_norm's 2 bfloat16 units per thread at 3 blocks of 512 take
 // 40 registers and spill none (dense rows), where as Vecs of strided rows they spilled 44 bytes and
 // loaded 84 back (nvcc 13, sm_90).
-// Not held: the form the shipped policies were measured with.
+// Not held: the form of the policies that ask no occupancy, as they were measured.
 template <bool Held, int N, int K, typename T, typename LoadA, typename LoadB>
 __device__ __forceinline__ void load_units(Vec<T, N> (&av)[K], Vec<T, N> (&bv)[K], int hv, const LoadA& load_a,
                                            const LoadB& load_b) {
@@ -341,8 +344,20 @@ constexpr bool asks_occupancy() {
   return P::min_blocks(1) > 0 || P::min_blocks(2) > 0 || P::min_blocks(4) > 0 || P::min_blocks(8) > 0;
 }
 
-// rms_norm's rows of x (at xs) under policy P: launch_rms_rows_cached with RowsOf, dense where the
-// rows are contiguous and the policy asks for an occupancy at the units the rows take.
+// Policy without its occupancy (min_blocks 0, units not held): strided rows' form. Their row offsets
+// (StridedRows::offset's 64-bit division) take registers the occupancy's cap was not measured with, and
+// the sweep times contiguous rows only: strided rows run as they did before any policy asked one.
+template <template <int> class Policy>
+struct Unoccupied {
+  template <int N>
+  struct Of : Policy<N> {
+    static constexpr int min_blocks(int) { return 0; }
+  };
+};
+
+// rms_norm's rows of x (at xs) under policy P: launch_rms_rows_cached with RowsOf, dense (and under
+// P's occupancy) where the rows are contiguous and the policy asks for an occupancy at the units the rows
+// take; otherwise as strided rows without it.
 template <template <int> class Policy, int N, typename T, typename C>
 bool launch_rms_rows_of(const Context& ctx, T* out, const T* x, const StridedRows& xs, const T* w, int64_t rows,
                         int64_t H, C eps) {
@@ -351,6 +366,7 @@ bool launch_rms_rows_of(const Context& ctx, T* out, const T* x, const StridedRow
     if (xs.per == 1 && xs.stride == H && P::min_blocks(cached_units<P>(H / N)) > 0) {
       return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps);
     }
+    return launch_rms_rows_cached<Unoccupied<Policy>::template Of, N>(ctx, out, RowsOf<N, T>{x, xs}, w, rows, H, eps);
   }
   return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T>{x, xs}, w, rows, H, eps);
 }

@@ -4,8 +4,8 @@ The shim depends on torch's C++ ABI, the Python ABI (it calls Python
 kernels through pybind11), tvm-ffi's C ABI and its own source, so the cache
 key hashes exactly those: torch's version and git revision, the extension
 suffix of the running interpreter, tvm-ffi's version, the compiler named by
-``OPBRIDGE_CXX``/``CXX`` and the source text. Computing the key reads three
-small files and runs no process, so looking for a built shim costs nothing
+``OPBRIDGE_CXX``/``CXX`` and the source text. Computing the key reads the
+shim's source files and runs no process, so looking for a built shim costs nothing
 noticeable; building it (12 s of one core on a 2-core machine) happens only where
 a :class:`Job` starts, in a detached child that finishes even if this process exits.
 """
