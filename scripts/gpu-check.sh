@@ -3,7 +3,7 @@
 # torch- and JAX-on-GPU tests, a plugin scaffolded with --cuda (scripts/gpu-check-plugin.sh),
 # `opbridge bench jax-gpu --quick`, `opbridge bench gpu --quick` and the
 # CUDA launch-cost benchmark, and write one JSON summary (results/gpu-check/summary.json, or
-# $GPU_CHECK_OUT/summary.json).
+# $GPU_CHECK_OUT/summary.json), beside gpu.txt (the GPU) and toolchain.txt (the host compiler, its libstdc++ and nvcc).
 # Without a GPU it says so and exits 0. Not one of the README's two commands: CI has no GPU.
 #
 #   scripts/gpu-check.sh            # uses $PYTHON, else .venv/bin/python, else python3
@@ -53,6 +53,15 @@ fi
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
 echo "gpu-check: $(cat "$OUT/gpu.txt"); writing $OUT"
+# The toolchain the device builds opbridge's host code with (the torch shim, the C entries): a crash in a copy of
+# libstdc++'s code is read against these.
+CXX_USED=${OPBRIDGE_CXX:-${CXX:-c++}}
+{
+  echo "c++ ($CXX_USED): $("$CXX_USED" --version 2>&1 | head -1)"
+  echo "its libstdc++.so: $("$CXX_USED" -print-file-name=libstdc++.so 2>&1)"
+  echo "libstdc++ loaded by $PY: $("$PY" -c 'import ctypes, re; ctypes.CDLL("libstdc++.so.6"); print(*sorted({m for m in re.findall(r"\S*libstdc\+\+\S*", open("/proc/self/maps").read())}))' 2>&1)"
+  echo "nvcc: $(nvcc --version 2>&1 | tail -1)"
+} > "$OUT/toolchain.txt" 2>&1 || true
 
 # wanted, step (GPU_CHECK_ONLY, GPU_CHECK_STEP_LIMIT, GPU_CHECK_BUDGET)
 source scripts/gpu_check_steps.sh
@@ -95,7 +104,9 @@ crash_diag() {  # crash_diag NAME COMMAND...: after a native crash, in one proce
   fi
 }
 # The test commands without ISOLATE, which each step adds.
-TORCH_GPU=("${PYTEST[@]}" tests/test_torch_adapter.py -k "cuda or gpu")
+# With the native shim's symbol tests: they check, under the device's own compiler, what exports.map fixed
+# (the shim lent its C++ runtime to libtvm_ffi: SIGSEGVs of every tvm-ffi error on an H200, 2026-11-28).
+TORCH_GPU=("${PYTEST[@]}" tests/test_torch_adapter.py tests/test_torch_native_symbols.py -k "cuda or gpu or native_symbols")
 JAX_GPU=(env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda")
 # Less the sweeps' build test: nvcc, no GPU, a minute on the device; CI runs it.
 step cuda_tests "${PYTEST[@]}" "${ISOLATE[@]}" tests/test_cuda.py -k "not sweeps_build" --junitxml="$OUT/cuda_tests.xml"
