@@ -59,7 +59,9 @@ CXX_USED=${OPBRIDGE_CXX:-${CXX:-c++}}
 {
   echo "c++ ($CXX_USED): $("$CXX_USED" --version 2>&1 | head -1)"
   echo "its libstdc++.so: $("$CXX_USED" -print-file-name=libstdc++.so 2>&1)"
-  echo "libstdc++ loaded by $PY: $("$PY" -c 'import ctypes, re; ctypes.CDLL("libstdc++.so.6"); print(*sorted({m for m in re.findall(r"\S*libstdc\+\+\S*", open("/proc/self/maps").read())}))' 2>&1)"
+  LOADED='import ctypes, re; ctypes.CDLL("libstdc++.so.6")
+print(*sorted(set(re.findall(r"\S*libstdc\+\+\S*", open("/proc/self/maps").read()))))'
+  echo "libstdc++ loaded by $PY: $("$PY" -c "$LOADED" 2>&1)"
   echo "nvcc: $(nvcc --version 2>&1 | tail -1)"
 } > "$OUT/toolchain.txt" 2>&1 || true
 
@@ -106,7 +108,8 @@ crash_diag() {  # crash_diag NAME COMMAND...: after a native crash, in one proce
 # The test commands without ISOLATE, which each step adds.
 # With the native shim's symbol tests: they check, under the device's own compiler, what exports.map fixed
 # (the shim lent its C++ runtime to libtvm_ffi: SIGSEGVs of every tvm-ffi error on an H200, 2026-11-28).
-TORCH_GPU=("${PYTEST[@]}" tests/test_torch_adapter.py tests/test_torch_native_symbols.py -k "cuda or gpu or native_symbols")
+TORCH_GPU=("${PYTEST[@]}" tests/test_torch_adapter.py tests/test_torch_native_symbols.py
+  -k "cuda or gpu or native_symbols")
 JAX_GPU=(env JAX_ENABLE_X64=1 "${PYTEST[@]}" tests/test_jax_adapter.py -k "gpu or cuda")
 # Less the sweeps' build test: nvcc, no GPU, a minute on the device; CI runs it.
 step cuda_tests "${PYTEST[@]}" "${ISOLATE[@]}" tests/test_cuda.py -k "not sweeps_build" --junitxml="$OUT/cuda_tests.xml"
