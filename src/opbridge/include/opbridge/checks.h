@@ -221,6 +221,8 @@ struct StridedRows {
   OPB_HOST_DEVICE int64_t offset(int64_t r) const {
     return per == 1 ? r * stride : (r / per) * stride + (r % per) * width;
   }
+  // Whether the rows follow each other with no gap: one tensor's contiguous rows.
+  OPB_HOST_DEVICE bool contiguous() const { return per == 1 && stride == width; }
 };
 
 // *dense*: t.IsContiguous(), where the caller has it.

@@ -363,7 +363,7 @@ bool launch_rms_rows_of(const Context& ctx, T* out, const T* x, const StridedRow
                         int64_t H, C eps) {
   using P = Policy<N>;
   if constexpr (asks_occupancy<P>()) {
-    if (xs.per == 1 && xs.stride == H && P::min_blocks(cached_units<P>(H / N)) > 0) {
+    if (xs.contiguous() && P::min_blocks(cached_units<P>(H / N)) > 0) {
       return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps);
     }
     return launch_rms_rows_cached<Unoccupied<Policy>::template Of, N>(ctx, out, RowsOf<N, T>{x, xs}, w, rows, H, eps);
@@ -377,7 +377,7 @@ template <int N, typename T, typename C>
 bool launch_rms_norm_rows(const Context& ctx, T* out, const T* x, const StridedRows& xs, const T* w, int64_t rows,
                           int64_t H, C eps) {
   if constexpr (N >= 8) {  // contiguous rows only: read as dense ones (the strided form is not compiled)
-    if (RmsNormManyRows<N>::applies(rows, H / N, xs.per == 1 && xs.stride == H) &&
+    if (RmsNormManyRows<N>::applies(rows, H / N, xs.contiguous()) &&
         launch_rms_rows_cached<RmsNormManyRows, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps)) {
       return true;
     }

@@ -295,7 +295,7 @@ bool launch_rms_rows_staged(const Context& ctx, T* out, const T* x, const Stride
   if constexpr (S < 1) {
     return false;
   } else {
-    if (rows < std::max<int64_t>(P::kMinRows, 1) || !(xs.per == 1 && xs.stride == H) || H % N != 0) return false;
+    if (rows < std::max<int64_t>(P::kMinRows, 1) || !xs.contiguous() || H % N != 0) return false;
     const int64_t hv = H / N;
     const int64_t smem = int64_t(S) * hv * 16;
     if (smem > (int64_t(1) << 20)) return false;
