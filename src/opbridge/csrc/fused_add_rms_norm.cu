@@ -3,9 +3,10 @@
 //   residual = input + residual              (rounded to the dtype)
 //   input    = rms_norm(residual, weight, eps)
 // The norm is taken of the *rounded* sum, the value the caller gets back in
-// residual. One block per row; 128-bit accesses when H and the pointers allow;
-// rows that fit in a block's registers run cuda_norm.h's cached kernel (one
-// memory round trip per row), longer ones the two-pass form below.
+// residual. 128-bit accesses when H and the pointers allow; rows that fit in a
+// block's registers run cuda_norm.h's cached kernel (one memory round trip per
+// row) under the op's policy for these rows (cuda_norm_policy.h), longer ones
+// the two-pass form below, one block per row.
 #include <opbridge/cuda.h>
 #include <opbridge/cuda_norm.h>
 #include <opbridge/ops/fused_add_rms_norm.h>
@@ -72,7 +73,7 @@ void fused_add_rms_norm_cuda(TensorView input, TensorView residual, TensorView w
     const T* w = opbridge::data_ptr<const T>(weight);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
     if (cu::can_vectorize<T>(H, in, res, w)) {
-      if (!cu::launch_rms_rows_cached<cu::FusedAddRmsNormRows, V>(ctx, in, cu::SumRows<V, T>{in, res, H}, w, rows, H, C(eps))) {
+      if (!cu::launch_fused_add_rms_norm_rows<V>(ctx, in, res, w, rows, H, C(eps))) {
         fused_add_rms_norm_kernel<V><<<grid, cu::row_threads(H / V), 0, ctx.stream>>>(in, res, w, rows, H,
                                                                                      C(eps));
       }

@@ -11,117 +11,16 @@
 // at 4096 x 4096; this form at 0.89 (float32) and 0.82 (bfloat16).
 //
 // How many units per thread and threads per block is a per-op launch policy
-// (below), each the configuration measured fastest for that op on an H200.
+// (cuda_norm_policy.h), each the configuration measured fastest for that op on an H200.
 #pragma once
 
 #include <opbridge/cuda.h>
+#include <opbridge/cuda_norm_policy.h>
 
 #include <type_traits>
 
 namespace opbridge {
 namespace cuda {
-
-// A launch policy: blocks of at most kMaxThreads threads (also the kernel's __launch_bounds__); a
-// row's units (128-bit vectors) spread first over kPreferredThreads threads with up to
-// kPreferredUnits units each, then over more threads up to kMaxThreads, then over more units up to
-// kMaxUnits (1, 2, 4 or 8) per thread. kFastSum picks block_sum_fast over block_sum; kStream:
-// cache-streaming loads and stores of the rows (the weight row, read by every block, keeps normal
-// loads), a knob the sweep tries (scripts/cuda_norm_sweep.cu). kPrefetch: a persistent grid (one wave)
-// whose blocks load their next row while they reduce and write the current one, and load the weight
-// once: with one or two blocks per SM, the block sum's barriers otherwise leave the memory system idle
-// (a candidate for bfloat16 rows of 8192 when no policy came within 25% of Inductor on an H200; the
-// occupancy below since did); no shipped policy sets it. min_blocks(units): the kernel's second
-// __launch_bounds__ argument for that many units per thread, blocks of kMaxThreads that must fit on an
-// SM at once, so that ptxas holds a thread's registers to 65536 / (kMaxThreads x min_blocks):
-// Liger-Kernel's bfloat16 rms_norm for rows of 8192 runs 512 threads x 16 elements at 39 registers, 3
-// blocks (1536 threads, 48 KiB of loads) per SM, where this kernel's policy before 2026-11-28 ran 2 blocks
-// of 1024 (rms_norm's 16-bit policy now runs Liger's). Per
-// units, because the registers a unit needs decide what fits: at 3 blocks of 512, 2 bfloat16 units
-// fit 40 registers without spilling, 4 spill (340-500 bytes of spill loads). A kernel asked for an
-// occupancy also holds its units as raw bytes (load_units), and contiguous rows are read as dense ones
-// (launch_rms_rows_of). 0 asks nothing (no .minnctapersm): the shipped policies' code as measured.
-//
-// The forward policies are the fastest the sweep found on an H200 (2026-11-26, every policy of the
-// product's kernel at 1, 8, 256, 4096 rows of 4096 and at 8192 x 8192; times against the best policy
-// of each case, the policies before in brackets):
-//  - rms_norm, 16-bit: one unit per thread up to 512 threads, then two, then four; one-barrier sum;
-//    4 blocks per SM at one unit, 3 at two (min_blocks). The sweep of 2026-11-28 (H200, every policy
-//    at 1, 8, 64, 256, 1024, 4096 rows of 4096 and 8192 x 8192, bfloat16), against the policy before
-//    (one unit, up to 1024 threads, no occupancy asked): rows of 4096 1.544 / 1.588 / 1.696 / 2.221 /
-//    4.498 / 20.650 us against 1.629 / 1.667 / 1.767 / 2.285 / 4.764 / 20.909; 8192 x 8192 68.4 against
-//    86.6 us (x1.26; Inductor's was 65.4 on 2026-11-27). Not the best at 4096 rows of 4096: two units of
-//    256 threads at 6 blocks ran 18.7 us there and 2-4% slower at 1-256 rows. Rows of 16384 (four
-//    units of 512 threads, two of 1024 before) are not measured;
-//  - rms_norm, float32 (and float64): 4 units, up to 512 threads, one-barrier sum: 1.00-1.07 (1.00-1.09);
-//  - fused_add_rms_norm, 16-bit: rms_norm's policy before 2026-11-28 (one unit, up to 1024 threads,
-//    no occupancy asked): 1.00 (1.04-1.13);
-//  - fused_add_rms_norm, float32: 2 units, 512 threads then up to 1024, three-barrier sum:
-//    1.00-1.05 (1.02-1.25; one row 2.46 -> 1.98 us).
-// Earlier, measured through opbridge bench gpu and dropped: splitting each of a few rows over a
-// thread-block cluster (partial sums through distributed shared memory; one row 2.07 -> 2.30 us
-// float32, 1.77 -> 2.47 bfloat16).
-template <int N>
-struct RmsNormRows {
-  static constexpr bool k16 = N >= 8;  // 16-bit elements (8 per unit)
-  static constexpr int kMaxThreads = 512, kPreferredThreads = k16 ? 512 : 256;
-  static constexpr int kPreferredUnits = k16 ? 1 : 4, kMaxUnits = 4;
-  static constexpr bool kFastSum = true, kStream = false, kPrefetch = false;
-  // 16-bit: 4 blocks of 512 per SM at one unit (32 registers), 3 at two (40); four units ask nothing.
-  // sm_86/89/120 hold 1536 threads per SM: ptxas ignores the 4 there (a warning), as before this policy
-  static constexpr int min_blocks(int units) { return !k16 ? 0 : units == 1 ? 4 : units == 2 ? 3 : 0; }
-};
-// rms_norm's policy for many contiguous 16-bit rows of 257-512 units (hidden 2056-4096): two units per
-// thread in blocks of 256, 6 blocks per SM (40 registers). The sweep of 2026-11-28 (H200, bfloat16 rows
-// of 4096): 4096 rows 18.7 us against RmsNormRows' 20.7; 1024 rows 4.53 against 4.50, and 2-4% slower
-// at 1-256 rows, hence from kMinRows on (between the two measured sizes).
-template <int N>
-struct RmsNormManyRows : RmsNormRows<N> {
-  static constexpr int kMaxThreads = 256, kPreferredThreads = 256, kPreferredUnits = 2, kMaxUnits = 2;
-  static constexpr int64_t kMinRows = 2048;
-  static constexpr int min_blocks(int units) { return units == 2 ? 6 : 0; }
-  static constexpr bool applies(int64_t rows, int64_t hv, bool contiguous) {
-    return N >= 8 && contiguous && rows >= kMinRows && hv > 256 && hv <= 512;
-  }
-};
-template <int N>
-struct FusedAddRmsNormRows {
-  static constexpr bool k16 = N >= 8;
-  static constexpr int kMaxThreads = 1024, kPreferredThreads = k16 ? 1024 : 512;
-  static constexpr int kPreferredUnits = k16 ? 1 : 2, kMaxUnits = k16 ? 2 : 4;
-  static constexpr bool kFastSum = k16, kStream = false, kPrefetch = false;
-  static constexpr int min_blocks(int) { return 0; }
-};
-// Units per thread under policy P for rows of `hv` units, with blocks of at most `max_threads`
-// (P::kMaxThreads unless a caller caps it lower); 0 when the row does not fit. Blocks of
-// row_threads(ceil(hv / units), max_threads) then hold every unit of the row: the preferred threads
-// count only up to max_threads (a staged backward built with fewer threads than its policy prefers,
-// OPB_RMS_NORM_BACKWARD_STAGED_THREADS=128, would otherwise have left units of a row to no thread).
-template <typename P>
-int cached_units(int64_t hv, int max_threads = P::kMaxThreads) {
-  const int preferred = std::min(P::kPreferredThreads, max_threads);
-  for (int k = 1; k <= P::kPreferredUnits; k *= 2) {
-    if (hv <= int64_t(preferred) * k) return k;
-  }
-  for (int k = P::kPreferredUnits; k <= P::kMaxUnits; k *= 2) {
-    if (hv <= int64_t(max_threads) * k) return k;
-  }
-  return 0;
-}
-
-// Calls go(std::integral_constant<int, K>{}) for K = units; instantiates only
-// the K in {1, 2, 4, 8} up to MaxUnits.
-template <int MaxUnits, typename Go>
-void with_units(int units, Go&& go) {
-  if (units <= 1) {
-    go(std::integral_constant<int, 1>{});
-  } else if (units == 2 || MaxUnits < 4) {
-    if constexpr (MaxUnits >= 2) go(std::integral_constant<int, 2>{});
-  } else if (units == 4 || MaxUnits < 8) {
-    if constexpr (MaxUnits >= 4) go(std::integral_constant<int, 4>{});
-  } else {
-    if constexpr (MaxUnits >= 8) go(std::integral_constant<int, 8>{});
-  }
-}
 
 // A thread's K units of two arrays (unit i of each from load_a(i) and load_b(i), i < hv), loaded at
 // once, each unit's two under one branch. Held: they reach the branch's end as raw bytes (cuda_device.h's
@@ -338,23 +237,6 @@ bool launch_rms_rows_cached(const Context& ctx, T* out, Src src, const T* w, int
   return true;
 }
 
-// Whether policy P asks for an occupancy at any units per thread.
-template <typename P>
-constexpr bool asks_occupancy() {
-  return P::min_blocks(1) > 0 || P::min_blocks(2) > 0 || P::min_blocks(4) > 0 || P::min_blocks(8) > 0;
-}
-
-// Policy without its occupancy (min_blocks 0, units not held): strided rows' form. Their row offsets
-// (StridedRows::offset's 64-bit division) take registers the occupancy's cap was not measured with, and
-// the sweep times contiguous rows only: strided rows run as they did before any policy asked one.
-template <template <int> class Policy>
-struct Unoccupied {
-  template <int N>
-  struct Of : Policy<N> {
-    static constexpr int min_blocks(int) { return 0; }
-  };
-};
-
 // rms_norm's rows of x (at xs) under policy P: launch_rms_rows_cached with RowsOf, dense (and under
 // P's occupancy) where the rows are contiguous and the policy asks for an occupancy at the units the rows
 // take; otherwise as strided rows without it.
@@ -383,6 +265,21 @@ bool launch_rms_norm_rows(const Context& ctx, T* out, const T* x, const StridedR
     }
   }
   return launch_rms_rows_of<RmsNormRows, N>(ctx, out, x, xs, w, rows, H, eps);
+}
+
+// fused_add_rms_norm's rows (SumRows: contiguous) under FusedAddRmsNormFewRows where it applies, else
+// FusedAddRmsNormRows; false when the rows fit neither (the caller runs the two-pass form).
+template <int N, typename T, typename C>
+bool launch_fused_add_rms_norm_rows(const Context& ctx, T* input, T* residual, const T* w, int64_t rows, int64_t H,
+                                    C eps) {
+  const SumRows<N, T> src{input, residual, H};
+  if constexpr (N == 4) {
+    if (FusedAddRmsNormFewRows<N>::applies(rows, H / N) &&
+        launch_rms_rows_cached<FusedAddRmsNormFewRows, N>(ctx, input, src, w, rows, H, eps)) {
+      return true;
+    }
+  }
+  return launch_rms_rows_cached<FusedAddRmsNormRows, N>(ctx, input, src, w, rows, H, eps);
 }
 
 }  // namespace cuda
