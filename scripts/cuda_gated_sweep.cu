@@ -5,8 +5,9 @@
 // bits, and of 64 bits at 1 to 256 rows, where more, narrower units spread a row over more SMs; four
 // with cache-streaming loads and stores), each timed as 100 launches in a CUDA graph (median of 10
 // replays) and checked against the ops' shipped policy (every policy runs the same arithmetic per
-// element, so any difference is a bug). It launches the product's kernel templates themselves, so
-// what it measures is what a policy change would ship.
+// element, so any difference is a bug); the shipped launch also with a larger footprint (footprint()).
+// It launches the product's kernel templates themselves, so what it measures is what a policy change
+// would ship.
 // Built and run by scripts/cuda-sweep.sh gated; needs a CUDA GPU. Not part of any build or test.
 #include <opbridge/cuda_gated.h>
 
@@ -50,6 +51,56 @@ int shipped_width(Kind kind, int64_t rows, int64_t d) {
   }
 }
 
+// One launch of policy P's kernel of `kind` on the given buffers.
+template <typename P, int N, typename T>
+void launch_kind(Kind kind, int64_t rows, int64_t d, T* out, const T* x, const T* g, cudaStream_t s) {
+  const dim3 grid = cu::gated_grid<P>(rows, d / N);
+  if (kind == Kind::kSiluForward) {
+    cu::act_and_mul_kernel<P, N, T, cu::Silu><<<grid, P::kThreads, 0, s>>>(out, x, rows, d);
+  } else if (kind == Kind::kGeluForward) {
+    cu::act_and_mul_kernel<P, N, T, cu::GeluTanh><<<grid, P::kThreads, 0, s>>>(out, x, rows, d);
+  } else {
+    cu::act_and_mul_backward_kernel<P, N, T, cu::Silu><<<grid, P::kThreads, 0, s>>>(out, g, x, rows, d);
+  }
+}
+
+// What the shipped launch's time owes to the cache, which the sweep's other lines share (each launch reads
+// what the last one read, and at 1-256 rows all of it fits in an H200's 50 MiB L2): its time with the
+// outputs alternating between two buffers, as a caller that keeps each result alive until the next call
+// makes them; and with the inputs rotating over 4 copies (the DRAM-bound time a model's step sees).
+// bench gpu's peers differ here: Liger-Kernel's backward writes its gradients over its inputs, so its
+// footprint is the inputs' alone. Lines start "footprint:", outside sweep_summary.py's policy table.
+template <typename P, int N, typename T>
+void footprint(Kind kind, int64_t rows, int64_t d, const T* x, const T* g, cudaStream_t s, double copy,
+               double bytes) {
+  const bool backward = kind == Kind::kSiluBackward;
+  const int64_t n_x = rows * 2 * d, n_g = rows * d, n_out = rows * d * (backward ? 2 : 1);
+  constexpr int kCopies = 4;
+  T *outs[2], *xs[kCopies], *gs[kCopies];
+  for (T*& o : outs) CK(cudaMalloc(&o, n_out * sizeof(T)));
+  for (int c = 0; c < kCopies; ++c) {
+    CK(cudaMalloc(&xs[c], n_x * sizeof(T)));
+    CK(cudaMalloc(&gs[c], n_g * sizeof(T)));
+    CK(cudaMemcpyAsync(xs[c], x, n_x * sizeof(T), cudaMemcpyDeviceToDevice, s));
+    CK(cudaMemcpyAsync(gs[c], g, n_g * sizeof(T), cudaMemcpyDeviceToDevice, s));
+  }
+  int turn = 0;  // graph_us captures its launches in order: each captured launch takes the next buffers
+  const float two_outs = graph_us([&] { launch_kind<P, N>(kind, rows, d, outs[turn++ % 2], x, g, s); }, s);
+  const float rotated = graph_us([&] {
+    const int c = turn++ % kCopies;
+    launch_kind<P, N>(kind, rows, d, outs[c % 2], xs[c], gs[c], s);
+  }, s);
+  std::printf("footprint: %s %s %lld x %lld current policy: outputs alternating over 2 buffers %.3f us (%.3f copy); "
+              "inputs rotating over %d copies %.3f us (%.3f copy)\n", kind_name(kind), dtype_name<T>(),
+              (long long)rows, (long long)d, two_outs, bytes / (two_outs * 1e-6) / 1e9 / copy, kCopies, rotated,
+              bytes / (rotated * 1e-6) / 1e9 / copy);
+  for (T* p : outs) CK(cudaFree(p));
+  for (int c = 0; c < kCopies; ++c) {
+    CK(cudaFree(xs[c]));
+    CK(cudaFree(gs[c]));
+  }
+}
+
 // Every policy for one op, dtype and size, the current one first in its width's pass.
 template <typename T, int N>
 void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std::vector<T>& want) {
@@ -78,15 +129,7 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
   auto one = [&](auto policy) {
     using P = decltype(policy);
     const dim3 grid = cu::gated_grid<P>(rows, units);
-    const auto launch = [&] {
-      if (kind == Kind::kSiluForward) {
-        cu::act_and_mul_kernel<P, N, T, cu::Silu><<<grid, P::kThreads, 0, s>>>(out, x, rows, d);
-      } else if (kind == Kind::kGeluForward) {
-        cu::act_and_mul_kernel<P, N, T, cu::GeluTanh><<<grid, P::kThreads, 0, s>>>(out, x, rows, d);
-      } else {
-        cu::act_and_mul_backward_kernel<P, N, T, cu::Silu><<<grid, P::kThreads, 0, s>>>(out, g, x, rows, d);
-      }
-    };
+    const auto launch = [&] { launch_kind<P, N>(kind, rows, d, out, x, g, s); };
     CK(cudaMemsetAsync(out, 0, n_out * sizeof(T), s));
     launch();
     CK(cudaGetLastError());
@@ -108,6 +151,10 @@ void sweep(Kind kind, int64_t rows, int64_t d, cudaStream_t s, double copy, std:
   if (shipped_first) {
     if (backward) one(cu::GatedBackward{});
     else one(cu::GatedCurrent{});
+  }
+  if (N == shipped_n) {
+    if (backward) footprint<cu::GatedBackward, N>(kind, rows, d, x, g, s, copy, bytes);
+    else footprint<cu::GatedCurrent, N>(kind, rows, d, x, g, s, copy, bytes);
   }
   auto other = [&](auto policy) {
     if (!(shipped_first && is_shipped(policy))) one(policy);
