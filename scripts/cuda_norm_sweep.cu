@@ -83,9 +83,10 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
   }();
   using Current = std::conditional_t<Fused, cu::FusedAddRmsNormRows<N>, cu::RmsNormRows<N>>;  // the ops' policies
   // the op's policy for these rows as launch_rms_norm_rows and launch_fused_add_rms_norm_rows pick it:
-  // RmsNormManyRows and FusedAddRmsNormFewRows where they apply
+  // RmsNormManyRows, RmsNormFewRows and FusedAddRmsNormFewRows where they apply
   const bool many = !Fused && cu::RmsNormManyRows<N>::applies(rows, hv, true);
-  const bool few = Fused && cu::FusedAddRmsNormFewRows<N>::applies(rows, hv);
+  const bool few = !Fused && cu::RmsNormFewRows<N>::applies(rows, hv, true);
+  const bool fused_few = Fused && cu::FusedAddRmsNormFewRows<N>::applies(rows, hv);
   struct Knobset {
     int units, bound, min_blocks;
     bool fast, stream, prefetch;
@@ -95,8 +96,10 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     const int units = cu::cached_units<P>(hv);
     return Knobset{units, P::kMaxThreads, P::min_blocks(units), P::kFastSum, P::kStream, P::kPrefetch};
   };
-  const Knobset cur = many ? knobs_of(cu::RmsNormManyRows<N>{})
-                     : few ? knobs_of(cu::FusedAddRmsNormFewRows<N>{}) : knobs_of(Current{});
+  const Knobset cur = many        ? knobs_of(cu::RmsNormManyRows<N>{})
+                     : few       ? knobs_of(cu::RmsNormFewRows<N>{})
+                     : fused_few ? knobs_of(cu::FusedAddRmsNormFewRows<N>{})
+                                 : knobs_of(Current{});
   const int current_units = cur.units;
   std::vector<T> want, got(n);
   auto reset = [&] {
@@ -201,9 +204,10 @@ void sweep(int64_t rows, int64_t H, cudaStream_t s, double copy) {
     };
     if constexpr (!Fused) {
       if (many) first(cu::RmsNormManyRows<N>{});
+      else if (few) first(cu::RmsNormFewRows<N>{});
       else first(Current{});
     } else {
-      if (few) first(cu::FusedAddRmsNormFewRows<N>{});
+      if (fused_few) first(cu::FusedAddRmsNormFewRows<N>{});
       else first(Current{});
     }
   }

@@ -253,14 +253,20 @@ bool launch_rms_rows_of(const Context& ctx, T* out, const T* x, const StridedRow
   return launch_rms_rows_cached<Policy, N>(ctx, out, RowsOf<N, T>{x, xs}, w, rows, H, eps);
 }
 
-// rms_norm's rows of x under RmsNormManyRows where it applies, else RmsNormRows; false when the rows fit
-// neither (the caller runs the looped form).
+// rms_norm's rows of x under RmsNormManyRows or RmsNormFewRows where they apply, else RmsNormRows; false
+// when the rows fit none (the caller runs the looped form).
 template <int N, typename T, typename C>
 bool launch_rms_norm_rows(const Context& ctx, T* out, const T* x, const StridedRows& xs, const T* w, int64_t rows,
                           int64_t H, C eps) {
-  if constexpr (N >= 8) {  // contiguous rows only: read as dense ones (the strided form is not compiled)
+  // contiguous rows only: read as dense ones (the strided form is not compiled)
+  if constexpr (N >= 8) {
     if (RmsNormManyRows<N>::applies(rows, H / N, xs.contiguous()) &&
         launch_rms_rows_cached<RmsNormManyRows, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps)) {
+      return true;
+    }
+  } else if constexpr (N == 4) {
+    if (RmsNormFewRows<N>::applies(rows, H / N, xs.contiguous()) &&
+        launch_rms_rows_cached<RmsNormFewRows, N>(ctx, out, RowsOf<N, T, true>{x, xs}, w, rows, H, eps)) {
       return true;
     }
   }

@@ -44,6 +44,7 @@ namespace cuda {
 //    256 threads at 6 blocks ran 18.7 us there and 2-4% slower at 1-256 rows. Rows of 16384 (four
 //    units of 512 threads, two of 1024 before) are not measured;
 //  - rms_norm, float32 (and float64): 4 units, up to 512 threads, one-barrier sum: 1.00-1.07 (1.00-1.09);
+//    below 512 rows of 2052-4096 float32 columns RmsNormFewRows (the sweep of 2026-11-28);
 //  - fused_add_rms_norm, 16-bit: rms_norm's policy before 2026-11-28 (one unit, up to 1024 threads,
 //    no occupancy asked): 1.00 (1.04-1.13);
 //  - fused_add_rms_norm, float32: 2 units, 512 threads then up to 1024, three-barrier sum:
@@ -73,6 +74,21 @@ struct RmsNormManyRows : RmsNormRows<N> {
   static constexpr int min_blocks(int units) { return units == 2 ? 6 : 0; }
   static constexpr bool applies(int64_t rows, int64_t hv, bool contiguous) {
     return N >= 8 && contiguous && rows >= kMinRows && hv > 256 && hv <= 512;
+  }
+};
+// rms_norm's policy for fewer than kMaxRows contiguous float32 rows of 513-1024 units (hidden 2052-4096):
+// two units per thread in blocks of 512, 4 blocks per SM (32 registers), where RmsNormRows runs four units
+// in blocks of 256. The sweep of 2026-11-28 (H200, float32 rows of 4096): 1 / 8 / 64 / 256 rows 1.698 /
+// 1.799 / 1.936 / 2.773 us against 1.730 / 1.814 / 1.983 / 3.012 (x1.02 / 1.01 / 1.02 / 1.09), results
+// equal; 1024 rows 6.520 against 6.456, 4096 rows 34.0 against 33.9, hence below kMaxRows (between 256
+// and 1024).
+template <int N>
+struct RmsNormFewRows : RmsNormRows<N> {
+  static constexpr int kMaxThreads = 512, kPreferredThreads = 512, kPreferredUnits = 2, kMaxUnits = 2;
+  static constexpr int64_t kMaxRows = 512;
+  static constexpr int min_blocks(int units) { return units == 2 ? 4 : 0; }
+  static constexpr bool applies(int64_t rows, int64_t hv, bool contiguous) {
+    return N == 4 && contiguous && rows < kMaxRows && hv > 512 && hv <= 1024;
   }
 };
 template <int N>
