@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import opbridge
-from opbridge.call.overlap import byte_rows, ndarray_rows, row_strided, rows_meet
+from opbridge.call.overlap import accepted_rows, byte_rows, ndarray_rows, row_strided, rows_meet
 from opbridge.errors import DeclarationError
 
 
@@ -72,6 +72,43 @@ def test_declaration_records_argument_indices() -> None:
 def test_declaration_refuses_what_is_not_a_tensor_argument(names: object, message: str) -> None:
     with pytest.raises(DeclarationError, match=message):
         _lib().op("f(Tensor(a!) q, Tensor(b!)? k, int n) -> ()", row_strided=names)(lambda q, k, n: None)
+
+
+def test_layout_source_takes_dense_or_declared_rows_and_keeps_what_it_read() -> None:
+    """core.layout_source: dense everywhere, rows at a stride only where declared; with capture, the
+    contiguity and rows of each row_strided argument stay bound for the code after the test."""
+    from opbridge.call.core import layout_source
+
+    op = _lib().op("f(Tensor(a!) q, Tensor(b!)? k, Tensor w, int n) -> ()", row_strided=["q", "k"])(
+        lambda q, k, w, n: None).opdef
+    names = ["q", "k", "w", "n"]
+    dense, rows = "{t}.flags.c_contiguous", "_rows_of({t})"
+    plain = layout_source(op, names, dense, "_rows_of({t}) is not None")
+    kept = layout_source(op, names, dense, rows, capture=("_c{t}", "_r{t}"))
+    assert kept == ("((_cq := q.flags.c_contiguous) or (_rq := _rows_of(q)) is not None) and "
+                    "(k is None or ((_ck := k.flags.c_contiguous) or (_rk := _rows_of(k)) is not None)) and "
+                    "w.flags.c_contiguous")
+    assert layout_source(op, names, dense, None) == ("q.flags.c_contiguous and (k is None or k.flags.c_contiguous) "
+                                                     "and w.flags.c_contiguous")
+    with pytest.raises(ValueError, match="capture needs rows"):
+        layout_source(op, names, dense, None, capture=("_c{t}", "_r{t}"))
+
+    def of(t: np.ndarray) -> tuple[int, int, int, int] | None:
+        return accepted_rows(0, t.shape, t.strides, t.itemsize)
+
+    qkv = np.zeros((4, 24), np.float32)
+    cases = [(qkv[:, :8], None, qkv[:, :8].copy(), True),
+             (qkv[:, :8], qkv[:, 8:16], qkv[:, 16:], False),  # w is not dense: only q and k may be rows
+             (qkv[:, ::2], None, np.zeros(3), False), (qkv, qkv[::2], np.zeros(3), True)]
+    for q, k, w, takes in cases:
+        scope: dict[str, Any] = {"_rows_of": of, "q": q, "k": k, "w": w}
+        assert eval(plain, dict(scope)) is takes
+        assert bool(eval(kept, scope)) is takes
+        if takes:
+            for t, n in ((q, "q"), (k, "k")):
+                if t is not None:
+                    assert scope[f"_c{n}"] is t.flags.c_contiguous
+                    assert scope.get(f"_r{n}") == (None if t.flags.c_contiguous else of(t))
 
 
 def _cells(r: tuple[int, int, int, int]) -> set[int]:

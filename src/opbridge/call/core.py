@@ -186,15 +186,30 @@ def scalar_guards(op: OpDef, names: Sequence[str]) -> list[str]:
     return guards
 
 
-def layout_source(op: OpDef, names: Sequence[str], dense: str, rows: str | None) -> str:
+def layout_source(op: OpDef, names: Sequence[str], dense: str, rows: str | None,
+                  capture: tuple[str, str] | None = None) -> str:
     """An expression a generated fast path tests: every Tensor argument among *names* is in a layout the
     op's kernels take, *dense* (``{t}`` the argument's name), or, where the op declares the argument
-    ``row_strided`` and *rows* is given, *rows* (rows at a stride). An optional argument may be None."""
+    ``row_strided`` and *rows* is given, *rows* (rows at a stride). An optional argument may be None.
+
+    *capture* ``(dense_name, rows_name)``, names over ``{t}`` such as ``("_c{t}", "_r{t}")``, keeps what
+    the test read of each ``row_strided`` argument for code after it (a mutating op's alias test,
+    :func:`opbridge.call.overlap.alias_check_source`'s *rows*): *dense*'s answer is bound to dense_name,
+    and where it is false, *rows*' value to rows_name. *rows* is then a value that is None where the
+    argument is not rows at a stride (the test is ``is not None``), not a truth value. After the test has
+    passed, dense_name is bound for every present ``row_strided`` argument and rows_name for those of them
+    that are not dense. It needs *rows*."""
+    if capture is not None and rows is None:
+        raise ValueError("layout_source: capture needs rows")
     tests = []
     for i in tensor_indices(op):
         t = dense.format(t=names[i])
         if rows is not None and i in op.row_strided:
-            t = f"({t} or {rows.format(t=names[i])})"
+            r = rows.format(t=names[i])
+            if capture is not None:
+                t = f"({capture[0].format(t=names[i])} := {t})"
+                r = f"({capture[1].format(t=names[i])} := {r}) is not None"
+            t = f"({t} or {r})"
         tests.append(f"({names[i]} is None or {t})" if op.schema.arguments[i].type.optional else t)
     return " and ".join(tests) or "True"
 

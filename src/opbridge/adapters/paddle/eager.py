@@ -130,16 +130,18 @@ def make_layer(op: OpDef, run: Run) -> type[PyLayer]:
 def fast_source(op: OpDef, check_places: bool) -> str:
     """Source of the eager call: the CPU fast path, else autograd or the checked call.
 
-    The fast path's guard reads the dispatching tensor's dtype and tests
-    every tensor's contiguity (a kernel that does not check it would read a
-    strided view as dense; an argument the op declares ``row_strided`` may
-    be rows at a stride, and its alias test then reaches every row); it checks the declared dtype by identity
-    (Paddle's dtype objects are singletons, and their ``==``/``hash`` cost
-    1-2 µs each, a frozenset lookup 2 µs). Where this Paddle can hold only
-    host tensors (*check_places* False) no place is read (``tensor.place``
-    costs about 0.9 µs): outputs go to one ``CPUPlace``. Elsewhere every
-    tensor must be on the CPU. Anything else goes to ``_slow`` (the checked
-    call), which is also where a wrong argument type gets its named error.
+    The fast path's guard reads the dispatching tensor's dtype and checks it
+    by identity (Paddle's dtype objects are singletons, and their
+    ``==``/``hash`` cost 1-2 µs each, a frozenset lookup 2 µs). Where this
+    Paddle can hold only host tensors (*check_places* False) no place is read
+    (``tensor.place`` costs about 0.9 µs): outputs go to one ``CPUPlace``.
+    Elsewhere every tensor must be on the CPU. Anything else goes to
+    ``_slow`` (the checked call), which is also where a wrong argument type
+    gets its named error. Then every tensor must be in a layout the kernels
+    take (:func:`opbridge.call.core.layout_source`: a kernel that does not
+    check it would read a strided view as dense; an argument the op declares
+    ``row_strided`` may be rows at a stride, and its alias test then reaches
+    every row); other layouts go to ``_copies`` (dense copies).
     """
     args = op.schema.arguments
     names = [f"a{i}" for i in range(len(args))]
@@ -158,29 +160,27 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     lines.append(f"    _p = {names[op.dispatch_arg]}.place" if check_places else "    _p = _cpu")
     lines += [f"    _dt_a{i} = a{i}.dtype" for i in typed]
     guard = [f"_id(_dt_a{op.dtype_arg}) in _dtids", *core.scalar_guards(op, names)]
-    layout = []
-    for i, a in tensors:
-        place = "_p" if i == op.dispatch_arg else f"a{i}.place"
-        # a row_strided argument's contiguity (_ca<i>), else its rows (_ra<i>), are kept for the alias test
-        # of a mutating op; an op that writes no argument only asks whether it is rows at a stride
-        rows_test = f"(_ra{i} := _rows_of(a{i})) is not None" if op.schema.is_mutating else f"_rows(a{i})"
-        dense = (f"((_ca{i} := a{i}.is_contiguous()) or {rows_test})"
-                 if i in op.row_strided else f"a{i}.is_contiguous()")
-        if check_places:
+    if check_places:
+        for i, a in tensors:
+            place = "_p" if i == op.dispatch_arg else f"a{i}.place"
             guard.append(f"(a{i} is None or {place}.is_cpu_place())" if a.type.optional else f"{place}.is_cpu_place()")
-        layout.append(f"(a{i} is None or {dense})" if a.type.optional else dense)
     lines.append(f"    if not ({' and '.join(guard)}): return _slow({params})")
     # Tensors in a layout the kernels do not take run on dense copies: the op's public callable again
     # (_copies: overlap.recall_dense), whose exchange entry takes them, not the checked call (28-31 us for
-    # add on a (64, 128) slice, where the contiguous call costs 2.4).
-    lines.append(f"    if not ({' and '.join(layout)}): return _copies(({params},))")
+    # add on a (64, 128) slice, where the contiguous call costs 2.4). For a mutating op the test keeps a
+    # row_strided argument's contiguity (_ca<i>), else its rows (_ra<i>), for the alias test below; an op
+    # that writes no argument only asks whether it is rows at a stride.
+    mutating = op.schema.is_mutating
+    layout = core.layout_source(op, names, "{t}.is_contiguous()", "_rows_of({t})" if mutating else "_rows({t})",
+                                capture=("_c{t}", "_r{t}") if mutating else None)
+    lines.append(f"    if not ({layout}): return _copies(({params},))")
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     # A large CPU output (4 MiB+, sized from its model: 0.1 µs) is made by _large_like; _alloc does the same
     # for rule-made outputs itself.
     new_like = f"(_large_like({{x}}) if {_NBYTES.format(o='{x}')} >= _hmin else _empty_like({{x}}, _dt_{{x}}, _p))"
     alloc_lines = core.alloc_source(op, names, outs, new_like, "_alloc({args}, _p)")
     lines += [f"    {line}" for line in alloc_lines]
-    alias = overlap.alias_check_source(
+    alias = overlap.alias_check_source(  # _c<name>, _r<name>: the layout test's capture
         op, names, SPAN_SOURCE, "    ",
         rows=("{s}, {e} = (_sp := {t}.data_ptr(), _sp + _prod({t}.shape) * {t}.element_size()) "
               "if _c{t} else _rows_span(_r{t})",
