@@ -138,7 +138,7 @@ void rms_norm_backward_cuda(TensorView grad_x, TensorView grad_weight, TensorVie
         constexpr int K = decltype(k_const)::value;
         static cu::ResidentCache resident = {};
         const auto kernel = cu::rms_norm_backward_cached_kernel<Backward<V>, V, K, T>;
-        grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * cu::resident_blocks(op, kernel, threads, resident));
+        grid = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * cu::resident_blocks(ctx, kernel, threads, resident));
       });
     } else {
       threads = cu::row_threads(vec ? H / V : H, kBackwardThreads);

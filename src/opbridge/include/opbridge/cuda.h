@@ -130,24 +130,41 @@ inline int multiprocessor_count(const char* op, int device) {
   return n;
 }
 
-// Blocks of `threads` threads (a multiple of 32, at most 1024) of `kernel`
-// that one multiprocessor runs at once (registers and shared memory
-// permitting), read once per block size through the occupancy API and kept in
-// `cache`, a static of the caller's template instantiation. A persistent
-// kernel launched with num_sms * this many blocks runs in one full wave: a
-// fixed blocks-per-SM guess leaves a partly filled second wave whenever the
-// kernel's register count allows fewer.
-using ResidentCache = std::atomic<int>[33];
-template <typename Kernel>
-int resident_blocks(const char* op, Kernel kernel, int threads, ResidentCache& cache) {
-  std::atomic<int>& slot = cache[std::clamp(threads / 32, 0, 32)];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n > 0) return n;
-  OPB_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
-  n = std::max(n, 1);
-  slot.store(n, std::memory_order_relaxed);
-  return n;
-}
+// A few answers of the occupancy API for one kernel (a static of the caller's template instantiation),
+// each for one (device, threads, dynamic shared memory): devices of two models differ, and a model's rows
+// have one or two widths. Each slot is one word holding a key and its answer (0-63), so a lookup is a few
+// relaxed loads, lock-free, and never pairs a key with another key's answer; 32 bytes.
+class ResidentCache {
+ public:
+  // The answer for the key, from `ask()` (an int) on a miss.
+  template <typename Ask>
+  int get(int device, int threads, int64_t smem, Ask ask) {
+    // Bit 63: a filled slot; device: bits 38-62; smem (< 2 MiB): 17-37; threads (< 2048): 6-16; answer: 0-5.
+    if (device < 0 || device >= (1 << 25) || threads < 0 || threads >= 2048 || smem < 0 || smem >= (1 << 21)) {
+      return std::clamp(ask(), 0, 63);  // not a key this cache packs: ask every time
+    }
+    const uint64_t key =
+        (uint64_t(1) << 63) | (uint64_t(device) << 38) | (uint64_t(smem) << 17) | (uint64_t(threads) << 6);
+    for (const std::atomic<uint64_t>& slot : slots_) {
+      const uint64_t word = slot.load(std::memory_order_relaxed);
+      if ((word & ~uint64_t(63)) == key) return static_cast<int>(word & 63);
+    }
+    const int n = std::clamp(ask(), 0, 63);
+    // The first empty slot, else the one the key hashes to (racing threads may store a key twice: harmless).
+    std::atomic<uint64_t>* at = &slots_[((key >> 6) * 0x9E3779B97F4A7C15ull) >> 62];
+    for (std::atomic<uint64_t>& slot : slots_) {
+      if (slot.load(std::memory_order_relaxed) == 0) {
+        at = &slot;
+        break;
+      }
+    }
+    at->store(key | uint64_t(n), std::memory_order_relaxed);
+    return n;
+  }
+
+ private:
+  std::atomic<uint64_t> slots_[4] = {};
+};
 
 // The per-call launch context. Constructing it is the first CUDA call a kernel
 // makes: it makes `t`'s device current for the call (a framework's "current
@@ -198,6 +215,22 @@ class Context {
   int device_;
   int previous_ = 0;
 };
+
+// Blocks of `threads` threads (a multiple of 32, at most 1024) of `kernel`
+// that one multiprocessor of ctx's device runs at once (registers and shared
+// memory permitting), read once per device and block size through the
+// occupancy API and kept in `cache`. A persistent kernel launched with
+// num_sms * this many blocks runs in one full wave: a fixed blocks-per-SM
+// guess leaves a partly filled second wave whenever the kernel's register
+// count allows fewer.
+template <typename Kernel>
+int resident_blocks(const Context& ctx, Kernel kernel, int threads, ResidentCache& cache) {
+  return cache.get(ctx.device(), threads, 0, [&] {
+    int n = 0;
+    OPB_CUDA_CHECK(ctx.op(), cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+    return std::max(n, 1);
+  });
+}
 
 // Device scratch memory for one call, ordered on the call's stream: allocated
 // with cudaMallocAsync (no device sync; capturable in CUDA graphs) and freed

@@ -22,11 +22,12 @@ namespace cuda {
 // cos/sin cache, a block index beyond the block table). Checking them on the
 // host would need a device sync on every call. Instead the kernel skips the
 // offending item without touching memory out of bounds, and its first
-// offender records itself in pinned, device-mapped host memory. The host
-// reads that record (a plain load, no sync) at the start of the next call of
-// the same kernel family and raises ValueError naming the item; with
-// OPBRIDGE_CUDA_SYNC_CHECKS=1 the call synchronises its stream after the
-// launch and raises from the offending call itself.
+// offender records itself in pinned, device-mapped host memory (a record per
+// device). The host reads the records (plain loads, no sync) at the start of
+// the next call of the same kernel family, on whichever device, and raises
+// ValueError naming the item; with OPBRIDGE_CUDA_SYNC_CHECKS=1 the call
+// synchronises its stream after the launch and raises from the offending call
+// itself.
 //
 // Under CUDA graph capture (torch.cuda.graph; XLA runs such ops outside its
 // graphs, their declarations being graph_safe=False) a replay runs the kernel
@@ -47,11 +48,12 @@ struct ErrorRecord {
 
 // Passed by value to kernels.
 struct ErrorSink {
-  ErrorRecord* record;      // device-mapped host memory
-  unsigned long long* claim;  // this family's per-device claim word
+  ErrorRecord* record;      // the launch device's record, in device-mapped host memory
+  unsigned long long* claim;  // this family's claim word on that device
 };
 
-// Records the first error of the record's current epoch; later ones in the epoch are dropped.
+// Records the first error of the record's current epoch; later ones in the epoch are dropped (the
+// claim admits one winner per epoch on its device, the only device that writes the record).
 __device__ __forceinline__ void report_error(const ErrorSink& sink, int code, long long index,
                                              long long value, long long bound, long long extra = 0) {
   volatile ErrorRecord* r = sink.record;
@@ -91,59 +93,75 @@ inline bool capturing(cudaStream_t stream) {
 }
 
 // Host side of one kernel family's flag, paired with the family's claim word:
-// a `__device__ unsigned long long` (zero-initialised, one per device).
+// a `__device__ unsigned long long` (zero-initialised, one per device). The
+// claim elects one writer per epoch on its device only, so each device has a
+// record of its own: a record shared by two devices could be written by a
+// winner on each, its fields from one error and its code from the other.
 class ErrorFlag {
  public:
-  // The sink for a launch on the current device `device`; allocates the
+  // The sink for a launch on the current device `device`; allocates its
   // record on first use. `claim_symbol` is `&claim_word` as seen from host code.
   ErrorSink sink(const char* op, int device, const void* claim_symbol) {
-    ErrorRecord* dev = device_record(op);
-    unsigned long long* claim = nullptr;
-    std::atomic<void*>* cached = device >= 0 && device < kMaxDevices ? &claims_[device] : nullptr;
-    if (cached != nullptr) claim = static_cast<unsigned long long*>(cached->load(std::memory_order_acquire));
-    if (claim == nullptr) {
-      void* p = nullptr;
-      RelaxedCapture relaxed;
-      OPB_CUDA_CHECK(op, cudaGetSymbolAddress(&p, claim_symbol));
-      claim = static_cast<unsigned long long*>(p);
-      if (cached != nullptr) cached->store(p, std::memory_order_release);
-    }
-    return ErrorSink{dev, claim};
+    const Slot* s = find(device);
+    if (s == nullptr) s = add(op, device, claim_symbol);
+    return ErrorSink{s->mapped, s->claim};
   }
 
-  // If a kernel recorded an error, clears it, opens the next epoch and returns true with its fields
-  // (one caller takes each record).
-  bool take(ErrorRecord* out) {
-    ErrorRecord* rec = host_.load(std::memory_order_acquire);
-    if (rec == nullptr) return false;
-    volatile ErrorRecord* r = rec;
-    if (r->code == 0) return false;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (r->code == 0) return false;  // another thread took it
-    std::atomic_thread_fence(std::memory_order_acquire);
-    out->code = r->code;
-    out->index = r->index;
-    out->value = r->value;
-    out->bound = r->bound;
-    out->extra = r->extra;
-    r->code = 0;
-    r->epoch = r->epoch + 1;  // what the next reporting kernel reads (a graph replay too)
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    return true;
+  // If a kernel recorded an error (on `device`; -1: on any device, as the next call of the family, which
+  // may run on another device, asks), clears it, opens that record's next epoch and returns true with its
+  // fields (one caller takes each record). Without a recorded error, a few plain loads per device used.
+  bool take(ErrorRecord* out, int device = -1) {
+    for (const Slot* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
+      volatile ErrorRecord* r = s->host;
+      if ((device >= 0 && s->device != device) || r->code == 0) continue;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (r->code == 0) continue;  // another thread took it
+      std::atomic_thread_fence(std::memory_order_acquire);  // the fields the kernel wrote before the code
+      out->code = r->code;
+      out->index = r->index;
+      out->value = r->value;
+      out->bound = r->bound;
+      out->extra = r->extra;
+      r->code = 0;
+      std::atomic_thread_fence(std::memory_order_release);  // cleared before a kernel can see the new epoch
+      r->epoch = r->epoch + 1;  // what the next reporting kernel reads (a graph replay too)
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      return true;
+    }
+    return false;
   }
 
  private:
-  ErrorRecord* device_record(const char* op) {
-    ErrorRecord* d = device_.load(std::memory_order_acquire);
-    if (d != nullptr) return d;
+  // One device's record and claim word; never freed (a kernel may still write to the record at exit).
+  struct Slot {
+    int device;
+    ErrorRecord* host;          // the record, as the host reads it
+    ErrorRecord* mapped;        // the same, as kernels write it
+    unsigned long long* claim;  // the device's claim word
+    const Slot* next;           // the slot allocated before
+  };
+
+  // Ids from kMaxDevices on (more GPUs than any machine has) are found by walking the list.
+  const Slot* find(int device) const {
+    if (device >= 0 && device < kMaxDevices) return by_device_[device].load(std::memory_order_acquire);
+    for (const Slot* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
+      if (s->device == device) return s;
+    }
+    return nullptr;
+  }
+
+  const Slot* add(const char* op, int device, const void* claim_symbol) {
     std::lock_guard<std::mutex> lock(mutex_);
-    d = device_.load(std::memory_order_relaxed);
-    if (d != nullptr) return d;
-    void* p = nullptr;
+    for (const Slot* s = head_.load(std::memory_order_relaxed); s != nullptr; s = s->next) {
+      if (s->device == device) return s;  // another thread added it
+    }
     RelaxedCapture relaxed;
+    void* claim = nullptr;
+    OPB_CUDA_CHECK(op, cudaGetSymbolAddress(&claim, claim_symbol));
+    void* p = nullptr;
     OPB_CUDA_CHECK(op, cudaHostAlloc(&p, sizeof(ErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
     std::memset(p, 0, sizeof(ErrorRecord));
-    static_cast<ErrorRecord*>(p)->epoch = 1;  // above every claim word's initial 0
+    static_cast<ErrorRecord*>(p)->epoch = 1;  // above the claim word's initial 0
     // With unified addressing (every 64-bit platform CUDA supports) the
     // mapped pointer is the same on every device.
     void* mapped = nullptr;
@@ -152,25 +170,26 @@ class ErrorFlag {
       cudaFreeHost(p);
       throw_cuda_error(op, "cudaHostGetDevicePointer", err);
     }
-    host_.store(static_cast<ErrorRecord*>(p), std::memory_order_release);
-    device_.store(static_cast<ErrorRecord*>(mapped), std::memory_order_release);
-    return static_cast<ErrorRecord*>(mapped);
+    const Slot* s = new Slot{device, static_cast<ErrorRecord*>(p), static_cast<ErrorRecord*>(mapped),
+                             static_cast<unsigned long long*>(claim), head_.load(std::memory_order_relaxed)};
+    head_.store(s, std::memory_order_release);
+    if (device >= 0 && device < kMaxDevices) by_device_[device].store(s, std::memory_order_release);
+    return s;
   }
 
-  // Never freed: a kernel may still write to it at exit.
-  std::atomic<ErrorRecord*> host_{nullptr};
-  std::atomic<ErrorRecord*> device_{nullptr};
-  std::atomic<void*> claims_[kMaxDevices] = {};
+  std::atomic<const Slot*> head_{nullptr};  // every slot, the newest first
+  std::atomic<const Slot*> by_device_[kMaxDevices] = {};
   std::mutex mutex_;
 };
 
-// If a kernel of `flag`'s family recorded an error, raises it as ValueError
-// "<op>: <describe(record)>". `earlier`: the record comes from a previous
-// call (the kernel ran asynchronously), which the message says.
+// If a kernel of `flag`'s family recorded an error (on `device`; -1: on any),
+// raises it as ValueError "<op>: <describe(record)>". `earlier`: the record
+// comes from a previous call (the kernel ran asynchronously), which the
+// message says.
 template <typename Describe>
-void raise_recorded(const char* op, ErrorFlag& flag, bool earlier, Describe describe) {
+void raise_recorded(const char* op, ErrorFlag& flag, bool earlier, Describe describe, int device = -1) {
   ErrorRecord rec{};
-  if (!flag.take(&rec)) return;
+  if (!flag.take(&rec, device)) return;
   OPB_THROW(ValueError) << op << ": " << describe(rec)
                         << (earlier ? " (found on the GPU by an earlier call: CUDA kernels check these "
                                       "values asynchronously and report on the next call; set "
@@ -193,13 +212,17 @@ inline bool sync_checks() {
 
 // After a launch of `flag`'s family on `stream`: where `asked` (sync_checks(), read before the launch, so
 // that a misspelt setting raises before an in-place kernel has written anything), waits for it and raises
-// what it recorded, from this call. Not while the stream is being captured into a CUDA graph, which
-// cannot wait: a capture records the launch only, and its replays report to the next call.
+// what it recorded, from this call: the record of the stream's device (the current one), not another
+// device's, whose kernels may still be running for another thread. Not while the stream is being captured
+// into a CUDA graph, which cannot wait: a capture records the launch only, and its replays report to the
+// next call.
 template <typename Describe>
 void raise_now_if_asked(const char* op, ErrorFlag& flag, cudaStream_t stream, bool asked, Describe describe) {
   if (!asked || capturing(stream)) return;
   OPB_CUDA_CHECK(op, cudaStreamSynchronize(stream));
-  raise_recorded(op, flag, /*earlier=*/false, describe);
+  int device = 0;
+  OPB_CUDA_CHECK(op, cudaGetDevice(&device));
+  raise_recorded(op, flag, /*earlier=*/false, describe, device);
 }
 
 }  // namespace cuda

@@ -96,7 +96,7 @@ void launch_gated(const Context& ctx, bool vectorize, int64_t rows, int64_t d, K
     static ResidentCache cache = {};  // one per instantiation: policy, dtype and kernel
     const auto narrow = kernel_of(std::integral_constant<int, V / 2>{});
     if (vectorize) {
-      const int64_t wave = int64_t(ctx.num_sms()) * resident_blocks(ctx.op(), narrow, P::kThreads, cache);
+      const int64_t wave = int64_t(ctx.num_sms()) * resident_blocks(ctx, narrow, P::kThreads, cache);
       if (gated_width<P, T>(rows, d, wave) == V / 2) return launch(narrow, V / 2);
     }
   }

@@ -229,7 +229,7 @@ bool launch_rms_rows_cached(const Context& ctx, T* out, Src src, const T* w, int
     int64_t blocks = rows;
     if constexpr (P::kPrefetch) {  // one wave: each block runs rows r, r + grid, ...
       static ResidentCache resident = {};
-      blocks = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * resident_blocks(ctx.op(), kernel, threads, resident));
+      blocks = std::min<int64_t>(rows, int64_t(ctx.num_sms()) * resident_blocks(ctx, kernel, threads, resident));
     }
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, INT32_MAX));
     kernel<<<grid, threads, 0, ctx.stream>>>(out, src, w, rows, H, eps);

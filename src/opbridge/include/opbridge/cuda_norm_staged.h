@@ -30,8 +30,6 @@
 #include <opbridge/cuda_norm.h>
 #include <opbridge/cuda_norm_backward.h>
 
-#include <atomic>
-
 #ifndef OPB_RMS_NORM_STAGES
 #define OPB_RMS_NORM_STAGES 0
 #endif
@@ -246,39 +244,35 @@ inline bool staged_smem_fits(int64_t smem, size_t static_smem, int optin) {
 }
 
 // Blocks of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared memory each) that one SM
-// runs at once, through the occupancy API, remembered for the last (device, threads, smem) asked in `cache`
-// (a static of the caller's instantiation; a model's rows have one or two widths). Also raises the
-// kernel's dynamic shared memory limit to `smem` where it is below. 0: it does not fit (more shared
+// runs at once, through the occupancy API, kept per (device, threads, smem) in `cache` (a static of the
+// caller's instantiation; a model's rows have one or two widths). Also raises the kernel's dynamic
+// shared memory limit on ctx's device to `smem` where it is below. 0: it does not fit (more shared
 // memory than a block may have).
 template <typename Kernel>
-int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int smem, std::atomic<int64_t>& cache) {
-  // threads <= 1024: bits 6-16; smem < 2^20: bits 17-36; the device (its attribute and occupancy): 40-
-  const int64_t key = (int64_t(ctx.device()) << 40) | (int64_t(smem) << 17) | (int64_t(threads) << 6);
-  const int64_t seen = cache.load(std::memory_order_relaxed);
-  if (seen != 0 && (seen & ~int64_t(63)) == key) return static_cast<int>(seen & 63);
-  int optin = 0;
-  OPB_CUDA_CHECK(ctx.op(), cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device()));
-  int n = 0;
-  cudaFuncAttributes attr{};
-  OPB_CUDA_CHECK(ctx.op(), cudaFuncGetAttributes(&attr, kernel));
-  if (staged_smem_fits(smem, attr.sharedSizeBytes, optin)) {
-    // Until raised, static and dynamic shared memory together stay within 48 KiB: 3 stages of a
-    // bfloat16 row of 8192 (exactly 48 KiB of dynamic) need it raised too ("> 48 KiB" missed them).
-    if (smem > attr.maxDynamicSharedSizeBytes) {
-      OPB_CUDA_CHECK(ctx.op(), cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+int staged_blocks_per_sm(const Context& ctx, Kernel kernel, int threads, int smem, ResidentCache& cache) {
+  return cache.get(ctx.device(), threads, smem, [&] {
+    int optin = 0;
+    OPB_CUDA_CHECK(ctx.op(), cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device()));
+    int n = 0;
+    cudaFuncAttributes attr{};
+    OPB_CUDA_CHECK(ctx.op(), cudaFuncGetAttributes(&attr, kernel));
+    if (staged_smem_fits(smem, attr.sharedSizeBytes, optin)) {
+      // Until raised, static and dynamic shared memory together stay within 48 KiB: 3 stages of a
+      // bfloat16 row of 8192 (exactly 48 KiB of dynamic) need it raised too ("> 48 KiB" missed them).
+      if (smem > attr.maxDynamicSharedSizeBytes) {
+        OPB_CUDA_CHECK(ctx.op(), cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      }
+      OPB_CUDA_CHECK(ctx.op(), cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     }
-    OPB_CUDA_CHECK(ctx.op(), cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  }
-  n = std::clamp(n, 0, 63);
-  cache.store(key | n, std::memory_order_relaxed);
-  return n;
+    return n;
+  });
 }
 
 // The persistent grid of a staged kernel over `rows` rows: one wave of the blocks staged_blocks_per_sm
 // finds (0: a block does not fit).
 template <typename Kernel>
 int64_t staged_grid(const Context& ctx, Kernel kernel, int threads, int64_t smem, int64_t rows,
-                    std::atomic<int64_t>& cache) {
+                    ResidentCache& cache) {
   const int per_sm = staged_blocks_per_sm(ctx, kernel, threads, static_cast<int>(smem), cache);
   return std::min<int64_t>(rows, int64_t(ctx.num_sms()) * per_sm);
 }
@@ -301,7 +295,7 @@ bool launch_rms_rows_staged(const Context& ctx, T* out, const T* x, const Stride
     if (smem > (int64_t(1) << 20)) return false;
     const int threads = row_threads(hv, P::kMaxThreads);
     auto* kernel = rms_rows_staged_kernel<N, S, P, T, C>;
-    static std::atomic<int64_t> cache{0};
+    static ResidentCache cache = {};
     const int64_t blocks = staged_grid(ctx, kernel, threads, smem, rows, cache);
     if (blocks == 0) return false;
     kernel<<<static_cast<unsigned>(blocks), threads, static_cast<size_t>(smem), ctx.stream>>>(out, x, w, rows, H, eps);
@@ -331,7 +325,7 @@ bool launch_rms_backward_staged(const Context& ctx, T* dx, T* dw, const T* g, co
     with_units<P::kMaxUnits>(units, [&](auto k_const) {
       constexpr int K = decltype(k_const)::value;
       auto* kernel = rms_norm_backward_staged_kernel<P, N, K, S, T, C>;
-      static std::atomic<int64_t> cache{0};
+      static ResidentCache cache = {};
       const int64_t grid = staged_grid(ctx, kernel, threads, smem, rows, cache);
       if (grid == 0) return;
       Scratch partial(ctx.op(), ctx, grid == 1 ? 0 : size_t(grid) * size_t(H) * sizeof(C));
