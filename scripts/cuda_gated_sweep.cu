@@ -65,9 +65,11 @@ void launch_kind(Kind kind, int64_t rows, int64_t d, T* out, const T* x, const T
 }
 
 // What the shipped launch's time owes to the cache, which the sweep's other lines share (each launch reads
-// what the last one read, and at 1-256 rows all of it fits in an H200's 50 MiB L2): its time with the
-// outputs alternating between two buffers, as a caller that keeps each result alive until the next call
-// makes them; and with the inputs rotating over 4 copies (the DRAM-bound time a model's step sees).
+// what the last one read; at 256 rows of 14336 that is 21-42 MiB of an H200's 50 MiB L2 in bfloat16, 42-70
+// in float32): its time with the outputs alternating between two buffers, as a caller that keeps each
+// result alive until the next call makes them; and with the inputs rotating over 4 copies (DRAM-bound
+// where 4 copies exceed the L2: from 256 rows; at 1 and 8 rows they still fit). Timed only: each launch
+// runs the shipped kernel that the policy lines checked, on copies of the same inputs.
 // bench gpu's peers differ here: Liger-Kernel's backward writes its gradients over its inputs, so its
 // footprint is the inputs' alone. Lines start "footprint:", outside sweep_summary.py's policy table.
 template <typename P, int N, typename T>

@@ -515,9 +515,11 @@ def test_misaligned_outs_on_cuda_match_cpu(gpu: Any, dtype: str) -> None:
 # (2048 x 4096, 5000 x 256, 300 x 9000). Float32 rows of 2052-4096 columns: rms_norm's below 512 rows take
 # two units of 512 threads under an occupancy (RmsNormFewRows: 64 x 4096); fused_add_rms_norm's below 2048
 # rows run a persistent grid that prefetches each block's next row (FusedAddRmsNormFewRows): one row per
-# block at 64 x 4096, several (more rows than the grid's 3 blocks per SM on any GPU under 333 SMs) at
-# 1000 x 3000, whose 750 units per row leave some of the 384 threads one unit of their two.
-ROW_SHAPES = [(300, 9000), (5000, 256), (64, 4096), (40, 8192), (6, 20000), (2048, 4096), (1000, 3000)]
+# block at 64 x 4096, several (more rows than the grid's 4 blocks of 384 per SM on any GPU under 250 SMs)
+# at 1000 x 3000, whose 750 units per row leave some of the 384 threads one unit of their two, as do
+# rms_norm's at 100 x 3000.
+ROW_SHAPES = [(300, 9000), (5000, 256), (64, 4096), (40, 8192), (6, 20000), (2048, 4096), (1000, 3000),
+              (100, 3000)]
 
 
 @pytest.mark.parametrize("shape", ROW_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

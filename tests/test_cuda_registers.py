@@ -2,7 +2,7 @@
 
 (And the gated activations' launch rule, which is host code: checked here too, compiled by nvcc.)
 
-A launch policy that asks for an occupancy (``kMinBlocks`` in ``include/opbridge/cuda_norm_policy.h``)
+A launch policy that asks for an occupancy (``min_blocks`` in ``include/opbridge/cuda_norm_policy.h``)
 caps each thread's registers; whether its kernel then fits them depends on how nvcc holds the
 row in registers (``load_units``, ``held_t``), which a small change to a kernel can undo
 silently. ptxas reports spills when it compiles (``-Xptxas -v``), so this needs nvcc and no GPU.
@@ -226,7 +226,7 @@ long long uncovered(const char* name) {
 int covers() {
   long long bad = 0;
   bad += uncovered<cu::RmsNormRows<8>>("rms16") + uncovered<cu::RmsNormRows<4>>("rms32");
-  bad += uncovered<cu::RmsNormManyRows<8>>("many16") + uncovered<cu::RmsNormFewRows<4>>("few32");
+  bad += uncovered<cu::RmsNormManyRows<8>>("many16") + uncovered<cu::RmsNormFewRows<4>>("rmsfew32");
   bad += uncovered<cu::FusedAddRmsNormRows<8>>("fused16") + uncovered<cu::FusedAddRmsNormRows<4>>("fused32");
   bad += uncovered<cu::FusedAddRmsNormFewRows<4>>("fewfused32");
   bad += uncovered<cu::RmsNormBackwardRows<8>>("bwd16") + uncovered<cu::RmsNormBackwardRows<2>>("bwd64");

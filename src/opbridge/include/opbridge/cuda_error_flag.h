@@ -111,20 +111,25 @@ class ErrorFlag {
   // may run on another device, asks), clears it, opens that record's next epoch and returns true with its
   // fields (one caller takes each record). Without a recorded error, a few plain loads per device used.
   bool take(ErrorRecord* out, int device = -1) {
+    // The record's code and epoch through GCC's __atomic builtins (plain memory that a kernel writes over
+    // the bus, so no std::atomic): the code's acquire load orders the fields the kernel wrote before it
+    // (__threadfence_system), and the epoch's release store orders the cleared code before it, on a weakly
+    // ordered host (aarch64) too.
     for (const Slot* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
-      volatile ErrorRecord* r = s->host;
-      if ((device >= 0 && s->device != device) || r->code == 0) continue;
+      ErrorRecord* r = s->host;
+      if ((device >= 0 && s->device != device) || __atomic_load_n(&r->code, __ATOMIC_ACQUIRE) == 0) continue;
       std::lock_guard<std::mutex> lock(mutex_);
-      if (r->code == 0) continue;  // another thread took it
-      std::atomic_thread_fence(std::memory_order_acquire);  // the fields the kernel wrote before the code
-      out->code = r->code;
-      out->index = r->index;
-      out->value = r->value;
-      out->bound = r->bound;
-      out->extra = r->extra;
-      r->code = 0;
-      std::atomic_thread_fence(std::memory_order_release);  // cleared before a kernel can see the new epoch
-      r->epoch = r->epoch + 1;  // what the next reporting kernel reads (a graph replay too)
+      const int code = __atomic_load_n(&r->code, __ATOMIC_ACQUIRE);
+      if (code == 0) continue;  // another thread took it
+      const volatile ErrorRecord* fields = r;
+      out->code = code;
+      out->index = fields->index;
+      out->value = fields->value;
+      out->bound = fields->bound;
+      out->extra = fields->extra;
+      __atomic_store_n(&r->code, 0, __ATOMIC_RELAXED);
+      // what the next reporting kernel reads (a graph replay too), after the cleared code
+      __atomic_store_n(&r->epoch, __atomic_load_n(&r->epoch, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       return true;
     }

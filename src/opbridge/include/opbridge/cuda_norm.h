@@ -214,7 +214,8 @@ struct SumRows {
 };
 
 // Launches the cached kernel under policy P over `rows` rows of H elements (N
-// per unit), one block per row. Returns false, launching nothing, when a row
+// per unit), one block per row (kPrefetch: one wave of blocks, each looping over
+// rows r, r + grid, ...). Returns false, launching nothing, when a row
 // does not fit (cached_units is 0): the caller runs its two-pass form.
 template <template <int> class Policy, int N, typename T, typename Src, typename C>
 bool launch_rms_rows_cached(const Context& ctx, T* out, Src src, const T* w, int64_t rows, int64_t H, C eps) {

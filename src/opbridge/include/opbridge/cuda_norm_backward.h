@@ -19,7 +19,7 @@
 namespace opbridge {
 namespace cuda {
 
-// The backward's launch policy (cuda_norm.h's knobs): blocks of up to 512 threads; threads grow beyond
+// The backward's launch policy (cuda_norm_policy.h's knobs): blocks of up to 512 threads; threads grow beyond
 // 256 once a thread holds 4 units or 16 elements. 16-bit rows ask for 2 blocks of 512 per SM
 // (min_blocks, at any units): held as raw bytes they fit 64 registers without spilling, where as Vecs
 // the kernel took 96 (2 units of bfloat16), one block per SM, and its grid ran rms_norm_backward at

@@ -1,7 +1,8 @@
-// The launch policies of the row-cached RMS kernels (cuda_norm.h) and of their backward
-// (cuda_norm_backward.h): how many 128-bit units per thread, threads per block and blocks per SM each
-// op's rows take, each measured on an H200 by the norm sweep (scripts/cuda_norm_sweep.cu), which
-// launches the kernels under these very policies. A new row kernel picks or adds a policy here.
+// The launch policies of the row-cached RMS kernels of rms_norm and fused_add_rms_norm (cuda_norm.h): how
+// many 128-bit units per thread, threads per block and blocks per SM each op's rows take, each measured on
+// an H200 by the norm sweep (scripts/cuda_norm_sweep.cu), which launches the kernels under these very
+// policies. A new row kernel picks or adds a policy here. The backward's policies live beside its kernels
+// (cuda_norm_backward.h, cuda_norm_staged.h).
 #pragma once
 
 #include <opbridge/cuda.h>
@@ -21,9 +22,10 @@ namespace cuda {
 // whose blocks load their next row while they reduce and write the current one, and load the weight
 // once: with one or two blocks per SM, the block sum's barriers otherwise leave the memory system idle
 // (a candidate for bfloat16 rows of 8192 when no policy came within 25% of Inductor on an H200; the
-// occupancy below since did); fused_add_rms_norm's float32 rows take it below 2048 rows. min_blocks(units): the kernel's second
-// __launch_bounds__ argument for that many units per thread, blocks of kMaxThreads that must fit on an
-// SM at once, so that ptxas holds a thread's registers to 65536 / (kMaxThreads x min_blocks):
+// occupancy below since did); fused_add_rms_norm's float32 rows of 2052-4096 columns take it below 2048
+// rows (FusedAddRmsNormFewRows). min_blocks(units): the kernel's second __launch_bounds__ argument for
+// that many units per thread, blocks of kMaxThreads that must fit on an SM at once, so that ptxas holds
+// a thread's registers to 65536 / (kMaxThreads x min_blocks):
 // Liger-Kernel's bfloat16 rms_norm for rows of 8192 runs 512 threads x 16 elements at 39 registers, 3
 // blocks (1536 threads, 48 KiB of loads) per SM, where this kernel's policy before 2026-11-28 ran 2 blocks
 // of 1024 (rms_norm's 16-bit policy now runs Liger's). Per
@@ -80,8 +82,8 @@ struct RmsNormManyRows : RmsNormRows<N> {
 // two units per thread in blocks of 512, 4 blocks per SM (32 registers), where RmsNormRows runs four units
 // in blocks of 256. The sweep of 2026-11-28 (H200, float32 rows of 4096): 1 / 8 / 64 / 256 rows 1.698 /
 // 1.799 / 1.936 / 2.773 us against 1.730 / 1.814 / 1.983 / 3.012 (x1.02 / 1.01 / 1.02 / 1.09), results
-// equal; 1024 rows 6.520 against 6.456, 4096 rows 34.0 against 33.9, hence below kMaxRows (between 256
-// and 1024).
+// within an ulp (max|diff| 2.4e-07: another order of summation); 1024 rows 6.520 against 6.456, 4096
+// rows 34.0 against 33.9, hence below kMaxRows (between 256 and 1024).
 template <int N>
 struct RmsNormFewRows : RmsNormRows<N> {
   static constexpr int kMaxThreads = 512, kPreferredThreads = 512, kPreferredUnits = 2, kMaxUnits = 2;
@@ -105,7 +107,11 @@ struct FusedAddRmsNormRows {
 // (H200, float32 rows of 4096, against FusedAddRmsNormRows): 1 / 8 / 64 / 256 / 1024 rows 1.885 / 2.050 /
 // 2.272 / 3.506 / 11.262 us against 2.127 / 2.216 / 2.357 / 3.684 / 11.923 (x1.13 / 1.08 / 1.04 / 1.05 /
 // 1.06), results equal; 4096 rows 70.4 against 67.7 (one wave of blocks each looping over rows loses to a
-// block per row there), hence below kMaxRows, between the two measured sizes.
+// block per row there), hence below kMaxRows, between the two measured sizes. Not the best at every size:
+// at 8 rows four units of 256 threads (prefetching) ran 2.022 us, at 64 rows this policy without prefetch
+// at 3 blocks per SM 2.211, at 256 and 1024 rows one unit of 1024 threads (prefetching) 3.389 and 10.514;
+// one policy, within 1-7% of each, rather than four rules timed at one width. Its rows are SumRows, always
+// contiguous, hence no `contiguous` in applies.
 template <int N>
 struct FusedAddRmsNormFewRows {
   static constexpr int kMaxThreads = 512, kPreferredThreads = 512, kPreferredUnits = 2, kMaxUnits = 2;

@@ -5,9 +5,9 @@
 // across the block (a barrier) and writes it; only then does it load its next row. The loads in
 // flight per SM are the registers its resident threads can hold: bfloat16 rows of 8192 ran 2 blocks
 // of 1024 threads x 16 bytes, 32 KiB per SM, and reached 3.0 TB/s on an H200 (88 us at 8192 x 8192;
-// 68 us at 3 blocks of 512 x 32 bytes since 2026-11-28, cuda_norm.h's RmsNormRows)
+// 68 us at 3 blocks of 512 x 32 bytes since 2026-11-28, cuda_norm_policy.h's RmsNormRows)
 // where float32, with 64 KiB in flight, reached 4.2 TB/s, and Liger-Kernel's bfloat16 kernel (48 KiB
-// per SM) 69 us. Holding more in registers costs occupancy (cuda_norm.h's min_blocks, kPrefetch).
+// per SM) 69 us. Holding more in registers costs occupancy (cuda_norm_policy.h's min_blocks, kPrefetch).
 //
 // How. A persistent grid (one wave); each block copies its next S - 1 rows into S shared-memory
 // stages with cp.async (16 bytes a copy, through L2 only; sm_80 and later) while it reduces and
