@@ -1,8 +1,11 @@
-"""The CUDA launchers' occupancy cache (``include/opbridge/cuda.h``'s ``ResidentCache``) keeps each
-(device, threads, shared memory) answer apart: a machine with two GPU models gets each device's own.
+"""The CUDA launchers' host state per device, in host programs that nvcc compiles and that run without a GPU
+(``tests/cuda_host/*.cu``):
 
-Host code only, compiled by nvcc into a program that runs without a GPU (its ``ask`` callbacks stand
-in for the occupancy API).
+- ``include/opbridge/cuda.h``'s ``ResidentCache`` keeps each (device, threads, shared memory) answer of the
+  occupancy API apart, so a machine with two GPU models gets each device's own;
+- ``include/opbridge/cuda_error_flag.h``'s ``ErrorFlag`` keeps one error record per device, so two devices'
+  kernels that report in one epoch leave two whole records (a shared record could mix one error's fields
+  with the other's code), each taken once, and a device's record alone where a call asks for it.
 """
 
 from __future__ import annotations
@@ -15,61 +18,28 @@ import pytest
 from opbridge.build import compile as compile_mod
 
 NVCC = compile_mod.nvcc_path()
-
-CACHE_TU = r"""
-#include <opbridge/cuda.h>
-#include <cstdio>
-namespace cu = opbridge::cuda;
-static int asked = 0, failed = 0;
-static cu::ResidentCache cache = {};  // as the launchers hold it: a static, zero-initialised
-static void expect(int line, int device, int threads, long long smem, int answer, int want, int want_asked) {
-  const int got = cache.get(device, threads, smem, [&] { ++asked; return answer; });
-  if (got != want || asked != want_asked) {
-    std::printf("line %d: got %d asked %d, want %d asked %d\n", line, got, asked, want, want_asked);
-    ++failed;
-  }
-}
-#define EXPECT(...) expect(__LINE__, __VA_ARGS__)
-int main() {
-  static_assert(sizeof(cu::ResidentCache) == 32, "four words per instantiation");
-  EXPECT(0, 256, 0, 8, 8, 1);     // device 0 (say an H100): asked once
-  EXPECT(1, 256, 0, 3, 3, 2);     // device 1, another model: its own answer, not device 0's
-  EXPECT(0, 256, 0, 99, 8, 2);    // both kept
-  EXPECT(1, 256, 0, 99, 3, 2);
-  EXPECT(0, 512, 0, 4, 4, 3);     // another block size
-  EXPECT(0, 256, 49152, 0, 0, 4); // shared memory is part of the key; 0 (does not fit) is an answer
-  EXPECT(0, 256, 49152, 7, 0, 4);
-  EXPECT(0, 256, 0, 99, 8, 4);
-  EXPECT(2, 1024, 1 << 20, 70, 63, 5);  // a fifth key replaces one slot; answers clamp to 0-63
-  EXPECT(2, 1024, 1 << 20, 1, 63, 5);
-  int missed = 0;  // of the first four keys, three are still cached (the replaced one is asked again)
-  for (const int d : {0, 1}) cache.get(d, 256, 0, [&] { return ++missed; });
-  cache.get(0, 512, 0, [&] { return ++missed; });
-  cache.get(0, 256, 49152, [&] { return ++missed; });
-  if (missed != 1) std::printf("%d of the first four keys asked again, want 1\n", missed), ++failed;
-  asked = 0;  // keys it cannot pack are asked every time, never confused with another
-  EXPECT(-1, 256, 0, 5, 5, 1);
-  EXPECT(-1, 256, 0, 6, 6, 2);
-  EXPECT(1 << 25, 256, 0, 9, 9, 3);
-  EXPECT(0, 2048, 0, 2, 2, 4);
-  EXPECT(0, 256, 1 << 21, 1, 1, 5);
-  std::printf(failed ? "failed\n" : "ok\n");
-  return failed != 0;
-}
-"""
+SOURCES = Path(__file__).resolve().parent / "cuda_host"
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
-def test_resident_cache_keeps_devices_apart(tmp_path: Path) -> None:
+def _run_host_program(name: str, tmp_path: Path) -> None:
+    """Compile ``cuda_host/<name>.cu`` for the host and run it: it prints ``ok`` and exits 0, else what failed."""
     from tvm_ffi import libinfo
 
-    source = tmp_path / "resident_cache.cu"
-    source.write_text(CACHE_TU)
-    exe = tmp_path / "resident_cache"
+    exe = tmp_path / name
     includes = [compile_mod.INCLUDE_DIR, libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
     done = subprocess.run([str(NVCC), "-std=c++17", "-O2", "--expt-relaxed-constexpr", "-arch=sm_90",
-                           *[f"-I{p}" for p in includes], str(source), "-o", str(exe)],
+                           *[f"-I{p}" for p in includes], str(SOURCES / f"{name}.cu"), "-o", str(exe)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
+def test_resident_cache_keeps_devices_apart(tmp_path: Path) -> None:
+    _run_host_program("resident_cache", tmp_path)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit)")
+def test_error_flag_keeps_one_record_per_device(tmp_path: Path) -> None:
+    _run_host_program("error_flag", tmp_path)
