@@ -65,15 +65,20 @@ struct RmsNormRows {
   // sm_86/89/120 hold 1536 threads per SM: ptxas ignores the 4 there (a warning), as before this policy
   static constexpr int min_blocks(int units) { return !k16 ? 0 : units == 1 ? 4 : units == 2 ? 3 : 0; }
 };
+// The form of rms_norm's policies for some rows (below): two units per thread in blocks of Threads,
+// MinBlocks blocks per SM, RmsNormRows' sums.
+template <int N, int Threads, int MinBlocks>
+struct RmsNormTwoUnits : RmsNormRows<N> {
+  static constexpr int kMaxThreads = Threads, kPreferredThreads = Threads, kPreferredUnits = 2, kMaxUnits = 2;
+  static constexpr int min_blocks(int units) { return units == 2 ? MinBlocks : 0; }
+};
 // rms_norm's policy for many contiguous 16-bit rows of 257-512 units (hidden 2056-4096): two units per
 // thread in blocks of 256, 6 blocks per SM (40 registers). The sweep of 2026-11-28 (H200, bfloat16 rows
 // of 4096): 4096 rows 18.7 us against RmsNormRows' 20.7; 1024 rows 4.53 against 4.50, and 2-4% slower
 // at 1-256 rows, hence from kMinRows on (between the two measured sizes).
 template <int N>
-struct RmsNormManyRows : RmsNormRows<N> {
-  static constexpr int kMaxThreads = 256, kPreferredThreads = 256, kPreferredUnits = 2, kMaxUnits = 2;
+struct RmsNormManyRows : RmsNormTwoUnits<N, 256, 6> {
   static constexpr int64_t kMinRows = 2048;
-  static constexpr int min_blocks(int units) { return units == 2 ? 6 : 0; }
   static constexpr bool applies(int64_t rows, int64_t hv, bool contiguous) {
     return N >= 8 && contiguous && rows >= kMinRows && hv > 256 && hv <= 512;
   }
@@ -85,10 +90,8 @@ struct RmsNormManyRows : RmsNormRows<N> {
 // within an ulp (max|diff| 2.4e-07: another order of summation); 1024 rows 6.520 against 6.456, 4096
 // rows 34.0 against 33.9, hence below kMaxRows (between 256 and 1024).
 template <int N>
-struct RmsNormFewRows : RmsNormRows<N> {
-  static constexpr int kMaxThreads = 512, kPreferredThreads = 512, kPreferredUnits = 2, kMaxUnits = 2;
+struct RmsNormFewRows : RmsNormTwoUnits<N, 512, 4> {
   static constexpr int64_t kMaxRows = 512;
-  static constexpr int min_blocks(int units) { return units == 2 ? 4 : 0; }
   static constexpr bool applies(int64_t rows, int64_t hv, bool contiguous) {
     return N == 4 && contiguous && rows < kMaxRows && hv > 512 && hv <= 1024;
   }
