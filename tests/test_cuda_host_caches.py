@@ -15,21 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from opbridge.build import compile as compile_mod
+from _nvcc import NVCC, nvcc_command  # tests/_nvcc.py
 
-NVCC = compile_mod.nvcc_path()
 SOURCES = Path(__file__).resolve().parent / "cuda_host"
 
 
 def _run_host_program(name: str, tmp_path: Path) -> None:
     """Compile ``cuda_host/<name>.cu`` for the host and run it: it prints ``ok`` and exits 0, else what failed."""
-    from tvm_ffi import libinfo
-
     exe = tmp_path / name
-    includes = [compile_mod.INCLUDE_DIR, libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
-    done = subprocess.run([str(NVCC), "-std=c++17", "-O2", "--expt-relaxed-constexpr", "-arch=sm_90",
-                           *[f"-I{p}" for p in includes], str(SOURCES / f"{name}.cu"), "-o", str(exe)],
-                          capture_output=True, text=True)
+    done = subprocess.run([*nvcc_command(SOURCES / f"{name}.cu"), "-o", str(exe)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr

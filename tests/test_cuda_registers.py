@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from _nvcc import NVCC, nvcc_command
 from opbridge.build import compile as compile_mod
 
-NVCC = compile_mod.nvcc_path()
 CSRC = Path(compile_mod.INCLUDE_DIR).parent / "csrc"
 SOURCES = sorted(p.name for p in CSRC.glob("*.cu"))
 
@@ -51,17 +51,8 @@ def test_spills_reads_ptxas_log() -> None:
     assert spills(log) == {"_Z1kv": 20, "_Z1jv": 0}
 
 
-def _nvcc(source: Path, *flags: str) -> list[str]:
-    """nvcc for sm_90 on *source* with opbridge's and tvm-ffi's headers and *flags* (the output options to add)."""
-    from tvm_ffi import libinfo
-
-    includes = [compile_mod.INCLUDE_DIR, libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
-    return [str(NVCC), "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-arch=sm_90", *flags,
-            *[f"-I{p}" for p in includes], str(source)]
-
-
 def _ptxas_log(source: str, flags: tuple[str, ...] = ()) -> str:
-    cmd = [*_nvcc(CSRC / source, *flags), "-c", "-o", os.devnull, "-Xptxas", "-v"]
+    cmd = [*nvcc_command(CSRC / source, *flags), "-c", "-o", os.devnull, "-Xptxas", "-v"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
@@ -112,14 +103,15 @@ def test_staged_kernels_copy_asynchronously_and_do_not_spill(tmp_path: Path) -> 
     source = tmp_path / "staged.cu"
     source.write_text(STAGED_TU)
     ptx = tmp_path / "staged.ptx"
-    done = subprocess.run([*_nvcc(source), "-ptx", "-o", str(ptx)], capture_output=True, text=True)
+    done = subprocess.run([*nvcc_command(source), "-ptx", "-o", str(ptx)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     text = ptx.read_text()
     entries = text.count(".entry ")
     assert entries == 12, f"{entries} kernels in the PTX, want 12"
     # every kernel's rows go through shared memory by cp.async, and each waits for its copies
     assert text.count("cp.async.cg.shared.global") >= entries and text.count("cp.async.wait_group") >= 2 * entries
-    done = subprocess.run([*_nvcc(source), "-c", "-o", os.devnull, "-Xptxas", "-v"], capture_output=True, text=True)
+    done = subprocess.run([*nvcc_command(source), "-c", "-o", os.devnull, "-Xptxas", "-v"], capture_output=True,
+                          text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = spills(done.stderr)
     assert len(kernels) == 12 and not any(kernels.values()), kernels
@@ -142,7 +134,7 @@ def host_program(tmp_path_factory: pytest.TempPathFactory) -> str:
     source = tmp_path_factory.mktemp("host") / "rules.cu"
     source.write_text(WIDTH_TU + COVER_TU + MAIN_TU)
     exe = source.with_suffix("")
-    done = subprocess.run([*_nvcc(source), "-o", str(exe)], capture_output=True, text=True)
+    done = subprocess.run([*nvcc_command(source), "-o", str(exe)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return str(exe)
 
