@@ -30,31 +30,12 @@ if [ "$todo_gb" -gt 0 ]; then
   need_gb 2 "${TMPDIR:-/tmp}" "pip's unpacking (TMPDIR)"
 fi
 
-# A new .venv-ms gets its third-party packages (pyproject's dependencies and its torch and mindspore extras)
-# in the background while .venv installs: pip is mostly one process's unpacking, and the two took about
-# 250 s one after the other on this 2-core machine. opbridge itself goes in afterwards: both editable
-# installs write src/opbridge.egg-info, so they must not run at once.
-MS_PRE_PID=""
-if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ] && [ ! -x .venv-ms/bin/python ]; then
-  "$PY" -m venv .venv-ms
-  MS_PRE_LOG=$(mktemp)
-  mapfile -t ms_deps < <("$PY" -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']
-x = p['optional-dependencies']; print('\n'.join(p['dependencies'] + x['torch'] + x['mindspore']))")
-  pip_q .venv-ms/bin/pip install "${ms_deps[@]}" pytest hypothesis > "$MS_PRE_LOG" 2>&1 &
-  MS_PRE_PID=$!
-fi
-
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 pip_q .venv/bin/pip install -e ".[torch,jax,paddle,dev]"
 .venv/bin/python -c "import torch, jax, jax_tvm_ffi, paddle, numpy; assert numpy.__version__ >= '2'" \
   || { echo "envs.sh: .venv is incomplete" >&2; exit 1; }
 
 if [ "${OPBRIDGE_SKIP_MINDSPORE:-0}" != "1" ]; then
-  if [ -n "$MS_PRE_PID" ]; then
-    wait "$MS_PRE_PID" || true  # pip_q never fails; the install below and the import check say what is missing
-    cat "$MS_PRE_LOG"
-    rm -f "$MS_PRE_LOG"
-  fi
   if [ ! -x .venv-ms/bin/python ]; then "$PY" -m venv .venv-ms; fi
   pip_q .venv-ms/bin/pip install -e ".[torch,mindspore]" pytest hypothesis
   .venv-ms/bin/python -c "import mindspore, numpy; assert numpy.__version__ < '2'" \
