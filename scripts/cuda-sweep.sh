@@ -10,10 +10,12 @@
 #   scripts/cuda-sweep.sh [norm|gated|all]      # default all; builds for OPBRIDGE_CUDA_ARCHS (default: this GPU's)
 #   PYTHON=python3 scripts/cuda-sweep.sh gated  # the Python whose tvm-ffi gives the headers
 #   SWEEP_BUILD_ONLY=DIR scripts/cuda-sweep.sh  # build the binaries into DIR and stop (no GPU needed)
+#   SWEEP_CHECK=1 SWEEP_BUILD_ONLY=DIR ...      # only check that they compile: unoptimised, PTX alone (2x faster;
+#                                               #   binaries that are not for timing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-all}" in
-  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   norm|gated) SWEEPS=("$1") ;;
   all) SWEEPS=(norm gated) ;;
   *) echo "cuda-sweep: unknown sweep '$1' (norm, gated or all; --help)" >&2; exit 2 ;;
@@ -27,10 +29,19 @@ GENCODE=()
 if [ "$ARCHS" = native ]; then GENCODE=(-arch=native); else
   for a in ${ARCHS//,/ }; do GENCODE+=(-gencode "arch=compute_$a,code=sm_$a"); done
 fi
+OPT=(-O3)
+if [ "${SWEEP_CHECK:-0}" = 1 ]; then
+  [ -n "${SWEEP_BUILD_ONLY:-}" ] || { echo "cuda-sweep: SWEEP_CHECK=1 builds binaries not for timing: set SWEEP_BUILD_ONLY=DIR too" >&2; exit 2; }
+  OPT=(-O0 -Xcicc -O0)
+  GENCODE=()
+  if [ "$ARCHS" = native ]; then GENCODE=(-arch=native); else
+    for a in ${ARCHS//,/ }; do GENCODE+=(-gencode "arch=compute_$a,code=compute_$a"); done
+  fi
+fi
 DIR=${SWEEP_BUILD_ONLY:-$(mktemp -d)}
 mkdir -p "$DIR"
 for s in "${SWEEPS[@]}"; do
-  nvcc -std=c++17 -O3 --expt-relaxed-constexpr "${GENCODE[@]}" -Isrc/opbridge/include -I"$TVM_INC" -I"$DLPACK_INC" \
+  nvcc -std=c++17 "${OPT[@]}" --expt-relaxed-constexpr "${GENCODE[@]}" -Isrc/opbridge/include -I"$TVM_INC" -I"$DLPACK_INC" \
     -cudart static -o "$DIR/cuda_${s}_sweep" "scripts/cuda_${s}_sweep.cu"
 done
 if [ -n "${SWEEP_BUILD_ONLY:-}" ]; then for s in "${SWEEPS[@]}"; do echo "built $DIR/cuda_${s}_sweep"; done; exit 0; fi
