@@ -39,7 +39,10 @@ ADD_PROTO_YAML = """\
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1"}
+    # OPBRIDGE_TORCH_NATIVE=0: a private cache would otherwise start a background build of torch's dispatcher
+    # shim (30 CPU-seconds) at the first torch call, which these short-lived programs never get to use.
+    return {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1",
+            "OPBRIDGE_TORCH_NATIVE": "0"}
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
