@@ -47,9 +47,11 @@ step() {  # step LABEL COMMAND...: run it, record its wall time
 
 V="$WORK/venv"
 step "create venv" "$PY" -m venv "$V"
+# The tools and frameworks by opbridge's pip-install.sh (uv where the checkout's .venv has it: 53 s by pip in CI);
+# opbridge and the wheel below by pip, as users install them.
 step "install build tools, numpy, $TORCH_REQ" quiet "$WORK/deps.log" \
-  "$V/bin/pip" install -q ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "setuptools>=70.1" wheel build pytest numpy ninja pyyaml \
-  "apache-tvm-ffi>=0.1.15,<0.2" "$TORCH_REQ"
+  "$REPO/scripts/pip-install.sh" "$V" ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "setuptools>=70.1" wheel build pytest numpy \
+  ninja pyyaml "apache-tvm-ffi>=0.1.15,<0.2" "$TORCH_REQ"
 step "install opbridge from $REPO" quiet "$WORK/opbridge.log" \
   "$V/bin/pip" install -q --no-build-isolation --no-deps ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "$REPO"
 
