@@ -307,7 +307,9 @@ def test_doctor_json(cli_env: dict[str, str]) -> None:
     native = doc["torch_native"]
     if doc["frameworks"]["torch"]["installed"]:
         assert native["path"].startswith(cli_env["OPBRIDGE_CACHE_DIR"]), native
-        assert native["state"] == "built" if native["built"] else native["state"].startswith("not built yet")
+        # the suite's cache: another test may be building the shim in the background now
+        assert native["state"] == "built" if native["built"] else native["state"].startswith(
+            ("not built yet", "being built in the background now")), native
 
 
 def test_doctor_says_whether_the_numpy_entry_is_built(cli_env: dict[str, str]) -> None:
