@@ -53,27 +53,28 @@ def version() -> str:
 
 def _submodule(name: str) -> ModuleType:
     """``tvm_ffi.<name>``, a module of the standard library's imports alone, run from its file unless tvm-ffi
-    is loaded (then the package's own). Kept here, not in ``sys.modules``."""
-    if "tvm_ffi" in sys.modules:
-        return importlib.import_module(f"tvm_ffi.{name}")
+    is loaded (then the package's own)."""
+    if (loaded := sys.modules.get("tvm_ffi")) is not None:
+        return importlib.import_module(f"tvm_ffi.{name}") if name.startswith("_") else getattr(loaded, name)
+    key = f"opbridge._tvm_ffi{name if name.startswith('_') else '_' + name}"
     with _LOCK:
-        if (mod := _STANDALONE.get(name)) is not None:
+        if (mod := sys.modules.get(key)) is not None:
             return mod
         found = importlib.util.find_spec("tvm_ffi")
         if found is None or not found.submodule_search_locations:
             return importlib.import_module(f"tvm_ffi.{name}")  # its own error
         package = Path(next(iter(found.submodule_search_locations)))
-        spec = importlib.util.spec_from_file_location(f"opbridge._tvm_ffi.{name}", package / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(key, package / f"{name}.py")
         if spec is None or spec.loader is None:
-            raise ImportError(f"tvm_ffi.{name}: no {name}.py in {package}")
+            raise ImportError(f"tvm_ffi.{name} not found")
         mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _STANDALONE[name] = mod
+        sys.modules[key] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[key]
+            raise
         return mod
-
-
-#: What :func:`_submodule` ran from tvm-ffi's files, by name.
-_STANDALONE: dict[str, ModuleType] = {}
 
 
 def tvm_ffi() -> ModuleType:
