@@ -20,61 +20,12 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import importlib
-import importlib.util
 import sys
 import threading
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 _LOCK = threading.Lock()
-
-
-def libinfo() -> ModuleType:
-    """tvm-ffi's ``libinfo`` (where its headers and library are), without loading tvm-ffi.
-
-    ``libinfo.py`` needs the standard library alone, while ``import tvm_ffi``
-    loads ``libtvm_ffi`` (and a signal handler, above): a cache key computed
-    where no op runs (``opbridge doctor``, ``opbridge list``) needs only the
-    paths. The loaded package's own module where tvm-ffi is already imported.
-    """
-    return _submodule("libinfo")
-
-
-def version() -> str:
-    """``tvm_ffi.__version__``, without loading tvm-ffi (its ``_version.py``, as :func:`libinfo`)."""
-    if "tvm_ffi" not in sys.modules:
-        try:
-            return str(_submodule("_version").__version__)
-        except (ImportError, OSError, AttributeError):
-            pass  # as tvm_ffi's __init__ has it then
-    return str(tvm_ffi().__version__)
-
-
-def _submodule(name: str) -> ModuleType:
-    """``tvm_ffi.<name>``, a module of the standard library's imports alone, run from its file unless tvm-ffi
-    is loaded (then the package's own)."""
-    if (loaded := sys.modules.get("tvm_ffi")) is not None:
-        return importlib.import_module(f"tvm_ffi.{name}") if name.startswith("_") else getattr(loaded, name)
-    key = f"opbridge._tvm_ffi{name if name.startswith('_') else '_' + name}"
-    with _LOCK:
-        if (mod := sys.modules.get(key)) is not None:
-            return mod
-        found = importlib.util.find_spec("tvm_ffi")
-        if found is None or not found.submodule_search_locations:
-            return importlib.import_module(f"tvm_ffi.{name}")  # its own error
-        package = Path(next(iter(found.submodule_search_locations)))
-        spec = importlib.util.spec_from_file_location(key, package / f"{name}.py")
-        if spec is None or spec.loader is None:
-            raise ImportError(f"tvm_ffi.{name} not found")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[key]
-            raise
-        return mod
 
 
 def tvm_ffi() -> ModuleType:
