@@ -25,18 +25,14 @@ command -v nvcc > /dev/null || { echo "cuda-sweep: nvcc not found (install the C
 TVM_INC=$("$PY" -c "from tvm_ffi import libinfo; print(libinfo.find_include_path())")
 DLPACK_INC=$("$PY" -c "from tvm_ffi import libinfo; print(libinfo.find_dlpack_include_path())")
 ARCHS=${OPBRIDGE_CUDA_ARCHS:-native}
-GENCODE=()
-if [ "$ARCHS" = native ]; then GENCODE=(-arch=native); else
-  for a in ${ARCHS//,/ }; do GENCODE+=(-gencode "arch=compute_$a,code=sm_$a"); done
-fi
-OPT=(-O3)
+OPT=(-O3) CODE=sm  # machine code per architecture, optimised
 if [ "${SWEEP_CHECK:-0}" = 1 ]; then
   [ -n "${SWEEP_BUILD_ONLY:-}" ] || { echo "cuda-sweep: SWEEP_CHECK=1 builds binaries not for timing: set SWEEP_BUILD_ONLY=DIR too" >&2; exit 2; }
-  OPT=(-O0 -Xcicc -O0)
-  GENCODE=()
-  if [ "$ARCHS" = native ]; then GENCODE=(-arch=native); else
-    for a in ${ARCHS//,/ }; do GENCODE+=(-gencode "arch=compute_$a,code=compute_$a"); done
-  fi
+  OPT=(-O0 -Xcicc -O0) CODE=compute  # PTX alone, unoptimised: ptxas never runs
+fi
+GENCODE=()
+if [ "$ARCHS" = native ]; then GENCODE=(-arch=native); else
+  for a in ${ARCHS//,/ }; do GENCODE+=(-gencode "arch=compute_$a,code=${CODE}_$a"); done
 fi
 DIR=${SWEEP_BUILD_ONLY:-$(mktemp -d)}
 mkdir -p "$DIR"

@@ -34,9 +34,6 @@ if [ "${OPBRIDGE_NO_UV:-0}" != "1" ] && [ -x "$uv" ]; then
   "${cmd[@]}" "$@" && exit 0
   echo "pip-install.sh: uv failed to install into $venv; trying pip" >&2
 fi
-status=0
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" > "${TMPDIR:-/tmp}/pip-install.$$.log" 2>&1 \
-  || status=$?
-grep -v -e '^WARNING: Location' -e '^$' "${TMPDIR:-/tmp}/pip-install.$$.log" || true
-rm -f "${TMPDIR:-/tmp}/pip-install.$$.log"
-exit $status
+set +eo pipefail  # the status is pip's, not grep's (which fails when it lets nothing through)
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v -e '^WARNING: Location' -e '^$'
+exit "${PIPESTATUS[0]}"
