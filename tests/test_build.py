@@ -326,9 +326,9 @@ def _built(spec: bcompile.BuildSpec) -> dict[str, list[str]]:
 
 
 def _call(so: Path, fn: str) -> int:
-    import ctypes
+    from opbridge._tvm import load_library
 
-    return int(ctypes.CDLL(str(so))[fn]())
+    return int(load_library(so)[fn]())
 
 
 #: The translation units every module gets beside its sources (export list; checks and typed calls).
@@ -418,11 +418,12 @@ def test_concurrent_builds_share_the_store(tmp_path: Path) -> None:
     shared.write_text('OPB_TEST_API int shared_fn() { return 7; }\n')
     env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1"}
     script = textwrap.dedent(f"""
-        import ctypes, sys
+        import sys
         from pathlib import Path
+        from opbridge._tvm import load_library
         from opbridge.build import compile as c, jit
         so = jit.build(c.BuildSpec(name=sys.argv[1], sources=(Path({str(shared)!r}),), cflags=({VISIBLE!r},)))
-        print(ctypes.CDLL(str(so)).shared_fn())
+        print(load_library(so).shared_fn())
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script, name], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for name in ("lib_one", "lib_two")]

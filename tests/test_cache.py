@@ -206,7 +206,7 @@ def test_loading_the_torch_shim_records_its_use(cache: Path, monkeypatch: pytest
     path = _shim(cache, "d" * 20, 10, 10 * 86400) / "libopbridge_torch_native.so"
     fake = mock.MagicMock()
     fake.opb_has_cuda.return_value = 0
-    monkeypatch.setattr(native.ctypes, "PyDLL", lambda p: fake)
+    monkeypatch.setattr(native._tvm, "load_library", lambda p, python_api=False: fake)
     native.Shim(path)
     assert time.time() - path.stat().st_mtime < 60
 

@@ -20,12 +20,60 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import importlib
+import importlib.util
 import sys
 import threading
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 _LOCK = threading.Lock()
+
+
+def libinfo() -> ModuleType:
+    """tvm-ffi's ``libinfo`` (where its headers and library are), without loading tvm-ffi.
+
+    ``libinfo.py`` needs the standard library alone, while ``import tvm_ffi``
+    loads ``libtvm_ffi`` (and a signal handler, above): a cache key computed
+    where no op runs (``opbridge doctor``, ``opbridge list``) needs only the
+    paths. The loaded package's own module where tvm-ffi is already imported.
+    """
+    return _submodule("libinfo")
+
+
+def version() -> str:
+    """``tvm_ffi.__version__``, without loading tvm-ffi (its ``_version.py``, as :func:`libinfo`)."""
+    if "tvm_ffi" not in sys.modules:
+        try:
+            return str(_submodule("_version").__version__)
+        except (ImportError, OSError, AttributeError):
+            pass  # as tvm_ffi's __init__ has it then
+    return str(tvm_ffi().__version__)
+
+
+def _submodule(name: str) -> ModuleType:
+    """``tvm_ffi.<name>``, a module of the standard library's imports alone, run from its file unless tvm-ffi
+    is loaded (then the package's own). Kept here, not in ``sys.modules``."""
+    if "tvm_ffi" in sys.modules:
+        return importlib.import_module(f"tvm_ffi.{name}")
+    with _LOCK:
+        if (mod := _STANDALONE.get(name)) is not None:
+            return mod
+        found = importlib.util.find_spec("tvm_ffi")
+        if found is None or not found.submodule_search_locations:
+            return importlib.import_module(f"tvm_ffi.{name}")  # its own error
+        package = Path(next(iter(found.submodule_search_locations)))
+        spec = importlib.util.spec_from_file_location(f"opbridge._tvm_ffi.{name}", package / f"{name}.py")
+        if spec is None or spec.loader is None:
+            raise ImportError(f"tvm_ffi.{name}: no {name}.py in {package}")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _STANDALONE[name] = mod
+        return mod
+
+
+#: What :func:`_submodule` ran from tvm-ffi's files, by name.
+_STANDALONE: dict[str, ModuleType] = {}
 
 
 def tvm_ffi() -> ModuleType:
@@ -46,6 +94,21 @@ def tvm_ffi() -> ModuleType:
                     del sys.modules["torch"]
         finally:
             restore_fault_action(saved)
+
+
+def load_library(path: str | Path, *, python_api: bool = False) -> ctypes.CDLL:
+    """Load an opbridge-built shared library (a kernel module, a C entry, a shim) with ``ctypes``.
+
+    Every such library links ``libtvm_ffi``; tvm-ffi is imported first (:func:`tvm_ffi`), as ``import
+    tvm_ffi`` loads it (``RTLD_GLOBAL``, faulthandler's SIGSEGV handler kept). Left to the dynamic
+    loader as a dependency instead, it would be looked for on the library's run path, resolve its C++
+    runtime in the library's scope (torch's shim's ``exports.map`` says what that did on an H200) and
+    replace faulthandler's handler. Cache keys and paths need no import (:func:`libinfo`,
+    :func:`version`); a load does. *python_api*: a ``PyDLL``, whose calls hold the GIL and may set
+    Python errors.
+    """
+    tvm_ffi()
+    return (ctypes.PyDLL if python_api else ctypes.CDLL)(str(path))
 
 
 _SIGSEGV = 11

@@ -102,7 +102,9 @@ def threading_policy(lib: Library) -> str:
     """The threading policy in force in *lib*'s loaded CPU module: ``"omp"`` or ``"pool"``."""
     import ctypes
 
-    fn = ctypes.CDLL(str(loaded_path(lib, "cpu")))["__opbridge_threading"]
+    from opbridge._tvm import load_library
+
+    fn = load_library(loaded_path(lib, "cpu"))["__opbridge_threading"]
     fn.restype = ctypes.c_int
     return "omp" if fn() == 1 else "pool"
 

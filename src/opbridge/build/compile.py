@@ -93,10 +93,9 @@ class BuildSpec:
 
 
 def _tvm_ffi_paths() -> tuple[list[str], Path]:
-    from opbridge._tvm import tvm_ffi
+    from opbridge._tvm import libinfo as tvm_libinfo
 
-    libinfo = tvm_ffi().libinfo
-
+    libinfo = tvm_libinfo()  # no import of tvm_ffi: a cache key needs only the paths
     includes = [libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
     return includes, Path(libinfo.find_libtvm_ffi())
 
@@ -207,7 +206,7 @@ def local_headers(spec: BuildSpec, sources: Sequence[bytes] | None = None) -> li
 
 def fingerprint(spec: BuildSpec, extra: str = "") -> str:
     """Hash the *contents* of every input to the build, plus flags and toolchain."""
-    from opbridge._tvm import tvm_ffi
+    from opbridge._tvm import version as tvm_ffi_version
     from opbridge._version import __version__
 
     h = hashlib.sha256()
@@ -231,7 +230,7 @@ def fingerprint(spec: BuildSpec, extra: str = "") -> str:
     cxx, cuda, ld = _default_flags(spec)
     feed("flags", "\0".join(_portable_flags([*cxx, "|", *cuda, "|", *ld], spec)).encode())
     feed("toolchain", toolchain_fingerprint(spec.device).encode())
-    feed("versions", f"opbridge={__version__};tvm_ffi={tvm_ffi().__version__};{sys.platform}".encode())
+    feed("versions", f"opbridge={__version__};tvm_ffi={tvm_ffi_version()};{sys.platform}".encode())
     feed("exports_tu", exports_tu().encode())
     feed("runtime_tu", runtime_tu().encode())
     if uses_native_isa(spec):

@@ -19,6 +19,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
+from opbridge._tvm import load_library
 from opbridge._version import __version__
 from opbridge.build.compile import TEMPLATES, BuildSpec, fingerprint
 from opbridge.errors import BackendUnavailableError, DeclarationError
@@ -92,11 +93,8 @@ def build_info(path: str | Path) -> dict[str, Any]:
     OSError
         If *path* cannot be loaded or was not built by :func:`opbridge.aot.build_aot`.
     """
-    from opbridge._tvm import tvm_ffi
-
-    tvm_ffi()  # the module links libtvm_ffi; have it loaded first
     try:
-        fn = ctypes.CDLL(str(path))[INFO_SYMBOL]
+        fn = load_library(path)[INFO_SYMBOL]
     except AttributeError:
         raise OSError(f"{path} is not an opbridge AOT module (no {INFO_SYMBOL})") from None
     fn.restype = ctypes.c_char_p
@@ -124,7 +122,7 @@ def signatures(path: str | Path) -> dict[str, str]:
     Empty for a module built before opbridge recorded signatures.
     """
     try:
-        fn = ctypes.CDLL(str(path))["__opbridge_signatures"]
+        fn = load_library(path)["__opbridge_signatures"]
     except AttributeError:
         return {}
     fn.restype = ctypes.c_char_p
@@ -134,7 +132,7 @@ def signatures(path: str | Path) -> dict[str, str]:
 
 def exports(path: str | Path) -> list[str]:
     """The kernel names exported (with ``OPBRIDGE_EXPORT``) by the opbridge-built module at *path*."""
-    fn = ctypes.CDLL(str(path))["__opbridge_exports"]
+    fn = load_library(path)["__opbridge_exports"]
     fn.restype = ctypes.c_char_p
     raw: bytes = fn()
     return [n for n in raw.decode().split(",") if n]

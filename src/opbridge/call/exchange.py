@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opbridge import config
-from opbridge._tvm import capsule_pointer
+from opbridge._tvm import capsule_pointer, load_library
 from opbridge.call import c_entry, callable, memory
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Library:
     """The loaded entry library."""
 
     def __init__(self, path: Path) -> None:
-        lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may set Python errors
+        lib = load_library(path, python_api=True)  # its entry points hold the GIL and may set Python errors
         lib.opb_ex_entry.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.py_object,
                                      ctypes.py_object, ctypes.py_object, ctypes.c_void_p, ctypes.py_object,
                                      ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object,

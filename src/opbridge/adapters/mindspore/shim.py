@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opbridge import loader
-from opbridge._tvm import tvm_ffi
+from opbridge._tvm import libinfo, load_library
 from opbridge.adapters.mindspore.support import DTYPES, LOCK, SCALARS, ms_dtype, unsupported_reason
 from opbridge.build import jit
 from opbridge.build.cache import cache_root
@@ -109,8 +109,8 @@ class AotModule:
 
     @functools.cached_property
     def spec(self) -> BuildSpec:
-        """How the module is built (made when first needed: it imports tvm-ffi to find its library)."""
-        tvm_lib_dir = Path(tvm_ffi().libinfo.find_libtvm_ffi()).parent
+        """How the module is built (made when first needed: it finds tvm-ffi's library)."""
+        tvm_lib_dir = Path(libinfo().find_libtvm_ffi()).parent
         return BuildSpec(
             name=self.name,
             sources=(),
@@ -141,7 +141,7 @@ class AotModule:
                 return self._cdll
             self._publish(jit.build(self.spec))
             # A module of this path already loaded in this process is reused by the loader.
-            cdll = ctypes.CDLL(str(self.path))
+            cdll = load_library(self.path)
             for name in ("opb_ms_error_kind", "opb_ms_error_message"):
                 getattr(cdll, name).restype = ctypes.c_char_p
             cdll.opb_ms_bind.argtypes = [ctypes.c_int, ctypes.c_void_p]
@@ -149,7 +149,7 @@ class AotModule:
             if self.ops:
                 for op in self.ops:
                     loader.kernel(op, "cpu")  # builds/loads the kernels; names a missing export
-                kernels = ctypes.CDLL(str(loader.loaded_path(self.lib, "cpu")))
+                kernels = load_library(loader.loaded_path(self.lib, "cpu"))
                 for k, op in enumerate(self.ops):
                     sym = getattr(kernels, f"__tvm_ffi_{op.kernels['cpu']}")
                     if cdll.opb_ms_bind(k, ctypes.cast(sym, ctypes.c_void_p).value) != 0:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opbridge import config
+from opbridge._tvm import load_library
 from opbridge.call import c_entry
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class Library:
     """The loaded entry library."""
 
     def __init__(self, path: Path) -> None:
-        lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may set Python errors
+        lib = load_library(path, python_api=True)  # its entry points hold the GIL and may set Python errors
         lib.opb_np_init.restype = ctypes.c_int
         lib.opb_np_entry.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.py_object,
                                      ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object,

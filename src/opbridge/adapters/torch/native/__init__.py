@@ -111,11 +111,7 @@ class Shim:
     def __init__(self, path: Path) -> None:
         import torch  # the shim links against it; imported already wherever ops register with torch
 
-        # tvm-ffi's library first, as `import tvm_ffi` loads it (RTLD_GLOBAL, the process's fault handler
-        # kept): loaded as the shim's dependency instead, it would resolve its C++ runtime in the shim's
-        # scope (exports.map says what that did on an H200), and replace faulthandler's SIGSEGV handler
-        _tvm.tvm_ffi()
-        lib = ctypes.PyDLL(str(path))  # its entry points hold the GIL and may raise Python errors
+        lib = _tvm.load_library(path, python_api=True)  # its entry points hold the GIL and may raise Python errors
         try:
             os.utime(path)  # its last use, for `opbridge cache prune` (build/housekeeping.py)
         except OSError:

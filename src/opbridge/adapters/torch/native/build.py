@@ -83,7 +83,7 @@ def command(output: Path) -> list[str]:
     """The compiler command building the shim into *output*."""
     from torch.utils import cpp_extension
 
-    libinfo = _tvm.tvm_ffi().libinfo
+    libinfo = _tvm.libinfo()
     tvm_lib = Path(libinfo.find_libtvm_ffi())
     torch_lib = Path(torch.__file__).parent / "lib"
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"],
