@@ -261,6 +261,59 @@ def test_progress_is_shown_for_builds_over_a_second(tmp_path: Path) -> None:
     assert "done in" in res.stderr
 
 
+def test_builds_at_once_share_one_progress_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal, two builds running at once draw one status line (the first shown draws both)."""
+    import io
+    import time
+
+    from opbridge.build.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    with Progress("lib", True) as one:
+        one.status = "1/3 compiled"
+        with Progress("shim", True) as two:
+            two.status = "compiling shim.cc"
+            time.sleep(1.6)
+        time.sleep(0.4)
+    text = term.getvalue()
+    drawn = [d for d in text.split("\r") if d.startswith("opbridge: building lib: 1/3")]
+    assert any("| building shim: compiling shim.cc" in d for d in drawn), text
+    assert not [d for d in text.split("\r") if d.startswith("opbridge: building shim: compiling")], text
+    assert "opbridge: building shim: done in" in text and "opbridge: building lib: done in" in text
+    assert not Progress._shown
+
+
+def test_native_entries_build_beside_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """natives.start builds the shim and the C entries (one after the other) in threads, while the caller
+    goes on; results() waits, in SERVES' order."""
+    import threading
+    import time
+
+    from opbridge.aot import natives
+
+    release = threading.Event()
+    order: list[str] = []
+
+    def build(label: str) -> natives.Built:
+        if label == "torch native kernels":
+            release.wait(10)
+        order.append(label)
+        return natives.Built(label, Path(label), 0.0)
+
+    monkeypatch.setattr(natives, "_build", build)
+    building = natives.Building(list(natives.SERVES))
+    time.sleep(0.2)
+    assert order == ["NumPy C entry", "tensor C entry"]  # the shim's thread still waits
+    release.set()
+    assert [b.label for b in building.results()] == list(natives.SERVES)
+    assert order[-1] == "torch native kernels"
+
+
 def test_nothing_is_compiled_at_import(tmp_path: Path) -> None:
     env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
     code = "import opbridge, opbridge.ops, sys; print(opbridge.ops.add.schema); print('torch' in sys.modules)"

@@ -8,6 +8,7 @@ failure into :class:`~opbridge.errors.BuildError` with the compiler's first
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -56,9 +57,13 @@ def runtime_tu() -> str:
     return (TEMPLATES / "runtime.cc").read_text()
 
 
+#: The translation units opbridge compiles into every module: the export list and the runtime.
+OPBRIDGE_UNITS = ("_opbridge_exports.cc", "_opbridge_runtime.cc")
+
+
 def generated_sources(spec: BuildSpec) -> list[tuple[str, str]]:
     """The ``(file name, text)`` translation units compiled beside *spec*'s sources."""
-    return [*spec.generated, ("_opbridge_exports.cc", exports_tu()), ("_opbridge_runtime.cc", runtime_tu())]
+    return [*spec.generated, *zip(OPBRIDGE_UNITS, (exports_tu(), runtime_tu()))]
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,17 @@ class BuildSpec:
     per hot loop instead of ``OPB_TARGET_CLONES``' three). For JIT builds, which only ever
     run where they were built; the cache keys then include what ``native`` resolved to
     (:func:`native_isa_id`). AOT builds keep it off: a wheel must run on any x86-64 CPU."""
+    flags_for_sources_only: bool = False
+    """``include_dirs`` and ``cflags`` skip the units opbridge adds (:data:`OPBRIDGE_UNITS`), which then
+    compile as a plain spec's, one object for every such module. For the C entries, whose flags find
+    Python's and NumPy's headers and key the build; a library's reach every unit (a define may change
+    what its units share)."""
+
+    def unit_spec(self, name: str) -> BuildSpec:
+        """The spec the unit *name* compiles under (see :attr:`flags_for_sources_only`)."""
+        if self.flags_for_sources_only and name in OPBRIDGE_UNITS:
+            return dataclasses.replace(self, include_dirs=(), cflags=())
+        return self
 
 
 def _tvm_ffi_paths() -> tuple[list[str], Path]:
@@ -233,6 +249,8 @@ def fingerprint(spec: BuildSpec, extra: str = "") -> str:
     feed("versions", f"opbridge={__version__};tvm_ffi={tvm_ffi_version()};{sys.platform}".encode())
     feed("exports_tu", exports_tu().encode())
     feed("runtime_tu", runtime_tu().encode())
+    if spec.flags_for_sources_only:
+        feed("flags_for_sources_only", b"1")
     if uses_native_isa(spec):
         feed("native_isa", native_isa_id().encode())
     feed("extra", extra.encode())
@@ -328,7 +346,7 @@ def write_ninja(spec: BuildSpec, build_dir: Path, output: Path) -> Path:
     for i, src in enumerate(sources):
         # Build-level variables are expanded before $in/$out exist: spell the paths out.
         obj = f"obj/{i:03d}_{src.stem}.o"
-        args = compile_args(compile_command(spec, src.resolve()), obj, obj + ".d")
+        args = compile_args(compile_command(spec.unit_spec(src.name), src.resolve()), obj, obj + ".d")
         lines.append(f"build {obj}: cc {_ninja_escape(str(src.resolve()))}")
         lines.append(f"  command = {_ninja_command(args)}")
         objects.append(obj)

@@ -53,7 +53,7 @@ def units(spec: BuildSpec, store: ObjectStore) -> list[Unit]:
     out = [Unit(src, tuple(compile_command(spec, src)), toolchain) for src in (Path(s).resolve() for s in spec.sources)]
     for name, text in generated_sources(spec):
         src = store.generated(name, text)
-        out.append(Unit(src, tuple(compile_command(spec, src)), toolchain, GENERATED_COST.get(name)))
+        out.append(Unit(src, tuple(compile_command(spec.unit_spec(name), src)), toolchain, GENERATED_COST.get(name)))
     return out
 
 

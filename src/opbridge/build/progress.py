@@ -28,7 +28,14 @@ def first_errors(log: str, limit: int = 5) -> list[str]:
 
 
 class Progress:
-    """Prints one updating status line once a build has run for a second."""
+    """Prints one updating status line once a build has run for a second.
+
+    Builds running at once in one process (``opbridge build`` builds the native entries beside the
+    libraries) share the line on a terminal: the one shown longest draws every shown build's status.
+    """
+
+    _lock = threading.Lock()
+    _shown: list[Progress] = []  # in the order they were first shown
 
     def __init__(self, label: str, enabled: bool) -> None:
         self.label = label
@@ -45,13 +52,15 @@ class Progress:
             self._thread.start()
         return self
 
-    def _line(self) -> str:
-        return f"\ropbridge: building {self.label}: {self.status} ({time.monotonic() - self.start:.1f}s)"
+    def _part(self) -> str:
+        return f"building {self.label}: {self.status} ({time.monotonic() - self.start:.1f}s)"
 
     def _run(self) -> None:
         if self._stop.wait(1.0):
             return
-        self.shown = True
+        with Progress._lock:
+            self.shown = True
+            Progress._shown.append(self)
         if not self.tty:
             # A log file gets one line when the build turns slow, one when it ends.
             sys.stderr.write(f"opbridge: building {self.label} ({self.status})...\n")
@@ -59,8 +68,10 @@ class Progress:
             self._stop.wait()
             return
         while not self._stop.is_set():
-            sys.stderr.write(self._line() + "\033[K")
-            sys.stderr.flush()
+            with Progress._lock:
+                if Progress._shown and Progress._shown[0] is self:
+                    sys.stderr.write("\ropbridge: " + " | ".join(p._part() for p in Progress._shown) + "\033[K")
+                    sys.stderr.flush()
             self._stop.wait(0.25)
 
     def __exit__(self, *exc: object) -> None:
@@ -70,8 +81,8 @@ class Progress:
         if self.shown:
             done = "failed" if exc[0] else "done"
             lead, tail = ("\r", "\033[K") if self.tty else ("", "")
-            sys.stderr.write(f"{lead}opbridge: building {self.label}: {done} in "
-                             f"{time.monotonic() - self.start:.1f}s{tail}\n")
-            sys.stderr.flush()
-
-
+            with Progress._lock:
+                Progress._shown.remove(self)
+                sys.stderr.write(f"{lead}opbridge: building {self.label}: {done} in "
+                                 f"{time.monotonic() - self.start:.1f}s{tail}\n")
+                sys.stderr.flush()

@@ -146,7 +146,8 @@ def spec() -> BuildSpec:
 
     abi = sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag
     return BuildSpec(name="opbridge_exchange_entry", sources=(SOURCE,),
-                     include_dirs=(Path(sysconfig.get_paths()["include"]),), cflags=(f"-DOPB_PYTHON_ABI={abi}",))
+                     include_dirs=(Path(sysconfig.get_paths()["include"]),), cflags=(f"-DOPB_PYTHON_ABI={abi}",),
+                     flags_for_sources_only=True)  # its runtime unit: NumPy's entry's object
 
 
 #: When the entry is built and loaded.

@@ -107,7 +107,8 @@ def spec() -> BuildSpec:
     abi = sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag
     return BuildSpec(name="opbridge_numpy_entry", sources=(SOURCE,),
                      include_dirs=(Path(sysconfig.get_paths()["include"]), Path(np.get_include()), c_entry.SHARED_DIR),
-                     cflags=(f"-DOPB_PYTHON_ABI={abi}", f"-DOPB_NUMPY_VERSION={np.__version__}"))
+                     cflags=(f"-DOPB_PYTHON_ABI={abi}", f"-DOPB_NUMPY_VERSION={np.__version__}"),
+                     flags_for_sources_only=True)  # its runtime unit: the tensor entry's object
 
 
 def enabled() -> bool:
