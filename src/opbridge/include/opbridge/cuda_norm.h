@@ -222,9 +222,9 @@ bool launch_rms_rows_cached(const Context& ctx, T* out, Src src, const T* w, int
   using P = Policy<N>;
   const int64_t hv = H / N;
   const int units = cached_units<P>(hv);
-  if (units == 0) return false;
+  if (units == 0 || units < MinUnitsOf<P>::value) return false;
   const int threads = row_threads((hv + units - 1) / units, P::kMaxThreads);
-  with_units<P::kMaxUnits>(units, [&](auto k_const) {
+  with_units<P::kMaxUnits, MinUnitsOf<P>::value>(units, [&](auto k_const) {
     constexpr int K = decltype(k_const)::value;
     auto* kernel = rms_rows_cached_kernel<N, K, P, T, Src, C>;
     int64_t blocks = rows;

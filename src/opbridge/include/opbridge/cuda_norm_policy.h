@@ -70,6 +70,7 @@ struct RmsNormRows {
 template <int N, int Threads, int MinBlocks>
 struct RmsNormTwoUnits : RmsNormRows<N> {
   static constexpr int kMaxThreads = Threads, kPreferredThreads = Threads, kPreferredUnits = 2, kMaxUnits = 2;
+  static constexpr int kMinUnits = 2;  // where it applies, rows of more units than Threads
   static constexpr int min_blocks(int units) { return units == 2 ? MinBlocks : 0; }
 };
 // rms_norm's policy for many contiguous 16-bit rows of 257-512 units (hidden 2056-4096): two units per
@@ -118,6 +119,7 @@ struct FusedAddRmsNormRows {
 template <int N>
 struct FusedAddRmsNormFewRows {
   static constexpr int kMaxThreads = 512, kPreferredThreads = 512, kPreferredUnits = 2, kMaxUnits = 2;
+  static constexpr int kMinUnits = 2;  // where it applies, rows of more than 512 units
   static constexpr bool kFastSum = true, kStream = false, kPrefetch = true;
   static constexpr int64_t kMaxRows = 2048;
   static constexpr int min_blocks(int) { return 0; }
@@ -142,16 +144,28 @@ int cached_units(int64_t hv, int max_threads = P::kMaxThreads) {
   return 0;
 }
 
+// The fewest units per thread policy P launches: P::kMinUnits where it says (a policy whose rows
+// always take more than one unit, so that no kernel it never launches is compiled), else 1.
+template <typename P, typename = void>
+struct MinUnitsOf {
+  static constexpr int value = 1;
+};
+template <typename P>
+struct MinUnitsOf<P, std::void_t<decltype(P::kMinUnits)>> {
+  static constexpr int value = P::kMinUnits;
+};
+
 // Calls go(std::integral_constant<int, K>{}) for K = units; instantiates only
-// the K in {1, 2, 4, 8} up to MaxUnits.
-template <int MaxUnits, typename Go>
+// the K in {1, 2, 4, 8} from MinUnits up to MaxUnits (units below MinUnits call nothing:
+// a caller refuses them first).
+template <int MaxUnits, int MinUnits = 1, typename Go>
 void with_units(int units, Go&& go) {
   if (units <= 1) {
-    go(std::integral_constant<int, 1>{});
+    if constexpr (MinUnits <= 1) go(std::integral_constant<int, 1>{});
   } else if (units == 2 || MaxUnits < 4) {
-    if constexpr (MaxUnits >= 2) go(std::integral_constant<int, 2>{});
+    if constexpr (MaxUnits >= 2 && MinUnits <= 2) go(std::integral_constant<int, 2>{});
   } else if (units == 4 || MaxUnits < 8) {
-    if constexpr (MaxUnits >= 4) go(std::integral_constant<int, 4>{});
+    if constexpr (MaxUnits >= 4 && MinUnits <= 4) go(std::integral_constant<int, 4>{});
   } else {
     if constexpr (MaxUnits >= 8) go(std::integral_constant<int, 8>{});
   }
