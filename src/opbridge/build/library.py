@@ -49,6 +49,10 @@ def build_spec(lib: Library, device: str, native_isa: bool = True) -> BuildSpec:
     sources = lib.sources_for(device)
     if not sources:
         raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources")
+    if missing := [str(s) for s in sources if not s.is_file()]:
+        raise DeclarationError(f"opbridge: library {lib.namespace!r} ({device}): no source file "
+                               f"{', '.join(missing)} (Library(sources=...) resolves relative paths against "
+                               f"{lib.root})")
     return BuildSpec(
         name=f"{lib.namespace}_{device}",
         sources=sources,

@@ -20,9 +20,23 @@ from opbridge.declare.op import (
     ShapeRule,
     _validate_reference,
     like,
+    validate_backward,
 )
 from opbridge.errors import DeclarationError
 from opbridge.schema import Schema, parse_schema
+
+
+def _paths(given: str | Path | Sequence[str | Path]) -> tuple[str | Path, ...]:
+    """*given* as paths: one path alone (``sources="k.cc"``) is that path, not its characters."""
+    return (given,) if isinstance(given, (str, Path)) else tuple(given)
+
+
+def _flags(name: str, given: Sequence[str]) -> tuple[str, ...]:
+    """*given* as flags; one string is refused (``cflags="-O2 -DX"`` is one flag or two?)."""
+    if isinstance(given, str):
+        raise DeclarationError(f"Library({name}=...) takes a list of flags, one per item, got the string "
+                               f"{given!r}: write {name}={given.split()!r}")
+    return tuple(given)
 
 
 class Library:
@@ -33,8 +47,8 @@ class Library:
     namespace
         Framework namespace, e.g. ``"myops"`` gives ``torch.ops.myops.<op>``.
     sources
-        Kernel source files (``.cc`` for CPU, ``.cu`` for CUDA). Relative paths
-        are resolved against *root*.
+        Kernel source files (``.cc`` for CPU, ``.cu`` for CUDA), or one. Relative
+        paths are resolved against *root*.
     include_dirs, cflags, ldflags
         Extra build inputs.
     root
@@ -62,9 +76,9 @@ class Library:
     def __init__(
         self,
         namespace: str,
-        sources: Sequence[str | Path] = (),
+        sources: str | Path | Sequence[str | Path] = (),
         *,
-        include_dirs: Sequence[str | Path] = (),
+        include_dirs: str | Path | Sequence[str | Path] = (),
         cflags: Sequence[str] = (),
         ldflags: Sequence[str] = (),
         root: str | Path | None = None,
@@ -79,10 +93,10 @@ class Library:
         base = Path(root) if root is not None else Path(frame.f_code.co_filename).resolve().parent
         self.namespace = namespace
         self.root = base
-        self.sources = tuple((base / s).resolve() for s in sources)
-        self.include_dirs = tuple((base / d).resolve() for d in include_dirs)
-        self.cflags = tuple(cflags)
-        self.ldflags = tuple(ldflags)
+        self.sources = tuple((base / s).resolve() for s in _paths(sources))
+        self.include_dirs = tuple((base / d).resolve() for d in _paths(include_dirs))
+        self.cflags = _flags("cflags", cflags)
+        self.ldflags = _flags("ldflags", ldflags)
         self.prebuilt = prebuilt
         self.dtypes = tuple(dtypes) if dtypes is not None else DEFAULT_DTYPES
         #: Whether the library names its ops' dtypes (else they are :data:`DEFAULT_DTYPES`).
@@ -195,6 +209,8 @@ class Library:
             raise DeclarationError(f"{name}: mutates {', '.join(repr(a.name) for a in schema.mutated_args)} in "
                                    f"place, so it cannot be differentiated and takes no backward (its inputs are "
                                    f"overwritten); declare the backward on an op that returns new tensors")
+        if backward is not None:
+            validate_backward(schema, backward)
         if isinstance(shape, like):
             arg_names = [a.name for a in schema.arguments]
             for n in shape.names:

@@ -294,3 +294,25 @@ def _validate_reference(schema: Schema, fn: Callable[..., Any]) -> None:
             f"{schema.name}: the reference's parameters {names} differ from the schema's "
             f"arguments {expected}; declare them in the same order with the same names"
         )
+
+
+def validate_backward(schema: Schema, fn: Callable[..., Any]) -> None:
+    """Refuse a backward that cannot take its call: one gradient per return, then every argument of the
+    schema in order (:func:`opbridge.call.core.run_backward`), checked when the op is declared rather than
+    inside a framework's autograd."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable without a Python signature: its call will say
+        return
+    n_grads, names = len(schema.returns), [a.name for a in schema.arguments]
+    try:
+        signature.bind(*([None] * (n_grads + len(names))))
+    except TypeError as e:
+        grads = "grad" if n_grads == 1 else f"{n_grads} gradients (one per return)"
+        raise DeclarationError(
+            f"{schema.name}: the backward{signature} cannot take its call ({e}): it is called with {grads}, "
+            f"then the schema's arguments {', '.join(names)}; e.g. backward=lambda "
+            f"{', '.join(['grad'] if n_grads == 1 else [f'grad{i}' for i in range(n_grads)])}, "
+            f"{', '.join(names)}: ..."
+        ) from None
+
