@@ -355,6 +355,30 @@ def test_doctor_speaks_of_the_tensor_entry_only_for_the_frameworks_that_use_it(
     assert "Paddle and MindSpore calls" in doctor._exchange_entry(frameworks())["state"]
 
 
+def test_doctor_names_a_misspelt_setting_and_an_unknown_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value every op's first call would refuse makes doctor fail; a name no setting has, which does nothing,
+    is named with the closest settings. Both were silent ("core toolchain usable", exit 0)."""
+    from opbridge.cli import doctor
+
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    for name in [n for n in os.environ if n.startswith("OPBRIDGE_") and n != "OPBRIDGE_CACHE_DIR"]:
+        monkeypatch.delenv(name)
+    assert config.problems() == ([], {})
+    monkeypatch.setenv("OPBRIDGE_THREADING", "pol")
+    monkeypatch.setenv("OPBRIDGE_VERBOSEE", "1")
+    monkeypatch.setenv("OPBRIDGE_NOTHING_LIKE_IT", "1")
+    report = doctor.doctor_report()
+    assert not report["ok"]
+    assert report["settings"] == {"errors": ["OPBRIDGE_THREADING must be one of omp, pool, got 'pol'"],
+                                  "unknown": {"OPBRIDGE_NOTHING_LIKE_IT": [],
+                                              "OPBRIDGE_VERBOSEE": ["OPBRIDGE_VERBOSE"]}}
+    lines = doctor._doctor_lines(report)
+    assert "-- settings    OPBRIDGE_THREADING must be one of omp, pool, got 'pol'" in lines
+    assert ("   settings    OPBRIDGE_VERBOSEE is no opbridge setting, so it does nothing (did you mean "
+            "OPBRIDGE_VERBOSE?)") in lines
+    assert lines[-1].startswith("settings NOT valid")
+
+
 def test_doctor_says_when_the_torch_shim_is_being_built(cli_env: dict[str, str], tmp_path: Path) -> None:
     """A detached build holds the shim's lock: doctor says it is being built, not that nobody built it."""
     pytest.importorskip("torch")
@@ -666,6 +690,6 @@ def test_doctor_reports_misspelt_settings_instead_of_failing(cli_env: dict[str, 
     env = {**cli_env, "OPBRIDGE_TORCH_NATIVE": "maybe", "OPBRIDGE_NUMPY_NATIVE": "2", "OPBRIDGE_HUGEPAGES": "nah",
            "OPBRIDGE_CUDA_ARCHS": "sm90"}
     proc = run_cli(env, "doctor")
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr  # 1: the settings are wrong
     for name in ("OPBRIDGE_TORCH_NATIVE", "OPBRIDGE_NUMPY_NATIVE", "OPBRIDGE_HUGEPAGES", "OPBRIDGE_CUDA_ARCHS"):
         assert f"{name} must" in proc.stdout, (name, proc.stdout)

@@ -238,3 +238,39 @@ def exchange_entry() -> bool:
 def torch_native() -> bool:
     """Whether torch ops get the native (C++) dispatcher kernels (``OPBRIDGE_TORCH_NATIVE``, default on)."""
     return _flag("OPBRIDGE_TORCH_NATIVE", True)
+
+
+#: The settings the accessors above read (the table in this module's docstring), each with its accessor where a
+#: value can be wrong: :func:`problems` calls those.
+SETTINGS: dict[str, object] = {
+    "OPBRIDGE_CACHE_DIR": None, "OPBRIDGE_VERBOSE": verbose, "OPBRIDGE_MAX_JOBS": max_jobs,
+    "OPBRIDGE_NO_PROGRESS": show_progress, "OPBRIDGE_CXX": None, "OPBRIDGE_CXX_FLAGS": cxx_flags,
+    "OPBRIDGE_CUDA_ARCHS": cuda_archs, "OPBRIDGE_CUDA_FLAGS": cuda_flags, "OPBRIDGE_AOT_DEVICES": aot_devices,
+    "OPBRIDGE_CUDA_SYNC_CHECKS": None, "OPBRIDGE_HUGEPAGES": hugepages, "OPBRIDGE_OUTPUT_CACHE_MB": output_cache_bytes,
+    "OPBRIDGE_OUTPUT_CACHE_IDLE_MS": output_cache_idle_ms, "OPBRIDGE_THREADING": threading,
+    "OPBRIDGE_NUMPY_NATIVE": numpy_native, "OPBRIDGE_EXCHANGE_ENTRY": exchange_entry,
+    "OPBRIDGE_TORCH_NATIVE": torch_native, "OPBRIDGE_OBJECT_CACHE_MB": None,
+}
+#: Read by opbridge's scripts, test suite and benchmarks, not by the library.
+TOOL_SETTINGS = ("OPBRIDGE_FRAMEWORK", "OPBRIDGE_FUZZ_DEVICE", "OPBRIDGE_FUZZ_EXAMPLES", "OPBRIDGE_MS_PYTHON",
+                 "OPBRIDGE_MINDSPORE_PYTHON", "OPBRIDGE_NO_UV", "OPBRIDGE_UV", "OPBRIDGE_SANITIZE_CACHE_DIR",
+                 "OPBRIDGE_SKIP_MINDSPORE", "OPBRIDGE_SKIP_WHEEL")
+
+
+def problems() -> tuple[list[str], dict[str, list[str]]]:
+    """What is wrong with the ``OPBRIDGE_*`` settings now: each misspelt value's error (a call would raise it),
+    and each ``OPBRIDGE_*`` name no setting has, with the closest names (a misspelt name is silently unset)."""
+    import difflib
+
+    errors = []
+    for read in SETTINGS.values():
+        if callable(read):
+            try:
+                read()
+            except ValueError as e:
+                errors.append(str(e))
+    names = [*SETTINGS, *TOOL_SETTINGS]
+    tails = [n.removeprefix("OPBRIDGE_") for n in names]  # the prefix alone would make every name close
+    unknown = {name: ["OPBRIDGE_" + t for t in difflib.get_close_matches(name.removeprefix("OPBRIDGE_"), tails, 2)]
+               for name in sorted(os.environ) if name.startswith("OPBRIDGE_") and name not in names}
+    return errors, unknown

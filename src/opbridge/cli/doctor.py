@@ -279,8 +279,9 @@ def doctor_report() -> dict[str, Any]:
     ninja = _tool(_ninja_exe())
     tvm = _tvm_ffi()
     frameworks = _frameworks()
+    errors, unknown = config.problems()
     return {
-        "ok": bool(cxx["ok"] and ninja["ok"] and tvm["ok"]),
+        "ok": bool(cxx["ok"] and ninja["ok"] and tvm["ok"] and not errors),
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "opbridge": {"version": opbridge.__version__, "path": str(Path(opbridge.__file__).resolve().parent)},
         "tvm_ffi": tvm,
@@ -295,6 +296,7 @@ def doctor_report() -> dict[str, Any]:
         "numpy_entry": _settled(_numpy_entry),
         "exchange_entry": _settled(lambda: _exchange_entry(frameworks)),
         "outputs": _outputs(),
+        "settings": {"errors": errors, "unknown": unknown},
     }
 
 
@@ -348,7 +350,16 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"{flag} {label} {entry['state']}{where}")
     out = r["outputs"]
     lines.append(f"{'-- ' if 'error' in out else '   '} outputs     {out['state']}")
-    verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
+    settings = r["settings"]
+    for error in settings["errors"]:
+        lines.append(f"-- settings    {error}")
+    for name, close in settings["unknown"].items():
+        lines.append(f"   settings    {name} is no opbridge setting, so it does nothing"
+                     + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    if settings["errors"]:
+        verdict = "settings NOT valid: whatever reads them (a build, an op's first call) raises the error above"
+    else:
+        verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
     lines.append(verdict)
     return lines
 
