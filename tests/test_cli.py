@@ -217,6 +217,18 @@ def test_list_json_has_exactly_the_registered_ops(cli_env: dict[str, str]) -> No
         assert row["dtypes"] == list(op.dtypes) and row["dtypes"], "declared dtypes are listed"
 
 
+def test_a_reader_that_leaves_early_ends_the_command_quietly(cli_env: dict[str, str]) -> None:
+    """`opbridge list | head -1`: no BrokenPipeError traceback, SIGPIPE's status as a shell tool exits with."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has left before the first line
+    try:
+        proc = subprocess.run([sys.executable, "-m", "opbridge.cli", "list", "--json"], env=cli_env, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
 def test_list_text(cli_env: dict[str, str]) -> None:
     proc = run_cli(cli_env, "list")
     assert proc.returncode == 0, proc.stderr

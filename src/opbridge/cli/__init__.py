@@ -16,6 +16,8 @@ MindSpore (nor ``tvm_ffi``, which imports torch when it is installed).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -97,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        The exit status: 0 ok, 1 the requested work failed, 2 usage error, 130 interrupted.
+        The exit status: 0 ok, 1 the requested work failed, 2 usage error, 130 interrupted, 141 the
+        reader of standard output left (SIGPIPE's status in a shell).
     """
     parser = build_parser()
     args = _parse(parser, argv)
@@ -114,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `opbridge list | head`: the reader left; stop quietly, as a shell tool does
+        # Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except ImportError as e:  # an optional dependency the command needs; anything else keeps its traceback
         message = _missing_dependency(e, args)
         if message is None:
