@@ -603,6 +603,14 @@ def test_fuzz_that_fuzzes_nothing_fails(capsys: pytest.CaptureFixture[str]) -> N
     assert "nothing was fuzzed" in capsys.readouterr().out
 
 
+def test_fuzz_says_why_a_check_did_not_apply(capsys: pytest.CaptureFixture[str]) -> None:
+    """The text output gives each skipped check's reason (they were in --json only)."""
+    assert main(["fuzz", "--frameworks", "numpy", "--ops", "add", "--examples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "numpy opbridge::add: 5 check(s) ran, 0 failed, 2 did not apply\n  aliasing: add writes no argument\n" \
+           "  scalars: add has no int, float or bool argument\n" in out, out
+
+
 def test_check_op_without_torch_names_the_numpy_framework(tmp_path: Path) -> None:
     script = ("import sys; sys.modules['torch'] = None\n"
               "from opbridge import ops\nfrom opbridge.testing import check_op\n"

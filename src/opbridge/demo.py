@@ -118,8 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME",
                         help=f"a subset of {', '.join(HARNESSES)} "
                              f"(default {','.join(DEFAULT_FRAMEWORKS)})")
-    parser.add_argument("--rounds", type=POSITIVE_INT, default=15, help="timing rounds per op")
-    parser.add_argument("--number", type=POSITIVE_INT, default=200, help="calls per round")
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=15, help="timing rounds per op (default 15)")
+    parser.add_argument("--number", type=POSITIVE_INT, default=200, help="calls per round (default 200)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -89,7 +89,7 @@ from opbridge.bench.jax_gpu_report import CSV_FIELDS, OURS, csv_rows, format_tex
 from opbridge.bench.timing import dist_version
 
 DESCRIPTION = (
-    "opbridge's ops in JAX on one CUDA device (issue 12's targets): per small call (8 elements) eager and under "
+    "opbridge's ops in JAX on one CUDA device, against opbridge's targets: per small call (8 elements) eager and under "
     "jax.jit against jnp (target opbridge/jnp <= 1.1), and at a large size (default 4096 x 4096) in float32 and "
     "bfloat16 under jax.jit against XLA's fusion of the same formula (target opbridge/XLA <= 1.0), with GB/s; "
     "every candidate verified against a float64 reference (a mismatch is reported and the exit status is 1). "

@@ -110,9 +110,10 @@ def run(args: argparse.Namespace) -> int:
                 records.append(rec)
             done = [r for r in records if r.get("op") == op.qualname and r["framework"] == fw]
             ran = sum(1 for r in done if r.get("examples"))
+            skipped = [r for r in done if "skipped" in r]
             _say(args, f"{fw} {op.qualname}: {ran} check(s) ran, "
                        f"{sum(1 for r in done if 'failure' in r)} failed, "
-                       f"{sum(1 for r in done if 'skipped' in r)} could not run here")
+                       f"{len(skipped)} did not apply" + "".join(f"\n  {r['check']}: {r['skipped']}" for r in skipped))
     runs = sum(1 for r in records if r.get("examples"))
     if args.json:
         print_json(records)

@@ -87,7 +87,7 @@ SAME_MODE = {"eager_new": "opbridge_new", "compile_new": "opbridge_new", "liger"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``opbridge bench gpu``."""
     parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
-                        help=f"ops to time (default: {', '.join(OPS)}, those declared)")
+                        help=f"ops to time (default: {', '.join(OPS)}, where declared)")
     parser.add_argument("--dtypes", action=ListOption, choices=("float32", "float16", "bfloat16"),
                         default=list(DTYPES), help="dtypes (default: float32 bfloat16)")
     parser.add_argument("--rows", type=POSITIVE_INT, nargs="*", metavar="N", default=None,

@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sizes = ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in SIZES.items())
     parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
-                        help=f"ops, as words or comma-separated (default: {', '.join(DEFAULT_OPS)}, those declared)")
+                        help=f"ops, as words or comma-separated (default: {', '.join(DEFAULT_OPS)}, where declared)")
     parser.add_argument("--all-ops", action="store_true",
                         help="every declared op with a workload, backward ops included")
     parser.add_argument("--sizes", action=ListOption, metavar="SIZE", default=None,
