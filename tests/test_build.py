@@ -369,11 +369,11 @@ def _multi_lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bcompil
     return spec, src
 
 
-def _built(spec: bcompile.BuildSpec) -> dict[str, list[str]]:
+def _built(spec: bcompile.BuildSpec, force: bool = False) -> dict[str, list[str]]:
     """Build *spec*; return which units the build compiled and which it reused."""
     import json
 
-    so = jit.build(spec)
+    so = jit.build(spec, force=force)
     manifest = json.loads((so.parent / "manifest.json").read_text())
     return {"compiled": sorted(manifest["compiled"]), "reused": sorted(manifest["reused"])}
 
@@ -402,6 +402,14 @@ def test_editing_one_source_recompiles_only_its_object(tmp_path: Path, monkeypat
     # Undoing the edit finds the first module again (the whole-library cache): nothing compiles.
     (src / "b.cc").write_text('#include <nested.h>\nOPB_TEST_API int b_fn() { return nested(); }\n')
     assert jit.build(spec) == first
+
+
+def test_force_compiles_every_unit_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`opbridge build --force` (jit.build(force=True)) recompiles; it only relinked cached objects."""
+    spec, _ = _multi_lib(tmp_path, monkeypatch)
+    _built(spec)
+    assert _built(spec, force=True) == {"compiled": ALL_UNITS, "reused": []}
+    assert _call(jit.build(spec), "c_fn") == 3
 
 
 def test_header_edit_recompiles_exactly_its_includers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

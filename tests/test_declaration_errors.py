@@ -22,8 +22,9 @@ def test_one_source_alone_is_a_path_not_its_characters(tmp_path: Path) -> None:
 
 def test_a_missing_source_names_the_library_and_where_paths_resolve(tmp_path: Path) -> None:
     lib = opbridge.Library("first_touch_missing", sources=["nosuch.cc"], root=tmp_path)
-    with pytest.raises(DeclarationError, match=r"library 'first_touch_missing' \(cpu\): no source file .*nosuch.cc "
-                                               rf"\(Library\(sources=...\) resolves relative paths against {tmp_path}\)"):
+    where = rf"\(Library\(sources=...\) resolves relative paths against {tmp_path}\)"
+    what = r"library 'first_touch_missing' \(cpu\): no source file .*nosuch.cc "
+    with pytest.raises(DeclarationError, match=what + where):
         build_spec(lib, "cpu")
 
 

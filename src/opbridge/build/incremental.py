@@ -63,8 +63,10 @@ def _say(line: str) -> None:
         sys.stderr.flush()
 
 
-def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStore | None = None) -> BuildReport:
-    """Build *spec*'s module at *output*, with objects in *scratch* (a private directory).
+def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStore | None = None,
+                 recompile: bool = False) -> BuildReport:
+    """Build *spec*'s module at *output*, with objects in *scratch* (a private directory); with *recompile*,
+    every unit is compiled (and stored) even where the object store has it.
 
     Raises
     ------
@@ -79,7 +81,7 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
     objects = [scratch / f"{i:03d}_{u.source.stem}.o" for i, u in enumerate(all_units)]
     missing = []
     for unit, obj in zip(all_units, objects, strict=True):
-        if store.fetch(unit, obj):
+        if not recompile and store.fetch(unit, obj):
             report.reused.append(unit.name)
         else:
             missing.append((unit, obj))

@@ -78,7 +78,8 @@ def awaited_artifact(spec: BuildSpec) -> Path | None:
 
 
 def build(spec: BuildSpec, force: bool = False) -> Path:
-    """Build *spec* (or reuse the cached build) and return the ``.so`` path.
+    """Build *spec* (or reuse the cached build) and return the ``.so`` path; *force*: compile every unit again
+    and relink, whatever the cache holds.
 
     Raises
     ------
@@ -99,7 +100,7 @@ def build(spec: BuildSpec, force: bool = False) -> Path:
         try:
             (tmp / "obj").mkdir()
             start = time.monotonic()
-            report = build_module(spec, tmp / "obj", tmp / so.name)
+            report = build_module(spec, tmp / "obj", tmp / so.name, recompile=force)
             # The objects live on in the object store; hard links here would
             # only keep pruned ones on disk.
             shutil.rmtree(tmp / "obj")

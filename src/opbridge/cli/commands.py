@@ -180,7 +180,8 @@ def register_build(sub: Any) -> None:
                                    "and print its path and the seconds it took. A compile error prints "
                                    "the failing command and the compiler's first file:line errors.")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="target device (default cpu)")
-    p.add_argument("--force", action="store_true", help="rebuild even when the cache has the module")
+    p.add_argument("--force", action="store_true",
+                   help="compile every source again and relink, even when the cache has the module or its objects")
     p.add_argument("-v", "--verbose", action="store_true", help="show compiler commands (OPBRIDGE_VERBOSE=1)")
     p.add_argument("--library", action="append", metavar="NS",
                    help="build only the library with namespace NS; repeatable")
