@@ -89,6 +89,7 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
     label = f"{spec.name} ({spec.device})"
     with Progress(label, config.show_progress()) as progress:
         if missing:
+            progress.status = f"compiling {len(missing)} unit(s), {len(report.reused)} reused"
             _compile_all(missing, store, report, progress)
         cmd = link_command(spec, objects, output)
         progress.status = f"{len(missing)} compiled, {len(report.reused)} reused, linking"
