@@ -17,6 +17,7 @@ import pytest
 from opbridge import codegen, registry
 from opbridge.codegen import StaleGeneratedFilesError
 from opbridge.codegen import cli as codegen_cli
+from opbridge.codegen.cli import _note_import_path
 from opbridge.codegen.docstrings import parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,6 +234,17 @@ def test_cli_check_exit_status(declared: tuple[ModuleType, Path], tmp_path: Path
     assert args.func(args) == 0
     args = parser.parse_args([*base, "--check"])
     assert args.func(args) == 0
+
+
+def test_cli_notes_where_the_wrappers_can_import_a_module_read_from_a_path(
+        declared: tuple[ModuleType, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--import dir/decl.py --out elsewhere`: the wrappers import `decl` by name, so say where that works."""
+    decl, root = declared
+    _note_import_path(decl.__name__, [str(root / f"{decl.__name__}.py")], tmp_path)
+    assert f"they run where {decl.__name__!r} is importable ({root} on sys.path" in capsys.readouterr().err
+    _note_import_path(decl.__name__, [str(root / f"{decl.__name__}.py")], root)  # beside it: importable there
+    _note_import_path(decl.__name__, [decl.__name__], tmp_path)  # by name: importable as given
+    assert capsys.readouterr().err == ""
 
 
 def test_example_plugin_wrappers_are_current() -> None:

@@ -55,7 +55,19 @@ def run(args: argparse.Namespace) -> int:
             continue
         verb = "current" if args.check else "wrote"
         print(f"{lib.namespace}: {verb} {', '.join(map(str, paths))}")
+        _note_import_path(lib.python_module, args.imports, Path(out))
     return status
+
+
+def _note_import_path(module: str, imports: list[str], out: Path) -> None:
+    """The wrappers import *module* by name: where --import gave it as a file outside *out*, say that it must be
+    importable where they run (a user's first `_custom_ops` call failed with ModuleNotFoundError)."""
+    for given in imports:
+        path = Path(given)
+        if path.suffix == ".py" and path.stem == module and path.resolve().parent != out.resolve():
+            print(f"opbridge: note: the wrappers import {module!r}, which --import read from {path}: they run where "
+                  f"{module!r} is importable ({path.resolve().parent} on sys.path, or --out {path.parent})",
+                  file=sys.stderr)
 
 
 def register(subparsers: Any) -> None:
