@@ -233,6 +233,47 @@ def test_cli_from_prototype_and_usage_errors(tmp_path: Path, capsys: pytest.Capt
     assert "unknown dtype(s) ['float8']" in capsys.readouterr().err
 
 
+def test_next_steps_are_printed_and_the_kernel_edited_as_its_comment_says_doubles_16_bit_values(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "twice"
+    parser = argparse.ArgumentParser()
+    scaffold_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["new", "twice", "--out", str(out)])  # float32, float16 and bfloat16
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:4] == [str(out / f) for f in ("csrc/twice.cc", "twice_op.py", "test_twice.py", "bench_twice.py")]
+    steps = printed[4:]
+    assert steps[0] == f"next steps, in {out}:" and len(steps) == 4, printed
+    assert steps[1].startswith("  python -m pytest test_twice.py  # ")
+    assert steps[2].startswith("  python bench_twice.py --quick   # ")
+    assert steps[3].startswith("  the kernel is in csrc/twice.cc: a placeholder; replace it and the reference in "
+                               "twice_op.py together")
+    # The first natural edit, as the comment in the kernel's loop shows it: `x[i] * 2` would not compile for
+    # opbridge::half and opbridge::bfloat16, which have no operators.
+    kernel = out / "csrc" / "twice.cc"
+    text = kernel.read_text()
+    (comment,) = [line for line in text.splitlines() if "16-bit T has no operators" in line]
+    example = comment.rsplit("e.g. ", 1)[1].rstrip(".")
+    assert example == "to_compute(x[i]) * 2", comment
+    copy = "opbridge::from_compute<T>(opbridge::to_compute(x[i]));"
+    assert copy in text
+    kernel.write_text(text.replace(copy, f"opbridge::from_compute<T>(opbridge::{example});"))
+    declaration = out / "twice_op.py"
+    declaration.write_text(declaration.read_text().replace("return x.copy()", "return x * 2"))
+    code = ("import numpy as np; from twice_op import twice; x = np.linspace(-3, 3, 37)\n"
+            "for d in ('float32', 'float16'):\n"
+            "    got = twice(x.astype(d)); assert got.dtype == d and (got == 2 * x.astype(d)).all(), (d, got)\n"
+            "try:\n    import torch\nexcept ImportError:\n    pass\n"
+            "else:\n    t = torch.from_numpy(x).to(torch.bfloat16); assert torch.equal(twice(t), t * 2)\n"
+            "print('ok')")
+    env = _env(tmp_path)
+    assert _run([sys.executable, "-c", code], out, env).strip() == "ok"  # the one build
+    # The benchmark, as printed, verifies the kernel against the doubled reference before timing it.
+    bench = steps[2].split("#")[0].split()
+    report = _run([sys.executable, *bench[1:]], out, env)
+    assert "opbridge (numpy)" in report, report
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="the script builds the CUDA module: needs nvcc")
 def test_gpu_check_plugin_script_builds_both_modules_and_passes(tmp_path: Path) -> None:
     # gpu-check.sh's plugin step, here without a GPU: the CUDA comparisons skip, the rest runs.

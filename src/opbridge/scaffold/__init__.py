@@ -12,6 +12,8 @@ computation is a placeholder that the generated NumPy reference mirrors.
 - :func:`new_project` -- a plugin in the vLLM plugins' layout: ``csrc/``
   kernels, ``<pkg>/ops/`` declarations, one ``_C_ops`` module built by
   ``pip install .``, generated wrappers, tests and benchmarks.
+- :func:`next_steps` -- what ``opbridge new`` prints after the files: the commands
+  that test and benchmark the op it wrote, and where its kernel is.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from opbridge.scaffold.spec import FLOATING, OpSpec, ScaffoldError, from_schema,
 from opbridge.scaffold.templates import render
 
 __all__ = ["OpSpec", "ScaffoldError", "from_schema", "load_prototype", "new_op", "new_project",
-           "parse_dtypes", "project_package", "to_spec"]
+           "next_steps", "parse_dtypes", "project_package", "to_spec"]
 
 #: The op a new project starts with when no schema is given.
 STARTER_SCHEMA = "identity(Tensor x) -> Tensor"
@@ -144,6 +146,32 @@ def new_op(spec: OpSpec, out: str | Path, *, force: bool = False) -> list[Path]:
               f"to the sources in {package}/ops/_library.py (a project made by this opbridge globs "
               f"csrc/*.cc and csrc/*.cu)", file=sys.stderr)
     return [*written, root / package / "_custom_ops.py", root / package / "_custom_ops.pyi"]
+
+
+def next_steps(spec: OpSpec, root: str | Path) -> list[str]:
+    """What to do after *spec* was written into *root*, for ``opbridge new`` to print.
+
+    The commands, run in *root* (the op's directory, or the project's root), that
+    test and benchmark the op as :func:`new_op` wrote it there, and where its kernel is.
+    """
+    root = Path(root)
+    name = spec.name
+    package = project_package(root)
+    if package is None:
+        test, bench, declaration = f"test_{name}.py", f"python bench_{name}.py", f"{name}_op.py"
+    else:  # the benchmark's directory is not the root, whose package it imports
+        test, bench = f"tests/test_{name}.py", f"PYTHONPATH=. python benchmarks/bench_{name}.py"
+        declaration = f"{package}/ops/{name}.py"
+    test, bench = f"python -m pytest {test}", f"{bench} --quick"
+    width = max(len(test), len(bench))
+    cuda = f" (CUDA: csrc/{name}.cu)" if spec.cuda else ""
+    return [
+        "next steps:" if root == Path(".") else f"next steps, in {root}:",
+        f"  {test:<{width}}  # builds the kernel, checks it against the reference",
+        f"  {bench:<{width}}  # verifies, then times it",
+        f"  the kernel is in csrc/{name}.cc{cuda}: a placeholder; replace it and the reference in "
+        f"{declaration} together",
+    ]
 
 
 def new_project(name: str, out: str | Path = ".", *, spec: OpSpec | None = None,

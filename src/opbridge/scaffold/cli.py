@@ -54,25 +54,28 @@ def run(args: argparse.Namespace) -> int:
                 raise scaffold.ScaffoldError("--project starts with one op; add the others with --out")
             written = scaffold.new_project(args.project, args.out or Path("."),
                                            spec=specs[0] if specs else None, force=args.force, cuda=args.cuda)
+            first = specs[0] if specs else scaffold.from_schema("identity", scaffold.STARTER_SCHEMA, cuda=args.cuda)
+            steps = scaffold.next_steps(first, (args.out or Path(".")) / args.project)
         elif not specs:
             print("opbridge: error: name an op (OP --schema ...), a prototype (--from) or --project NAME",
                   file=sys.stderr)
             return EXIT_USAGE
         else:
-            written = []
+            written, steps = [], []
             # run in a project's root, an op joins the project (as with --out .), not a folder of its own there
             here = Path(".") if scaffold.project_package(Path(".")) is not None else None
             for spec in specs:
                 out = args.out or here or Path(spec.name)
                 written += scaffold.new_op(spec, out, force=args.force)
+                steps += scaffold.next_steps(spec, out)
     except FileNotFoundError as e:
         print(f"opbridge: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OpbridgeError as e:
         print(f"opbridge: error: {e}", file=sys.stderr)
         return EXIT_FAILURE if "failed" in str(e) else EXIT_USAGE
-    for path in written:
-        print(path)
+    for line in [*map(str, written), *steps]:
+        print(line)
     return EXIT_OK
 
 

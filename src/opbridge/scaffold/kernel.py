@@ -128,7 +128,9 @@ def render_kernel(spec: OpSpec, declaration: str) -> str:
     if outs:
         chunk = render("op/chunk.cc.tmpl", name=spec.name,
                        chunk_params=", ".join([*(f"T* {o}" for o in outs), f"const T* {lead}"]),
-                       chunk_body="\n".join(f"    {o}[i] = {lead}[i];" for o in outs))
+                       lead=lead, chunk_body="\n".join(
+                           f"    {o}[i] = opbridge::from_compute<T>(opbridge::to_compute({lead}[i]));"
+                           for o in outs))
         ptrs = [f"    T* {o}_data = opbridge::data_ptr<T>({o});" for o in outs]
         ptrs.append(f"    const T* {lead}_data = opbridge::data_ptr<const T>({lead});")
         args = ", ".join([*(f"{o}_data + lo" for o in outs), f"{lead}_data + lo", "hi - lo"])
