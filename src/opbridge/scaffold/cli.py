@@ -91,7 +91,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--schema", help='its schema, e.g. "my_op(Tensor x, float alpha) -> Tensor" '
                                     "(default: (Tensor x) -> Tensor)")
     p.add_argument("--from", dest="from_file", type=Path, metavar="PROTO",
-                   help="an op prototype as Ascend's msopgen reads it (.json, .yaml): op, input_desc, output_desc, attr")
+                   help="an op prototype as Ascend's msopgen reads it: .json or .yaml with op, input_desc, "
+                        "output_desc, attr")
     p.add_argument("--project", metavar="NAME", help="create the plugin project NAME (in --out, default .)")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="where to write (default: the project, in a project's root; else ./OP); a project's "
