@@ -8,6 +8,7 @@ shim never reached the cache.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from opbridge.build import detached
+from opbridge.build import detached, preempt
 from opbridge.errors import BuildError
 
 pytest.importorskip("torch")
@@ -58,6 +59,107 @@ def test_concurrent_jobs_compile_once(tmp_path: Path) -> None:
     jobs = [shim_build.Job(out=out, make_command=_fake(counter)) for _ in range(3)]
     assert {job.wait() for job in jobs} == {out}
     assert counter.read_text() == "1"
+
+
+def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The detached children started from now on (each a detached.Child), recorded as they start."""
+    started: list[Any] = []
+
+    class Counted(detached.Child):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(detached, "Child", Counted)
+    return started
+
+
+def _stop(job: Any) -> None:
+    """Kill a job's child and its compiler (SIGKILL, its whole session), as a machine's OOM killer or a reboot would."""
+    job.child.stop()
+    assert job.child.proc.returncode == -signal.SIGKILL
+
+
+def test_a_background_request_joins_the_build_in_flight_and_starts_no_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, each short program started while the shim was building started a detached child of its own
+    (12 MB and a tmp*.so each) that only waited on the lock: ten programs in a row left ten. Now a background
+    request finds the lock held by a live builder and starts nothing; once that builder is gone without
+    installing the shim (killed: the kernel drops its flock), the next request builds."""
+    out = tmp_path / "lib.so"
+    started = _counting_children(monkeypatch)
+    holder = shim_build.Job(background=True, out=out, make_command=_fake(tmp_path / "holder-runs", seconds=300))
+    try:
+        assert not holder.joined and len(started) == 1
+        assert detached.in_flight(out)  # held from the start: the child inherits the lock the program took for it
+        fd = os.open(f"{out}.lock", os.O_RDONLY)
+        assert preempt.holder(fd) == holder.child.proc.pid  # a foreground build can judge it starved at once
+        os.close(fd)
+        joined = [shim_build.Job(background=True, out=out, make_command=_fake(tmp_path / "joined-runs", 0.1))
+                  for _ in range(3)]
+        assert all(job.joined and job.child is None and job.tmp is None for job in joined)
+        assert len(started) == 1  # no process started, and no temporary made
+        assert [p for p in tmp_path.glob("tmp*.so") if p != holder.tmp] == []
+        assert detached.locked_compile(["true"], out, tmp_path / "unused.so", background=True) is None
+        assert len(started) == 1
+    finally:
+        _stop(holder)
+    assert not detached.in_flight(out) and Path(f"{out}.lock").exists()  # a stale lock file holds nothing
+    again = shim_build.Job(background=True, out=out, make_command=_fake(tmp_path / "again-runs", seconds=0.1))
+    assert not again.joined and len(started) == 2  # a new request builds
+    assert again.wait() == out and (tmp_path / "again-runs").read_text() == "1"
+    assert all(job.wait() == out for job in joined)  # the joined jobs load what it built, compiling nothing
+    assert len(started) == 2 and not (tmp_path / "joined-runs").exists() and not (tmp_path / "holder-runs").exists()
+
+
+def test_a_joined_job_builds_itself_when_the_build_it_waited_for_dies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "lib.so"
+    started = _counting_children(monkeypatch)
+    holder = shim_build.Job(background=True, out=out, make_command=_fake(tmp_path / "holder-runs", seconds=300))
+    joined = shim_build.Job(background=True, out=out, make_command=_fake(tmp_path / "joined-runs", seconds=0.1))
+    assert joined.joined and len(started) == 1
+    _stop(holder)
+    assert joined.wait() == out and len(started) == 2 and (tmp_path / "joined-runs").read_text() == "1"
+    assert not (tmp_path / "holder-runs").exists() and out.read_text() == "lib"
+
+
+def test_a_foreground_request_still_starts_while_a_background_build_holds_the_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``opbridge build`` must not join a build that may be starved: it starts its own child, which waits for the
+    lock or takes it over (build.preempt), and installs the shim once."""
+    out = tmp_path / "lib.so"
+    started = _counting_children(monkeypatch)
+    background = shim_build.Job(background=True, out=out, make_command=_fake(tmp_path / "runs", seconds=1))
+    foreground = shim_build.Job(out=out, make_command=_fake(tmp_path / "runs", seconds=0.1))
+    assert not foreground.joined and len(started) == 2
+    assert foreground.wait() == out and background.wait() == out
+    assert (tmp_path / "runs").read_text() == "1"
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_the_background_build_line_says_opbridge_build_builds_it_now(
+        joined: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One line, whether the program started the build or found one in flight, and it names the way out."""
+    from opbridge.adapters.torch import native
+
+    class Stand:
+        def __init__(self, background: bool = False) -> None:
+            self.joined = joined
+
+        def wait(self) -> Path:
+            raise BuildError("not built in this test")
+
+    monkeypatch.setattr(native, "_BUILDER", None)
+    monkeypatch.setattr(native, "_BUILD_FAILED", False)
+    monkeypatch.setattr(native.build, "Job", Stand)
+    monkeypatch.setattr(native.config, "show_progress", lambda: True)
+    native._start_background()
+    assert native._BUILDER is not None
+    native._BUILDER.thread.join()
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and line.rstrip().endswith("`opbridge build` builds it now"), line
+    assert ("by another process" in line) == joined and ("torch.ops calls run Python kernels" in line)
 
 
 def test_a_failing_compile_raises_with_its_first_errors(tmp_path: Path) -> None:

@@ -179,6 +179,8 @@ OPBRIDGE_EXPORT(thrice_cpu);
 class _FoundJob:
     """Stands in for the shim's compile: "builds" the one this session built."""
 
+    joined = False
+
     def __init__(self, background: bool = False) -> None:
         self.out = native.build.path()
 

@@ -9,14 +9,20 @@ So such a build runs in a process of its own, in a session of its own (a
 Ctrl-C aimed at the program does not reach it), on CPU the program leaves
 idle when it runs in the background (:data:`LOWER_PRIORITY`); it installs its result in the cache itself, and the
 program that started it, while it lives, waits for it on a thread and loads
-the result. A later process finds the result, or waits for the build in
-flight on its lock instead of starting a second one; a foreground build
-takes the lock over from a background build that gets no CPU
+the result. A later process finds the result. While a build is in flight (a
+live process holds its lock: :func:`in_flight`), a background request starts
+no second process, which would only wait on the lock beside a temporary of
+its own: :func:`locked_compile` returns None, and the program waits for that
+build on a thread. It takes the lock without waiting before it starts a
+child, which inherits it: a child that the machine's load keeps from running
+holds it already. A foreground build takes
+the lock over from a background build that gets no CPU
 (:mod:`opbridge.build.preempt`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -26,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opbridge.build import preempt
-from opbridge.build.cache import await_build, build_lock
+from opbridge.build.cache import await_build, build_lock, lock_held
 from opbridge.build.toolchain import missing_compiler
 
 #: How much lower than the program a background build runs (``nice``), where it cannot run idle.
@@ -54,18 +60,20 @@ def _lower(n):
 """
 
 # The child that compiles one library: run by the interpreter in isolated mode, standard library only.
-# argv: niceness, output, temporary output, lock file, the log line for a compiler that is not there,
-# then the compiler command (which writes the temporary output). The lock is taken by preempt.take (whose
-# source runs first): a foreground child stops a starved background holder. Under the lock: nothing to do if
+# argv: niceness, output, temporary output, lock file, the descriptor of that lock file that the program took
+# for it and handed down (-1: none), the log line for a compiler that is not there, then the compiler command
+# (which writes the temporary output). The lock is taken by preempt.take (whose source runs first; on a handed
+# descriptor it holds already, it only records the child as its holder): a foreground child stops a starved
+# background holder. Under the lock: nothing to do if
 # another build installed the output; else compile, install by rename, then write the compiler's
 # log. Exit status 0: the output is installed. Before the rename it records the output's size beside it
 # (installed() below reads it): an output cut short is rebuilt, never loaded.
 _LOCKED_COMPILE = Path(preempt.__file__).read_text() + """\
 import subprocess, sys
 """ + LOWER_PRIORITY + """\
-nice, out, tmp, lock, missing, *cmd = sys.argv[1:]
+nice, out, tmp, lock, held, missing, *cmd = sys.argv[1:]
 _lower(int(nice))
-fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+fd = int(held) if int(held) >= 0 else os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
 take(fd)
 log, code = "", 0
 
@@ -132,12 +140,13 @@ class Child:
     child (or raise in it) before it installs what it built.
     """
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None, pass_fds: Sequence[int] = ()) -> None:
         self.argv = list(argv)
         self._log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                                         stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                         pass_fds=tuple(pass_fds))
         except OSError:
             self._log.close()
             raise
@@ -170,17 +179,63 @@ def python_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
 
-def locked_compile(command: Sequence[str], out: Path, tmp: Path, background: bool) -> Child:
+def in_flight(out: Path) -> bool:
+    """Whether a build of *out* is in flight: a live process holds its build lock now. Never waits.
+
+    The lock is an ``flock``, which the kernel drops when its holder exits,
+    however it exits: the lock file of a build that was killed counts for
+    nothing, and the next request builds.
+    """
+    return lock_held(build_lock(out))
+
+
+def _claim(lock: Path) -> int | None:
+    """*lock* taken without waiting, as an open descriptor (for a child to inherit); None where another
+    process holds it."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def locked_compile(command: Sequence[str], out: Path, tmp: Path, background: bool) -> Child | None:
     """Compile into *tmp* with *command* and rename it to *out*, under its build lock, in a detached child.
 
     The child compiles nothing when *out* exists once it holds the lock (a
     concurrent build installed it). Its exit status is 0 once *out* is in
     place; otherwise its output is the compiler's log (for a compiler that is not there, the
     message of :func:`~opbridge.build.toolchain.missing_compiler`).
+
+    A *background* build starts only where no build of *out* is in flight:
+    this takes the lock without waiting and hands it to the child (which holds
+    it from its start, however long the machine's load keeps it from running),
+    and returns None, starting nothing, where another process holds it. A
+    foreground build always starts: its child waits for the lock, or takes it
+    from a starved background build (:mod:`opbridge.build.preempt`).
     """
+    held = _claim(build_lock(out)) if background else -1
+    if held is None:
+        return None
     argv = [sys.executable, "-I", "-c", _LOCKED_COMPILE, str(niceness(background)), str(out), str(tmp),
-            str(build_lock(out)), str(missing_compiler(command[0])), *command]
-    return Child(argv)
+            str(build_lock(out)), str(held), str(missing_compiler(command[0])), *command]
+    try:
+        child = Child(argv, pass_fds=(held,) if held >= 0 else ())
+        if held >= 0:  # its holder from now on, for a foreground build that finds it starved (preempt.holder)
+            try:
+                os.ftruncate(held, 0)
+                os.pwrite(held, f"{child.proc.pid}\n".encode(), 0)
+            except OSError:  # the child records itself once it runs
+                pass
+    finally:
+        if held >= 0:
+            os.close(held)  # the child's copy keeps the lock
+    return child
 
 
 def awaited(out: Path) -> bool:

@@ -26,8 +26,10 @@ kernel is loaded for torch (:func:`kernel_loaded`, from
 line on stderr says so; about 12 s of one core, so a user's first call
 does not wait for it; the compiler runs in a detached child at a lower
 priority, which finishes and installs the shim even if the program exits
-first, and a process started meanwhile waits for that build rather than
-compiling again: :mod:`opbridge.build.detached`). At the
+first: :mod:`opbridge.build.detached`). A process started meanwhile starts
+no second build: it keeps its Python kernels and waits for that one on a
+thread (its line on stderr says so; both lines add that ``opbridge build``
+builds it now, taking over a build that gets no CPU). At the
 next kernel load or op registration after it is done, every op registered so
 far gets its native kernels registered over its Python ones (torch keeps
 those listed beneath, so one that is running stays alive); every later
@@ -197,10 +199,12 @@ def describable(op: OpDef) -> bool:
 
 
 class _Background:
-    """The shim's build, running beside the program at a lower priority; it finishes if the program exits first."""
+    """The shim's build, running beside the program at a lower priority; it finishes if the program exits first.
+    Where another process's build is in flight, this waits for that one on its thread instead."""
 
     def __init__(self) -> None:
-        self.job = build.Job(background=True)  # the compiler starts here (OSError: no cache or no process)
+        # the compiler starts here, unless a build is in flight (job.joined); OSError: no cache or no process
+        self.job = build.Job(background=True)
         self.result: Path | None = None
         self.error: Exception | None = None
         self.thread = threading.Thread(target=self._wait, name="opbridge-torch-native-build", daemon=True)
@@ -267,7 +271,7 @@ def _failed(error: Exception) -> None:
 
 
 def _start_background() -> None:
-    """Start building the shim beside the program (once), saying so in one line."""
+    """Start building the shim beside the program (once), or join the build in flight, saying so in one line."""
     global _BUILDER
     if _BUILDER is not None or _BUILD_FAILED:
         return
@@ -277,9 +281,16 @@ def _start_background() -> None:
         _failed(e)
         return
     if config.show_progress():
-        print("opbridge: building the torch native dispatcher shim in the background (once per torch "
-              "version; it finishes even if this program exits first); until it is ready, torch.ops calls "
-              "run Python kernels", file=sys.stderr)
+        print(_BUILDING_JOINED if _BUILDER.job.joined else _BUILDING, file=sys.stderr)
+
+
+#: The line a program prints when it starts the shim's background build, and when it finds one in flight.
+_BUILDING = ("opbridge: building the torch native dispatcher shim in the background (once per torch version; it "
+             "finishes even if this program exits first); until it is ready, torch.ops calls run Python kernels; "
+             "`opbridge build` builds it now")
+_BUILDING_JOINED = ("opbridge: the torch native dispatcher shim is being built in the background by another process "
+                    "(once per torch version); until it is ready, torch.ops calls run Python kernels; "
+                    "`opbridge build` builds it now")
 
 
 def _load(path: Path) -> Shim | None:

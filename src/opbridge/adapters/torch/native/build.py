@@ -7,7 +7,8 @@ suffix of the running interpreter, tvm-ffi's version, the compiler named by
 ``OPBRIDGE_CXX``/``CXX`` and the source text. Computing the key reads the
 shim's source files and runs no process, so looking for a built shim costs nothing
 noticeable; building it (12 s of one core on a 2-core machine) happens only where
-a :class:`Job` starts, in a detached child that finishes even if this process exits.
+a :class:`Job` starts, in a detached child that finishes even if this process exits
+(a background job starts none while another build of the shim is in flight).
 """
 
 from __future__ import annotations
@@ -108,9 +109,13 @@ class Job:
     the shim's lock: a reader never sees half a library, a concurrent build
     waits for this one instead of compiling again, and a program that exits
     mid-build leaves the child to finish, so the next process finds the shim.
-    With *background*, the child runs at a lower priority. A compile killed
-    mid-way leaves its temporary: the next job removes it once no compile holds
-    the lock (:func:`opbridge.build.housekeeping.remove_shim_temporaries`).
+    With *background*, the child runs at a lower priority, and starts only
+    where no build of the shim is in flight: where one is (another program's,
+    still compiling), the job starts nothing (:attr:`joined`) and :meth:`wait`
+    waits for that build, compiling itself only if that one installs nothing
+    (it failed, or was killed: its lock went with it). A compile killed mid-way
+    leaves its temporary: the next job removes it once no compile holds the
+    lock (:func:`opbridge.build.housekeeping.remove_shim_temporaries`).
     """
 
     def __init__(self, background: bool = False, out: Path | None = None,
@@ -118,14 +123,32 @@ class Job:
         cache_root()  # the cache is private before anything is compiled into it
         self.out = path() if out is None else out
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.background = background
+        self._make_command = command if make_command is None else make_command
+        #: the compiler's output before it is renamed into place, and its command (none while joined)
+        self.tmp: Path | None = None
+        self.command: list[str] = []
+        self.child: detached.Child | None = None
         housekeeping.remove_shim_temporaries(self.out.parent)
+        #: whether another build of the shim was in flight: this job started nothing and waits for that one
+        self.joined = not self._start()
+
+    def _start(self) -> bool:
+        """Start the compiler, unless (in the background) a build of the shim is in flight; whether it started."""
+        if self.background and detached.in_flight(self.out):  # before making a temporary it would not use
+            return False
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=self.out.parent)
         os.close(fd)
         self.tmp = Path(tmp)
-        self.command = (command if make_command is None else make_command)(self.tmp)
-        if config.verbose():
-            print(" ".join(self.command), file=sys.stderr)
-        self.child = detached.locked_compile(self.command, self.out, self.tmp, background)
+        try:
+            self.command = self._make_command(self.tmp)
+            if config.verbose():
+                print(" ".join(self.command), file=sys.stderr)
+            self.child = detached.locked_compile(self.command, self.out, self.tmp, self.background)
+        finally:
+            if self.child is None:  # a build that took the lock since in_flight looked, or an error
+                self.tmp.unlink(missing_ok=True)
+        return self.child is not None
 
     def wait(self) -> Path:
         """The built shim's path, once the compiler (this job's or a concurrent one) is done.
@@ -135,6 +158,10 @@ class Job:
         BuildError
             With the command and the compiler's first errors, when compiling fails.
         """
+        while self.child is None:  # joined a build in flight: its result, else (none installed) this job's own
+            if detached.awaited(self.out):
+                return self.out
+            self._start()
         code, log = self.child.wait()
         # stopped by a foreground build that took its lock (build.preempt)? That one installs the shim
         if not (detached.installed(self.out) or (code != 0 and detached.awaited(self.out))):
@@ -145,9 +172,11 @@ class Job:
         return self.out
 
     def cancel(self) -> None:
-        """Stop the compiler if it still runs and remove what it wrote."""
-        self.child.stop()
-        self.tmp.unlink(missing_ok=True)
+        """Stop the compiler if it still runs and remove what it wrote (a build this job joined runs on)."""
+        if self.child is not None:
+            self.child.stop()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
 
 
 def build() -> Path:
