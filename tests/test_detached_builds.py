@@ -265,6 +265,53 @@ def test_a_background_entry_loads_what_its_child_built(tmp_path: Path, monkeypat
     assert entry.lib == tmp_path / "lib.so" and not entry.failed
 
 
+@pytest.mark.parametrize("installed", [True, False], ids=["that build installs it", "that build fails"])
+@pytest.mark.filterwarnings("ignore:opbridge. nothing. a probe could not be built:RuntimeWarning")
+def test_a_c_entry_build_in_flight_elsewhere_is_waited_for_not_started_again(
+        installed: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """While another process holds the entry's build lock, a program starts no builder of its own: it waits for
+    that build and loads its result; only where that build installed nothing does it build itself."""
+    import fcntl
+    import threading
+
+    from opbridge import ops
+    from opbridge.build import compile as bcompile
+    from opbridge.build import jit
+    from opbridge.call import c_entry
+
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("OPBRIDGE_NO_PROGRESS", raising=False)
+    src = tmp_path / "k.cc"
+    src.write_text("int k() { return 1; }\n")
+    spec = bcompile.BuildSpec(name="probe_entry", sources=(src,))
+    assert not jit.in_flight(spec)
+    lock = jit._lock(jit._entry_dir(spec))
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another build's lock (flock is per open file: this process counts)
+    assert jit.in_flight(spec)
+    entry = c_entry.CEntry("a probe", "probe_join", spec=lambda: spec, load=lambda p: p, enabled=lambda: True,
+                           fallback="nothing")
+    started: list[int] = []
+
+    def start_child() -> Any:
+        started.append(1)
+        raise OSError("not started in this test")
+
+    monkeypatch.setattr(entry, "start_child", start_child)
+    monkeypatch.setattr(entry, "awaited", lambda: tmp_path / "lib.so" if installed else None)
+    ready = threading.Event()
+    entry.when_ready(ops.add.opdef, lambda lib: ready.set())
+    assert "a probe is being built in the background by another process" in capsys.readouterr().err
+    os.close(fd)
+    assert entry.builder is not None
+    entry.builder.join(10)
+    if installed:  # loaded what the other build installed, started nothing
+        assert started == [] and ready.is_set() and entry.lib == tmp_path / "lib.so"
+    else:  # that build installed nothing: this program started its own (here: failing to start)
+        assert started == [1] and entry.failed and not ready.is_set()
+
+
 def test_numpy_entry_built_in_the_background_lands_after_the_program_exits(tmp_path: Path) -> None:
     """The real thing: a program that asks for NumPy's C entry and exits at once still leaves it cached."""
     cache = tmp_path / "cache"

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from opbridge.build import housekeeping
-from opbridge.build.cache import await_build, cache_root, file_lock
+from opbridge.build.cache import await_build, cache_root, file_lock, lock_held
 from opbridge.build.compile import BuildSpec, fingerprint
 from opbridge.build.incremental import build_module
 
@@ -66,6 +66,14 @@ def cached_artifact(spec: BuildSpec) -> Path | None:
 
 def _lock(entry: Path) -> Path:
     return entry.parent / "locks" / (entry.name + ".lock")
+
+
+def in_flight(spec: BuildSpec) -> bool:
+    """Whether a build of *spec* is in flight: a live process holds its build lock now. Never waits."""
+    try:
+        return lock_held(_lock(_entry_dir(spec)))
+    except OSError:
+        return False
 
 
 def awaited_artifact(spec: BuildSpec) -> Path | None:

@@ -248,6 +248,24 @@ class CEntry(Generic[L]):
             if self.lib is None and not self.failed:
                 self._finish(path, error)
 
+    def _join(self) -> None:
+        """Wait for another process's build of the library (it holds the build's lock), then load it; start
+        a build of this process's own only where that one installed nothing (it failed, or was killed)."""
+        path = self.awaited()
+        if path is None:
+            try:
+                child = self.start_child()
+            except OSError as e:
+                with self.lock:
+                    if self.lib is None and not self.failed:
+                        self._finish(None, e)
+                return
+            self._background(child)
+            return
+        with self.lock:
+            if self.lib is None and not self.failed:
+                self._finish(path, None)
+
     def when_ready(self, op: OpDef, then: Callable[[L], None]) -> None:
         """Run ``then(library)`` once the entry is loaded: now, or from the background build it starts.
 
@@ -278,18 +296,31 @@ class CEntry(Generic[L]):
             self.waiting.append(then)
             if prebuilt or self.builder is not None:
                 return
-            try:
-                child = self.start_child()
-            except OSError as e:
-                self._finish(None, e)
-                return
-            self.builder = threading.Thread(target=self._background, args=(child,),
+            from opbridge.build import jit
+
+            # Another process's build in flight: wait for it rather than start a builder that would only
+            # wait on its lock (a new user's short runs in a row each left one).
+            joined = jit.in_flight(self.spec())
+            if joined:
+                target: Callable[..., None] = self._join
+                args: tuple[Any, ...] = ()
+            else:
+                try:
+                    args = (self.start_child(),)
+                except OSError as e:
+                    self._finish(None, e)
+                    return
+                target = self._background
+            self.builder = threading.Thread(target=target, args=args,
                                             name=f"opbridge-{self.module.rpartition('.')[2]}-entry-build",
                                             daemon=True)
             self.builder.start()
         if config.show_progress():
-            print(f"opbridge: building {self.what} in the background (once per {self.per}; it finishes "
-                  f"even if this program exits first); until it is ready, {self.fallback}", file=sys.stderr)
+            doing = (f"{self.what} is being built in the background by another process (once per {self.per})"
+                     if joined else f"building {self.what} in the background (once per {self.per}; it finishes "
+                                    f"even if this program exits first)")
+            print(f"opbridge: {doing}; until it is ready, {self.fallback}; `opbridge build` builds it now",
+                  file=sys.stderr)
 
 
 def module_entry(module: str) -> CEntry[Any]:
