@@ -23,7 +23,7 @@ def _readme_blocks() -> dict[str, str]:
     return blocks
 
 
-@pytest.mark.parametrize("name", ["scale.cc", "myops.py"])
+@pytest.mark.parametrize("name", ["scale.cc", "myops.py", "other_frameworks.py"])
 def test_readme_quickstart_is_the_example_file(name: str) -> None:
     assert _readme_blocks()[name] == (QUICKSTART / name).read_text()
 
@@ -41,3 +41,13 @@ def test_quickstart_runs(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["tensor([2., 2., 2.])"] * 2
+
+
+def test_quickstart_in_numpy_and_jax_runs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # myops.py's own lines use it
+    pytest.importorskip("jax")
+    env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, "other_frameworks.py"], cwd=QUICKSTART, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["tensor([2., 2., 2.])"] * 2 + ["[2. 2. 2.]"] * 3
