@@ -9,8 +9,8 @@ demo build them up front instead, so that a busy program, or the demo's timings,
 from __future__ import annotations
 
 import importlib.util
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,14 +53,36 @@ class Building:
             from opbridge import _tvm
 
             _tvm.tvm_ffi()  # imported here, once: its import keeps torch out while it runs (_tvm.tvm_ffi)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opbridge-natives")
-        self._jobs = [self._pool.submit(_build_each, group) for group in (shim, entries) if group]
-        self._pool.shutdown(wait=False)
+        self._jobs = [_Job(group) for group in (shim, entries) if group]
 
     def results(self) -> list[Built]:
         """Every entry's outcome, in :data:`SERVES`' order, once all are built (or have failed)."""
-        done = {b.label: b for job in self._jobs for b in job.result()}
+        done: dict[str, Built] = {}
+        for job in self._jobs:
+            job.join()
+            if job.error is not None:
+                raise job.error
+            done.update((b.label, b) for b in job.built)
         return [done[label] for label in self.labels]
+
+
+class _Job(threading.Thread):
+    """Builds *labels* one after the other. A daemon: Ctrl-C ends the program at once, not after the shim's
+    compile (a concurrent.futures pool joins its threads at exit); what a build's detached child was
+    compiling still lands in the cache (:mod:`opbridge.build.detached`)."""
+
+    def __init__(self, labels: list[str]) -> None:
+        super().__init__(name="opbridge-natives", daemon=True)
+        self.labels = labels
+        self.built: list[Built] = []
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.built = [_build(label) for label in self.labels]
+        except BaseException as e:  # handed to results()
+            self.error = e
 
 
 def start(frameworks: tuple[str, ...] | None = None) -> Building:
@@ -98,10 +120,6 @@ def _entry(label: str) -> CEntry[Any]:
     from opbridge.call import c_entry
 
     return c_entry.module_entry(_C_ENTRIES[label])
-
-
-def _build_each(labels: list[str]) -> list[Built]:
-    return [_build(label) for label in labels]
 
 
 def _build(label: str) -> Built:
