@@ -314,6 +314,27 @@ def test_native_entries_build_beside_the_caller(monkeypatch: pytest.MonkeyPatch)
     assert order[-1] == "torch native kernels"
 
 
+def test_ctrl_c_in_opbridge_build_exits_at_once(tmp_path: Path) -> None:
+    """The native entries build on daemon threads: an interrupted `opbridge build` does not wait for the shim's
+    compile (about 30 s here) to exit, and says only that it was interrupted."""
+    import signal
+    import time
+
+    env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1"}
+    # In a session of its own, as a terminal's foreground job: Ctrl-C reaches the program and its compilers
+    # (not the shim's detached builder, which finishes in the background by design).
+    proc = subprocess.Popen([sys.executable, "-m", "opbridge", "build"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(4)  # compiling by now: the library, and the native entries beside it
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    waited = time.monotonic() - sent
+    assert proc.returncode == 130, (out, err)
+    assert err.strip() == "opbridge: interrupted", err
+    assert waited < 15, f"exited {waited:.1f} s after SIGINT"  # a bound that catches a wait for the shim only
+
+
 def test_nothing_is_compiled_at_import(tmp_path: Path) -> None:
     env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
     code = "import opbridge, opbridge.ops, sys; print(opbridge.ops.add.schema); print('torch' in sys.modules)"
