@@ -289,29 +289,29 @@ def test_builds_at_once_share_one_progress_line(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_native_entries_build_beside_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    """natives.start builds the shim and the C entries (one after the other) in threads, while the caller
-    goes on; results() waits, in SERVES' order."""
+    """natives.start builds the shim on a daemon thread while the caller goes on; results() builds the C entries
+    in the caller's thread, one after the other, then waits for the shim, and answers in SERVES' order."""
     import threading
     import time
 
     from opbridge.aot import natives
 
     release = threading.Event()
-    order: list[str] = []
+    order: list[tuple[str, bool]] = []
 
     def build(label: str) -> natives.Built:
         if label == "torch native kernels":
             release.wait(10)
-        order.append(label)
+        order.append((label, threading.current_thread() is threading.main_thread()))
         return natives.Built(label, Path(label), 0.0)
 
     monkeypatch.setattr(natives, "_build", build)
     building = natives.Building(list(natives.SERVES))
     time.sleep(0.2)
-    assert order == ["NumPy C entry", "tensor C entry"]  # the shim's thread still waits
-    release.set()
+    assert order == []  # the shim's thread waits; the C entries wait for results()
+    threading.Timer(0.3, release.set).start()
     assert [b.label for b in building.results()] == list(natives.SERVES)
-    assert order[-1] == "torch native kernels"
+    assert order == [("NumPy C entry", True), ("tensor C entry", True), ("torch native kernels", False)]
 
 
 def test_ctrl_c_in_opbridge_build_exits_at_once(tmp_path: Path) -> None:
@@ -325,7 +325,10 @@ def test_ctrl_c_in_opbridge_build_exits_at_once(tmp_path: Path) -> None:
     # (not the shim's detached builder, which finishes in the background by design).
     proc = subprocess.Popen([sys.executable, "-m", "opbridge", "build"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(4)  # compiling by now: the library, and the native entries beside it
+    cache, end = tmp_path / "cache", time.monotonic() + 120
+    while not (cache / "objects" / "gen").exists() and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.1)  # until the library's build writes its units (a fresh clone's imports take a while)
+    time.sleep(1)  # compiling by now: the library, and the shim beside it
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)

@@ -36,40 +36,41 @@ class Built:
 
 
 class Building:
-    """Native entries being built in threads of this process (:func:`start`); :meth:`results` waits.
+    """Native entries being built (:func:`start`): torch's shim on a thread of this process from the start,
+    the C entries in :meth:`results`, which then waits for the shim.
 
-    Torch's shim builds in one thread and the C entries in another, one after the other (the second
-    then takes the runtime unit they share from the object store: :attr:`BuildSpec.flags_for_sources_only`).
-    Each is one compiler process at a time, so that the caller's own build, started after, has the other
-    cores: on this project's 2-core machine ``opbridge build`` into an empty cache took 63 s with
-    everything in sequence, most of it the shim's 28 s compile beside an idle core.
+    The shim is one long compile (28 s here), run by a detached child (:mod:`opbridge.build.detached`): the
+    caller's own build, between :func:`start` and :meth:`results`, has the other cores meanwhile (on this
+    project's 2-core machine ``opbridge build`` into an empty cache took 63 s with everything in sequence).
+    The thread is a daemon, and only waits for that child: Ctrl-C ends the program at once, and the shim
+    still lands in the cache. The C entries build in the caller's thread, one after the other (the second
+    then takes the runtime unit they share from the object store: :attr:`BuildSpec.flags_for_sources_only`),
+    so that Ctrl-C stops their compilers too; on a thread of their own, the exit of an interrupted program
+    waited for their builds (:mod:`concurrent.futures`' compile threads are not daemons).
     """
 
     def __init__(self, labels: list[str]) -> None:
         self.labels = labels
         shim = [label for label in labels if label not in _C_ENTRIES]
-        entries = [label for label in labels if label in _C_ENTRIES]
         if labels:
             from opbridge import _tvm
 
             _tvm.tvm_ffi()  # imported here, once: its import keeps torch out while it runs (_tvm.tvm_ffi)
-        self._jobs = [_Job(group) for group in (shim, entries) if group]
+        self._shim = _Job(shim) if shim else None
 
     def results(self) -> list[Built]:
-        """Every entry's outcome, in :data:`SERVES`' order, once all are built (or have failed)."""
-        done: dict[str, Built] = {}
-        for job in self._jobs:
-            job.join()
-            if job.error is not None:
-                raise job.error
-            done.update((b.label, b) for b in job.built)
+        """Build the C entries, then wait for the shim; every entry's outcome, in :data:`SERVES`' order."""
+        done = {label: _build(label) for label in self.labels if label in _C_ENTRIES}
+        if self._shim is not None:
+            self._shim.join()
+            if self._shim.error is not None:
+                raise self._shim.error
+            done.update((b.label, b) for b in self._shim.built)
         return [done[label] for label in self.labels]
 
 
 class _Job(threading.Thread):
-    """Builds *labels* one after the other. A daemon: Ctrl-C ends the program at once, not after the shim's
-    compile (a concurrent.futures pool joins its threads at exit); what a build's detached child was
-    compiling still lands in the cache (:mod:`opbridge.build.detached`)."""
+    """Builds *labels* one after the other, on a daemon thread."""
 
     def __init__(self, labels: list[str]) -> None:
         super().__init__(name="opbridge-natives", daemon=True)
