@@ -288,56 +288,6 @@ def test_builds_at_once_share_one_progress_line(monkeypatch: pytest.MonkeyPatch)
     assert not Progress._shown
 
 
-def test_native_entries_build_beside_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    """natives.start builds the shim on a daemon thread while the caller goes on; results() builds the C entries
-    in the caller's thread, one after the other, then waits for the shim, and answers in SERVES' order."""
-    import threading
-    import time
-
-    from opbridge.aot import natives
-
-    release = threading.Event()
-    order: list[tuple[str, bool]] = []
-
-    def build(label: str) -> natives.Built:
-        if label == "torch native kernels":
-            release.wait(10)
-        order.append((label, threading.current_thread() is threading.main_thread()))
-        return natives.Built(label, Path(label), 0.0)
-
-    monkeypatch.setattr(natives, "_build", build)
-    building = natives.Building(list(natives.SERVES))
-    time.sleep(0.2)
-    assert order == []  # the shim's thread waits; the C entries wait for results()
-    threading.Timer(0.3, release.set).start()
-    assert [b.label for b in building.results()] == list(natives.SERVES)
-    assert order == [("NumPy C entry", True), ("tensor C entry", True), ("torch native kernels", False)]
-
-
-def test_ctrl_c_in_opbridge_build_exits_at_once(tmp_path: Path) -> None:
-    """The native entries build on daemon threads: an interrupted `opbridge build` does not wait for the shim's
-    compile (about 30 s here) to exit, and says only that it was interrupted."""
-    import signal
-    import time
-
-    env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1"}
-    # In a session of its own, as a terminal's foreground job: Ctrl-C reaches the program and its compilers
-    # (not the shim's detached builder, which finishes in the background by design).
-    proc = subprocess.Popen([sys.executable, "-m", "opbridge", "build"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    cache, end = tmp_path / "cache", time.monotonic() + 120
-    while not (cache / "objects" / "gen").exists() and proc.poll() is None and time.monotonic() < end:
-        time.sleep(0.1)  # until the library's build writes its units (a fresh clone's imports take a while)
-    time.sleep(1)  # compiling by now: the library, and the shim beside it
-    sent = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    waited = time.monotonic() - sent
-    assert proc.returncode == 130, (out, err)
-    assert err.strip() == "opbridge: interrupted", err
-    assert waited < 15, f"exited {waited:.1f} s after SIGINT"  # a bound that catches a wait for the shim only
-
-
 def test_nothing_is_compiled_at_import(tmp_path: Path) -> None:
     env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
     code = "import opbridge, opbridge.ops, sys; print(opbridge.ops.add.schema); print('torch' in sys.modules)"
