@@ -30,8 +30,8 @@ def first_errors(log: str, limit: int = 5) -> list[str]:
 class Progress:
     """Prints one updating status line once a build has run for a second.
 
-    Builds running at once in one process (``opbridge build`` builds the native entries beside the
-    libraries) share the line on a terminal: the one shown longest draws every shown build's status.
+    Builds running at once in one process (on threads of its own) share the line on a terminal: the one
+    shown longest draws every shown build's status.
     """
 
     _lock = threading.Lock()

@@ -209,7 +209,7 @@ class CEntry(Generic[L]):
         if self.lib is None:
             self.failed = True
             self.waiting.clear()
-            if not threading.main_thread().is_alive():  # the program is exiting (Ctrl-C in opbridge build)
+            if not threading.main_thread().is_alive():  # the program is exiting: its build died with it
                 return
             warnings.warn(f"opbridge: {self.fallback}: {self.what} could not be built or loaded ({error})",
                           RuntimeWarning, stacklevel=4)
