@@ -280,6 +280,22 @@ def test_memory_measure_sees_a_temporary(reset: bool) -> None:
     assert big["file_paged_in_bytes"] >= 0
 
 
+def test_memory_verdict() -> None:
+    """A temporary the size of the input fails a forward op; growth below the noise floor does not."""
+    from opbridge.bench.kernels import memory
+
+    def row(beyond: int, largest: int) -> dict[str, Any]:
+        return {"beyond_io_bytes": beyond, "largest_input_bytes": largest,
+                "beyond_io_vs_input": round(beyond / largest, 3)}
+
+    mib, floor = 1 << 20, memory._NOISE_BYTES
+    assert not memory.verdict([row(0, 4 * mib), row(floor + 4 * mib, 4 * mib)], backward=False)["ok"]
+    assert memory.verdict([row(floor + 4 * mib, 4 * mib)], backward=True)["ok"]
+    assert not memory.verdict([row(floor + 8 * mib, 4 * mib)], backward=True)["ok"]
+    small = memory.verdict([row(52 << 10, 32 << 10)], backward=False)  # CI's 1.6x of a 32 KiB input
+    assert small["ok"] and small["worst_beyond_io_vs_input"] == 1.625 and small["input_sized_temporaries"] == 0
+
+
 def test_files(result: dict[str, Any]) -> None:
     files = result["files"]
     doc = json.loads(Path(files["json"]).read_text())

@@ -24,6 +24,11 @@ from opbridge.bench.kernels.options import Plan, Settings, case_dtypes, is_backw
 
 #: A temporary at least this fraction of the largest input counts as "input-sized".
 _INPUT_SIZED = 0.5
+#: Growth this small is below what one call's peak RSS resolves: the interpreter's and the allocator's
+#: own pages (a frame, a small arena, a stack page) move it by tens of KiB from run to run. CI saw 52 KiB
+#: beyond an op's 32 KiB largest input (1.6x) on a call this machine measures at 0 bytes, so the verdict
+#: counts only the growth beyond this floor; the rows keep what was measured.
+_NOISE_BYTES = 256 * 1024
 
 _MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TOP_PAD_": "0", "MALLOC_TRIM_THRESHOLD_": "0"}
 
@@ -153,6 +158,21 @@ def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def verdict(rows: list[dict[str, Any]], *, backward: bool) -> dict[str, Any]:
+    """Whether opbridge's rows of one op keep within the temporaries its kind may need.
+
+    A forward kernel may need none the size of its largest input, a backward one at most one; growth
+    below the noise floor counts as none.
+    """
+    worst = max((r["beyond_io_vs_input"] for r in rows), default=0.0)
+    beyond_noise = max((max(0, r["beyond_io_bytes"] - _NOISE_BYTES) / r["largest_input_bytes"] for r in rows),
+                       default=0.0)
+    allowed = 1 if backward else 0
+    return {"kind": "backward" if backward else "forward", "worst_beyond_io_vs_input": worst,
+            "worst_beyond_noise_vs_input": round(beyond_noise, 3), "input_sized_temporaries": round(beyond_noise),
+            "ok": beyond_noise < allowed + _INPUT_SIZED}
+
+
 def measure_memory(p: Plan, s: Settings) -> dict[str, Any]:
     """Peak memory beyond inputs and outputs of one call of each candidate (see the module docstring)."""
     items = [{"op": op.name, "dtype": d, "size": list(s.memory_size)} for op in p.ops
@@ -172,20 +192,14 @@ def measure_memory(p: Plan, s: Settings) -> dict[str, Any]:
     verdicts = {}
     for op in p.ops:
         ours = [r for r in result["rows"] if r["op"] == op.name and r["candidate"] in (OURS_OUT, OURS_NEW)]
-        worst = max((r["beyond_io_vs_input"] for r in ours), default=0.0)
-        backward = is_backward(op.name)
-        allowed = 1 if backward else 0  # input-sized temporaries a kernel may need
-        verdicts[op.name] = {
-            "kind": "backward" if backward else "forward", "worst_beyond_io_vs_input": worst,
-            "input_sized_temporaries": round(worst),
-            "ok": worst < allowed + _INPUT_SIZED,
-        }
+        verdicts[op.name] = verdict(ours, backward=is_backward(op.name))
     return {
         "method": (f"{method}: child process with {', '.join(f'{k}={v}' for k, v in _MEMORY_ENV.items())}; "
                    "peak RSS (VmHWM) of one call minus RSS before it, less the call's new outputs and "
                    "the file-backed pages it read in (RssFile growth); "
                    "tracemalloc peak beside it"),
-        "resolution": "4 KiB pages plus interpreter noise (a few KiB)" if result["reset"] else
+        "noise_floor_bytes": _NOISE_BYTES,
+        "resolution": "4 KiB pages plus interpreter noise (tens of KiB)" if result["reset"] else
                       "see resolution_bytes per row (earlier peak above the RSS before the call)",
         "size": list(s.memory_size),
         "torch_compile": "not measured (it would recompile every graph in the child process)",
