@@ -534,5 +534,12 @@ def test_builtin_kernels_refuse_every_undeclared_dtype(name: str) -> None:
                     v = v.to(getattr(torch, dtype))
             args.append(v)
         for _ in range(2):  # the first call resolves the adapter, the second takes the fast path
-            with pytest.raises(TypeError, match=rf"{name}: {lead} must have dtype .* \(the dtypes {name} declares\)"):
+            with pytest.raises(TypeError, match=rf"{name}: {lead} must have dtype .* \(the dtypes {name} declares\); "
+                                                rf"convert it first, e\.g\. {lead}\.to\(torch\.{op.dtypes[0]}\)$"):
                 op.call(*args)
+        if "float16" not in op.dtypes:  # NumPy's hint: astype, with the name NumPy takes
+            with pytest.raises(TypeError, match=rf"convert it first, e\.g\. {lead}\.astype\(\"{op.dtypes[0]}\"\)$"):
+                op.call(*[np.array(case[a.name], dtype=np.float16 if i == op.dtype_arg else None, copy=True)
+                          if a.type.is_tensor and case.get(a.name) is not None
+                          else case.get(a.name, a.default if a.has_default else None)
+                          for i, a in enumerate(op.schema.arguments)])

@@ -160,14 +160,21 @@ def run_backward(op: OpDef, grads: Sequence[Any], full: Sequence[Any]) -> list[A
     return res
 
 
-def dtype_error(op: OpDef, arg: str, got: str) -> TypeError:
-    """The error every adapter raises for a dtype the op does not declare."""
+def dtype_error(op: OpDef, arg: str, got: str, convert: str = 'astype("{}")') -> TypeError:
+    """The error every adapter raises for a dtype the op does not declare.
+
+    *convert* is the framework's conversion, a method call with ``{}`` for the dtype's name: NumPy,
+    JAX, Paddle and MindSpore take ``x.astype("float32")``, torch ``x.to(torch.float32)``.
+    """
     names = list(op.dtypes)
     listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    hint = f"; convert it first, e.g. {arg}.{convert.format(names[0])}"
     if op.dtypes_defaulted:
         return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (opbridge's default dtypes: "
-                         f"{op.name} declares none; name its kernels' dtypes with Library.op(..., dtypes=...))")
-    return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (the dtypes {op.name} declares)")
+                         f"{op.name} declares none; name its kernels' dtypes with Library.op(..., dtypes=...))"
+                         + hint)
+    return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (the dtypes {op.name} declares)"
+                     + hint)
 
 
 def scalar_guards(op: OpDef, names: Sequence[str]) -> list[str]:
@@ -222,15 +229,16 @@ def scalar_rules(op: OpDef) -> list[tuple[int, bool, bool]]:
             if not a.type.is_tensor and not a.type.is_list and a.type.base in ("int", "float", "bool")]
 
 
-def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any], str]) -> None:
-    """Raise :func:`dtype_error` unless ``op.dtype_arg``'s dtype is one *op* declares.
+def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any], str],
+                     convert: str = 'astype("{}")') -> None:
+    """Raise :func:`dtype_error` (with *convert*) unless ``op.dtype_arg``'s dtype is one *op* declares.
 
     The kernel dispatches on that argument's dtype and checks the others
     against it.
     """
     got = dtype_name(args[op.dtype_arg])
     if got not in op.dtypes:
-        raise dtype_error(op, op.schema.arguments[op.dtype_arg].name, got)
+        raise dtype_error(op, op.schema.arguments[op.dtype_arg].name, got, convert)
 
 
 def check_outs(op: OpDef, args: Sequence[Any], outs: Sequence[Any], dtype_name: Callable[[Any], str]) -> None:

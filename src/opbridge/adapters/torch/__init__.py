@@ -83,7 +83,7 @@ class TorchAdapter:
             for o, r in zip(outs, results if isinstance(results, tuple) else (results,)):
                 o.copy_(r)
             return core.pack_results(op, args, outs)
-        core.check_lead_dtype(op, args, calls.dtype_name)
+        core.check_lead_dtype(op, args, calls.dtype_name, calls.CONVERT)
         core.check_outs(op, args, outs, calls.dtype_name)
         calls.check_devices(op, args, outs)
         overlap.make_alias_check(op, calls.span, exact=calls.EXACT)(args)

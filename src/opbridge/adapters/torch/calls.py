@@ -162,12 +162,16 @@ def check_devices(op: OpDef, args: Sequence[Any], outs: Sequence[Any] = ()) -> N
                              f"all tensors of one call (out= included) must be on one device")
 
 
+#: How a torch tensor changes dtype, for :func:`opbridge.call.core.dtype_error`'s hint.
+CONVERT = "to(torch.{})"
+
+
 def dtype_checker(op: OpDef) -> Callable[[torch.Tensor], None]:
     """A function raising :func:`opbridge.call.core.dtype_error` for the dtype argument *t*."""
     name = op.schema.arguments[op.dtype_arg].name
 
     def fail(t: torch.Tensor) -> None:
-        raise core.dtype_error(op, name, dtype_name(t))
+        raise core.dtype_error(op, name, dtype_name(t), CONVERT)
 
     return fail
 
