@@ -288,6 +288,124 @@ def test_builds_at_once_share_one_progress_line(monkeypatch: pytest.MonkeyPatch)
     assert not Progress._shown
 
 
+def test_native_entries_build_beside_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """natives.start builds the shim on a daemon thread while the caller goes on; results() builds the C entries
+    in the caller's thread, one after the other, then waits for the shim, and answers in SERVES' order."""
+    import threading
+    import time
+
+    from opbridge.aot import natives
+
+    release = threading.Event()
+    order: list[tuple[str, bool]] = []
+
+    def build(label: str) -> natives.Built:
+        if label == "torch native kernels":
+            release.wait(10)
+        order.append((label, threading.current_thread() is threading.main_thread()))
+        return natives.Built(label, Path(label), 0.0)
+
+    monkeypatch.setattr(natives, "_build", build)
+    building = natives.Building(list(natives.SERVES))
+    time.sleep(0.2)
+    assert order == []  # the shim's thread waits; the C entries wait for results()
+    threading.Timer(0.3, release.set).start()
+    assert [b.label for b in building.results()] == list(natives.SERVES)
+    assert order == [("NumPy C entry", True), ("tensor C entry", True), ("torch native kernels", False)]
+
+
+def test_ctrl_c_in_opbridge_build_exits_at_once(tmp_path: Path) -> None:
+    """An interrupted `opbridge build` exits at once and says only that it was interrupted: it waits neither
+    for the shim's compile (about 30 s here, on a daemon thread) nor for a library compile its compile
+    threads started after the signal (toolchain.CompilerGroup)."""
+    env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "OPBRIDGE_NO_PROGRESS": "1",
+           # every import compiled from source, as in a fresh environment: the shim's thread then holds the
+           # GIL for seconds importing torch, and the compile threads start compilers after the signal
+           # before the main thread sees it (CI15 and CI16 waited over 60 s)
+           "PYTHONPYCACHEPREFIX": str(tmp_path / "pycache")}
+    # all threads' stacks on SIGUSR1, for a run that does not exit
+    code = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            "sys.argv = ['opbridge', 'build']; runpy.run_module('opbridge', run_name='__main__')")
+    # In a session of its own, as a terminal's foreground job: Ctrl-C reaches the program and its compilers
+    # (not the shim's detached builder, which finishes in the background by design).
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cache, end = tmp_path / "cache", time.monotonic() + 120
+    while not (cache / "objects" / "gen").exists() and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.1)  # until the library's build writes its units (a fresh clone's imports take a while)
+    time.sleep(1)  # compiling by now: the library, and the shim beside it
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"still running 30 s after SIGINT; its threads:\n{err[-6000:]}")
+    waited = time.monotonic() - sent
+    assert proc.returncode == 130, (out, err)
+    assert err.strip() == "opbridge: interrupted", err
+    assert waited < 8, f"exited {waited:.1f} s after SIGINT"  # 0.3-0.5 s here; a wait for a compile took 6-17
+
+
+def test_a_stopped_compiler_group_kills_its_compilers_and_starts_none() -> None:
+    """CompilerGroup.stop ends a running compiler at once and refuses the next, which a build's compile
+    thread may start after a Ctrl-C its caller has not yet seen."""
+    from opbridge.build.toolchain import CompilerGroup, GroupStoppedError, run_compiler
+
+    group = CompilerGroup()
+    assert run_compiler(["sh", "-c", "echo out; echo err >&2"], group).stdout == "out\n"
+    result: list[subprocess.CompletedProcess[str]] = []
+    worker = threading.Thread(target=lambda: result.append(run_compiler(["sleep", "60"], group)))
+    start = time.monotonic()
+    worker.start()
+    while not group._running and time.monotonic() - start < 10:
+        time.sleep(0.01)
+    group.stop()
+    worker.join(10)
+    assert not worker.is_alive() and result[0].returncode == -9, result
+    assert time.monotonic() - start < 10
+    with pytest.raises(GroupStoppedError):
+        run_compiler(["true"], group)
+
+
+def test_an_interrupted_build_stops_its_compilers(tmp_path: Path) -> None:
+    """Ctrl-C during a build's compiles: the build raises at once, and no compiler it started runs on,
+    whether it had started (and held its output pipe in a child of its own) or was about to start."""
+    from opbridge.build import incremental
+    from opbridge.build.objects import Unit
+    from opbridge.build.progress import Progress
+    from opbridge.build.toolchain import CompilerGroup, run_compiler
+
+    pids = tmp_path / "pids"
+
+    class Store:  # each compile runs a shell whose child holds the pipe, as a compiler driver's cc1plus does
+        def compile(self, unit: Unit, obj: Path, group: CompilerGroup) -> float:
+            run_compiler(["sh", "-c", f"sleep 60 & echo $! >> {pids}; wait"], group)
+            return 60.0
+
+    missing = [(Unit(tmp_path / f"u{i}.cc", ("c++",), "t"), tmp_path / f"u{i}.o") for i in range(4)]
+    main = threading.main_thread().ident
+    assert main is not None
+    threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT)).start()  # as a terminal's Ctrl-C
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        incremental._compile_all(missing, Store(), incremental.BuildReport(),  # type: ignore[arg-type]
+                                 Progress("lib", False))
+    assert time.monotonic() - start < 10
+    started = [int(p) for p in pids.read_text().split()]
+    assert started  # the compiles had started; none of their children lives on
+    time.sleep(0.2)
+    for pid in started:  # gone, or a zombie its new parent has not reaped yet
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", (pid, state)
+
+
 def test_nothing_is_compiled_at_import(tmp_path: Path) -> None:
     env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
     code = "import opbridge, opbridge.ops, sys; print(opbridge.ops.add.schema); print('torch' in sys.modules)"

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from opbridge.aot.natives import build_natives
+from opbridge.aot import natives
 from opbridge.bench import POSITIVE_INT, ListOption
 from opbridge.testing.harness import HARNESSES, get
 from opbridge.testing.matrix import NONCONTIGUOUS
@@ -126,13 +126,15 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo with *args* parsed by a parser that :func:`add_arguments` filled."""
     from opbridge import ops
 
+    # The native entries a program builds in the background on first use, on idle CPU, which the
+    # demo's own timing would leave it none of: built now, beside the library, so the timings are the
+    # native paths'.
+    building = natives.start(tuple(args.frameworks))
     t0 = time.perf_counter()
     path = ops.LIBRARY.build("cpu")
     print(f"built-in library {ops.LIBRARY.namespace!r}: {len(ops.LIBRARY.ops)} ops, "
           f"module {path} ({time.perf_counter() - t0:.2f} s, cached builds are reused)")
-    # The native entries a program builds in the background on first use, on idle CPU, which the
-    # demo's own timing would leave it none of: built now, so the timings are the native paths'.
-    for b in build_natives(tuple(args.frameworks)):
+    for b in building.results():
         print(f"{b.label}: {b.path} ({b.seconds:.2f} s)" if b.path is not None
               else f"{b.label}: not available ({b.why_not})")
     print(f"{'framework':10s} {'op':18s} {'shape':>10s} {'max |err|':>10s} {'ref':>5s} "

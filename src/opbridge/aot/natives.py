@@ -9,6 +9,7 @@ demo build them up front instead, so that a busy program, or the demo's timings,
 from __future__ import annotations
 
 import importlib.util
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +35,68 @@ class Built:
     why_not: str = ""
 
 
-def build_natives(frameworks: tuple[str, ...] | None = None) -> list[Built]:
-    """Build (or find in the cache, or wait for the background build of) every native entry that serves
-    one of *frameworks* (default: every installed one) and is switched on."""
+class Building:
+    """Native entries being built (:func:`start`): torch's shim on a thread of this process from the start,
+    the C entries in :meth:`results`, which then waits for the shim.
+
+    The shim is one long compile (28 s here), run by a detached child (:mod:`opbridge.build.detached`): the
+    caller's own build, between :func:`start` and :meth:`results`, has the other cores meanwhile (on this
+    project's 2-core machine ``opbridge build`` into an empty cache took 63 s with everything in sequence).
+    The thread is a daemon, and only waits for that child: Ctrl-C ends the program at once, and the shim
+    still lands in the cache. The C entries build in the caller's thread, one after the other (the second
+    then takes the runtime unit they share from the object store: :attr:`BuildSpec.flags_for_sources_only`),
+    so that Ctrl-C stops their compilers too; on a thread of their own, the exit of an interrupted program
+    waited for their builds (:mod:`concurrent.futures`' compile threads are not daemons).
+    """
+
+    def __init__(self, labels: list[str]) -> None:
+        self.labels = labels
+        shim = [label for label in labels if label not in _C_ENTRIES]
+        if labels:
+            from opbridge import _tvm
+
+            _tvm.tvm_ffi()  # imported here, once: its import keeps torch out while it runs (_tvm.tvm_ffi)
+        self._shim = _Job(shim) if shim else None
+
+    def results(self) -> list[Built]:
+        """Build the C entries, then wait for the shim; every entry's outcome, in :data:`SERVES`' order."""
+        done = {label: _build(label) for label in self.labels if label in _C_ENTRIES}
+        if self._shim is not None:
+            self._shim.join()
+            if self._shim.error is not None:
+                raise self._shim.error
+            done.update((b.label, b) for b in self._shim.built)
+        return [done[label] for label in self.labels]
+
+
+class _Job(threading.Thread):
+    """Builds *labels* one after the other, on a daemon thread."""
+
+    def __init__(self, labels: list[str]) -> None:
+        super().__init__(name="opbridge-natives", daemon=True)
+        self.labels = labels
+        self.built: list[Built] = []
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.built = [_build(label) for label in self.labels]
+        except BaseException as e:  # handed to results()
+            self.error = e
+
+
+def start(frameworks: tuple[str, ...] | None = None) -> Building:
+    """Start building (or finding in the cache, or waiting for the background build of) every native
+    entry that serves one of *frameworks* (default: every installed one) and is switched on."""
     want = [label for label, serves in SERVES.items()
             if any(_installed(fw) and (frameworks is None or fw in frameworks) for fw in serves)]
-    return [_build(label) for label in want if _enabled(label)]
+    return Building([label for label in want if _enabled(label)])
+
+
+def build_natives(frameworks: tuple[str, ...] | None = None) -> list[Built]:
+    """:func:`start`, then wait for every entry."""
+    return start(frameworks).results()
 
 
 def summary(frameworks: tuple[str, ...]) -> dict[str, str]:

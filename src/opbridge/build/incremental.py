@@ -25,7 +25,7 @@ from opbridge.build.compile import (
 from opbridge.build.isa import native_isa_id, uses_native_isa
 from opbridge.build.objects import CompileError, ObjectStore, Unit
 from opbridge.build.progress import Progress, first_errors
-from opbridge.build.toolchain import require_compiler, run_compiler, toolchain_fingerprint
+from opbridge.build.toolchain import CompilerGroup, require_compiler, run_compiler, toolchain_fingerprint
 from opbridge.errors import BuildError
 
 #: First-compile estimates of the generated units, in the size-in-kB scale of the
@@ -106,11 +106,12 @@ def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: B
                  progress: Progress) -> None:
     total = len(missing)
     pool = ThreadPoolExecutor(max_workers=max(1, min(config.max_jobs(), total)))
+    group = CompilerGroup()
     try:
         pending: dict[Future[float], Unit] = {}
         for unit, obj in missing:
             _say(shlex.join([*unit.command, "-o", str(obj)]))
-            pending[pool.submit(store.compile, unit, obj)] = unit
+            pending[pool.submit(store.compile, unit, obj, group)] = unit
         while pending:
             done, _ = wait(pending, return_when=FIRST_EXCEPTION)
             for fut in done:
@@ -126,7 +127,10 @@ def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: B
                 report.compile_seconds[unit.name] = round(fut.result(), 3)
                 progress.status = (f"{len(report.compiled)}/{total} compiled, {len(pending)} left, "
                                    f"last: {unit.name}")
+    except BaseException:
+        # A failure or Ctrl-C: no compile starts, and running ones stop now (CompilerGroup says why a
+        # terminal's Ctrl-C, which reaches the compilers too, is not enough)
+        group.stop()
+        raise
     finally:
-        # On a failure or Ctrl-C no queued compile starts; running ones finish
-        # (a terminal's Ctrl-C reaches the compilers too).
         pool.shutdown(wait=True, cancel_futures=True)

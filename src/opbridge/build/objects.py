@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from opbridge.build.cache import cache_root
-from opbridge.build.toolchain import run_compiler
+from opbridge.build.toolchain import CompilerGroup, run_compiler
 
 #: Bumped when the key or layout changes, which orphans (and so prunes) every entry.
 FORMAT = "opbridge-objects-1"
@@ -244,8 +244,9 @@ class ObjectStore:
             dest.unlink(missing_ok=True)
             return False
 
-    def compile(self, unit: Unit, dest: Path) -> float:
-        """Compile *unit* into *dest* and store the object; return the seconds it took.
+    def compile(self, unit: Unit, dest: Path, group: CompilerGroup | None = None) -> float:
+        """Compile *unit* into *dest* (its compiler one of *group*, where given) and store the object;
+        return the seconds it took.
 
         Raises
         ------
@@ -260,7 +261,7 @@ class ObjectStore:
         args = compile_args(list(unit.command), dest, depfile)
         base = self.base_key(unit)
         start_wall, start = time.time(), time.monotonic()
-        proc = run_compiler(args)
+        proc = run_compiler(args, group)
         seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise CompileError(args, proc.stdout + proc.stderr)

@@ -23,6 +23,7 @@ from opbridge.cli.common import (
 from opbridge.errors import OpbridgeError
 
 if TYPE_CHECKING:
+    from opbridge.aot.natives import Building
     from opbridge.declare import Library, OpDef
 
 
@@ -141,6 +142,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     except OSError as e:  # CacheError, CacheSecurityError
         err(str(e))
         return EXIT_FAILURE
+    from opbridge.aot import natives
+
+    building = natives.start()  # beside the libraries' builds: the shim is one long compile
     ok = True
     built = 0
     for lib in libs:
@@ -151,18 +155,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
         built += 1
     if built == 0:
         print(f"nothing to build for {args.device}", file=sys.stderr)
-    ok = _build_natives() and ok
+    ok = _report_natives(building) and ok
     return EXIT_OK if ok else EXIT_FAILURE
 
 
-def _build_natives() -> bool:
-    """Build the native entries (:mod:`opbridge.aot.natives`) every installed framework would build in the
-    background on first use. False when one failed (the program would keep its Python path: `opbridge
-    build` says so and exits 1)."""
-    from opbridge.aot.natives import build_natives
-
+def _report_natives(building: Building) -> bool:
+    """Wait for the native entries (:mod:`opbridge.aot.natives`) every installed framework would build in
+    the background on first use, and print them. False when one failed (the program would keep its Python
+    path: `opbridge build` says so and exits 1)."""
     ok = True
-    for b in build_natives():
+    for b in building.results():
         if b.path is None:
             err(f"{b.label}: not available ({b.why_not})")
             ok = False
