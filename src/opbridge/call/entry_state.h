@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -58,8 +59,12 @@ struct OpState {
   std::vector<int> kinds;               // per schema argument
   std::vector<int> like;                // per output: the argument it is shaped like; empty with a rule
   PyObject* rule = nullptr;             // else: args -> [(shape, TypeCode)] per output
-  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;  // by RuleKey; the GIL guards it;
-                                                                     // insert only: answers stay put
+  std::map<std::vector<int64_t>, std::vector<OutSpec>> rule_cache;  // by RuleKey; insert only: answers
+                                                                     // stay put (std::map nodes do not move)
+#ifdef Py_GIL_DISABLED
+  std::mutex rule_mutex;  // guards rule_cache where no GIL does (free-threaded Python; the entries are loaded
+                          // through ctypes, so loading them does not turn the GIL back on)
+#endif
   std::vector<int> returns;             // per return: output k as k, argument i (an alias) as -1 - i
   size_t n_out = 0;                     // new outputs: the returns >= 0
   std::vector<int> mutated;             // the tensor arguments the kernel writes
@@ -127,6 +132,16 @@ inline std::vector<int64_t> RuleKey(const OpState& st, const DLTensor* dl, const
   return key;
 }
 
+// Holds an op's rule_cache where the interpreter has no GIL; nothing to do where the GIL guards it.
+struct RuleCacheLock {
+#ifdef Py_GIL_DISABLED
+  explicit RuleCacheLock(OpState& st) : lock_(st.rule_mutex) {}
+  std::lock_guard<std::mutex> lock_;
+#else
+  explicit RuleCacheLock(OpState&) {}
+#endif
+};
+
 // The outputs' shapes and types from the op's shape rule, asked once per signature; null where the
 // rule raises or answers something else (the Python path then takes the call and raises its error).
 // Entries are never removed (the rule is Python: another thread may run while it does, and must not
@@ -135,8 +150,11 @@ inline const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args,
                                              const DLTensor* dl, const TVMFFIAny* ffi,
                                              std::vector<OutSpec>* spill) {
   std::vector<int64_t> key = RuleKey(st, dl, ffi);
-  auto it = st.rule_cache.find(key);
-  if (it != st.rule_cache.end()) return &it->second;
+  {
+    RuleCacheLock lock(st);
+    auto it = st.rule_cache.find(key);
+    if (it != st.rule_cache.end()) return &it->second;
+  }
   PyObject* tuple = PyTuple_New(nargs);
   if (tuple == nullptr) return nullptr;
   for (Py_ssize_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
@@ -161,11 +179,13 @@ inline const std::vector<OutSpec>* RuleSpecs(OpState& st, PyObject* const* args,
   }
   Py_DECREF(answer);
   if (!ok) return nullptr;
+  RuleCacheLock lock(st);  // not held while the rule runs: it is Python, and may call this op again
   if (st.rule_cache.size() >= kRuleCacheSize) {  // bounded under changing shapes
     *spill = std::move(specs);
     return spill;
   }
-  return &st.rule_cache.emplace(std::move(key), std::move(specs)).first->second;
+  return &st.rule_cache.emplace(std::move(key), std::move(specs)).first->second;  // another thread's answer
+                                                                                  // to the same key stays
 }
 
 // *t* (contiguous or rows at a stride, as View admits it) as ByteRows.
