@@ -28,6 +28,13 @@ def test_readme_quickstart_is_the_example_file(name: str) -> None:
     assert _readme_blocks()[name] == (QUICKSTART / name).read_text()
 
 
+def test_readme_links_lead_somewhere() -> None:
+    """Every relative link of the README and the docs names a file that is there."""
+    for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
+            assert (doc.parent / target).exists(), (doc.name, target)
+
+
 def test_quickstart_is_short() -> None:
     lines = sum(len([ln for ln in (QUICKSTART / n).read_text().splitlines() if ln.strip()])
                 for n in ("scale.cc", "myops.py"))

@@ -228,7 +228,7 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
     skipped = {f"{op}/eager/{shape_label(inputs(op)[0])}": "JAX arrays have no views"
                for op in ops if op in VIEW_SECTIONS}
     skipped.update({f"{op}/eager/{shape_label(inputs(op)[0])}": (
-        "JAX arrays are immutable: out= computes into a buffer jax.jit donates (README, 'On JAX')")
+        "JAX arrays are immutable: out= computes into a buffer jax.jit donates (docs/performance.md, 'Large outputs')")
         for op in ops if op in OUT_SECTIONS})
     return sections, skipped, info
 
