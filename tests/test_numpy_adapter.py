@@ -53,9 +53,11 @@ def test_dtype_error_says_whether_the_op_named_its_dtypes(make_library: Any) -> 
     dbl = lib.op("dbl(Tensor x) -> Tensor", shape=opbridge.like("x"), dtypes=["float32"])(lambda x: 2 * x)
     with pytest.raises(TypeError, match=r"^neg: x must have dtype float32, float16 or bfloat16, got float64 "
                                         r"\(opbridge's default dtypes: neg declares none; name its kernels' dtypes "
-                                        r"with Library\.op\(\.\.\., dtypes=\.\.\.\)\)$"):
+                                        r"with Library\.op\(\.\.\., dtypes=\.\.\.\)\); convert it first, "
+                                        r"e\.g\. x\.astype\(\"float32\"\)$"):
         neg(np.ones(3))
-    with pytest.raises(TypeError, match=r"^dbl: x must have dtype float32, got float64 \(the dtypes dbl declares\)$"):
+    with pytest.raises(TypeError, match=r"^dbl: x must have dtype float32, got float64 \(the dtypes dbl declares\); "
+                                        r"convert it first, e\.g\. x\.astype\(\"float32\"\)$"):
         dbl(np.ones(3))
     named = make_library(src, prefix="n")
     assert named.dtypes_declared is False

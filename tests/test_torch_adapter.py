@@ -394,11 +394,13 @@ def test_fast_path_remembers_shape_rule_results_per_signature(inplace_lib: Any) 
 
 def test_undeclared_dtype_is_refused_on_every_path_before_the_kernel(inplace_lib: Any) -> None:
     """``twice``'s kernel would read int16 as float32; every path must refuse it by its declaration."""
+    from opbridge.adapters.torch.calls import CONVERT
     from opbridge.call.core import dtype_error
 
     twice = inplace_lib.ops["twice"]
     x = torch.ones(4, dtype=torch.int16)
-    message = str(dtype_error(twice, "x", "int16"))
+    message = str(dtype_error(twice, "x", "int16", CONVERT))
+    assert message.endswith("; convert it first, e.g. x.to(torch.float32)"), message
     buf = torch.zeros(4, dtype=torch.int16)
     # The first call resolves the op and the second takes the fast path; then the dispatcher, out= twice.
     calls = [lambda: twice.call(x), lambda: twice.call(x), lambda: torch.ops.opb_test_inplace.twice(x),

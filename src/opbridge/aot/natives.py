@@ -62,7 +62,8 @@ class Building:
         """Build the C entries, then wait for the shim; every entry's outcome, in :data:`SERVES`' order."""
         done = {label: _build(label) for label in self.labels if label in _C_ENTRIES}
         if self._shim is not None:
-            self._shim.join()
+            while self._shim.is_alive():  # polled: a Ctrl-C the kernel hands to another thread is seen
+                self._shim.join(0.2)
             if self._shim.error is not None:
                 raise self._shim.error
             done.update((b.label, b) for b in self._shim.built)

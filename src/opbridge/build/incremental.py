@@ -102,6 +102,10 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
     return report
 
 
+#: How often a build's main thread wakes while its compiles run, to see a signal (seconds).
+_POLL_S = 0.2
+
+
 def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: BuildReport,
                  progress: Progress) -> None:
     total = len(missing)
@@ -113,7 +117,9 @@ def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: B
             _say(shlex.join([*unit.command, "-o", str(obj)]))
             pending[pool.submit(store.compile, unit, obj, group)] = unit
         while pending:
-            done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+            # Polled: a Ctrl-C that the kernel hands to a compile thread leaves a wait without a timeout
+            # blocked until a compile ends (CI19: over 30 s); the main thread sees it once it runs again.
+            done, _ = wait(pending, timeout=_POLL_S, return_when=FIRST_EXCEPTION)
             for fut in done:
                 unit = pending.pop(fut)
                 err = fut.exception()
