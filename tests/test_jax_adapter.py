@@ -589,7 +589,8 @@ def test_undeclared_dtype_is_rejected_with_the_shared_message(extra: opbridge.Li
     op = extra.ops["twice"]  # its kernel checks no dtype: only the declaration guards it
     x = _rand(4, dtype=jnp.bfloat16)
     want = str(core.dtype_error(op, "x", "bfloat16"))
-    assert want == "twice: x must have dtype float32, got bfloat16 (the dtypes twice declares)"
+    assert want == ('twice: x must have dtype float32, got bfloat16 (the dtypes twice declares); convert it first, '
+                    'e.g. x.astype("float32")')
     with pytest.raises(TypeError) as eager:
         op.call(x)
     assert str(eager.value) == want
@@ -1186,6 +1187,9 @@ def test_a_64_bit_dtype_error_without_x64_says_how_to_enable_it(extra: opbridge.
                                             r'arrays 32-bit unless x64 is on: jax.config.update\("jax_enable_x64", '
                                             r"True\)"):
             call(x)
+    with pytest.raises(TypeError) as narrowed:
+        negate64(x)
+    assert "convert it first" not in str(narrowed.value)  # astype("float64") would be narrowed again
     assert _with_x64_hint("negate: x must have dtype float32 or float64, got float32") is None  # not narrowed
     assert _with_x64_hint("add: x must have dtype float32 or bfloat16, got int32 (the dtypes add declares)") is None
     assert "jax_enable_x64" in (_with_x64_hint("negate: x must have dtype float64, got float32") or "")
