@@ -19,6 +19,7 @@ import opbridge._version
 from opbridge import loader
 from opbridge.build import cache, jit
 from opbridge.build import compile as bcompile
+from opbridge.build import ninja as bninja
 
 SCALE_CC = """
 #include <opbridge/opbridge.h>
@@ -614,11 +615,11 @@ def test_aot_ninja_build_dir_still_works(tmp_path: Path) -> None:
     bdir = tmp_path / "bd"
     (bdir / "obj").mkdir(parents=True)
     out = bdir / "scale.so"
-    bcompile.write_ninja(spec, bdir, out)
-    bcompile.run_ninja(spec, bdir)
+    bninja.write_ninja(spec, bdir, out)
+    bninja.run_ninja(spec, bdir)
     assert loader.exports(out) == ["scale_cpu"]
     first = out.stat().st_mtime_ns
-    bcompile.run_ninja(spec, bdir)
+    bninja.run_ninja(spec, bdir)
     assert out.stat().st_mtime_ns == first, "an up-to-date build dir relinks nothing"
 
 

@@ -59,7 +59,8 @@ def test_flags_for_sources_only_keep_opbridges_units_plain(tmp_path: Path) -> No
     """The C entries' include directories and defines reach their own source, not the runtime and export
     units, which then compile once for both entries (one object); a library's flags reach every unit."""
     from opbridge.adapters.numpy import native
-    from opbridge.build.compile import OPBRIDGE_UNITS, write_ninja
+    from opbridge.build.compile import OPBRIDGE_UNITS
+    from opbridge.build.ninja import write_ninja
     from opbridge.call import exchange
 
     plain = _units(BuildSpec("plain", ()), tmp_path)

@@ -14,6 +14,7 @@ import pytest
 import opbridge
 from opbridge.build import compile as bcompile
 from opbridge.build import detached, jit
+from opbridge.build import ninja as bninja
 from opbridge.build.objects import ObjectStore, Unit
 from opbridge.build.toolchain import run_compiler
 
@@ -70,7 +71,7 @@ def test_object_store_compile_and_run_compiler_raise_build_error(no_compiler: Pa
 def test_aot_ninja_build_checks_the_compiler_first(no_compiler: Path) -> None:
     spec = bcompile.BuildSpec(name="k", sources=(no_compiler / "k.cc",))
     with pytest.raises(opbridge.BuildError) as info:
-        bcompile.run_ninja(spec, no_compiler)
+        bninja.run_ninja(spec, no_compiler)
     _says_how_to_fix(info.value)
 
 

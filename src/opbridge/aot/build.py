@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opbridge.build.compile import run_ninja, write_ninja
 from opbridge.build.library import (  # some re-exported (__all__): the AOT stamp lives in the build stage
     INFO_SYMBOL,
     aot_spec,
@@ -29,6 +28,7 @@ from opbridge.build.library import (  # some re-exported (__all__): the AOT stam
     exports,
     is_current,
 )
+from opbridge.build.ninja import run_ninja, write_ninja
 
 if TYPE_CHECKING:
     from opbridge.declare import Library

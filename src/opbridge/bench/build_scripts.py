@@ -12,7 +12,8 @@ from opbridge.bench.subproc import CLOCK, TVM_FFI_WITHOUT_TORCH
 TVM_FFI_COLD = CLOCK + """
 import json, sys, time
 from pathlib import Path
-from opbridge.build.compile import INCLUDE_DIR, write_ninja
+from opbridge.build.compile import INCLUDE_DIR
+from opbridge.build.ninja import write_ninja
 from opbridge.loader import build_spec
 from opbridge.ops import LIBRARY
 """ + TVM_FFI_WITHOUT_TORCH + """

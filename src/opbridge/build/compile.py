@@ -1,9 +1,8 @@
-"""Compile a set of sources into one tvm-ffi module with ninja.
+"""What compiles a set of sources into one tvm-ffi module: the :class:`BuildSpec` (an options object),
+its compile and link commands, its generated units and its cache key.
 
-The build is described by a :class:`BuildSpec` (an options object); this
-module turns it into a ``build.ninja``, runs it with progress, and converts a
-failure into :class:`~opbridge.errors.BuildError` with the compiler's first
-``file:line`` errors.
+The JIT path runs the commands through the object store (:mod:`opbridge.build.incremental`), the
+ahead-of-time path through ninja (:mod:`opbridge.build.ninja`).
 """
 
 from __future__ import annotations
@@ -11,11 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 import re
-import shlex
-import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,16 +18,14 @@ from pathlib import Path
 
 from opbridge import config
 from opbridge.build.isa import NATIVE_FLAGS, native_isa_id, uses_native_isa
-from opbridge.build.progress import Progress, first_errors
 from opbridge.build.toolchain import (
     cuda_arch_key,
     cuda_lib_dir,
     nvcc_path,
-    require_compiler,
     toolchain_fingerprint,
 )
 from opbridge.declare import SOURCE_SUFFIXES
-from opbridge.errors import BackendUnavailableError, BuildError
+from opbridge.errors import BackendUnavailableError
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
 CPU_SUFFIXES = SOURCE_SUFFIXES["cpu"]
@@ -278,10 +271,6 @@ def _portable_flags(flags: list[str], spec: BuildSpec) -> list[str]:
     return out
 
 
-def _ninja_escape(s: str) -> str:
-    return s.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
-
-
 def _nvcc_or_raise(spec: BuildSpec) -> str:
     nvcc = nvcc_path()
     if nvcc is None:
@@ -317,87 +306,3 @@ def link_command(spec: BuildSpec, objects: list[Path], output: Path) -> list[str
     """The command linking *objects* into the module *output*."""
     _, _, ld_flags = _default_flags(spec)
     return [config.cxx(), *map(str, objects), *ld_flags, "-o", str(output)]
-
-
-def write_ninja(spec: BuildSpec, build_dir: Path, output: Path) -> Path:
-    """Write ``build.ninja`` for *spec* into *build_dir*; return its path.
-
-    The ahead-of-time build's path: ninja keeps its objects in *build_dir*
-    between builds. The JIT path compiles through the object store instead
-    (:mod:`opbridge.build.incremental`).
-    """
-    sources = list(spec.sources)
-    for gname, text in generated_sources(spec):
-        gpath = build_dir / gname
-        gpath.write_text(text)
-        sources.append(gpath)
-    lines = [
-        "ninja_required_version = 1.3",
-        "rule cc",
-        "  command = $command",
-        "  depfile = $out.d",
-        "  deps = gcc",
-        "  description = compile $in",
-        "rule link",
-        "  command = $command",
-        "  description = link $out",
-    ]
-    objects = []
-    for i, src in enumerate(sources):
-        # Build-level variables are expanded before $in/$out exist: spell the paths out.
-        obj = f"obj/{i:03d}_{src.stem}.o"
-        args = compile_args(compile_command(spec.unit_spec(src.name), src.resolve()), obj, obj + ".d")
-        lines.append(f"build {obj}: cc {_ninja_escape(str(src.resolve()))}")
-        lines.append(f"  command = {_ninja_command(args)}")
-        objects.append(obj)
-    link = link_command(spec, [Path(o) for o in objects], output)
-    lines.append(f"build {_ninja_escape(str(output))}: link {' '.join(objects)}")
-    lines.append(f"  command = {_ninja_command(link)}")
-    lines.append(f"default {_ninja_escape(str(output))}")
-    path = build_dir / "build.ninja"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _ninja_command(args: list[str]) -> str:
-    """A shell command line as a ninja variable's value (arguments quoted, ``$`` escaped)."""
-    return " ".join(shlex.quote(a).replace("$", "$$") for a in args)
-
-
-def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
-    """Run ninja in *build_dir*, with progress; raise BuildError on failure."""
-    require_compiler(config.cxx())  # ninja's own "c++: not found" would not say how to get one
-    ninja = shutil.which("ninja")
-    if ninja is None:
-        try:
-            import ninja as ninja_pkg
-
-            ninja = str(Path(ninja_pkg.BIN_DIR) / "ninja")
-        except ImportError as e:
-            raise BackendUnavailableError("opbridge: the `ninja` build tool was not found") from e
-    cmd = [ninja, "-j", str(config.max_jobs())]
-    if config.verbose():
-        cmd.append("-v")
-    env = {"NINJA_STATUS": "[%f/%t done, %r running] "}
-    log: list[str] = []
-    label = f"{spec.name} ({spec.device})"
-    with subprocess.Popen(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, env={**os.environ, **env}) as proc, \
-            Progress(label, config.show_progress()) as progress:
-        assert proc.stdout is not None  # guaranteed by stdout=PIPE
-        for line in proc.stdout:
-            log.append(line)
-            if config.verbose():
-                sys.stderr.write(line)
-            m = re.match(r"\[(\d+)/(\d+) done, (\d+) running\] (\w+) (.*)", line)
-            if m:
-                progress.status = (f"{m.group(1)}/{m.group(2)} steps done, {m.group(3)} running, "
-                                   f"last: {m.group(4)} {Path(m.group(5).strip()).name}")
-        rc = proc.wait()
-    if rc != 0:
-        text = "".join(log)
-        failed = re.search(r"^FAILED: .*\n(.*)$", text, re.M)
-        command = failed.group(1).strip() if failed else " ".join(cmd)
-        errors = first_errors(text)
-        raise BuildError(f"opbridge: building {label} failed (ninja exit {rc})",
-                         command=command, errors=errors, log=text)
