@@ -118,7 +118,7 @@ def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: B
             pending[pool.submit(store.compile, unit, obj, group)] = unit
         while pending:
             # Polled: a Ctrl-C that the kernel hands to a compile thread leaves a wait without a timeout
-            # blocked until a compile ends (CI19: over 30 s); the main thread sees it once it runs again.
+            # blocked until a compile ends; the main thread sees it once it runs again.
             done, _ = wait(pending, timeout=_POLL_S, return_when=FIRST_EXCEPTION)
             for fut in done:
                 unit = pending.pop(fut)

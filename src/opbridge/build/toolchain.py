@@ -56,7 +56,7 @@ class CompilerGroup:
     only once it holds the GIL again, and a thread that finished a compile meanwhile has started the next:
     a compiler started after the signal never got it, and a build that then waited for its threads waited
     for that whole compile (``opbridge build`` stayed 8-17 s after SIGINT here while another thread imported
-    torch, longer in CI). Stopping the group kills what runs and refuses what would start.
+    torch). Stopping the group kills what runs and refuses what would start.
     """
 
     def __init__(self) -> None:
