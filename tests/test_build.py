@@ -427,6 +427,32 @@ def test_an_interrupted_build_stops_its_compilers(tmp_path: Path) -> None:
         assert state == "Z", (pid, state)
 
 
+def test_a_failed_unit_lets_the_running_compiles_finish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One unit does not compile: the build fails, but compiles already running finish (their objects are
+    stored for the next build); only Ctrl-C stops them."""
+    from opbridge.build import incremental
+    from opbridge.build.objects import CompileError, Unit
+    from opbridge.build.progress import Progress
+    from opbridge.build.toolchain import CompilerGroup, run_compiler
+
+    monkeypatch.setenv("OPBRIDGE_MAX_JOBS", "2")
+    done = tmp_path / "slow.done"
+
+    class Store:
+        def compile(self, unit: Unit, obj: Path, group: CompilerGroup) -> float:
+            if unit.name == "bad.cc":
+                time.sleep(0.3)  # the slow unit's compiler is running by now
+                raise CompileError(["c++", "bad.cc"], "bad.cc:1:1: error: expected ';'")
+            run_compiler(["sh", "-c", f"sleep 1.5; touch {done}"], group)
+            return 1.5
+
+    missing = [(Unit(tmp_path / n, ("c++",), "t"), tmp_path / f"{n}.o") for n in ("slow.cc", "bad.cc")]
+    with pytest.raises(opbridge.BuildError, match=r"bad\.cc did not compile"):
+        incremental._compile_all(missing, Store(), incremental.BuildReport(),  # type: ignore[arg-type]
+                                 Progress("lib", False))
+    assert done.exists()
+
+
 def test_nothing_is_compiled_at_import(tmp_path: Path) -> None:
     env = {**os.environ, "OPBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
     code = "import opbridge, opbridge.ops, sys; print(opbridge.ops.add.schema); print('torch' in sys.modules)"

@@ -133,10 +133,12 @@ def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: B
                 report.compile_seconds[unit.name] = round(fut.result(), 3)
                 progress.status = (f"{len(report.compiled)}/{total} compiled, {len(pending)} left, "
                                    f"last: {unit.name}")
-    except BaseException:
-        # A failure or Ctrl-C: no compile starts, and running ones stop now (CompilerGroup says why a
-        # terminal's Ctrl-C, which reaches the compilers too, is not enough)
-        group.stop()
+    except BaseException as e:
+        # Ctrl-C (or an exit): running compiles stop now, and none starts (CompilerGroup says why the
+        # compilers do not get the signal themselves). A unit that failed to compile: no queued compile
+        # starts, and running ones finish, so that their objects are in the store for the next build.
+        if not isinstance(e, Exception):
+            group.stop()
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
