@@ -355,7 +355,7 @@ def test_ctrl_c_in_opbridge_build_exits_at_once(tmp_path: Path) -> None:
     waited = time.monotonic() - sent
     assert proc.returncode == 130, (out, err)
     assert err.strip() == "opbridge: interrupted", err
-    assert waited < 8, f"exited {waited:.1f} s after SIGINT"  # 0.3-0.5 s here; a wait for a compile took 6-17
+    assert waited < 8, f"exited {waited:.1f} s after SIGINT"  # 0.3-0.6 s here; a wait for a compile took 7-17
 
 
 def test_a_stopped_compiler_group_kills_its_compilers_and_starts_none() -> None:

@@ -55,7 +55,7 @@ class CompilerGroup:
     A build's compile threads start compilers while its caller waits. On Ctrl-C the caller learns of it
     only once it holds the GIL again, and a thread that finished a compile meanwhile has started the next:
     a compiler started after the signal never got it, and a build that then waited for its threads waited
-    for that whole compile (``opbridge build`` stayed 8-17 s after SIGINT here while another thread imported
+    for that whole compile (``opbridge build`` stayed 7-17 s after SIGINT here while another thread imported
     torch). Stopping the group kills what runs and refuses what would start.
     """
 
