@@ -68,7 +68,7 @@ def _reference(op: Any, case: dict[str, Any]) -> list[np.ndarray]:
     return _results(op, args, out, True)
 
 
-def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]:
+def run_framework(name: str, rounds: int, number: int, width: int = 22) -> tuple[bool, list[str]]:
     """Check and time every built-in op in framework *name*; return (all ok, table rows)."""
     from opbridge import ops
     from opbridge.bench.natives import natives
@@ -90,7 +90,7 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
             got = _results(op, args, op.call(*args), harness.mutates_in_place)
         except Exception as e:  # report and go on: the table shows every op
             ok_all = False
-            rows.append(f"{name:10s} {op.name:18s} ERROR {type(e).__name__}: {str(e).splitlines()[0]}")
+            rows.append(f"{name:10s} {op.name:{width}s} ERROR {type(e).__name__}: {str(e).splitlines()[0]}")
             continue
         rtol, atol = op.tolerance("float32")
         errs = [float(np.max(np.abs(harness.to_numpy(g).astype(np.float64) - w), initial=0.0))
@@ -107,7 +107,7 @@ def run_framework(name: str, rounds: int, number: int) -> tuple[bool, list[str]]
             }, rounds=rounds, number=number))
             ours, theirs = stats["opbridge"]["p50"], stats["native"]["p50"]
             timing = f"{ours:10.1f} {theirs:10.1f} {ours / theirs:7.2f}"
-        rows.append(f"{name:10s} {op.name:18s} {shape:>10s} {max(errs):10.2e} "
+        rows.append(f"{name:10s} {op.name:{width}s} {shape:>10s} {max(errs):10.2e} "
                     f"{'ok' if ok else 'FAIL':>5s} {timing}")
     return ok_all, rows
 
@@ -137,11 +137,12 @@ def run(args: argparse.Namespace) -> int:
     for b in building.results():
         print(f"{b.label}: {b.path} ({b.seconds:.2f} s)" if b.path is not None
               else f"{b.label}: not available ({b.why_not})")
-    print(f"{'framework':10s} {'op':18s} {'shape':>10s} {'max |err|':>10s} {'ref':>5s} "
+    width = max(len(n) for n in ("op", *ops.LIBRARY.ops))  # every op's name whole, its columns aligned
+    print(f"{'framework':10s} {'op':{width}s} {'shape':>10s} {'max |err|':>10s} {'ref':>5s} "
           f"{'ours µs':>10s} {'native µs':>10s} {'ratio':>7s}")
     ok_all = True
     for name in args.frameworks:
-        ok, rows = run_framework(name, args.rounds, args.number)
+        ok, rows = run_framework(name, args.rounds, args.number, width)
         ok_all &= ok
         print("\n".join(rows), flush=True)
     print("all results match their references" if ok_all else "SOME RESULTS DISAGREE WITH THE REFERENCE")
