@@ -292,9 +292,6 @@ def test_builds_at_once_share_one_progress_line(monkeypatch: pytest.MonkeyPatch)
 def test_native_entries_build_beside_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     """natives.start builds the shim on a daemon thread while the caller goes on; results() builds the C entries
     in the caller's thread, one after the other, then waits for the shim, and answers in SERVES' order."""
-    import threading
-    import time
-
     from opbridge.aot import natives
 
     release = threading.Event()
@@ -324,14 +321,14 @@ def test_ctrl_c_in_opbridge_build_exits_at_once(tmp_path: Path) -> None:
            # GIL for seconds importing torch, and the compile threads start compilers after the signal
            # before the main thread sees it
            "PYTHONPYCACHEPREFIX": str(tmp_path / "pycache")}
-    # all threads' stacks on SIGUSR1, for a run that does not exit
-    # SIGINT as a terminal's foreground job has it: a test run started in the background (`cmd &` from a
-    # script) ignores it, and so would the build (CI15, CI16, CI19 and CI20 timed out on that alone)
+    # All threads' stacks on SIGUSR1, for a run that does not exit. SIGINT as a terminal's foreground job has
+    # it: a test run started in the background (`cmd &` from a script) ignores it, and so would the build
+    # (CI15, CI16, CI19 and CI20 timed out on that alone).
     code = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
             "signal.signal(signal.SIGINT, signal.default_int_handler); "
             "sys.argv = ['opbridge', 'build']; runpy.run_module('opbridge', run_name='__main__')")
-    # In a session of its own, as a terminal's foreground job: Ctrl-C reaches the program and its compilers
-    # (not the shim's detached builder, which finishes in the background by design).
+    # In a session of its own, as a terminal's foreground job: Ctrl-C reaches the program (its compilers run
+    # in sessions of their own, which it stops; the shim's detached builder finishes by design).
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     cache, end = tmp_path / "cache", time.monotonic() + 120
@@ -398,7 +395,8 @@ def test_an_interrupted_build_stops_its_compilers(tmp_path: Path) -> None:
     main = threading.main_thread().ident
     assert main is not None
     # As a terminal's Ctrl-C, which the kernel may hand to any thread (here a compile thread's): the
-    # build's wait must see it all the same. (An xdist worker ignores SIGINT: Python's handler here.)
+    # build's wait must see it all the same. (A test run started in the background ignores SIGINT: Python's
+    # handler here.)
     workers: list[int | None] = []
     old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
 

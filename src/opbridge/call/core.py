@@ -160,7 +160,13 @@ def run_backward(op: OpDef, grads: Sequence[Any], full: Sequence[Any]) -> list[A
     return res
 
 
-def dtype_error(op: OpDef, arg: str, got: str, convert: str = 'astype("{}")') -> TypeError:
+#: How NumPy, JAX, Paddle and MindSpore arrays change dtype, for :func:`dtype_error`'s hint.
+ASTYPE = 'astype("{}")'
+#: What :func:`dtype_error`'s conversion hint starts with (an adapter with a better hint drops it).
+CONVERT_HINT = "; convert it first, e.g. "
+
+
+def dtype_error(op: OpDef, arg: str, got: str, convert: str = ASTYPE) -> TypeError:
     """The error every adapter raises for a dtype the op does not declare.
 
     *convert* is the framework's conversion, a method call with ``{}`` for the dtype's name: NumPy,
@@ -168,7 +174,7 @@ def dtype_error(op: OpDef, arg: str, got: str, convert: str = 'astype("{}")') ->
     """
     names = list(op.dtypes)
     listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    hint = f"; convert it first, e.g. {arg}.{convert.format(names[0])}"
+    hint = f"{CONVERT_HINT}{arg}.{convert.format(names[0])}"
     if op.dtypes_defaulted:
         return TypeError(f"{op.name}: {arg} must have dtype {listed}, got {got} (opbridge's default dtypes: "
                          f"{op.name} declares none; name its kernels' dtypes with Library.op(..., dtypes=...))"
@@ -230,7 +236,7 @@ def scalar_rules(op: OpDef) -> list[tuple[int, bool, bool]]:
 
 
 def check_lead_dtype(op: OpDef, args: Sequence[Any], dtype_name: Callable[[Any], str],
-                     convert: str = 'astype("{}")') -> None:
+                     convert: str = ASTYPE) -> None:
     """Raise :func:`dtype_error` (with *convert*) unless ``op.dtype_arg``'s dtype is one *op* declares.
 
     The kernel dispatches on that argument's dtype and checks the others

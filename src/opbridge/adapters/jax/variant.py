@@ -65,7 +65,7 @@ def _with_x64_hint(msg: str) -> str | None:
     wanted = {w.strip() for part in m["want"].split(" or ") for w in part.split(",")}
     if m["got"] in wanted or not any(_NARROWED.get(w) == m["got"] for w in wanted):
         return None
-    msg = msg.partition("; convert it first")[0]  # a conversion would be narrowed again: x64 is the fix
+    msg = msg.partition(core.CONVERT_HINT)[0]  # a conversion would be narrowed again: x64 is the fix
     return (f"{msg} (JAX makes 64-bit arrays 32-bit unless x64 is on: "
             f'jax.config.update("jax_enable_x64", True) at startup, or JAX_ENABLE_X64=1)')
 
