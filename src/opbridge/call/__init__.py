@@ -9,6 +9,8 @@
   argument and dtype checks, output allocation from the shape rule, the alias
   check of mutating ops, packing results onto the schema's returns, and
   running the declared backward.
+- :mod:`opbridge.call.batching` says how a framework's ``vmap`` runs an op
+  (one kernel call over the declared rows, or one per batch element).
 
 Adapters (:mod:`opbridge.adapters`) only convert arrays, register with their
 framework and pick a stream; they import this stage, never each other.

@@ -120,6 +120,7 @@ class Library:
         dtype_arg: str | None = None,
         row_strided: Sequence[str] = (),
         graph_safe: bool = True,
+        rows: Sequence[str] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare an op by decorating its NumPy reference implementation.
 
@@ -151,6 +152,12 @@ class Library:
         graph_safe
             Whether a CUDA graph may replay the op's device kernels without their
             host code (default True); see :attr:`OpDef.graph_safe`.
+        rows
+            Tensor arguments whose leading dims are independent rows: each row of
+            every output (and mutated argument) comes from the same row of these
+            and the whole of the other arguments, and the kernels take any number
+            of leading dims. A batch (``jax.vmap``, ``torch.func.vmap``) over them
+            then runs as one kernel call; see :attr:`OpDef.rows`.
 
         Returns
         -------
@@ -163,7 +170,7 @@ class Library:
 
         def decorate(reference: Callable[..., Any]) -> Callable[..., Any]:
             return self._add(parsed, reference, kernels, shape, backward, tolerances, hints, dtypes, dtype_arg,
-                             row_strided, origin, graph_safe)
+                             row_strided, origin, graph_safe, rows)
 
         return decorate
 
@@ -181,6 +188,7 @@ class Library:
         row_strided: Sequence[str] = (),
         origin: str = "",
         graph_safe: bool = True,
+        rows: Sequence[str] = (),
     ) -> Callable[..., Any]:
         name = schema.name
         defaulted = dtypes is None and not self.dtypes_declared
@@ -239,7 +247,8 @@ class Library:
             doc=(reference.__doc__ or "").strip() if reference is not None else "",
             dispatch_arg=tensors[0],
             dtype_arg=self._dtype_arg(schema, dtype_arg, tensors[0]),
-            row_strided=self._row_strided(schema, row_strided),
+            row_strided=self._tensor_names(schema, "row_strided", row_strided),
+            rows=self._rows(schema, rows),
             graph_safe=graph_safe,
             origin=origin,
         )
@@ -268,9 +277,10 @@ class Library:
         raise DeclarationError(f"{schema.name}: dtype_arg {name!r} names no argument")
 
     @staticmethod
-    def _row_strided(schema: Schema, names: Sequence[str]) -> tuple[int, ...]:
+    def _tensor_names(schema: Schema, key: str, names: Sequence[str]) -> tuple[int, ...]:
+        """The schema indices of the Tensor arguments *names* that option *key* lists, sorted."""
         if isinstance(names, str):
-            raise DeclarationError(f"{schema.name}: row_strided takes argument names, e.g. ({names!r},), "
+            raise DeclarationError(f"{schema.name}: {key} takes argument names, e.g. ({names!r},), "
                                    f"not the string {names!r}")
         index = {a.name: i for i, a in enumerate(schema.arguments)}
         out = []
@@ -278,10 +288,22 @@ class Library:
             i = index.get(n)
             if i is None or not schema.arguments[i].type.is_tensor:
                 tensors = [a.name for a in schema.arguments if a.type.is_tensor]
-                raise DeclarationError(f"{schema.name}: row_strided names {n!r}, which is not one of its Tensor "
+                raise DeclarationError(f"{schema.name}: {key} names {n!r}, which is not one of its Tensor "
                                        f"arguments {tensors}")
             out.append(i)
         return tuple(sorted(set(out)))
+
+    @classmethod
+    def _rows(cls, schema: Schema, names: Sequence[str]) -> tuple[int, ...]:
+        rows = cls._tensor_names(schema, "rows", names)
+        if rows:
+            shared = [a.name for i, a in enumerate(schema.arguments) if a.is_mutated and i not in rows]
+            if shared:
+                raise DeclarationError(
+                    f"{schema.name}: rows names the arguments batched row by row, and an argument the op "
+                    f"writes ({', '.join(map(repr, shared))}) must be one of them: a batch writes its own rows "
+                    f"of it")
+        return rows
 
     def _default_kernels(self, name: str) -> dict[str, str]:
         """``<name>_cpu``, plus ``<name>_cuda`` when the library has CUDA sources, or no sources (an

@@ -147,6 +147,17 @@ class OpDef:
         op-call core hands such an argument to the kernel as it is, where it
         gives every other strided tensor a dense copy (copied back when the
         op writes it): :func:`opbridge.call.overlap.dense_args`.
+    rows
+        Indices of the Tensor arguments whose leading dims are independent
+        rows (``Library.op(rows=...)``): row ``r`` of every output and mutated
+        argument comes from row ``r`` of these arguments and the whole of the
+        others (a weight, a cache), and every kernel takes any number of
+        leading dims in them. A batch over these arguments alone (``jax.vmap``,
+        ``torch.func.vmap``) runs as one kernel call with the batch as one more
+        leading dim (:mod:`opbridge.call.batching`); a batch over any other
+        argument, or an op that declares none (a weight gradient sums over
+        rows), runs the kernel once per batch element. Every mutated argument
+        of an op that declares rows is one of them.
     graph_safe
         Whether a captured CUDA graph (``torch.cuda.graph``, XLA's command
         buffers under ``jax.jit``) may replay the op's device kernels without
@@ -178,6 +189,7 @@ class OpDef:
     dispatch_arg: int = 0
     dtype_arg: int = 0
     row_strided: tuple[int, ...] = ()
+    rows: tuple[int, ...] = ()
     graph_safe: bool = True
     origin: str = field(default="", repr=False, compare=False)
     call: Callable[..., Any] = field(init=False, repr=False)

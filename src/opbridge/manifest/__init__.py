@@ -12,7 +12,7 @@ An ``ops.yaml`` loads into the same declarations as :meth:`Library.op`::
         shape: my_plugin.ops.shapes.silu_and_mul    # or {like: x}, {like: [x, weight]}
         reference: my_plugin.ops.refs.silu_and_mul  # the NumPy reference (required)
         tolerances: {float32: [1.0e-5, 1.0e-6]}
-        dtypes: [float32, bfloat16]   # also dtype_arg, row_strided, graph_safe and hints (dotted), as in Library.op
+        dtypes: [float32, bfloat16]   # also dtype_arg, row_strided, rows, graph_safe, hints (dotted): see Library.op
       - func: silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor
         shape: {like: x}
         reference: my_plugin.ops.refs.silu_and_mul_backward
@@ -53,8 +53,8 @@ from opbridge.schema import Schema, parse_schema
 
 __all__ = ["Derivative", "load"]
 
-_OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances", "dtypes", "dtype_arg", "row_strided", "hints",
-            "graph_safe")
+_OP_KEYS = ("func", "kernels", "shape", "reference", "tolerances", "dtypes", "dtype_arg", "row_strided", "rows",
+            "hints", "graph_safe")
 _LIBRARY_KEYS = ("namespace", "sources", "include_dirs", "cflags", "ldflags", "prebuilt", "python_module")
 _TOP_KEYS = ("library", "ops", "derivatives")
 
@@ -212,7 +212,7 @@ def load(path: str | Path, library: Library | None = None) -> Library:
             kernels = {str(k): str(v) for k, v in kernels.items()}
         options: dict[str, Any] = {"kernels": kernels, "shape": _shape(where, node, op),
                                    "tolerances": _tolerances(where, node, op)}
-        for key in ("dtypes", "row_strided"):  # lists of names, checked by Library.op
+        for key in ("dtypes", "row_strided", "rows"):  # lists of names, checked by Library.op
             if key in node:
                 if not isinstance(node[key], list):
                     raise where.error(node, f"{op}: {key} must be a list of names, got {node[key]!r}")

@@ -19,6 +19,7 @@ _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
     backward=lambda grad, x, y: (grad, grad),
     hints=elementwise_hint("x", "y"),
     dtypes=("float32", "float16", "bfloat16", "float64", "int32", "int64"),  # integers wrap, as in NumPy
+    rows=("x", "y"),
 )
 def add(x: Any, y: Any) -> Any:
     """Elementwise ``x + y`` of two tensors of one shape and dtype (no broadcasting)."""
@@ -31,6 +32,7 @@ def add(x: Any, y: Any) -> Any:
     backward=lambda grad, x: (gelu_backward(grad, x),),  # type: ignore[has-type]  # declared below
     tolerances={"float32": (1e-5, 2e-6)},
     hints=elementwise_hint("x"),
+    rows=("x",),
 )
 def gelu(x: Any) -> Any:
     """GELU, tanh approximation: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
@@ -38,7 +40,7 @@ def gelu(x: Any) -> Any:
 
 
 @LIBRARY.op("gelu_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"),
-            tolerances={"float32": (1e-5, 2e-6)}, hints=elementwise_hint("grad", "x"))
+            tolerances={"float32": (1e-5, 2e-6)}, hints=elementwise_hint("grad", "x"), rows=("grad", "x"))
 def gelu_backward(grad: Any, x: Any) -> Any:
     """Gradient of :func:`gelu` with respect to ``x``, times ``grad``."""
     u = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
@@ -57,6 +59,7 @@ def _rms_norm_backward(grad: Any, x: Any, weight: Any, eps: float) -> tuple[Any,
     backward=_rms_norm_backward,
     hints=last_dim_hint(("x",), ("weight",)),
     row_strided=("x",),  # vLLM's q/k-norm: per-head views of query and key sliced out of qkv
+    rows=("x",),
 )
 def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
     """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``."""

@@ -73,7 +73,7 @@ def _gelu_and_mul_grad(grad: Any, x: Any) -> tuple[Any]:
 
 
 @LIBRARY.op("silu_and_mul(Tensor x) -> Tensor", shape=_halve_last("silu_and_mul"),
-            backward=_silu_and_mul_grad, hints=gated_hint(("x",)))
+            backward=_silu_and_mul_grad, hints=gated_hint(("x",)), rows=("x",))
 def silu_and_mul(x: Any) -> Any:
     """vLLM's SiluAndMul: ``silu(a) * b`` for ``x = [a | b]`` split along the last dim; shape ``(..., d)``."""
     d = _halves("silu_and_mul", x)
@@ -82,7 +82,7 @@ def silu_and_mul(x: Any) -> Any:
 
 
 @LIBRARY.op("silu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"),
-            hints=gated_hint(("x",), half=("grad",)))
+            hints=gated_hint(("x",), half=("grad",)), rows=("grad", "x"))
 def silu_and_mul_backward(grad: Any, x: Any) -> Any:
     """Gradient of :func:`silu_and_mul` w.r.t. ``x`` (shape of x): ``[grad b silu'(a) | grad silu(a)]``."""
     d = _halves("silu_and_mul_backward", x)
@@ -92,7 +92,7 @@ def silu_and_mul_backward(grad: Any, x: Any) -> Any:
 
 
 @LIBRARY.op("gelu_and_mul(Tensor x) -> Tensor", shape=_halve_last("gelu_and_mul"),
-            backward=_gelu_and_mul_grad, hints=gated_hint(("x",)))
+            backward=_gelu_and_mul_grad, hints=gated_hint(("x",)), rows=("x",))
 def gelu_and_mul(x: Any) -> Any:
     """vLLM's GeluAndMul(approximate="tanh") (gelu_tanh_and_mul): ``gelu_tanh(a) * b`` for ``x = [a | b]``."""
     d = _halves("gelu_and_mul", x)
@@ -101,7 +101,7 @@ def gelu_and_mul(x: Any) -> Any:
 
 
 @LIBRARY.op("gelu_and_mul_backward(Tensor grad, Tensor x) -> Tensor", shape=like("x"),
-            hints=gated_hint(("x",), half=("grad",)))
+            hints=gated_hint(("x",), half=("grad",)), rows=("grad", "x"))
 def gelu_and_mul_backward(grad: Any, x: Any) -> Any:
     """Gradient of :func:`gelu_and_mul` w.r.t. ``x`` (shape of x): ``[grad b gelu'(a) | grad gelu(a)]``."""
     d = _halves("gelu_and_mul_backward", x)
@@ -116,7 +116,7 @@ def gelu_and_mul_backward(grad: Any, x: Any) -> Any:
 
 
 @LIBRARY.op("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps=1e-6) -> ()",
-            hints=last_dim_hint(("input", "residual"), ("weight",)))
+            hints=last_dim_hint(("input", "residual"), ("weight",)), rows=("input", "residual"))
 def fused_add_rms_norm(input: Any, residual: Any, weight: Any, eps: float = 1e-6) -> None:
     """vLLM's fused_add_rms_norm, in place: ``residual += input``; ``input = rms_norm(residual) * weight``.
 

@@ -26,6 +26,11 @@ then run through the op and compared against the op's NumPy reference:
     A non-contiguous input is either refused with a ``ValueError`` naming
     the op, or accepted and computed right (outputs and in-place updates
     match the reference, other inputs unchanged).
+``rows``
+    (one small case per dtype, ops that declare ``rows``) the op on a batch of
+    two elements, one more leading dim in its row arguments, against each
+    element alone (:mod:`opbridge.testing.rows`): what ``jax.vmap`` and
+    ``torch.func.vmap`` rely on to run it once per batch.
 ``opcheck`` / ``compile``
     (torch, one small case per dtype) ``torch.library.opcheck`` on the
     registered overload, and ``torch.compile(fullgraph=True)`` of a function
@@ -62,6 +67,7 @@ from opbridge.declare import DEFAULT_DTYPES, OpDef  # noqa: F401 - DEFAULT_DTYPE
 from opbridge.testing.generate import CASE_HINTS, as_opdef, case_rng, complete_case, make_cases, only_none
 from opbridge.testing.kits import NumpyKit, TorchKit, dtype_str
 from opbridge.testing.runner import CheckReport, Runner
+from opbridge.testing.rows import run_rows
 from opbridge.testing.torch_checks import run_compile, run_gradcheck, run_opcheck, small_case
 
 __all__ = [
@@ -91,6 +97,7 @@ def check_op(
     check_opcheck: bool = True,
     check_compile: bool = True,
     check_gradcheck: bool = True,
+    check_rows: bool = True,
     sentinel: bool = True,
     compile_backend: str = "aot_eager",
     opcheck_test_utils: Sequence[str] | None = None,
@@ -130,6 +137,9 @@ def check_op(
         when float64 is among the dtypes run, for ops with a ``backward``
         (not mutating); skipped, with the reason in ``skipped``, while the op
         declares no float64.
+    check_rows
+        For an op that declares ``rows``, check on one small case per dtype
+        that a batch of two in one call gives each element's results.
     sentinel
         Run the guarded destination-passing kernel call of every case.
     compile_backend
@@ -197,9 +207,14 @@ def check_op(
         ran.extend(dcases)
         for i, case in enumerate(dcases):
             runner.run_case(i, case)
+        small = small_case(opdef, dcases)
+        if check_rows and opdef.rows:
+            if small is None:
+                report.skipped.append(f"rows ({dtype}): no contiguous non-empty case")
+            else:
+                run_rows(runner, small)
         if framework != "torch":
             continue
-        small = small_case(opdef, dcases)
         if small is None:
             if check_opcheck or check_compile:
                 report.skipped.append(f"opcheck/compile ({dtype}): no contiguous non-empty case")

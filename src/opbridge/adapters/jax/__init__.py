@@ -62,8 +62,12 @@ Differentiation
     ``jax.hessian``) is not supported (a ``custom_vjp`` limitation).
 
 Batching
-    ``jax.vmap`` runs the kernel once per batch element
-    (``vmap_method="sequential"``): correct for every op, not vectorised.
+    A ``jax.vmap`` over the arguments an op declares ``rows`` runs the kernel
+    once on the whole batch, one more leading dim (a row argument the batch
+    leaves out is broadcast along it; a weight stays as it is); any other
+    batch runs it once per element (``vmap_method="sequential"``):
+    :mod:`opbridge.call.batching`, through ``jax.custom_batching.custom_vmap``
+    under the op's ``custom_vjp``.
 
 Sharding
     Inside ``jax.shard_map`` a result varies over the mesh axes its inputs

@@ -23,7 +23,7 @@ import numpy as np
 
 from opbridge import loader
 from opbridge.adapters.jax import avals, targets
-from opbridge.call import core
+from opbridge.call import batching, core
 
 if TYPE_CHECKING:
     from opbridge.adapters.jax import _JaxOp
@@ -198,10 +198,36 @@ class Variant:
 
     # -- autodiff ----------------------------------------------------------
 
+    def _custom_vmap(self) -> Callable[..., Any]:
+        """``_forward`` with the op's batching rule (:mod:`opbridge.call.batching`).
+
+        A batch over the declared rows alone is one custom call at the batched
+        shapes, each row argument the batch leaves out broadcast along it;
+        any other batch runs the custom call once per element (the custom
+        call's own ``vmap_method="sequential"``).
+        """
+        call = jax.custom_batching.custom_vmap(self._forward)
+        tensor_idx = self.jop.tensor_idx
+
+        def rule(axis_size: int, in_batched: Sequence[Any], *ts: Any) -> tuple[Any, Any]:
+            flags = [bool(b) for b in in_batched]  # an absent optional (None) has no batch flag
+            plan = batching.one_call(self.op, [i for i, b in zip(tensor_idx, flags, strict=True) if b],
+                                     [i for i, t in zip(tensor_idx, ts, strict=True) if t is not None])
+            if plan is None:
+                out = jax.vmap(self._forward, in_axes=tuple(0 if b else None for b in flags),
+                               axis_size=axis_size)(*ts)
+            else:
+                out = call(*(jnp.broadcast_to(t, (axis_size, *t.shape)) if i in plan else t
+                             for i, t in zip(tensor_idx, ts, strict=True)))
+            return out, jax.tree.map(lambda _: True, out)
+
+        call.def_vmap(rule)
+        return call
+
     def _custom_vjp(self) -> Callable[..., Any]:
-        """``_forward`` with the declared backward as its VJP (static scalars closed over)."""
+        """``_forward`` with its batching rule and the declared backward as its VJP (static scalars closed over)."""
         op = self.op
-        fn = jax.custom_vjp(self._forward)
+        fn = jax.custom_vjp(self._custom_vmap())
 
         def fwd(*ts: Any) -> tuple[Any, Any]:
             # fn, not _forward: under an outer differentiation (grad of grad) the call

@@ -1,9 +1,10 @@
 """Registration with torch's dispatcher: schema, device kernels, fake kernel, autograd.
 
 Each op is defined under ``torch.ops.<ns>.<op>`` with its declared schema, a
-CPU and/or CUDA kernel (:func:`make_impl`), a fake kernel from the shape rule
-and an autograd formula from the declared backward, so it works under
-autograd, ``opcheck``, ``torch.compile(fullgraph=True)`` and ``torch.export``.
+CPU and/or CUDA kernel (:func:`make_impl`), a fake kernel from the shape rule,
+an autograd formula from the declared backward and a vmap rule (:mod:`.vmap`),
+so it works under autograd, ``torch.func.vmap``, ``opcheck``,
+``torch.compile(fullgraph=True)`` and ``torch.export``.
 
 Those kernels are Python; where the native shim is built (:mod:`.native`),
 C++ kernels take the op's calls instead and hand the Python ones only what
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opbridge._codegen import compile_source
-from opbridge.adapters.torch import calls, native
+from opbridge.adapters.torch import calls, native, vmap
 from opbridge.call import core
 from opbridge.call.callable import signature_source
 
@@ -179,6 +180,7 @@ def register(lib: Library, on_registered: Callable[[OpDef], None]) -> None:
                 tl.impl(op.name, impl, _DISPATCH_KEY[device])
         if native_devices is None:
             tl.impl(op.name, kernels.autograd, "Autograd", with_keyset=kernels.autograd_keyset)
+        vmap.register(op, packet(op), tl)
         on_registered(op)
         REGISTERED.add(op.qualname)
 
