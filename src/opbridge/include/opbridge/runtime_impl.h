@@ -25,7 +25,16 @@ OPB_RT_ std::string dtype_name(DLDataType t) {
   if (t == kInt32) return "int32";
   if (t == kInt64) return "int64";
   if (t == kBool) return "bool";
-  return std::string(tvm::ffi::DLDataTypeToString(t));  // int16, uint8, float8_e4m3fn, ...
+  // Never throws: it builds error messages, and an exception thrown while OPB_THROW's stream is
+  // being written would unwind through the stream's throwing destructor: std::terminate.
+  // tvm-ffi has no name for complex types (DLPack's kDLComplex) and throws for them.
+  if (t.code == kDLComplex && t.lanes == 1) return "complex" + std::to_string(int(t.bits));
+  try {
+    return std::string(tvm::ffi::DLDataTypeToString(t));  // int16, uint8, float8_e4m3fn, ...
+  } catch (...) {
+    return "dtype(code " + std::to_string(int(t.code)) + ", " + std::to_string(int(t.bits)) + " bits, " +
+           std::to_string(int(t.lanes)) + " lanes)";
+  }
 }
 
 OPB_RT_ std::string shape_str(const TensorView& t) {
