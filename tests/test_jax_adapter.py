@@ -1012,6 +1012,20 @@ def test_out_eager_donates_the_buffer_and_returns_the_result_in_it() -> None:
     assert y.unsafe_buffer_pointer() == p and o.is_deleted()
 
 
+def test_an_eager_out_that_is_also_an_input_is_kept() -> None:
+    """XLA cannot donate a buffer the same call reads ("Attempt to donate a buffer which is also used"):
+    such an out, or one given twice, is not donated, and the call returns a new array."""
+    x = jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4)
+    y = jnp.ones((3, 4), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(ops.add(x, x, out=x)), 2 * np.arange(12.0).reshape(3, 4))
+    np.testing.assert_array_equal(np.asarray(ops.add(x, y, out=y)), np.arange(12.0).reshape(3, 4) + 1)
+    assert not x.is_deleted() and not y.is_deleted()
+    g, w = jnp.ones((4, 8), jnp.float32), jnp.ones(8, jnp.float32)
+    d = jnp.zeros((4, 8), jnp.float32)
+    with pytest.raises(ValueError, match=r"rms_norm_backward: out\[1\] has shape \(4, 8\)"):
+        ops.rms_norm_backward(g, g, w, out=(d, d))
+
+
 @pytest.mark.parametrize("donate", [True, False])
 def test_out_under_jit(donate: bool) -> None:
     x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32))

@@ -79,6 +79,6 @@ def rms_norm_backward(grad: Any, x: Any, weight: Any, eps: float = 1e-6) -> tupl
     xhat = x * r
     gx = grad * weight
     dx = r * (gx - xhat * np.mean(gx * xhat, axis=-1, keepdims=True))
-    dw = np.sum((grad * xhat).reshape(-1, x.shape[-1]), axis=0)
+    dw = np.sum(grad * xhat, axis=tuple(range(x.ndim - 1)))  # over every row; also for 0 columns
     return dx, dw
 

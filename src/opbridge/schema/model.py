@@ -250,6 +250,13 @@ def _scalar_ok(base: str, value: object) -> bool:
     return base == "str" and isinstance(value, str)
 
 
+def _type_name(value: object) -> str:
+    """A value's type for messages: ``numpy.bool_`` rather than ``bool``, which reads as a contradiction
+    in "must be bool, got bool"."""
+    t = type(value)
+    return f"numpy.{t.__name__}" if t.__module__ == "numpy" else t.__name__
+
+
 def check_value(op: str, arg: Argument, value: object) -> None:
     """Type-check a non-tensor value against an argument's type.
 
@@ -272,7 +279,7 @@ def check_value(op: str, arg: Argument, value: object) -> None:
     typ = arg.type
     if typ.base in ("Tensor", "ScalarType") or (value is None and typ.optional):
         return
-    got: str | None = type(value).__name__
+    got: str | None = _type_name(value)
     if not typ.is_list:
         got = None if _scalar_ok(typ.base, value) else got
     elif not isinstance(value, (list, tuple)):
@@ -281,7 +288,7 @@ def check_value(op: str, arg: Argument, value: object) -> None:
         got = f"{got} of length {len(value)}"
     else:
         bad = [i for i, item in enumerate(value) if not _scalar_ok(typ.base, item)]
-        got = f"{got} with {type(value[bad[0]]).__name__} at index {bad[0]}" if bad else None
+        got = f"{got} with {_type_name(value[bad[0]])} at index {bad[0]}" if bad else None
     if got is not None:
         expected = str(Type(typ.base, False, typ.is_list, typ.list_size))
         expected += " or None" if typ.optional else ""

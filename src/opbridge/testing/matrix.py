@@ -66,8 +66,8 @@ from opbridge.cases import (
 from opbridge.declare import DEFAULT_DTYPES, OpDef  # noqa: F401 - DEFAULT_DTYPES: importable here, as before
 from opbridge.testing.generate import CASE_HINTS, as_opdef, case_rng, complete_case, make_cases, only_none
 from opbridge.testing.kits import NumpyKit, TorchKit, dtype_str
-from opbridge.testing.runner import CheckReport, Runner
 from opbridge.testing.rows import run_rows
+from opbridge.testing.runner import CheckReport, Runner
 from opbridge.testing.torch_checks import run_compile, run_gradcheck, run_opcheck, small_case
 
 __all__ = [

@@ -281,7 +281,7 @@ class _JaxOp:
         ts = [args[i] for i in self.tensor_idx]
         if any(isinstance(t, jax.core.Tracer) for t in (*ts, *outs)):
             return ov.fn(*avals.match_varying([*ts, *outs]))
-        return ov.jitted(*ts, *outs)
+        return ov.eager(ts, outs)
 
     def general(self, *args: Any) -> Any:
         """Any call: checks, then the custom_vjp function (tracers) or its jitted executable."""

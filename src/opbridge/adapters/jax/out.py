@@ -12,6 +12,10 @@ result where ``o`` was whenever ``o`` is donated:
   ``out`` (``donate_argnums``); otherwise XLA copies it first, and the call
   costs what a call without ``out=`` costs.
 
+An eager ``out`` that is also one of the call's inputs, or given twice, is
+not donated (XLA cannot donate a buffer the same call reads): the call
+returns a new array, as without ``out=``, and the arrays stay valid.
+
 A large output then needs no new memory: under ``jax.jit`` XLA maps every
 program output afresh, and the OS zeroes it on the kernel's first write
 (``add`` at (4096, 4096) float32: 545 page faults per call even on huge
@@ -67,6 +71,16 @@ class OutVariant:
         n_slots = len(jop.tensor_idx)
         self.fn = _not_differentiable(self.forward, op.name)
         self.jitted = jax.jit(self.fn, donate_argnums=tuple(range(n_slots, n_slots + n_out)))
+        self._kept: Callable[..., Any] | None = None
+
+    def eager(self, ts: Any, outs: Any) -> Any:
+        """An eager call: *outs* donated, unless one is also an input or given twice (then kept)."""
+        ids = [id(o) for o in outs]
+        if len(set(ids)) == len(ids) and not any(id(t) in ids for t in ts):
+            return self.jitted(*ts, *outs)
+        if self._kept is None:
+            self._kept = jax.jit(self.fn)
+        return self._kept(*ts, *outs)
 
     def forward(self, *slots: Any) -> Any:
         """The custom call on tensor slots then the outs (arrays or tracers)."""
