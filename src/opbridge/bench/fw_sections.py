@@ -13,7 +13,9 @@ elements, the others at the serving size :data:`ROWS`, next to the
 framework's own formula or op from :mod:`opbridge.bench.natives`. Graph
 modes add ``jax.jit`` sections (``add``, ``gelu``, ``rms_norm`` at (8,) and
 (1024, 1024)) and MindSpore's ``ms.jit`` ``add``, each where its op is
-selected.
+selected; ``rms_norm`` also gets a ``vmap`` section in JAX (jitted) and
+torch (``torch.func.vmap``) over a batch of :data:`VMAP` (batch, rows,
+hidden), the weight left out of the batch.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ __all__ = ["OUT_SECTIONS", "PER_CALL_OPS", "SECTIONS", "VIEW_SECTIONS", "Section
            "shape_label"]
 
 _LARGE = (1024, 1024)
+#: The ``vmap`` sections' input: a batch of 32 (8, 1024) blocks of rows.
+VMAP = (32, 8, 1024)
 _EPS = 1e-6
 _C = 0.7978845608028654  # sqrt(2/pi)
 
@@ -170,11 +174,22 @@ def _numpy_sections(ops: Sequence[str]) -> Sections:
 def _torch_sections(ops: Sequence[str]) -> Sections:
     import torch
 
+    from opbridge import ops as opbridge_ops
     from opbridge.bench import natives
 
     kit = _Kit("eager", lambda a: torch.from_numpy(a.copy()), lambda t: t.numpy(), natives.natives("torch"),
                natives.descriptions("torch"))
-    return _eager_sections(kit, ops), {}, {"torch_threads": torch.get_num_threads()}
+    sections = _eager_sections(kit, ops)
+    if "rms_norm" in ops:
+        x, w = torch.from_numpy(rand(VMAP, 2)), torch.from_numpy(rand(VMAP[-1:], 3))
+        ours = torch.func.vmap(lambda a: opbridge_ops.rms_norm(a, w, _EPS))
+        theirs = torch.func.vmap(lambda a: torch.nn.functional.rms_norm(a, (VMAP[-1],), w, _EPS))
+        sections.append(Section(
+            "rms_norm", "vmap", VMAP, functools.partial(ours, x), functools.partial(theirs, x),
+            {"opbridge": f"torch.func.vmap(lambda x: ops.rms_norm(x, w, {_EPS}))(x)",
+             "native": f"torch.func.vmap(lambda x: F.rms_norm(x, (H,), w, {_EPS}))(x)"},
+            to_numpy=lambda t: t.numpy()))
+    return sections, {}, {"torch_threads": torch.get_num_threads()}
 
 
 def _jax_sections(ops: Sequence[str]) -> Sections:
@@ -224,6 +239,16 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
                 {"opbridge": f"{d_ours}(...).block_until_ready()",
                  "native": f"{d_theirs}(...).block_until_ready()"},
                 to_numpy=to_np))
+    if "rms_norm" in ops:
+        x, w = arr(VMAP, 2), arr(VMAP[-1:], 3)
+        ours, theirs = jit_pairs[2][1:3]
+        sections.append(Section(
+            "rms_norm", "vmap", VMAP,
+            functools.partial(natives.jax_call, jax.jit(jax.vmap(ours, in_axes=(0, None))), x, w),
+            functools.partial(natives.jax_call, jax.jit(jax.vmap(theirs, in_axes=(0, None))), x, w),
+            {"opbridge": f"jax.jit(jax.vmap(lambda x, w: ops.rms_norm(x, w, {_EPS}), in_axes=(0, None)))",
+             "native": "jax.jit(jax.vmap(<the jit rms_norm formula>, in_axes=(0, None)))"},
+            to_numpy=to_np))
     info.update({"jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()]})
     skipped = {f"{op}/eager/{shape_label(inputs(op)[0])}": "JAX arrays have no views"
                for op in ops if op in VIEW_SECTIONS}
