@@ -118,9 +118,10 @@ def test_fuzzed_gradients_match_finite_differences(op: opbridge.OpDef, data: st.
 
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
 @FUZZ
-@given(data=st.data(), batch=st.integers(1, 3))
-def test_fuzzed_vmap_matches_a_loop(op: opbridge.OpDef, data: st.DataObject, batch: int) -> None:
-    """JAX: ``jax.vmap`` over a leading batch axis of every tensor argument gives each item's own call."""
+@given(data=st.data(), batch=st.integers(1, 3), rows_only=st.booleans())
+def test_fuzzed_vmap_matches_a_loop(op: opbridge.OpDef, data: st.DataObject, batch: int, rows_only: bool) -> None:
+    """JAX: ``jax.vmap`` over a leading batch axis of every tensor argument (once per item), or of the
+    arguments the op declares ``rows`` only (one call over the batch), gives each item's own call."""
     if FRAMEWORK != "jax":
         pytest.skip("vmap is JAX's")
     import jax
@@ -129,7 +130,9 @@ def test_fuzzed_vmap_matches_a_loop(op: opbridge.OpDef, data: st.DataObject, bat
     dtypes = _dtypes(op)
     _require(op, dtypes)
     dtype, case = _draw(data, op, dtypes, nonempty=True)
-    names = [a.name for a in op.schema.arguments if a.type.is_tensor and isinstance(case[a.name], np.ndarray)]
+    rows = {op.schema.arguments[i].name for i in op.rows} if rows_only and op.rows else None
+    names = [a.name for a in op.schema.arguments if a.type.is_tensor and isinstance(case[a.name], np.ndarray)
+             and (rows is None or a.name in rows)]
     if not names:
         return
     # Items differ in their float values only (integer arguments, e.g. positions, stay valid).
@@ -146,7 +149,8 @@ def test_fuzzed_vmap_matches_a_loop(op: opbridge.OpDef, data: st.DataObject, bat
 
     got = jax.vmap(one)(*[s for s in stacked if s is not None])
     got = [] if got is None else list(got) if isinstance(got, tuple) else [got]
-    where = f"jax.vmap {op.name} {dtype} batch {batch} {[np.shape(v) for v in case.values()]}"
+    where = (f"jax.vmap {op.name} {dtype} batch {batch} over {names} "
+             f"{[np.shape(v) for v in case.values()]}")
     assert len(got) == len(want[0]), f"{where}: {len(got)} results, a single call gives {len(want[0])}"
     for k, r in enumerate(got):
         if r is None:  # an optional mutated argument that was not given
