@@ -223,10 +223,32 @@ class OpDef:
             return tuple(Spec(tuple(args[names.index(n)].shape), args[names.index(n)].dtype)
                          for n in rule.names)
         out = rule(*args)
-        specs = (out,) if isinstance(out, Spec) else tuple(out)
+        specs = (out,) if isinstance(out, Spec) else tuple(out) if isinstance(out, (tuple, list)) else None
+        n = self.n_outputs
+        if specs is None or len(specs) != n or not all(isinstance(s, Spec) for s in specs):
+            raise self._rule_error(out, n)
         for k, s in enumerate(specs):
+            if not isinstance(s.shape, (tuple, list)):
+                raise TypeError(f"{self.name}: its shape rule gave output {k} the shape {s.shape!r}; a shape is a "
+                                f"tuple of ints, e.g. (x.shape[0], 4)")
             self._check_size(k, s.shape)
+            if type(s.dtype) is str and s.dtype not in KNOWN_DTYPES:
+                raise ValueError(f"{self.name}: its shape rule gave output {k} the dtype {s.dtype!r}; name one of "
+                                 f"{', '.join(sorted(KNOWN_DTYPES))}, or give an input's dtype (x.dtype)")
         return specs
+
+    def _rule_error(self, out: Any, n: int) -> Exception:
+        """The error for a shape rule that gave *out* where *n* :class:`Spec` were due."""
+        where = f" (declared at {self.origin})" if self.origin else ""
+        want = ("opbridge.Spec(shape, dtype)" if n == 1 else f"a tuple of {n} opbridge.Spec(shape, dtype), one per "
+                f"output")
+        if isinstance(out, (tuple, list)) and all(isinstance(s, Spec) for s in out):
+            return ValueError(f"{self.name}: its shape rule gave {len(out)} Spec(s), but the schema returns {n} new "
+                              f"tensor(s){where}: return {want}")
+        got = type(out).__name__
+        if isinstance(out, (tuple, list)):
+            got += " of " + ", ".join(type(s).__name__ for s in out) if out else " (empty)"
+        return TypeError(f"{self.name}: its shape rule must return {want}{where}, got {got}")
 
     def _check_size(self, k: int, shape: Sequence[Any]) -> None:
         """Output *k*'s *shape* from the shape rule: no dimension below 0, at most :data:`MAX_ELEMENTS`
@@ -236,6 +258,9 @@ class OpDef:
         for d in shape:
             if type(d) is not int:
                 if not isinstance(d, numbers.Integral):
+                    if isinstance(d, numbers.Real):  # a float; symbolic dims (jax.export) pass
+                        raise TypeError(f"{self.name}: its shape rule gave output {k} the shape {tuple(shape)}; "
+                                        f"dimensions must be ints, got {type(d).__name__} {d!r}")
                     continue
                 d = int(d)
             if d < 0:

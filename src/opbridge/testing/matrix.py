@@ -219,10 +219,15 @@ def check_op(
             if check_opcheck or check_compile:
                 report.skipped.append(f"opcheck/compile ({dtype}): no contiguous non-empty case")
             continue
-        if check_opcheck:
-            run_opcheck(runner, small, opcheck_test_utils)
-        if check_compile:
-            run_compile(runner, small, compile_backend)
+        if (check_opcheck or check_compile) and any(k < 0 for k in opdef.return_sources):
+            report.skipped.append(f"opcheck/compile ({dtype}): the op returns an argument it writes "
+                                  f"(-> Tensor(a!)), which torch.compile and opcheck refuse for custom ops "
+                                  f"(they cannot functionalize it); declare -> () as vLLM's in-place ops do")
+        else:
+            if check_opcheck:
+                run_opcheck(runner, small, opcheck_test_utils)
+            if check_compile:
+                run_compile(runner, small, compile_backend)
         if check_gradcheck and dtype == "float64" and _has_gradient(opdef):
             run_gradcheck(runner, small)
     if framework == "torch" and check_gradcheck and _has_gradient(opdef) and "float64" not in run:
