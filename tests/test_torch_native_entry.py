@@ -257,7 +257,7 @@ def test_modes_and_transforms_see_the_call() -> None:
     assert _entry(op) == before
 
 
-def test_inference_tensors_are_mutated_without_a_version_bump_as_before() -> None:
+def test_inference_tensors_are_written_inside_inference_mode_only() -> None:
     op = ops.fused_add_rms_norm.opdef
     with torch.inference_mode():
         x, res = torch.randn(2, 8), torch.randn(2, 8)
@@ -267,7 +267,14 @@ def test_inference_tensors_are_mutated_without_a_version_bump_as_before() -> Non
     with python_path(op):
         ops.fused_add_rms_norm(expect_x, expect_res, w)
     before = _entry(op)
-    assert ops.fused_add_rms_norm(x, res, w) is None  # increment_version skips them: no error either
+    saved_x, saved_res = x.clone(), res.clone()
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        ops.fused_add_rms_norm(x, res, w)  # as torch raises; the entry declines, nothing is written
+    assert _entry(op) == before
+    _same(x, saved_x)
+    _same(res, saved_res)
+    with torch.inference_mode():
+        assert ops.fused_add_rms_norm(x, res, w) is None  # no version counter to bump: no error either
     assert _entry(op) == before + 1
     _same(x, expect_x)
     _same(res, expect_res)

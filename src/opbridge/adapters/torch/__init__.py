@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opbridge import registry
-from opbridge.adapters.torch import calls, dispatcher, dynamo, fast
+from opbridge.adapters.torch import calls, dispatcher, dynamo, fast, flags
 from opbridge.call import core, overlap
 
 if TYPE_CHECKING:
@@ -66,6 +66,11 @@ class TorchAdapter:
         ValueError naming them, before anything is written); non-contiguous
         inputs and outputs go through dense copies, and so do all outputs
         where one shares memory with an input (which is read as it was).
+        Inputs with the negative or conjugate bit are read resolved, and
+        ``out=`` buffers with one are written through ``copy_``; an argument
+        the op mutates with one raises (:func:`.flags.check_written_bits`), and
+        so, outside inference mode, does an inference tensor it would write, as
+        torch raises for its own in-place ops.
         """
         if op.qualname not in dispatcher.REGISTERED:
             register(op.library)
@@ -76,6 +81,9 @@ class TorchAdapter:
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             raise RuntimeError(f"{op.name}: out= does not support autograd (an argument requires grad); "
                                f"call it under torch.no_grad() or without out=")
+        mutated = [(a.name, args[i]) for i, a in enumerate(op.schema.arguments) if a.is_mutated]
+        flags.check_written_bits(op, mutated)
+        flags.check_inference_writes(op, [*mutated, *_out_names(outs)])
         if not (all(type(t) is torch.Tensor for t in tensors) and _no_modes()):
             core.validate_args(op, args, calls.is_tensor, "a torch.Tensor")
             core.check_outs(op, args, outs, calls.dtype_name)
@@ -87,10 +95,12 @@ class TorchAdapter:
         core.check_outs(op, args, outs, calls.dtype_name)
         calls.check_devices(op, args, outs)
         overlap.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
-        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous,
-                                        calls.rows)
+        # inputs with the negative or conjugate bit are read resolved (the kernel reads raw memory)
+        full, back = overlap.dense_args(op, [flags.resolved(a) for a in args], torch.Tensor.is_contiguous,
+                                        torch.Tensor.contiguous, calls.rows)
         fresh = overlap.outputs_overlap(op, args, outs, calls.OVERLAP)
-        dense, out_back = overlap.dense_outputs(outs, torch.Tensor.is_contiguous, _empty_dense, fresh=fresh)
+        # and out= buffers with one are written through a dense buffer and copy_, which honours the bit
+        dense, out_back = overlap.dense_outputs(outs, _dense_plain, _empty_dense, fresh=fresh)
         try:
             calls.run_kernel(op, dense, full)
         except TypeError:
@@ -103,6 +113,16 @@ class TorchAdapter:
         for o in outs:
             torch.autograd.graph.increment_version(o)
         return outs[0] if len(outs) == 1 and len(op.schema.returns) == 1 else core.pack_results(op, args, outs)
+
+
+def _out_names(outs: tuple[Any, ...]) -> list[tuple[str, Any]]:
+    return [("out" if len(outs) == 1 else f"out[{i}]", o) for i, o in enumerate(outs)]
+
+
+def _dense_plain(t: torch.Tensor) -> bool:
+    """Whether the kernel may write the ``out=`` buffer *t* as it is: contiguous, with no negative or
+    conjugate bit."""
+    return t.is_contiguous() and not flags.math_bits(t)
 
 
 def _empty_dense(o: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opbridge._codegen import compile_source
-from opbridge.adapters.torch import calls, native, vmap
+from opbridge.adapters.torch import calls, flags, native, vmap
 from opbridge.call import core
 from opbridge.call.callable import signature_source
 
@@ -53,13 +53,19 @@ def make_impl(op: OpDef, device: str) -> Callable[..., Any]:
     names = [a.name for a in op.schema.arguments]
     outs = [f"_o{i}" for i in range(op.n_outputs)]
     dt = names[op.dtype_arg]
+    # torch raises for a write to an inference tensor outside inference mode (from ADInplaceOrView, which a
+    # custom op falls through): the device kernel checks it, before anything is written
+    written = [a.name for a in op.schema.mutated_args if a.type.is_tensor]
+    checks = [f"    if not _t_infmode(): _t_check_inference(({''.join(f'({n!r}, {n}), ' for n in written)}))"]
     lines = [f"def impl({', '.join(params)}):",
+             *(checks if written else []),
              f"    if {dt}.dtype not in _t_dts: _t_dtype_error({dt})",
              f"    if not ({calls.dense_test(op, names)}):",
              f"        return _t_strided(({''.join(n + ', ' for n in names)}))",
              *calls.kernel_lines(op, device, names, outs, "    "),
              *core.returns_source(op, names, outs, "    ")]
-    ns = calls.namespace(op, {"_t_strided": calls.strided_call(op)})
+    ns = calls.namespace(op, {"_t_strided": calls.strided_call(op), "_t_infmode": torch.is_inference_mode_enabled,
+                              "_t_check_inference": lambda w: flags.check_inference_writes(op, w)})
     compile_source("\n".join(lines) + "\n", f"<opbridge {op.qualname} {device} kernel>", ns)
     impl: Callable[..., Any] = ns["impl"]
     impl.__name__ = f"{op.name}_{device}_impl"
@@ -191,9 +197,16 @@ def checked(op: OpDef) -> Callable[..., Any]:
     A bool given for an ``int`` or ``float`` argument, anything else for a ``bool`` one, or None
     for one that is not optional, raises TypeError, as in every framework (:func:`opbridge.call.core.scalar_guards`);
     ``torch.ops.<ns>.<op>`` itself keeps torch's rules.
+
+    A tensor with the negative or conjugate bit given for an argument the op
+    writes raises a RuntimeError naming it (:func:`.flags.check_written_bits`)
+    before anything is written: torch's fallback for those bits cannot give
+    back an op's writes unless the op returns what it wrote, and fails with
+    "Expected Tensor but got None" after the kernel ran.
     """
     overload = packet(op)
     kw_only, n_pos = op.schema.keyword_names, op.schema.n_positional
+    mutated = [(i, a.name) for i, a in enumerate(op.schema.arguments) if a.is_mutated and a.type.is_tensor]
 
     # torch's parser takes a bool for an int or float argument, and other values for a bool one;
     # opbridge's declaration does not (core.scalar_guards)
@@ -204,6 +217,9 @@ def checked(op: OpDef) -> Callable[..., Any]:
         if any(i < len(args) and (not optional if args[i] is None else (type(args[i]) is bool) != want)
                for i, want, optional in scalars):
             core.validate_args(op, calls.ordered(op, args, kwargs), calls.is_tensor, "a torch.Tensor")
+        if mutated:
+            flags.check_written_bits(op, [(name, args[i] if i < len(args) else kwargs.get(name))
+                                          for i, name in mutated])
         if kw_only and len(args) > n_pos:  # opbridge passes everything positionally; torch.ops wants names
             kwargs.update(zip(kw_only, args[n_pos:]))
             args = args[:n_pos]

@@ -1,13 +1,17 @@
 """The dispatcher-free fast path, spliced into each op's public callable.
 
 It is taken only when skipping the dispatcher is provably equivalent: every
-tensor argument is a plain ``torch.Tensor`` that does not require grad, the
-dtype argument's dtype is declared (one frozenset lookup), and no
-dispatch/function mode, functorch transform, JIT tracer or Dynamo trace is
-active. CPU and CUDA tensors both take it, each calling its device's kernel
-(CUDA on torch's current stream of the tensor's device, read from its raw
-handle: no Python stream object and no host synchronisation, so calls are
-safe under CUDA graph capture). In every other case the call goes through
+tensor argument is a plain ``torch.Tensor`` that does not require grad and
+has no negative or conjugate bit (a kernel reads raw memory, which such a
+view holds un-negated or un-conjugated: :func:`_bits_guard`), every tensor
+the op writes (a mutated argument, ``out=``) is not an inference tensor
+outside inference mode (torch refuses to write one), the dtype argument's
+dtype is declared (one frozenset lookup), and no dispatch/function mode,
+functorch transform, JIT tracer or Dynamo trace is active. CPU and CUDA
+tensors both take it, each calling its device's kernel (CUDA on torch's
+current stream of the tensor's device, read from its raw handle: no Python
+stream object and no host synchronisation, so calls are safe under CUDA
+graph capture). In every other case the call goes through
 ``torch.ops.<ns>.<op>``, and so does a call whose kernel rejects an argument
 type (the dispatcher's parser names it). Inputs in a layout the kernels do not
 take (not contiguous, nor rows at a stride where declared) run on dense copies
@@ -52,6 +56,7 @@ _PROBES = {
     "_t_trace": torch._C._get_tracing_state,
     "_t_dyn": torch.compiler.is_dynamo_compiling,
     "_t_bump": torch.autograd.graph.increment_version,
+    "_t_infmode": torch.is_inference_mode_enabled,
 }
 _NO_MODES = ["not _t_dstack()", "not _t_tfmode()", "_t_fstack() is None", "_t_trace() is None"]
 
@@ -60,8 +65,32 @@ def _devices(op: OpDef) -> list[str]:
     return [d for d in calls.DEVICES if d in op.kernels]
 
 
+def _bits_guard(op: OpDef, t: str) -> str:
+    """A condition true where the tensor *t* has neither the negative nor the conjugate bit.
+
+    Such a tensor (``z.conj().imag``, ``torch._neg_view``, ``z.conj()``) is a
+    view whose memory holds the values before negation or conjugation; the
+    dispatcher's Negative and Conjugate fallbacks resolve it, a kernel reading
+    raw memory would not. The conjugate bit is only ever set on a complex
+    tensor, so it is tested only for an op that declares a complex dtype: any
+    other op's kernels do not take a complex tensor (its dtype test sends it
+    to the dispatcher, or the kernel's TypeError does). One method call per
+    tensor: the hot path's only cost.
+    """
+    if any(d.startswith("complex") for d in op.dtypes):
+        return f"not {t}.is_neg() and not {t}.is_conj()"
+    return f"not {t}.is_neg()"
+
+
+def _writable(t: str) -> str:
+    """A condition true where torch lets the op write the tensor *t*: not an inference tensor, or
+    inside inference mode (outside it, torch raises; the dispatcher's call says so)."""
+    return f"(not {t}.is_inference() or _t_infmode())"
+
+
 def _guards(op: OpDef, extra: list[str]) -> str:
-    """The fast path's condition: plain tensors, no grad, a declared dtype, no mode or tracer."""
+    """The fast path's condition: plain tensors, no grad, no negative or conjugate bit, written tensors
+    that torch lets it write, a declared dtype, no mode or tracer."""
     args = op.schema.arguments
     lead = args[op.dispatch_arg].name
     conds = [f"type({lead}) is _T", "not _t_dyn()", f"not {lead}.requires_grad"]
@@ -69,6 +98,10 @@ def _guards(op: OpDef, extra: list[str]) -> str:
         if a.type.is_tensor and i != op.dispatch_arg:
             c = f"(type({a.name}) is _T and not {a.name}.requires_grad)"
             conds.append(f"({a.name} is None or {c})" if a.type.optional else c)
+    for a in args:  # after every type test: these call tensor methods
+        if a.type.is_tensor:
+            c = _bits_guard(op, a.name) + (f" and {_writable(a.name)}" if a.is_mutated else "")
+            conds.append(f"({a.name} is None or ({c}))" if a.type.optional else c)
     conds += extra  # after the type tests: they may call tensor methods
     conds += core.scalar_guards(op, [a.name for a in args])
     if not op.library.kernels_check_inputs:  # else the kernel's TypeError falls back to the checked path
@@ -146,7 +179,8 @@ def out_prelude(op: OpDef) -> str:
     fits = core.out_fits_source(op, names, "out", "_t_out_plan")  # else the checked path's ValueError
     # Layouts the kernels take, else the checked path (dense copies), not a kernel's ValueError.
     takes = f"{calls.dense_test(op, names, rows=True)} and out.is_contiguous()"
-    guards = ["type(out) is _T", "not out.requires_grad", fits, takes, apart]
+    guards = ["type(out) is _T", "not out.requires_grad", _bits_guard(op, "out"), _writable("out"), fits, takes,
+              apart]
     lines = [f"        if {_guards(op, guards)}:"]
     devices = f"_t_check_devices(({''.join(n + ', ' for n in names)}), (out,))"
     lines += _device_branches(op, body, slow, dense, devices, " " * 12)

@@ -6,7 +6,10 @@
 // or a tuple of one per output for an op whose returns are its outputs). It
 // takes the calls the Python fast path takes: exact torch.Tensor arguments (no subclass, no
 // Parameter) that do not require grad, no torch-function or dispatch mode, functorch transform or
-// JIT tracer active (the fast path's _NO_MODES probes), and, through RunKernel, dense tensors of a
+// JIT tracer active (the fast path's _NO_MODES probes), no tensor with the negative or conjugate bit (a
+// view whose memory holds the values before negation or conjugation: the kernel reads raw memory), no
+// inference tensor to write outside inference mode (a mutated argument or out=: torch raises for that
+// write, and so does the dispatcher's call the Python path makes), and, through RunKernel, dense tensors of a
 // declared dtype on one device and a kernel that accepts the call. It runs the kernel into new
 // outputs (or `out`), bumps the version counters of what it mutated and returns the schema's
 // returns. A kernel that raises has its error raised here, as tvm-ffi's binding raises it (never a
@@ -18,6 +21,7 @@
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
@@ -90,6 +94,32 @@ inline bool FromPython(const OpState& st, size_t i, PyObject* o, c10::SmallVecto
   return false;
 }
 
+// Whether torch lets an op write *t* in place: not an inference tensor, or inside inference mode (outside
+// it torch raises "Inplace update to inference tensor outside InferenceMode", which the Python path's
+// dispatcher call gives; the Python fast path's _writable guard, adapters/torch/fast.py).
+inline bool Writable(const at::Tensor& t) { return !t.is_inference() || c10::InferenceMode::is_enabled(); }
+
+// torch's error for a write to an inference tensor outside inference mode, naming the op and argument (the
+// Python kernels' message: adapters/torch/calls.py, check_inference_writes).
+[[noreturn, gnu::cold, gnu::noinline]] inline void ThrowInferenceWrite(const OpState& st, int m) {
+  const std::string& qualname = st.op.schema().name();
+  const size_t colons = qualname.rfind("::");
+  TORCH_CHECK(false, colons == std::string::npos ? qualname : qualname.substr(colons + 2), ": argument '",
+              st.op.schema().arguments()[m].name(), "': ",
+              "Inplace update to inference tensor outside InferenceMode is not allowed."
+              "You can make a clone to get a normal tensor before doing inplace update."
+              "See https://github.com/pytorch/rfcs/pull/17 for more details.");
+}
+
+// The device kernel's check, before anything is written: torch's own in-place ops raise the same error
+// (theirs from ADInplaceOrView, after the write), which a custom op's fallthrough there never raises,
+// and an inference tensor has no Autograd key to reach the autograd kernel's version bump.
+inline void CheckWritable(const OpState& st, const c10::IValue* args) {
+  for (int m : st.mutated) {
+    if (args[m].isTensor() && !Writable(args[m].toTensor())) ThrowInferenceWrite(st, m);
+  }
+}
+
 // torch.autograd.graph.increment_version (the Python fast path's): inference tensors have no counter.
 inline void Bump(const at::Tensor& t) {
   if (!t.is_inference()) torch::autograd::impl::bump_version(t);
@@ -104,6 +134,9 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
   for (size_t i = 0; i < n; ++i) {
     if (!FromPython(st, i, pyargs[i], &args)) return NotHandled();
   }
+  for (int m : st.mutated) {
+    if (args[m].isTensor() && !Writable(args[m].toTensor())) return NotHandled();
+  }
   c10::SmallVector<at::Tensor, 4> outs;
   if (with_out) {  // one tensor, or a tuple of one per output (an op whose returns are its outputs)
     PyObject* given = pyargs[n];
@@ -111,7 +144,7 @@ inline PyObject* Call(OpState& st, PyObject* const* pyargs, Py_ssize_t nargs, bo
     if (many && !(PyTuple_CheckExact(given) && PyTuple_GET_SIZE(given) == st.n_outputs)) return NotHandled();
     for (int k = 0; k < st.n_outputs; ++k) {
       const at::Tensor* out = PlainTensor(many ? PyTuple_GET_ITEM(given, k) : given, /*out=*/true);
-      if (out == nullptr) return NotHandled();
+      if (out == nullptr || !Writable(*out)) return NotHandled();
       outs.push_back(*out);
     }
   }

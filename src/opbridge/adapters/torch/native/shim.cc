@@ -91,6 +91,7 @@ class DeviceKernel : public c10::OperatorKernel {
  public:
   DeviceKernel(std::shared_ptr<OpState> st, int dev) : st_(std::move(st)), dev_(dev) {}
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (!st_->mutated.empty()) CheckWritable(*st_, &*(stack->end() - st_->kinds.size()));
     if (!RunNative(*st_, stack)) CallPython(*st_, st_->impl[dev_], nullptr, stack);
   }
 
