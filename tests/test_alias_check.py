@@ -65,10 +65,10 @@ def test_nothing_to_check_without_mutation() -> None:
 
 def test_views_that_interleave_without_sharing_an_element_are_apart() -> None:
     """vLLM's query and key are column slices of one qkv tensor: their byte spans interleave, their
-    elements do not; the exact test (overlap.shares_memory) lets them through, a real overlap not."""
+    elements do not; the exact test (layout.shares_memory) lets them through, a real overlap not."""
     import numpy as np
 
-    from opbridge.call.overlap import shares_memory
+    from opbridge.call.layout import shares_memory
 
     qkv = np.zeros((5, 48), np.float32)
     q, k = qkv[:, :16], qkv[:, 16:32]
@@ -92,7 +92,7 @@ def test_row_strided_arguments_are_judged_exactly() -> None:
     row and tells rows that interleave from rows that meet, as check_no_alias with the exact test does."""
     import numpy as np
 
-    from opbridge.call.overlap import NDARRAY_SHARES
+    from opbridge.call.layout import NDARRAY_SHARES
 
     op = _op(SCHEMA)
     op.row_strided = (0, 2, 4, 5)

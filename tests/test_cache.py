@@ -110,9 +110,13 @@ def test_stale_temporaries_of_killed_builds_go(cache: Path) -> None:
 def test_size_bound_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPBRIDGE_OBJECT_CACHE_MB", "2.5")
     assert housekeeping.size_bound() == int(2.5 * (1 << 20))
-    for bad in ("", "-1", "lots"):
+    monkeypatch.setenv("OPBRIDGE_OBJECT_CACHE_MB", "")
+    assert housekeeping.size_bound() == 1 << 30
+    for bad in ("-1", "0", "lots", "inf"):  # named, as every setting a value of which cannot be read
         monkeypatch.setenv("OPBRIDGE_OBJECT_CACHE_MB", bad)
-        assert housekeeping.size_bound() == 1 << 30
+        with pytest.raises(ValueError, match=f"OPBRIDGE_OBJECT_CACHE_MB must be a positive number \\(of MiB\\), "
+                                             f"got '{bad}'"):
+            housekeeping.size_bound()
 
 
 def test_build_touches_its_entry_and_prunes_to_the_bound(cache: Path, tmp_path: Path,

@@ -117,7 +117,7 @@ def test_strided_arrays_never_reach_a_kernel_that_rejects_them(name: str, monkey
     ValueError: the C++ exception and its backtrace cost about 100 us a call (ops.add on a (64, 128)
     slice took 108 us, 15 us now). Arrays the kernel takes as they are (rows at a stride where declared)
     still reach it; results equal the dense call's."""
-    from opbridge.call import overlap
+    from opbridge.call import layout
     from opbridge.testing import make_cases
 
     op = getattr(ops, name).opdef
@@ -131,7 +131,7 @@ def test_strided_arrays_never_reach_a_kernel_that_rejects_them(name: str, monkey
 
     def checked(*a: Any) -> Any:
         rejected.extend(v.strides for v in a if isinstance(v, np.ndarray) and not v.flags.c_contiguous
-                        and not overlap.ndarray_rows(v))
+                        and not layout.ndarray_rows(v))
         return kernel(*a)
 
     monkeypatch.setitem(ns, "_np_k", checked)

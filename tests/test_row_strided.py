@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import opbridge
-from opbridge.call.overlap import accepted_rows, byte_rows, ndarray_rows, row_strided, rows_meet
+from opbridge.call.layout import accepted_rows, byte_rows, ndarray_rows, row_strided, rows_meet
 from opbridge.errors import DeclarationError
 
 

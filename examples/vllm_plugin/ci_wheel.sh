@@ -12,7 +12,7 @@
 #   OPBRIDGE_CI_TORCH           torch requirement (default: torch==2.13.0; pip's configured
 #                               find-links hold the CPU wheel, so nothing large is downloaded)
 #   OPBRIDGE_CI_PIP_ARGS        extra arguments for every pip install (e.g. --find-links DIR)
-#   OPBRIDGE_MINDSPORE_PYTHON   Python of an environment with MindSpore (default: /tmp/msenv/bin/python);
+#   OPBRIDGE_MINDSPORE_PYTHON   Python of an environment with MindSpore (default: the repository's .venv-ms);
 #                               the MindSpore tests are skipped, with a message, when it is missing
 set -euo pipefail
 

@@ -219,6 +219,22 @@ def output_cache_bytes() -> int:
     return _whole("OPBRIDGE_OUTPUT_CACHE_MB", 256, "of MiB; 0 turns recycling off") << 20
 
 
+def object_cache_mb() -> float | None:
+    """The build cache's size bound in MiB (``OPBRIDGE_OBJECT_CACHE_MB``; None: unset, the default of
+    :func:`opbridge.build.housekeeping.size_bound`). A value that is not a positive number raises ValueError,
+    at the prune after a build or by ``opbridge doctor``."""
+    raw = os.environ.get("OPBRIDGE_OBJECT_CACHE_MB", "").strip()
+    if not raw:
+        return None
+    try:
+        mib = float(raw)
+    except ValueError:
+        mib = float("nan")
+    if not 0 < mib < float("inf"):
+        raise ValueError(f"OPBRIDGE_OBJECT_CACHE_MB must be a positive number (of MiB), got {raw!r}")
+    return mib
+
+
 def output_cache_idle_ms() -> int:
     """How long a recycled output buffer may sit unused (``OPBRIDGE_OUTPUT_CACHE_IDLE_MS``, default 1000)."""
     return _whole("OPBRIDGE_OUTPUT_CACHE_IDLE_MS", 1000, "of milliseconds, at least 1", least=1)
@@ -249,12 +265,13 @@ SETTINGS: dict[str, object] = {
     "OPBRIDGE_CUDA_SYNC_CHECKS": None, "OPBRIDGE_HUGEPAGES": hugepages, "OPBRIDGE_OUTPUT_CACHE_MB": output_cache_bytes,
     "OPBRIDGE_OUTPUT_CACHE_IDLE_MS": output_cache_idle_ms, "OPBRIDGE_THREADING": threading,
     "OPBRIDGE_NUMPY_NATIVE": numpy_native, "OPBRIDGE_EXCHANGE_ENTRY": exchange_entry,
-    "OPBRIDGE_TORCH_NATIVE": torch_native, "OPBRIDGE_OBJECT_CACHE_MB": None,
+    "OPBRIDGE_TORCH_NATIVE": torch_native, "OPBRIDGE_OBJECT_CACHE_MB": object_cache_mb,
 }
 #: Read by opbridge's scripts, test suite and benchmarks, not by the library.
 TOOL_SETTINGS = ("OPBRIDGE_FRAMEWORK", "OPBRIDGE_FUZZ_DEVICE", "OPBRIDGE_FUZZ_EXAMPLES", "OPBRIDGE_MS_PYTHON",
                  "OPBRIDGE_MINDSPORE_PYTHON", "OPBRIDGE_NO_UV", "OPBRIDGE_UV", "OPBRIDGE_SANITIZE_CACHE_DIR",
-                 "OPBRIDGE_SKIP_MINDSPORE", "OPBRIDGE_SKIP_WHEEL")
+                 "OPBRIDGE_SKIP_MINDSPORE", "OPBRIDGE_SKIP_WHEEL", "OPBRIDGE_CI_WORK", "OPBRIDGE_CI_KEEP",
+                 "OPBRIDGE_CI_TORCH", "OPBRIDGE_CI_PIP_ARGS")
 
 
 def problems() -> tuple[list[str], dict[str, list[str]]]:

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opbridge import config
 from opbridge.build.cache import SHIMS_DIR, build_lock, cache_root
 from opbridge.build.objects import MAX_AGE_S, MAX_BYTES, ObjectStore
 
@@ -46,21 +47,16 @@ _STALE_TMP_S = 3600.0
 #: A torch shim's temporary this old, with its directory's build locks free, belongs to a killed compile.
 SHIM_TMP_AGE_S = 60.0
 _MANIFEST = "manifest.json"
-_ENV_BOUND = "OPBRIDGE_OBJECT_CACHE_MB"
 
 
 def size_bound() -> int:
     """The most bytes the cache keeps: ``OPBRIDGE_OBJECT_CACHE_MB`` (MiB), default 1024 MiB.
 
     Read at each call, like every ``OPBRIDGE_*`` setting; a value that is not a
-    positive number falls back to the default.
+    positive number raises ValueError naming it (:func:`opbridge.config.object_cache_mb`).
     """
-    raw = os.environ.get(_ENV_BOUND, "").strip()
-    try:
-        mib = float(raw)
-    except ValueError:
-        return MAX_BYTES
-    return int(mib * (1 << 20)) if mib > 0 else MAX_BYTES
+    mib = config.object_cache_mb()
+    return MAX_BYTES if mib is None else max(1, int(mib * (1 << 20)))
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 over an input, and the dense copies that strided tensors reach a kernel through.
 
 A quick test of byte spans (or ``numpy.may_share_memory``) finds candidate
-pairs; :func:`shares_memory` decides exactly, strides included, so that
+pairs; :func:`opbridge.call.layout.shares_memory` decides exactly, strides included, so that
 views which interleave without sharing an element (the ``query`` and ``key``
-column slices of one ``qkv`` tensor) are apart.
+column slices of one ``qkv`` tensor) are apart. The layouts themselves (which bytes
+a tensor's elements take) are :mod:`opbridge.call.layout`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from opbridge._codegen import compile_source
 from opbridge.call.core import pack_results, tensor_indices
 
 if TYPE_CHECKING:
+    from opbridge.call.layout import WrittenCheck
     from opbridge.declare import OpDef
 
 
@@ -26,7 +28,7 @@ def check_no_alias(op: OpDef, args: Sequence[Any], span: Callable[[Any], tuple[i
     *span* maps a tensor to ``(start, end)`` byte addresses (``end == start``
     when empty). Empty tensors overlap nothing; None (an absent optional
     tensor) is skipped. The first offending pair in schema order is named.
-    Where *exact* is given (:func:`shares_memory`), a pair whose spans overlap
+    Where *exact* is given (:func:`.layout.shares_memory`), a pair whose spans overlap
     must also share an element: strided views that interleave without one
     (the ``query`` and ``key`` column slices of one ``qkv`` tensor) are apart.
     This is the definition the adapters' per-op checks
@@ -43,103 +45,6 @@ def check_no_alias(op: OpDef, args: Sequence[Any], span: Callable[[Any], tuple[i
             if i != j and s1 != e1 and s1 < e0 and s0 < e1 and (exact is None or exact(t0, t1)):
                 raise ValueError(f"{op.name}: mutated argument '{name}' overlaps argument "
                                  f"'{other}' in memory; pass separate tensors")
-
-
-class _Interface:
-    """An array interface over memory nothing reads: :func:`shares_memory`'s view of a tensor."""
-
-    __slots__ = ("__array_interface__",)
-
-    def __init__(self, address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
-        self.__array_interface__ = {"data": (address, True), "shape": shape, "strides": strides,
-                                    "typestr": f"|V{itemsize}", "version": 3}
-
-
-ByteRows = tuple[int, int, int, int]
-
-
-def byte_rows(address: int, shape: Sequence[int], strides: Sequence[int], itemsize: int) -> ByteRows | None:
-    """A tensor's memory as ``(begin, rows, bytes per row, bytes between rows)`` when it is contiguous
-    or rows at a stride (*strides* in bytes; :func:`row_strided`), else None: ``opbridge::rows::of``
-    (``include/opbridge/byte_rows.h``), which the kernels' checks and the C entries use."""
-    row = itemsize
-    for k in range(len(shape) - 1, 0, -1):
-        if shape[k] != 1 and strides[k] != row:
-            return None
-        row *= shape[k]
-    n = shape[0] if shape else 1
-    if n <= 1 or row == 0 or strides[0] == row:
-        return address, 1, n * row, n * row
-    if strides[0] < row:
-        return None
-    return address, n, row, strides[0]
-
-
-def rows_meet(a: ByteRows, b: ByteRows) -> bool:
-    """Whether two :func:`byte_rows` share a byte (``opbridge::rows::meet``): O(1) at equal row steps."""
-    (a0, an, ab, astep), (b0, bn, bb, bstep) = a, b
-    if ab == 0 or bb == 0 or a0 + (an - 1) * astep + ab <= b0 or b0 + (bn - 1) * bstep + bb <= a0:
-        return False
-    if an == 1 and bn == 1:
-        return True
-    if astep == bstep:  # row i of a meets row j of b iff -bb < d + (j - i) step < ab
-        d = b0 - a0
-        k = max((-bb - d) // astep + 1, -(an - 1))
-        return k <= bn - 1 and d + k * astep < ab
-    if an > bn:
-        (a0, an, ab, astep), (b0, bn, bb, bstep) = b, a
-    for i in range(an):
-        start = a0 + i * astep
-        if max((start - bb - b0) // bstep + 1, 0) <= min(-((b0 - start - ab) // bstep) - 1, bn - 1):
-            return True
-    return False
-
-
-def shares_memory(describe: Callable[[Any], tuple[int, tuple[int, ...], tuple[int, ...], int]],
-                  ) -> Callable[[Any, Any], bool]:
-    """An exact test of whether two tensors share an element of memory, strides included.
-
-    *describe* gives a tensor's ``(address, shape, byte strides, itemsize)``.
-    Two tensors that are each contiguous or rows at a stride (vLLM's ``query``
-    and ``key`` slices of one ``qkv``) are compared by arithmetic
-    (:func:`rows_meet`); other layouts by ``numpy.shares_memory`` over array
-    interfaces built from them (nothing is read or copied, so the address may
-    be a device's). A case too hard for it within its work bound counts as
-    overlapping.
-    """
-    import numpy as np
-
-    too_hard = getattr(np, "exceptions", np).TooHardError
-
-    def test(a: Any, b: Any) -> bool:
-        da, db = describe(a), describe(b)
-        ra, rb = byte_rows(*da), byte_rows(*db)
-        if ra is not None and rb is not None:
-            return rows_meet(ra, rb)
-        va, vb = (np.asarray(_Interface(*d)) for d in (da, db))
-        try:
-            # a bound on the candidates it tries (the stubs know only -1 and 0; any count is valid)
-            return bool(np.shares_memory(va, vb, max_work=1 << 20))  # type: ignore[arg-type]
-        except too_hard:
-            return True
-
-    return test
-
-
-def ndarray_layout(a: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    """An ndarray's ``(address, shape, byte strides, itemsize)``, as :func:`shares_memory` takes it."""
-    return a.__array_interface__["data"][0], a.shape, a.strides, a.itemsize
-
-
-#: Whether two ndarrays share an element (NumPy's arrays, MindSpore's host views): the alias check's verdict.
-NDARRAY_SHARES = shares_memory(ndarray_layout)
-
-
-def dense_ndarray(a: Any) -> Any:
-    """A new C-contiguous ndarray of *a*'s shape and dtype (``empty_like`` would keep *a*'s strides)."""
-    import numpy as np
-
-    return np.empty(a.shape, a.dtype)
 
 
 def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, overlap: str | None = None,
@@ -174,7 +79,7 @@ def alias_check_source(op: OpDef, names: Sequence[str], span: str, indent: str, 
         may hand over as rows at a stride: a span statement that reaches
         every row (as *span*, strides included), and an exact expression that
         is true when two such tensors ``{a}`` and ``{b}`` share an element
-        (:func:`shares_memory`), tested where their spans overlap: vLLM's
+        (:func:`.layout.shares_memory`), tested where their spans overlap: vLLM's
         ``query`` and ``key`` slices of one ``qkv`` interleave without one.
         Without it, a hit on such an argument always calls ``_alias``.
     """
@@ -251,34 +156,10 @@ def _compile_alias_check(op: OpDef, span: Callable[[Any], tuple[int, int]],
     return check
 
 
-def accepted_rows(address: int, shape: Sequence[int], strides: Sequence[int], itemsize: int) -> ByteRows | None:
-    """:func:`byte_rows` of a tensor a kernel takes as an argument its op declares ``row_strided``
-    (``opbridge::rows::accepts``): contiguous, or of at least two dims (a kernel's rows lie within the
-    dims after the first); None for any other layout (*strides* in bytes)."""
-    rows = byte_rows(address, shape, strides, itemsize)
-    return rows if rows is not None and (rows[1] == 1 or len(shape) >= 2) else None
-
-
-def row_strided(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Whether a tensor of *shape* and element *strides* is rows at a stride, as a kernel takes an
-    argument its op declares ``row_strided`` (``opbridge::row_stride``): contiguous, or of at least
-    two dims, those after the first C-contiguous (dims of size 1 have any stride), the first any
-    stride at least that block apart (:func:`accepted_rows`). Negative strides and overlapping rows
-    are not."""
-    return accepted_rows(0, shape, strides, 1) is not None
-
-
-def ndarray_rows(a: Any) -> bool:
-    """:func:`row_strided` of a ``numpy.ndarray`` (or a host view): whether a kernel takes it as rows."""
-    size = a.itemsize
-    if any(s % size for s in a.strides):
-        return False
-    return row_strided(a.shape, [s // size for s in a.strides])
-
-
 def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
                densify: Callable[[Any], Any],
-               rows: Callable[[Any], bool] | None = None) -> tuple[list[Any], list[tuple[Any, Any]]]:
+               rows: Callable[[Any], bool] | None = None, *,
+               written: WrittenCheck | None = None) -> tuple[list[Any], list[tuple[Any, Any]]]:
     """Arguments for a kernel that takes dense (contiguous) tensors, and rows at a stride where declared.
 
     Each Tensor argument that is not dense is replaced by a dense copy
@@ -288,6 +169,10 @@ def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
     copied back after the kernel: the pairs ``(original, copy)`` to copy back
     are returned beside the arguments. Dense arguments pass through
     untouched, so the common case costs one ``is_dense`` test per tensor.
+    Every other argument the op writes is first checked by *written*
+    (:func:`written_check`: read-only, elements that share memory), all of
+    them before the caller runs a kernel, so that nothing is written on an
+    error.
     """
     full = list(args)
     back: list[tuple[Any, Any]] = []
@@ -295,6 +180,8 @@ def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
         v = full[i]
         if not a.type.is_tensor or v is None or is_dense(v):
             continue
+        if written is not None and a.is_mutated:
+            written(op, f"argument '{a.name}'", v)
         if rows is not None and i in op.row_strided and rows(v):
             continue
         full[i] = densify(v)
@@ -305,14 +192,16 @@ def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
 
 def recall_dense(op: OpDef, check_alias: Callable[[Sequence[Any]], None], is_dense: Callable[[Any], bool],
                  densify: Callable[[Any], Any], rows: Callable[[Any], bool] | None,
-                 copy_back: Callable[[Any, Any], object]) -> Callable[[Sequence[Any]], Any]:
+                 copy_back: Callable[[Any, Any], object], *,
+                 written: WrittenCheck | None = None) -> Callable[[Sequence[Any]], Any]:
     """*op* from an adapter's fast path on arguments some of which a kernel does not take as they are:
     the public callable again on :func:`dense_args`' copies (its C entry or fast path, on dense arrays),
     mutated arguments then copied back (``copy_back(original, copy)``) and the caller's own arrays
     returned where a return aliases one. No kernel error to catch and no slower path: a kernel's
     ValueError for a strided input costs about 100 us a call (a C++ exception and its backtrace). The
-    alias check runs on the arguments as given (a copy overlaps nothing); the other checks are the
-    call's, with its messages.
+    alias check runs on the arguments as given (a copy overlaps nothing), and so does *written*, on every
+    mutated one copied (:func:`dense_args`), before the call; the other checks are the call's, with its
+    messages.
     """
     split = op.schema.split
     sources = op.return_sources
@@ -320,7 +209,7 @@ def recall_dense(op: OpDef, check_alias: Callable[[Sequence[Any]], None], is_den
 
     def run(args: Sequence[Any]) -> Any:
         check_alias(args)
-        full, back = dense_args(op, args, is_dense, densify, rows)
+        full, back = dense_args(op, args, is_dense, densify, rows, written=written)
         pos, kw = split(full)
         result = op.call(*pos, **kw)
         for orig, copy in back:
@@ -352,8 +241,11 @@ def dense_outputs(outs: Sequence[Any], is_dense: Callable[[Any], bool],
     return dense, back
 
 
-def outputs_overlap(op: OpDef, args: Sequence[Any], outs: Sequence[Any], overlap: Callable[[Any, Any], bool]) -> bool:
-    """Whether an ``out=`` buffer may share memory with a Tensor argument or another ``out=`` buffer.
+def outputs_overlap(op: OpDef, args: Sequence[Any], outs: Sequence[Any], overlap: Callable[[Any, Any], bool],
+                    exact: Callable[[Any, Any], bool] | None = None, *,
+                    written: WrittenCheck | None = None, is_dense: Callable[[Any], bool] | None = None) -> bool:
+    """Whether an ``out=`` buffer may share memory with a Tensor argument; ValueError where two buffers
+    share an element, or one's elements share memory.
 
     Such a call runs its kernel into fresh buffers, copied into the caller's
     after it ran (:func:`dense_outputs` with ``fresh=True``), as NumPy's ufuncs
@@ -361,12 +253,23 @@ def outputs_overlap(op: OpDef, args: Sequence[Any], outs: Sequence[Any], overlap
     call, whatever order a kernel reads and writes in. *overlap* is the
     framework's test of two tensors (``np.may_share_memory``, or
     :func:`span_overlap`).
+
+    Two buffers that share an element would each be written a result for
+    it, one copy over the other: that raises ValueError naming both, and so,
+    with *written* (:func:`written_check`), does a buffer that is not dense
+    (*is_dense*: else every buffer is checked) and cannot be written
+    (elements that share memory; read-only). A pair that *overlap* hits is
+    decided by *exact* where given (:func:`.layout.shares_memory`: interleaved
+    column slices of one array are apart), else refused.
     """
-    tensors = [args[i] for i in tensor_indices(op) if args[i] is not None]
     for k, o in enumerate(outs):
-        if any(overlap(o, t) for t in tensors) or any(overlap(o, p) for p in outs[:k]):
-            return True
-    return False
+        if written is not None and (is_dense is None or not is_dense(o)):
+            written(op, "out" if len(outs) == 1 else f"out[{k}]", o)
+        for p in range(k):
+            if overlap(o, outs[p]) and (exact is None or exact(o, outs[p])):
+                raise ValueError(f"{op.name}: out[{p}] and out[{k}] overlap in memory; pass separate tensors")
+    tensors = [args[i] for i in tensor_indices(op) if args[i] is not None]
+    return any(overlap(o, t) for o in outs for t in tensors)
 
 
 def span_overlap(span: Callable[[Any], tuple[int, int]]) -> Callable[[Any, Any], bool]:

@@ -60,14 +60,12 @@ from opbridge.call.core import (
     scalar_guards,
     validate_args,
 )
+from opbridge.call.layout import NDARRAY_SHARES, NDARRAY_WRITTEN, dense_ndarray, ndarray_rows
 from opbridge.call.overlap import (
-    NDARRAY_SHARES,
     alias_check_source,
     check_no_alias,
     dense_args,
-    dense_ndarray,
     dense_outputs,
-    ndarray_rows,
     outputs_overlap,
     recall_dense,
 )
@@ -133,7 +131,9 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
 
     *outs* are the caller's output tensors (``out=``), else new outputs are
     allocated. Mutated arguments and outputs that are not dense are computed
-    in a dense copy and copied back into the caller's memory.
+    in a dense copy and copied back into the caller's memory; one whose
+    elements share memory (a broadcast view), and two outputs that share an
+    element, raise ValueError before the kernel runs.
     """
     validate_args(op, args, is_tensor, "a mindspore.Tensor")
     check_lead_dtype(op, args, lambda t: dtype_name(t.dtype))
@@ -141,7 +141,7 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
         check_outs(op, args, outs, lambda t: dtype_name(t.dtype))
     sync()
     views = host_views(op, args)
-    dense, back = dense_args(op, views, _is_dense, np.ascontiguousarray, ndarray_rows)
+    dense, back = dense_args(op, views, _is_dense, np.ascontiguousarray, ndarray_rows, written=NDARRAY_WRITTEN)
     if op.schema.is_mutating:  # on the host views, whose strides say which elements each reaches
         check_no_alias(op, views, _view_span, NDARRAY_SHARES)
     if outs is None:
@@ -150,7 +150,8 @@ def run_checked(op: OpDef, kernel: Callable[..., Any], args: Sequence[Any],
     else:
         results = list(outs)
         out_views = host_views_of(op, outs)
-        fresh = outputs_overlap(op, views, out_views, np.may_share_memory)
+        fresh = outputs_overlap(op, views, out_views, np.may_share_memory, NDARRAY_SHARES, written=NDARRAY_WRITTEN,
+                                is_dense=_is_dense)
         out_dense, out_back = dense_outputs(out_views, _is_dense, dense_ndarray, fresh=fresh)
         back += out_back
         out_args = [relabel(d, o.dtype) for d, o in zip(out_dense, outs)]
@@ -330,7 +331,14 @@ def _strided_copies(op: OpDef, checked: Callable[[tuple[Any, ...]], Any]) -> Cal
         except (NotOnHostError, KeyError, AttributeError) as e:
             raise _DeclineError from e
 
-    recall = recall_dense(op, check_alias, Tensor.is_contiguous, densify, rows, copy_back)
+    def written(op: OpDef, what: str, t: Any) -> None:  # on its host view: strides, elements that meet
+        try:
+            view = host_view(t)
+        except (NotOnHostError, KeyError, AttributeError) as e:
+            raise _DeclineError from e
+        NDARRAY_WRITTEN(op, what, view)
+
+    recall = recall_dense(op, check_alias, Tensor.is_contiguous, densify, rows, copy_back, written=written)
 
     def run(args: tuple[Any, ...]) -> Any:
         try:

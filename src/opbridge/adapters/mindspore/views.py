@@ -32,7 +32,7 @@ from mindspore.graph.api import _pynative_executor
 
 from opbridge._tvm import bfloat16_tensor
 from opbridge.call import memory
-from opbridge.call.overlap import row_strided
+from opbridge.call.layout import row_strided
 
 #: MindSpore dtype -> NumPy dtype of a view of its memory (bfloat16 as its bits)
 NUMPY: dict[Any, np.dtype[Any]] = {

@@ -16,7 +16,9 @@ fast path leaves these calls to the checked path (the kernel's argument
 conversion raises ``BufferError`` before anything runs). The same goes for
 read-only inputs, which DLPack cannot describe: they are passed as a writable
 alias of their memory, which the kernel only reads; a read-only array that
-the op would write raises ValueError.
+the op would write raises ValueError, and so does a strided one whose elements
+share memory (a broadcast view), before anything is written
+(:func:`opbridge.call.layout.written_check`).
 
 Small calls go through a C entry first (:mod:`.native`, ``entry.cc``): for
 exact, dense, writeable ndarrays of a declared dtype and outputs below the
@@ -37,7 +39,7 @@ import numpy as np
 from opbridge import loader
 from opbridge._tvm import bfloat16_tensor
 from opbridge.adapters.numpy import native
-from opbridge.call import c_entry, core, memory, overlap
+from opbridge.call import c_entry, core, layout, memory, overlap
 from opbridge.call.callable import install_prelude
 
 if TYPE_CHECKING:
@@ -62,6 +64,18 @@ def _is_array(x: Any) -> bool:
 
 def _is_dense(a: np.ndarray) -> bool:
     return bool(a.flags.c_contiguous)
+
+
+_TOO_HARD = getattr(np, "exceptions", np).TooHardError
+
+
+def _shares(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two ndarrays share an element: ``layout.NDARRAY_SHARES`` on the arrays themselves (NumPy
+    reads their layouts; no array interfaces), for two ``out=`` buffers whose bounds overlap."""
+    try:
+        return bool(np.shares_memory(a, b, max_work=1 << 20))  # type: ignore[arg-type]  # any bound is valid
+    except _TOO_HARD:
+        return True
 
 
 def _copy_back(orig: np.ndarray, copy: np.ndarray) -> None:
@@ -197,12 +211,13 @@ class NumpyAdapter:
 
     def make_call(self, op: OpDef, array_type: type) -> Callable[..., Any]:
         kern = loader.kernel(op, "cpu")
-        check_alias = overlap.make_alias_check(op, _span, np.may_share_memory, overlap.NDARRAY_SHARES)
+        check_alias = overlap.make_alias_check(op, _span, np.may_share_memory, layout.NDARRAY_SHARES)
 
         def call(*args: Any) -> Any:
             core.validate_args(op, args, _is_array, "a numpy.ndarray")
             core.check_lead_dtype(op, args, _dtype_name)
-            full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, overlap.ndarray_rows)
+            full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, layout.ndarray_rows,
+                                            written=layout.NDARRAY_WRITTEN)
             outs = core.alloc_outputs(op, full, _empty)
             check_alias(args)
             _run(op, kern, outs, full)
@@ -218,9 +233,10 @@ class NumpyAdapter:
                     "_np_nd": np.ndarray, "_np_empty_like": np.empty_like, "_np_k": kern,
                     "_np_hmin": memory.MIN_BYTES, "_np_large_like": _empty_like, "_np_slow": call,
                     "_np_dts": dtypes, "_pack": lambda a, o: core.pack_results(op, a, o),
-                    "_np_rows": overlap.ndarray_rows,
+                    "_np_rows": layout.ndarray_rows,
                     "_np_copies": overlap.recall_dense(op, check_alias, _is_dense, np.ascontiguousarray,
-                                                       overlap.ndarray_rows, _copy_back),
+                                                       layout.ndarray_rows, _copy_back,
+                                                       written=layout.NDARRAY_WRITTEN),
                 })
 
             def with_entry(lib: native.Library) -> None:
@@ -239,17 +255,20 @@ class NumpyAdapter:
         A strided array in *outs* is written through a dense copy, as a
         strided mutated argument is, and so is every array in *outs* where one
         shares memory with an argument (the arguments are read as they were);
-        a read-only one raises ValueError.
+        a read-only one, one whose elements share memory, and two that share
+        an element raise ValueError, before anything is written.
         """
         core.validate_args(op, args, _is_array, "a numpy.ndarray")
         if not all(o.flags.writeable for o in outs):
             raise ValueError(f"{op.name}: out= holds a read-only array")
         core.check_lead_dtype(op, args, _dtype_name)
         core.check_outs(op, args, outs, _dtype_name)
-        overlap.make_alias_check(op, _span, np.may_share_memory, overlap.NDARRAY_SHARES)(args)
-        full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, overlap.ndarray_rows)
-        fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory)
-        dense, out_back = overlap.dense_outputs(outs, _is_dense, overlap.dense_ndarray, fresh=fresh)
+        overlap.make_alias_check(op, _span, np.may_share_memory, layout.NDARRAY_SHARES)(args)
+        full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, layout.ndarray_rows,
+                                        written=layout.NDARRAY_WRITTEN)
+        fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory, _shares,
+                                        written=layout.NDARRAY_WRITTEN, is_dense=_is_dense)
+        dense, out_back = overlap.dense_outputs(outs, _is_dense, layout.dense_ndarray, fresh=fresh)
         _run(op, loader.kernel(op, "cpu"), dense, full)
         for orig, copy in back + out_back:
             orig[...] = copy

@@ -33,7 +33,7 @@ from paddle import _C_ops
 from paddle.utils.dlpack import from_dlpack as _from_dlpack
 
 from opbridge import _tvm, loader
-from opbridge.call import core, memory, overlap
+from opbridge.call import core, layout, memory
 from opbridge.errors import BackendUnavailableError, OpbridgeError
 
 if TYPE_CHECKING:
@@ -82,15 +82,15 @@ def is_dense(t: Any) -> bool:
 
 def rows(t: Any) -> bool:
     """Whether a kernel takes *t* as rows at a stride, where its op declares it ``row_strided``."""
-    return overlap.row_strided(t.shape, t.strides)
+    return layout.row_strided(t.shape, t.strides)
 
 
-def rows_of(t: Any) -> overlap.ByteRows | None:
-    """*t*'s memory as :func:`opbridge.call.overlap.accepted_rows` where a kernel takes it as rows at a stride
+def rows_of(t: Any) -> layout.ByteRows | None:
+    """*t*'s memory as :func:`opbridge.call.layout.accepted_rows` where a kernel takes it as rows at a stride
     (its op declares it ``row_strided``), else None: one read of Paddle's shape, strides and address,
     which cost about 0.5 µs each, for the fast path's guard, span and alias test alike."""
     item = t.element_size()
-    return overlap.accepted_rows(t.data_ptr(), t.shape, [s * item for s in t.strides], item)
+    return layout.accepted_rows(t.data_ptr(), t.shape, [s * item for s in t.strides], item)
 
 
 def densify(t: Any) -> Any:
@@ -128,7 +128,18 @@ def _describe(t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
 
 
 #: Whether two tensors share an element (strided views that interleave do not): the alias check's verdict.
-EXACT = overlap.shares_memory(_describe)
+EXACT = layout.shares_memory(_describe)
+
+def _strides_only(t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    """:func:`_describe` without the address (0.5 µs to read), which :func:`opbridge.call.layout.self_overlaps`
+    does not need."""
+    size = t.element_size()
+    return 0, tuple(t.shape), tuple(s * size for s in t.strides), size
+
+
+#: The check of a strided tensor the op writes (a mutated argument, an ``out=`` buffer) before the kernel:
+#: elements that share memory (``paddle.as_strided`` with a stride 0, rows that overlap) are refused.
+WRITTEN = layout.written_check(_strides_only)
 
 
 #: :func:`span` inline, for :func:`opbridge.call.overlap.alias_check_source` (``_prod`` is ``math.prod``).

@@ -5,7 +5,8 @@ one allocation per new output and the kernel call: no copies, no
 synchronisation. The fast path serves the common case (CPU tensors, dense,
 of a declared dtype, no gradient needed) with a few attribute reads; every
 other call takes the checked path, which accepts strided inputs (one dense
-copy each; a mutated one is written back through the caller's view), runs
+copy each; a mutated one is written back through the caller's view, and
+refused before anything runs where its elements share memory), runs
 GPU tensors on the CUDA kernel and raises the named errors.
 """
 
@@ -27,6 +28,7 @@ from opbridge.adapters.paddle._base import (
     KIND,
     SPAN_SOURCE,
     VALUE,
+    WRITTEN,
     PaddleStaticError,
     T,
     alloc,
@@ -45,7 +47,7 @@ from opbridge.adapters.paddle._base import (
     target,
     write_back,
 )
-from opbridge.call import core, exchange, memory, overlap
+from opbridge.call import core, exchange, layout, memory, overlap
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -78,7 +80,7 @@ def make_checked(op: OpDef) -> Run:
         core.check_lead_dtype(op, args, dtype_name)
         kern, launch, place = target(op, args)
         check_alias(args)
-        full, back = overlap.dense_args(op, args, is_dense, densify, rows)
+        full, back = overlap.dense_args(op, args, is_dense, densify, rows, written=WRITTEN)
         outs = alloc(op, full, place)
         with launch():
             kern(*outs, *full)
@@ -200,7 +202,7 @@ def _strided_copies(op: OpDef) -> Callable[[Any], Any]:
     """:func:`opbridge.call.overlap.recall_dense` for Paddle (copies by ``clone``, written back through the
     caller's view), every mutated argument's inplace version bumped after it, as the checked call does."""
     recall = overlap.recall_dense(op, overlap.make_alias_check(op, strided_span, exact=EXACT), is_dense, densify,
-                                  rows, write_back)
+                                  rows, write_back, written=WRITTEN)
     mutated = _mutated(op)
 
     def run(args: Any) -> Any:
@@ -254,7 +256,7 @@ def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
         "_rows": rows,
         "_rows_of": rows_of,
         "_rows_span": lambda r: (r[0], r[0] + (r[1] - 1) * r[3] + r[2]),
-        "_rows_meet": overlap.rows_meet,
+        "_rows_meet": layout.rows_meet,
         "_prod": math.prod,
         "_pack": lambda a, o: core.pack_results(op, a, o),
         "_id": id,
@@ -286,9 +288,11 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
     core.check_outs(op, args, outs, dtype_name)
     kern, launch, _ = target(op, args, outs)
     overlap.make_alias_check(op, strided_span, exact=EXACT)(args)
-    full, back = overlap.dense_args(op, args, is_dense, densify, rows)
-    # a strided out=, or every out= where one shares memory with an input, through dense copies
-    fresh = overlap.outputs_overlap(op, args, outs, overlap.span_overlap(strided_span))
+    full, back = overlap.dense_args(op, args, is_dense, densify, rows, written=WRITTEN)
+    # a strided out=, or every out= where one shares memory with an input, through dense copies; two that
+    # share an element, or one whose elements do, raise
+    fresh = overlap.outputs_overlap(op, args, outs, overlap.span_overlap(strided_span), EXACT, written=WRITTEN,
+                                    is_dense=is_dense)
     dense, out_back = overlap.dense_outputs(outs, is_dense, densify, fresh=fresh)
     with launch():
         kern(*dense, *full)

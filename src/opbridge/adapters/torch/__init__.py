@@ -97,8 +97,9 @@ class TorchAdapter:
         overlap.make_alias_check(op, calls.span, exact=calls.EXACT)(args)
         # inputs with the negative or conjugate bit are read resolved (the kernel reads raw memory)
         full, back = overlap.dense_args(op, [flags.resolved(a) for a in args], torch.Tensor.is_contiguous,
-                                        torch.Tensor.contiguous, calls.rows)
-        fresh = overlap.outputs_overlap(op, args, outs, calls.OVERLAP)
+                                        torch.Tensor.contiguous, calls.rows, written=calls.WRITTEN)
+        fresh = overlap.outputs_overlap(op, args, outs, calls.OVERLAP, calls.EXACT, written=calls.WRITTEN,
+                                        is_dense=torch.Tensor.is_contiguous)
         # and out= buffers with one are written through a dense buffer and copy_, which honours the bit
         dense, out_back = overlap.dense_outputs(outs, _dense_plain, _empty_dense, fresh=fresh)
         try:

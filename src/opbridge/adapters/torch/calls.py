@@ -23,7 +23,7 @@ import torch
 
 from opbridge import _tvm, loader
 from opbridge.adapters.torch import native
-from opbridge.call import core, memory, overlap
+from opbridge.call import core, layout, memory, overlap
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -73,12 +73,16 @@ def _describe(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], i
 
 
 #: Whether two tensors share an element (strided views that interleave do not): the alias check's verdict.
-EXACT = overlap.shares_memory(_describe)
+EXACT = layout.shares_memory(_describe)
+
+#: The check of a strided tensor an op writes through a dense copy (:func:`opbridge.call.layout.written_check`):
+#: elements that share memory (an expanded tensor); torch's copy back would refuse it only after the kernel ran.
+WRITTEN = layout.written_check(_describe)
 
 
 def rows(t: torch.Tensor) -> bool:
     """Whether a kernel takes *t* as rows at a stride, where its op declares it ``row_strided``."""
-    return overlap.row_strided(t.shape, t.stride())
+    return layout.row_strided(t.shape, t.stride())
 
 
 def out_overlaps(out: torch.Tensor, tensors: Sequence[Any]) -> bool:
@@ -358,7 +362,7 @@ def strided_fast(op: OpDef) -> Callable[[Sequence[Any], Callable[..., Any]], Any
     dispatcher call, with *args*.
     """
     recall = overlap.recall_dense(op, overlap.make_alias_check(op, span, exact=EXACT), torch.Tensor.is_contiguous,
-                                  torch.Tensor.contiguous, rows, torch.Tensor.copy_)
+                                  torch.Tensor.contiguous, rows, torch.Tensor.copy_, written=WRITTEN)
     dts, dtype_error, dt = torch_dtypes(op), dtype_checker(op), op.dtype_arg
     split, strided = op.schema.split, torch.strided
 
@@ -384,7 +388,8 @@ def strided_call(op: OpDef) -> Callable[[Sequence[Any]], Any]:
     def call(args: Sequence[Any]) -> Any:
         check_devices(op, args)
         check_alias(args)
-        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous, rows)
+        full, back = overlap.dense_args(op, args, torch.Tensor.is_contiguous, torch.Tensor.contiguous, rows,
+                                        written=WRITTEN)
         outs = core.alloc_outputs(op, full, new_empty)
         run_kernel(op, outs, full)
         for orig, copy in back:

@@ -2,7 +2,7 @@
 // column slices of one qkv tensor), and the exact test of whether two such tensors share a byte.
 // Plain C++ (no tvm-ffi, no framework), so that the kernels' checks (checks.h: row_stride,
 // check_disjoint) and the C entries of NumPy and torch judge layouts and overlaps by one
-// definition, the one call.overlap.row_strided states in Python.
+// definition, the one call.layout.row_strided states in Python.
 #pragma once
 
 #include <algorithm>

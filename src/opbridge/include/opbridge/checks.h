@@ -129,7 +129,7 @@ inline void check_contiguous(const char* op, const char* arg, const TensorView& 
 // column slices of one qkv tensor. Returns that stride in elements (the
 // block's size when the tensor is contiguous). The op-call core hands such an
 // argument over as it is, where it densifies every other strided tensor
-// (call.overlap.row_strided).
+// (call.layout.row_strided).
 inline int64_t row_stride(const char* op, const char* arg, const TensorView& t) {
   int64_t block = 1;
   for (int k = 1; k < t.ndim(); ++k) block *= t.size(k);
