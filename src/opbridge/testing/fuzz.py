@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opbridge.cases import CaseHint
+from opbridge.errors import OpbridgeError
 from opbridge.testing import fuzz_errors
 from opbridge.testing.fuzz_calls import Fuzzer, Skip
 from opbridge.testing.generate import only_none
@@ -117,6 +118,17 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
     FuzzReport
         Examples run per check, and the checks that could not run here, with why (under
         ``"Tensor?"``: the optional Tensor arguments no drawn case gave a tensor).
+
+    Raises
+    ------
+    AssertionError
+        A check failed; or the first, valid call (made before any check, on every call path) raised.
+    opbridge.errors.OpbridgeError
+        The op cannot be built, loaded or called here: a :class:`~opbridge.errors.BuildError` (with
+        the compiler's output) for a kernel that does not compile, a
+        :class:`~opbridge.errors.DeclarationError` for a kernel that does not match its schema.
+        Raised by that first call, so in seconds, before hypothesis draws anything; never taken for
+        an op's refusal of a bad argument by the error checks.
     """
     try:
         import hypothesis  # noqa: F401
@@ -134,14 +146,17 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
                          f"with {framework}")
     fuzzer = Fuzzer(op, framework, device, cases)
     report = FuzzReport(fuzzer.op.qualname, framework)
+    called = False
     for check in checks:
         reason = fuzzer.check_skip_reason(check)
         if reason is not None:
             report.skipped[check] = reason
             continue
-
+        if not called:  # build and load once, and one valid call: a broken kernel fails here, in seconds
+            fuzzer.first_call()
+            called = True
         try:
-            _runner(fuzzer, report, check, examples, derandomize)()
+            _run(fuzzer, report, check, examples, derandomize)
         except Skip as e:
             report.skipped[check] = str(e)
         if not report.examples[check] and check not in report.skipped:
@@ -156,6 +171,29 @@ def fuzz_op(op: Any, framework: str = "numpy", *, examples: int = 25, checks: Se
     return report
 
 
+class _Fatal(BaseException):
+    """Carries an :class:`~opbridge.errors.OpbridgeError` out of hypothesis: not an ``Exception``, so
+    hypothesis neither shrinks it nor runs more examples (each of which would raise it again)."""
+
+    def __init__(self, error: OpbridgeError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _run(fuzzer: Fuzzer, report: FuzzReport, check: str, examples: int, derandomize: bool) -> None:
+    """Run *check*'s hypothesis examples.
+
+    An opbridge error (the op cannot be built, loaded or run here) ends the run at once and is raised
+    as it is.
+    """
+    try:
+        _runner(fuzzer, report, check, examples, derandomize)()
+        return
+    except _Fatal as stop:
+        error = stop.error
+    raise error  # outside the handler: the error as the op raised it, with its own cause
+
+
 def _runner(fuzzer: Fuzzer, report: FuzzReport, check: str, examples: int, derandomize: bool) -> Callable[[], None]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
@@ -164,7 +202,11 @@ def _runner(fuzzer: Fuzzer, report: FuzzReport, check: str, examples: int, deran
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
     @given(data=st.data())
     def run(data: Any) -> None:
-        if run_check(fuzzer, check, data):
+        try:
+            ok = run_check(fuzzer, check, data)
+        except OpbridgeError as e:
+            raise _Fatal(e) from e
+        if ok:
             report.examples[check] += 1
 
     return run  # type: ignore[no-any-return]

@@ -15,13 +15,14 @@ import numpy as np
 
 from opbridge.cases import META_KEYS, CaseHint
 from opbridge.declare import OpDef
-from opbridge.testing.compare import assert_close
+from opbridge.errors import OpbridgeError
+from opbridge.testing.compare import assert_close, dtype_name
 from opbridge.testing.generate import as_opdef, case_rng, complete_case, held_cases, make_cases
 from opbridge.testing.harness import get
 from opbridge.testing.layouts import READ_LAYOUTS, WRITE_LAYOUTS, Memory, Placed, rounded
 from opbridge.testing.tolerances import result_tolerance
 
-__all__ = ["Fuzzer", "Skip", "as_list", "same_values", "written_or_results"]
+__all__ = ["Fuzzer", "Skip", "add_note", "as_list", "compared_dtype", "same_values", "written_or_results"]
 
 
 class Skip(Exception):  # noqa: N818 - a signal, not an error
@@ -90,6 +91,34 @@ class Fuzzer:
             packet = getattr(getattr(torch.ops, self.op.library.namespace), self.op.name)
             paths.append((f"torch.ops.{self.op.library.namespace}.{self.op.name}", packet))
         return paths
+
+    def first_call(self) -> None:
+        """Build and load the op's module, and make one valid call on every path, before hypothesis draws.
+
+        A kernel that does not compile (:class:`~opbridge.errors.BuildError`), one whose signature
+        does not match its schema (:class:`~opbridge.errors.DeclarationError`), or an op that cannot
+        run here raises that error now, once, rather than in every example and every shrink step of
+        every check (a failed build is not cached, so each call would compile again). Any other error
+        of this valid call is an AssertionError saying so.
+        """
+        dtypes = self.dtypes()
+        cases = self.cases(dtypes[0], 0) if dtypes else []
+        if not cases:
+            return
+        dtype, case = dtypes[0], cases[0]
+        shapes = [tuple(v.shape) for v in case.values() if isinstance(v, np.ndarray)]
+        where = f"{self.framework} {self.op.name} {dtype} shapes {shapes}"
+        try:
+            for label, call in self.paths():
+                where = f"{label} {self.op.name} {dtype} shapes {shapes}"
+                _, args = self.placed_args(case, self.float_dtypes(case, dtype), {})
+                self.invoke(call, args)
+        except OpbridgeError as e:  # cannot build, load or run the op: no check can run
+            add_note(e, f"fuzz_op: raised by a first, valid call ({where}), before any check ran")
+            raise
+        except Exception as e:
+            raise AssertionError(f"{where}: a valid call (contiguous inputs, the op's first case) raised "
+                                 f"{type(e).__name__}: {e}") from e
 
     # -- drawing ----------------------------------------------------------------------------
 
@@ -161,14 +190,16 @@ class Fuzzer:
         lead = ref_args[op.dispatch_arg]
         for k, (g, w) in enumerate(zip(outs, ref)):  # a result smaller than the lead sums over it (dw)
             rt, at = result_tolerance(op, dtype, w, lead)
-            assert_close(mem.np64(g), rounded(w, dtype), rtol=rt, atol=at, name=f"{where}: result {k}")
+            assert_close(mem.np64(g), rounded(w, dtype), rtol=rt, atol=at, dtype=compared_dtype(g),
+                         name=f"{where}: result {k}")
         for i, g in zip(mutated, written):
             if ref_copy[i] is not None:
                 assert_close(mem.np64(g), rounded(ref_copy[i], dtype), rtol=rtol, atol=atol,
-                             name=f"{where}: mutated '{self.args[i].name}'")
+                             dtype=compared_dtype(g), name=f"{where}: mutated '{self.args[i].name}'")
         for j, p in enumerate(out_placed):
             rt, at = result_tolerance(op, dtype, ref[j], lead)
-            assert_close(mem.np64(p.view), rounded(ref[j], dtype), rtol=rt, atol=at, name=f"{where}: out= {j}")
+            assert_close(mem.np64(p.view), rounded(ref[j], dtype), rtol=rt, atol=at, dtype=compared_dtype(p.view),
+                         name=f"{where}: out= {j}")
         for i, (q, x) in enumerate(zip(placed, ref_args)):
             if q is None:
                 continue
@@ -206,7 +237,8 @@ class Fuzzer:
                 f"'{name}'"
         for k, (o, w) in enumerate(zip(outs, ref)):
             rt, at = result_tolerance(op, dtype, w, args[op.dispatch_arg])
-            assert_close(mem.np64(o), rounded(w, dtype), rtol=rt, atol=at, name=f"{where}: out {k}")
+            assert_close(mem.np64(o), rounded(w, dtype), rtol=rt, atol=at, dtype=compared_dtype(o),
+                         name=f"{where}: out {k}")
         return True
 
     def reference(self, args: Sequence[Any]) -> Any:
@@ -238,6 +270,19 @@ def written_or_results(f: Fuzzer, args: Sequence[Any], result: Any) -> list[Any]
     if f.h.mutates_in_place:
         outs = [args[i] for i, a in enumerate(f.args) if a.is_mutated and args[i] is not None] + outs
     return [o for o in outs if o is not None]
+
+
+def add_note(e: BaseException, note: str) -> None:
+    """``e.add_note(note)`` where Python has it (3.11 on): the traceback shows it under the error."""
+    add = getattr(e, "add_note", None)
+    if add is not None:
+        add(note)
+
+
+def compared_dtype(x: Any) -> str:
+    """The dtype of framework array *x* as a plain lower-case name, for a failure message (the values are
+    compared widened to float64, which is not the dtype that was compared)."""
+    return dtype_name(x).lower()  # Paddle says FLOAT32, MindSpore Float32
 
 
 def as_list(result: Any) -> list[Any]:

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from opbridge.errors import OpbridgeError
 from opbridge.testing.compare import assert_close
-from opbridge.testing.fuzz_calls import Fuzzer, Skip, same_values, written_or_results
+from opbridge.testing.fuzz_calls import Fuzzer, Skip, add_note, compared_dtype, same_values, written_or_results
 from opbridge.testing.layouts import Placed, rounded
 
 __all__ = ["check_aliasing", "check_bad_input", "check_scalars", "corrupt"]
@@ -48,11 +49,14 @@ def check_bad_input(f: Fuzzer, dtype: str, case: dict[str, Any], layouts: dict[s
     case, name, bad_dtype = bad
     layouts = {k: v for k, v in layouts.items() if k != name or f.mem.usable(v, tuple(case[name].shape))}
     dtypes = {**f.float_dtypes(case, dtype), name: bad_dtype}
+    lead = f.args[f.op.dtype_arg].name
+    macro = "OPB_CHECK_SAME_DTYPE" if how == "dtype" else "OPB_CHECK_SAME_SHAPE"
+    hint = f"does the kernel check '{name}' against '{lead}'? e.g. {macro}(\"{f.op.name}\", {name}, {lead});"
     for label, call in f.paths():
         placed, args = f.placed_args(case, dtypes, layouts)
         where = f"{label} {f.op.name} {dtype}, '{name}' given {how} {bad_dtype} {case[name].shape}, " \
                 f"layouts {layouts}"
-        _raises_writing_nothing(f, call, placed, args, (TypeError, ValueError), [f.op.name], where)
+        _raises_writing_nothing(f, call, placed, args, (TypeError, ValueError), [f.op.name], where, hint)
     return True
 
 
@@ -117,7 +121,7 @@ def check_aliasing(f: Fuzzer, dtype: str, case: dict[str, Any]) -> bool:
     got = written_or_results(f, args, f.invoke(f.op.call, args))
     rtol, atol = f.op.tolerance(dtype)
     for k, (g, w) in enumerate(zip(got, want)):
-        assert_close(f.mem.np64(g), rounded(w, dtype), rtol=rtol, atol=atol,
+        assert_close(f.mem.np64(g), rounded(w, dtype), rtol=rtol, atol=atol, dtype=compared_dtype(g),
                      name=f"{where} side by side in one buffer: result {k}")
     f.mem.check_around(whole, f"{where} side by side:")
     if case[name_i].size < 2:  # one element shifted by one overlaps nothing
@@ -131,31 +135,48 @@ def check_aliasing(f: Fuzzer, dtype: str, case: dict[str, Any]) -> bool:
     try:
         f.invoke(f.op.call, args)
     except ValueError as e:
+        _not_a_refusal(e, f"{where} overlapping by one element")
         assert f.op.name in str(e), f"{where} overlapping: the error does not name the op: {e}"
     else:
-        raise AssertionError(f"{where} overlapping by one element: no error")
+        raise AssertionError(f"{where} overlapping by one element: no error: expected a ValueError naming "
+                             f"'{f.op.name}', and the call returned")
     for v, was in zip(views, before):
         assert same_values(f.mem.np64(v), was), f"{where} overlapping: written by a call that raised"
     return True
 
 
 def _raises_writing_nothing(f: Fuzzer, call: Any, placed: list[Placed | None], args: list[Any],
-                            errors: tuple[type[Exception], ...], names: list[str], where: str) -> None:
+                            errors: tuple[type[Exception], ...], names: list[str], where: str,
+                            hint: str = "") -> None:
     """*call* on *args* raises one of *errors* naming each of *names*, and leaves every placed view (and the
-    memory around it) as it was."""
+    memory around it) as it was. An opbridge error (the op cannot be built, loaded or called) is no such
+    refusal: it propagates. *hint*: what to check when nothing raised."""
     before = [None if p is None else f.mem.np64(p.view) for p in placed]
     try:
         f.invoke(call, args)
     except errors as e:
+        _not_a_refusal(e, where)
         missing = [n for n in names if n not in str(e)]
         assert not missing, f"{where}: the error does not name {', '.join(repr(n) for n in missing)}: {e}"
     else:
-        raise AssertionError(f"{where}: no error")
+        kinds = " or ".join(k.__name__ for k in errors)
+        raise AssertionError(f"{where}: no error: expected a {kinds} naming "
+                             f"{' and '.join(repr(n) for n in names)}, and the call returned"
+                             + (f"; {hint}" if hint else ""))
     for p, was in zip(placed, before):
         if p is not None and was is not None:
             assert same_values(f.mem.np64(p.view), was), f"{where}: '{p.name}' ({p.layout}) was written by a " \
                                                       f"call that raised"
             f.mem.check_around(p, f"{where}: argument")
+
+
+def _not_a_refusal(e: Exception, where: str) -> None:
+    """Re-raise *e* if it is an opbridge error (a DeclarationError is a ValueError, but it says the op's
+    kernel cannot be loaded or called at all, not that this argument was refused)."""
+    if isinstance(e, OpbridgeError):
+        add_note(e, f"fuzz_op: {where}: raised {type(e).__name__}, which is not the op's own refusal of the "
+                   "bad argument (a TypeError or ValueError from its checks): the op cannot be called at all")
+        raise e
 
 
 def _float_array(v: Any) -> bool:

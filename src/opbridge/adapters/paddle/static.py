@@ -11,31 +11,71 @@ whose backward block is traced from the declared ``backward``.
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import paddle
 from paddle import _C_ops
 
-from opbridge.adapters.paddle._base import VALUE, PaddleStaticError, dtype, materialise
+from opbridge import loader
+from opbridge.adapters.paddle._base import VALUE, PaddleStaticError, dtype, dtype_name, materialise, name_of
 from opbridge.adapters.paddle.eager import Run, make_checked
 from opbridge.call import core
+from opbridge.declare import like
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
 _NAMES = itertools.count()
 _STATIC = threading.local()  # .in_backward: tracing a static backward block
+#: Largest total size (inputs + outputs) of a trace-time dry run of the kernel (:func:`_trace_checks`).
+DRY_RUN_MAX_BYTES = 256 << 20
+
+
+def _trace_checks(op: OpDef, args: Sequence[Any]) -> None:
+    """The argument errors a call would raise when the program runs, raised while it is traced instead.
+
+    At run time an error inside a Python op reaches the caller as Paddle's ``SystemError`` with the
+    op's message only in the log. So the declared dtype is checked here, and where every shape is
+    known the kernel runs once on zeros of these shapes and dtypes (as the JAX adapter does when it
+    traces), raising its own TypeError / ValueError; it checks shapes, dtypes and scalars, not
+    values. A dimension Paddle leaves open (-1, ``InputSpec([None, ...])``) passes a ``like`` rule
+    (the output has the input's shape); any other rule needs it known.
+    """
+    values: list[tuple[int, Any]] = [(i, v) for i, v in enumerate(args) if isinstance(v, VALUE)]
+    dynamic = [op.schema.arguments[i].name for i, v in values if any(d < 0 for d in v.shape)]
+    if dynamic and op.n_outputs and not isinstance(op.shape, like):
+        raise PaddleStaticError(
+            f"{op.name}: its shape rule needs every dimension of {', '.join(map(repr, dynamic))} under "
+            f"paddle.jit.to_static, and Paddle left one open (-1: an InputSpec dimension of None); give "
+            f"InputSpec the full shape, or call the op eagerly")
+    core.check_lead_dtype(op, args, dtype_name)
+    if dynamic:
+        return
+    names = {i: name_of(v.dtype) for i, v in values}
+    specs = [(tuple(int(d) for d in s.shape), name_of(s.dtype)) for s in op.output_specs(args)]
+    shapes = [*((tuple(v.shape), names[i]) for i, v in values), *specs]
+    if any(d in ("bfloat16",) for _, d in shapes):  # NumPy has no bfloat16 to make the zeros of
+        return
+    if sum(math.prod(s) * np.dtype(d).itemsize for s, d in shapes) > DRY_RUN_MAX_BYTES:
+        return
+    full: list[Any] = list(args)
+    for i, v in values:
+        full[i] = np.zeros(tuple(v.shape), names[i])
+    loader.kernel(op, "cpu")(*(np.zeros(s, d) for s, d in specs), *full)
 
 
 def _python_op(op: OpDef, run: Run, cache: dict[str, Any], args: Sequence[Any]) -> list[Any]:
     """Insert one Python op running *run* on the program's tensors; return its output Values."""
     slots = [i for i, v in enumerate(args) if isinstance(v, VALUE)]
     template = [None if isinstance(v, VALUE) else v for v in args]
-    specs = op.output_specs(args)  # shape-rule errors surface here, at trace time
+    _trace_checks(op, args)  # dtype, shape-rule and the kernel's argument errors surface here, at trace time
+    specs = op.output_specs(args)
     key = repr((slots, template))  # which arguments are Values: a None there is an optional left out
     entry = cache.get(key)
     if entry is None:

@@ -15,10 +15,15 @@
 //                    amplifies z's relative error by |z| (80 at x = -9.6)
 //   gelu_tanh_grad   max abs error 2.2e-7 (|gelu'| <= 1.13)
 // Beyond [-20, 20] both saturate, to x for large x and to -0 for very negative
-// x; their derivatives to 1 and to a value below 5e-33 in magnitude. At x = +inf
-// the value is inf and the derivative NaN (inf * 0, as in torch's silu
-// backward); at x = -inf the value is NaN (-inf / inf, as x / (1 + e^-x) in
-// float64) and the derivative ~ -1e-33. NaN propagates.
+// x; their derivatives, evaluated at x clamped to [-80, 80] (silu) or
+// [-9.65, 20] (gelu; activation_math.h's kSiluGrad* / kGeluGrad*), to exactly
+// 1 and to a value below 1e-32 in magnitude, for every x up to +-inf (the
+// clamps keep x dz/dx, which grows like x^3, from meeting the exp's floor of
+// e^-87.3 on the positive side and s(-80) on the negative one). At x = +inf
+// the value is inf and the derivative 1 (the limit; the formula itself gives
+// inf * 0 = NaN there, as torch's silu backward does); at x = -inf the value is
+// NaN (-inf / inf, as x / (1 + e^-x) in float64) and the derivative ~ -1e-33.
+// NaN propagates.
 // The gelu forms use gelu(x) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3),
 // which equals the tanh form 0.5 x (1 + tanh(u)) exactly but has no 1 + tanh
 // cancellation on the negative tail (see gelu.cc for the backward's error).
@@ -34,18 +39,23 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
 
 // The logistic function and its complement from one exp: with e = exp(-z),
-// s = 1 / (1 + e) and 1 - s = e s (no cancellation on either tail). z is
-// clamped at -80 so that e stays finite (e * s would be inf * 0); the true s
-// there is below 1.9e-35, and callers multiply it by something bounded.
+// s = 1 / (1 + e) and 1 - s = e s (no cancellation on either tail). The
+// callers keep z >= -80 through their clamps on x, so that e stays finite
+// (e * s would be inf * 0) and s a normal float; the exp's own upper clamp is
+// then never reached and left out (exp_for_logistic<true>).
 struct Logistic {
   float s;    // sigmoid(z)
   float one_minus_s;  // 1 - sigmoid(z)
 };
 OPB_ALWAYS_INLINE Logistic logistic(float z) {
-  const float zc = select(z < -80.f, -80.f, z);
-  const float e = exp_for_logistic(-zc);
+  const float e = exp_for_logistic<true>(-z);
   const float s = 1.f / (1.f + e);
   return {s, e * s};
+}
+
+// v clamped to [lo, hi]; NaN propagates (both compares are false for it).
+OPB_ALWAYS_INLINE float clamp_to(float v, float lo, float hi) {
+  return select(v > hi, hi, select(v < lo, lo, v));
 }
 
 // silu(x) = x sigmoid(x), as x / (1 + e^-x): one division instead of a
@@ -53,11 +63,14 @@ OPB_ALWAYS_INLINE Logistic logistic(float z) {
 // -inf / inf = NaN, as x / (1 + exp(-x)) does in float64.
 OPB_ALWAYS_INLINE float silu(float x) { return x / (1.f + exp_for_logistic(-x)); }
 
-// d/dx silu(x) = s (1 + x (1 - s)). x is clamped at -80 as a whole, not only
-// inside the logistic: otherwise s(-80) (1 + x) would grow with |x| instead of
-// vanishing (true value below 1.5e-33 there).
+// d/dx silu(x) = s (1 + x (1 - s)). x is clamped to [-80, 80] as a whole
+// (activation_math.h's kSiluGrad*), not only inside the logistic: below,
+// s(-80) (1 + x) would grow with |x| instead of vanishing (true value below
+// 1.5e-33 there); above, 1 - s stops at e^-87.3 ~ 1.2e-38 (exp_for_logistic's
+// clamp) and x (1 - s) would grow with x (4.7 at 3e38) instead of vanishing.
+// At 80 the value is exactly 1, as it is for every x from ~17.
 OPB_ALWAYS_INLINE float silu_grad(float x) {
-  const float xc = select(x < -80.f, -80.f, x);
+  const float xc = clamp_to(x, float(act_math::kSiluGradLo), float(act_math::kSiluGradHi));
   const Logistic l = logistic(xc);
   return l.s * (1.f + xc * l.one_minus_s);
 }
@@ -70,10 +83,13 @@ OPB_ALWAYS_INLINE float gelu_z(float x) { return 2.f * kSqrt2OverPi * x * (1.f +
 OPB_ALWAYS_INLINE float gelu_tanh(float x) { return x / (1.f + exp_for_logistic(-gelu_z(x))); }
 
 // d/dx [x s(z)] = s + x s (1 - s) dz/dx,  dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-// x is clamped at -10 (z = -87.3): below it the true derivative is under 1e-32,
-// while x dz/dx grows like x^3 and would amplify the clamped s(-80).
+// x is clamped to [-9.65, 20] (activation_math.h's kGeluGrad*): x dz/dx grows
+// like x^3 and would amplify s on the negative tail and 1 - s >= 1.2e-38 on
+// the positive one (3.6 at x = 1e13, inf beyond). Below -9.65 (z = -79.5, so
+// e stays finite and s normal) the true derivative is under 1e-32; from ~6
+// up it is exactly 1 in float.
 OPB_ALWAYS_INLINE float gelu_tanh_grad(float x) {
-  const float xc = select(x < -10.f, -10.f, x);
+  const float xc = clamp_to(x, float(act_math::kGeluGradLoFloat), float(act_math::kGeluGradHi));
   const Logistic l = logistic(gelu_z(xc));
   const float dz = 2.f * kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * xc * xc);
   return l.s + xc * dz * l.one_minus_s * l.s;
@@ -153,6 +169,7 @@ OPB_AVX2_INLINE __m256 gelu_tanh(__m256 x) {
 namespace f64 {
 
 OPB_ALWAYS_INLINE double clamp_below(double v, double lo) { return select(v < lo, lo, v); }
+OPB_ALWAYS_INLINE double clamp_above(double v, double hi) { return select(v > hi, hi, v); }
 
 // x / (1 + e^t); 0 (with x's sign) where e^t overflows, NaN for x = -inf, t = inf.
 OPB_ALWAYS_INLINE double x_over_one_plus_exp(double x, double t) {
@@ -182,30 +199,40 @@ OPB_ALWAYS_INLINE double gelu_dz(double x) {
   return x * x * (k * 3.0 * act_math::kGeluCoeff) + k;
 }
 
-// g * d/dx gelu(x) = g (s + x s (1 - s) dz/dx), s = sigmoid(z(x)).
+// g * d/dx gelu(x) = g (s + x s (1 - s) dz/dx), s = sigmoid(z(x)). The
+// second term takes x clamped at 20 (kGeluGradHi) as well: 1 - s stops at
+// ~2^-1021 (exp_fraction's clamp) and x dz/dx grows like x^3 (1 + 1e-8 at
+// x = 1e100, inf from 1e103); below 20 the term is below 1e-250 and s is 1,
+// so the value is exactly 1 there and beyond, as before for x < 1e97.
 OPB_ALWAYS_INLINE double gelu_tanh_backward(double g, double x) {
-  const double xc = clamp_below(x, -21.0);
+  const double xc = clamp_below(x, act_math::kGeluGradLoDouble);
   const Logistic l = logistic(act_math::gelu_z(xc));
-  return g * (l.s + xc * gelu_dz(xc) * l.one_minus_s * l.s);
+  const double xh = clamp_above(xc, act_math::kGeluGradHi);
+  return g * (l.s + xh * gelu_dz(xh) * l.one_minus_s * l.s);
 }
 
 // act(x) and act'(x) together, for the gated backward (grad_b = g act(a),
 // grad_a = g b act'(a)). act rounds differently from silu / gelu_tanh
 // (x_c s instead of x minus / (...)): a few ulp; at x = -inf it is ~ -1e-301
-// instead of their NaN.
+// instead of their NaN. act' takes x clamped from above as well (at 80 for
+// silu, 20 for gelu; see gelu_tanh_backward): silu' was 1 + 3e-8 at x = 1e300,
+// gelu' inf from 1e103; below the clamps act' is exactly 1 already. act keeps
+// the unclamped x (act(x) = x there).
 struct ValueAndGrad {
   double f, df;
 };
 OPB_ALWAYS_INLINE ValueAndGrad silu_and_grad(double x) {
   const double xc = clamp_below(x, -700.0);
   const Logistic l = logistic(xc);
-  return {xc * l.s, l.s * (1.0 + xc * l.one_minus_s)};
+  const double xh = clamp_above(xc, act_math::kSiluGradHi);
+  return {xc * l.s, l.s * (1.0 + xh * l.one_minus_s)};
 }
 
 OPB_ALWAYS_INLINE ValueAndGrad gelu_tanh_and_grad(double x) {
-  const double xc = clamp_below(x, -21.0);
+  const double xc = clamp_below(x, act_math::kGeluGradLoDouble);
   const Logistic l = logistic(act_math::gelu_z(xc));
-  return {xc * l.s, l.s + xc * gelu_dz(xc) * l.one_minus_s * l.s};
+  const double xh = clamp_above(xc, act_math::kGeluGradHi);
+  return {xc * l.s, l.s + xh * gelu_dz(xh) * l.one_minus_s * l.s};
 }
 
 }  // namespace f64
