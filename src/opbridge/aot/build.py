@@ -27,8 +27,10 @@ from opbridge.build.library import (  # some re-exported (__all__): the AOT stam
     declared_kernels,
     exports,
     is_current,
+    signatures,
 )
 from opbridge.build.ninja import run_ninja, write_ninja
+from opbridge.errors import DeclarationError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
@@ -65,12 +67,26 @@ def check_exports(lib: Library, path: str | Path, device: str = "cpu") -> None:
     ------
     DeclarationError
         Naming each op whose kernel no source exports, and the closest exported names
-        (:func:`opbridge.build.library.check_kernels`).
+        (:func:`opbridge.build.library.check_kernels`); or each kernel whose C++ signature does not take
+        what its op's schema passes (:func:`opbridge.loader.check_signature`, what the first call checks).
     """
     from opbridge._tvm import tvm_ffi
+    from opbridge.loader import check_signature
 
     tvm_ffi()
     check_kernels(lib, device, path, "AOT-built")
+    # What the first call would refuse (loader.check_signature), refused now: a wheel ships no such kernel.
+    recorded = signatures(path)
+    wrong = []
+    for op in lib.ops.values():
+        name = op.kernels.get(device)
+        if name is not None and name in recorded:
+            try:
+                check_signature(op, name, recorded[name])
+            except DeclarationError as e:
+                wrong.append(str(e))
+    if wrong:
+        raise DeclarationError("\n".join(wrong) + f"\n  module: {path} (AOT-built)")
 
 
 def build_aot(

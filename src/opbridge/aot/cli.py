@@ -46,6 +46,9 @@ def import_declarations(specs: Sequence[str]) -> None:
         if spec.endswith(".py"):
             if not path.is_file():
                 raise FileNotFoundError(f"--import {spec}: no such file")
+            loaded = getattr(sys.modules.get(path.stem), "__file__", None)
+            if loaded and Path(loaded).resolve() == path.resolve():
+                continue  # imported already (the `opbridge` command imports --import files first)
             mod_spec = importlib.util.spec_from_file_location(path.stem, path)
             if mod_spec is None or mod_spec.loader is None:
                 raise ModuleNotFoundError(f"--import {spec}: cannot import this file")

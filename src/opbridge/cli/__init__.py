@@ -19,12 +19,23 @@ import argparse
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 
 from opbridge import __version__
 from opbridge.cli import commands, doctor
 from opbridge.cli.commands import op_info, shape_rule
-from opbridge.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, PROG, UsageError, err
+from opbridge.cli.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    IMPORT_HELP,
+    PROG,
+    UsageError,
+    UserImportError,
+    err,
+    resolve_imports,
+)
 from opbridge.cli.doctor import FRAMEWORKS, doctor_report
 from opbridge.errors import OpbridgeError
 
@@ -40,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="opbridge: declare a kernel once, use it as an op in every framework. "
                     "Exit status: 0 ok, 1 the requested work failed, 2 usage error.",
+        epilog="Your own ops: list, build, fuzz and codegen take --import MODULE (a dotted name or a .py file) "
+               "to declare them; run in the root of a plugin project (pyproject.toml with [tool.opbridge] "
+               "package = PKG, as `opbridge new --project` writes), they import PKG.ops without it.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -58,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.register_demo(sub)
     commands.register_bench(sub)
     __import__("opbridge.cli.fuzz", fromlist=["register"]).register(sub)  # `fuzz`
+    for command in sub.choices.values():  # one --import, however each command added it (codegen's own)
+        for action in command._actions:
+            if action.dest == "imports":
+                action.help = IMPORT_HELP
     return parser
 
 
@@ -107,8 +125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(args, int):
         return args
     try:
+        resolve_imports(args)  # --import, or a plugin project's own ops: one way, one error for every command
         status: int = args.func(args)
     except UsageError as e:
+        if isinstance(e, UserImportError) and e.__cause__ is not None:
+            if getattr(args, "verbose", False) or os.environ.get("OPBRIDGE_VERBOSE", "") not in ("", "0"):
+                traceback.print_exception(e.__cause__)
+            else:
+                e = UserImportError(f"{e} (OPBRIDGE_VERBOSE=1 shows the traceback)")
         err(str(e))
         return EXIT_USAGE
     except OpbridgeError as e:

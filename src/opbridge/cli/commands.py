@@ -112,7 +112,8 @@ def _selected_libraries(names: Sequence[str] | None) -> list[Library]:
     missing = [n for n in names if n not in by_name]
     if missing:
         raise UsageError(f"no library {', '.join(map(repr, missing))}; declared: "
-                         f"{', '.join(sorted(by_name)) or 'none'} (use --import MODULE for your own)")
+                         f"{', '.join(sorted(by_name)) or 'none'} (use --import MODULE for your own, or run "
+                         f"in your plugin project's root)")
     return [by_name[n] for n in names]
 
 

@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
     add_import_option(p)
     p.add_argument("--ops", action=ListOption, metavar="NAME",
                    help="ops to fuzz, by name or namespace::name (default: the ops of the libraries the "
-                        "--import modules declare; without --import, every declared op)")
+                        "--import modules declare, or in a plugin project's root its own; else every "
+                        "declared op)")
     p.add_argument("--frameworks", action=ListOption, default=["numpy", "torch"], choices=FRAMEWORKS, metavar="NAME",
                    help="frameworks to fuzz in (default: numpy torch; choices: %(choices)s)")
     p.add_argument("--checks", action=ListOption, choices=CHECKS, metavar="CHECK",

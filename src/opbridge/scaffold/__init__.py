@@ -18,7 +18,9 @@ computation is a placeholder that the generated NumPy reference mirrors.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import keyword
 import re
 import subprocess
 import sys
@@ -27,7 +29,6 @@ from pathlib import Path
 from opbridge.scaffold.kernel import render_checks, render_cuda_kernel, render_kernel
 from opbridge.scaffold.prototype import load_prototype, to_spec
 from opbridge.scaffold.python import (
-    Layout,
     in_project,
     render_bench,
     render_declaration,
@@ -36,6 +37,7 @@ from opbridge.scaffold.python import (
 )
 from opbridge.scaffold.spec import FLOATING, OpSpec, ScaffoldError, from_schema, parse_dtypes
 from opbridge.scaffold.templates import render
+from opbridge.schema import parse_schema
 
 __all__ = ["OpSpec", "ScaffoldError", "from_schema", "load_prototype", "new_op", "new_project",
            "next_steps", "parse_dtypes", "project_package", "to_spec"]
@@ -70,7 +72,12 @@ def _write(files: dict[Path, str], force: bool) -> list[Path]:
     return list(files)
 
 
-def _op_files(spec: OpSpec, root: Path, layout: Layout, *, tests: Path, benches: Path) -> dict[Path, str]:
+def _op_files(spec: OpSpec, root: Path, package: str | None) -> dict[Path, str]:
+    """*spec*'s files in *root*: a directory of its own, or the project of *package*."""
+    if package is None:
+        layout, tests, benches = standalone(spec), root, root
+    else:
+        layout, tests, benches = in_project(spec, package), root / "tests", root / "benchmarks"
     bench = benches / f"bench_{spec.name}.py"
     files = {root / "csrc" / f"{spec.name}.cc": render_kernel(spec, layout.declaration)}
     if spec.cuda:
@@ -82,6 +89,49 @@ def _op_files(spec: OpSpec, root: Path, layout: Layout, *, tests: Path, benches:
         tests / f"test_{spec.name}.py": render_test(spec, layout),
         bench: render_bench(spec, layout, str(bench.relative_to(root))),
     }
+
+
+def _identifiers(source: str) -> set[str]:
+    """Every name *source* binds or reads (variables, parameters, imports, functions, builtins)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.split(".")[0])
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+    return names
+
+
+#: The op name the generated files are rendered with to find the names they use for something else.
+_PROBE = "opbridge_scaffold_probe_op"
+
+
+def _check_names(spec: OpSpec, root: Path, package: str | None) -> None:
+    """Refuse an op name that the generated Python would shadow something with, before anything is written.
+
+    The files import the op by its name, so an op named like a name they use for something else
+    (``np``, ``list``, ``verify``, an argument) would break them; in a project, so would a name that
+    ``<package>/ops/__init__.py`` uses (each op module becomes an attribute of that package) or one
+    starting with ``_`` (the package imports no private module: the op would never be declared).
+    """
+    name = spec.name
+    if package is not None and name.startswith("_"):
+        raise ScaffoldError(f"op name {name!r} starts with '_': {package}/ops/__init__.py imports only the "
+                            f"modules whose names do not, so the op would never be declared; drop the '_'")
+    probe = dataclasses.replace(spec, schema=parse_schema(_PROBE + str(spec.schema)[len(name):]))
+    users = {path: text for path, text in _op_files(probe, root, package).items() if path.suffix == ".py"}
+    if package is not None and (root / package / "ops" / "__init__.py").is_file():
+        users[root / package / "ops" / "__init__.py"] = (root / package / "ops" / "__init__.py").read_text()
+    for path, text in users.items():
+        if name in _identifiers(text):
+            shown = str(path.relative_to(root)).replace(_PROBE, name)
+            raise ScaffoldError(f"op name {name!r} is a name that {shown} uses for something else (an import, a "
+                                f"helper, an argument or a builtin): the op would shadow it there; choose "
+                                f"another name")
 
 
 def regenerate_wrappers(root: Path, package: str) -> list[str]:
@@ -104,8 +154,19 @@ def regenerate_wrappers(root: Path, package: str) -> list[str]:
     res = subprocess.run([sys.executable, "-c", code, str(root), package], capture_output=True, text=True,
                          check=False)
     if res.returncode != 0:
-        raise ScaffoldError(f"generating {package}/_custom_ops.py failed:\n{res.stderr.strip()}")
+        raise ScaffoldError(f"generating {package}/_custom_ops.py failed: {_last_error(res.stderr)} (for the "
+                            f"traceback: cd {root.resolve()} && python -c 'import {package}.ops')")
     return res.stdout.split()
+
+
+def _last_error(stderr: str) -> str:
+    """The error a child's traceback ends with, and the last file and line it names, in one line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    if not lines:
+        return "the child process failed"
+    places = re.findall(r'File "([^"]+)", line (\d+)', stderr)
+    where = f" at {places[-1][0]}:{places[-1][1]}" if places and not places[-1][0].startswith("<") else ""
+    return f"{lines[-1]}{where}"
 
 
 def new_op(spec: OpSpec, out: str | Path, *, force: bool = False) -> list[Path]:
@@ -133,13 +194,23 @@ def new_op(spec: OpSpec, out: str | Path, *, force: bool = False) -> list[Path]:
     """
     root = Path(out)
     package = project_package(root)
+    if package is not None:
+        spec = dataclasses.replace(spec, namespace=package)
+    _check_names(spec, root, package)
+    files = _op_files(spec, root, package)
     if package is None:
-        return _write(_op_files(spec, root, standalone(spec), tests=root, benches=root), force)
-    spec = dataclasses.replace(spec, namespace=package)
-    layout = in_project(spec, package)
-    files = _op_files(spec, root, layout, tests=root / "tests", benches=root / "benchmarks")
+        return _write(files, force)
+    before = {path: path.read_text() for path in files if path.is_file()}  # what --force overwrites
     written = _write(files, force)
-    compiled = regenerate_wrappers(root, package)
+    try:
+        compiled = regenerate_wrappers(root, package)
+    except ScaffoldError as e:  # the project's package does not import: leave it as it was
+        for path in written:
+            if path in before:
+                path.write_text(before[path])
+            else:
+                path.unlink(missing_ok=True)
+        raise ScaffoldError(f"{e}\n{spec.name}'s files were not kept") from None
     missing = [f for f in spec.sources if f not in compiled]
     if missing:  # a project made before `opbridge new --cuda` globs csrc/*.cc alone
         print(f"opbridge: warning: {package}'s library does not compile {', '.join(missing)}: add the file(s) "
@@ -165,13 +236,18 @@ def next_steps(spec: OpSpec, root: str | Path) -> list[str]:
     test, bench = f"python -m pytest {test}", f"{bench} --quick"
     width = max(len(test), len(bench))
     cuda = f" (CUDA: csrc/{name}.cu)" if spec.cuda else ""
-    return [
+    steps = [
         "next steps:" if root == Path(".") else f"next steps, in {root}:",
         f"  {test:<{width}}  # builds the kernel, checks it against the reference",
         f"  {bench:<{width}}  # verifies, then times it",
         f"  the kernel is in csrc/{name}.cc{cuda}: a placeholder; replace it and the reference in "
         f"{declaration} together",
     ]
+    if package is not None:
+        steps.append(f"  after changing a declaration in {package}/ops/ (its schema, backward=, dtypes...), run "
+                     f"`opbridge codegen` here: it rewrites {package}/_custom_ops.py(i), which "
+                     f"tests/test_build.py checks is current")
+    return steps
 
 
 def new_project(name: str, out: str | Path = ".", *, spec: OpSpec | None = None,
@@ -199,7 +275,7 @@ def new_project(name: str, out: str | Path = ".", *, spec: OpSpec | None = None,
     from opbridge import __version__
 
     package = name.replace("-", "_")
-    if not package.isidentifier():
+    if not package.isidentifier() or keyword.iskeyword(package):
         raise ScaffoldError(f"project name {name!r} does not give a Python package name ({package!r})")
     root = Path(out) / name
     values = {"project": name, "package": package, "namespace": package, "opbridge_version": __version__}

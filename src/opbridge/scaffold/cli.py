@@ -31,16 +31,18 @@ def _specs(args: argparse.Namespace) -> list[Any]:
     from opbridge import scaffold
 
     dtypes = scaffold.parse_dtypes(args.dtypes)
+    # an op added to a project joins the project's library: its name need not make a namespace
+    namespace = args.namespace or (None if args.project else scaffold.project_package(args.out or Path(".")))
     if args.from_file is not None:
         if args.op or args.schema:
             raise scaffold.ScaffoldError("give either --from PROTO or OP [--schema ...], not both")
         protos = scaffold.load_prototype(args.from_file)
-        return [dataclasses.replace(scaffold.to_spec(p, namespace=args.namespace,
+        return [dataclasses.replace(scaffold.to_spec(p, namespace=namespace,
                                                      origin=f"prototype {args.from_file.name}"), cuda=args.cuda)
                 for p in protos]
     if args.op is None:
         return []
-    return [scaffold.from_schema(args.op, args.schema, dtypes=dtypes, namespace=args.namespace, cuda=args.cuda)]
+    return [scaffold.from_schema(args.op, args.schema, dtypes=dtypes, namespace=namespace, cuda=args.cuda)]
 
 
 def run(args: argparse.Namespace) -> int:

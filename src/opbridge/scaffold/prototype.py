@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from opbridge.scaffold.spec import DTYPES, OpSpec, ScaffoldError, check_namespace, snake_case, validate
+from opbridge.scaffold.spec import DTYPES, OpSpec, ScaffoldError, check_namespace, check_op_name, snake_case, validate
 from opbridge.schema import parse_schema
 
 _DTYPE_ALIASES = {
@@ -117,7 +117,7 @@ def to_spec(proto: dict[str, Any], *, namespace: str | None = None, origin: str 
         For dynamic (list) inputs, device-specific formats, dtypes without a
         CPU type, inputs sharing no dtype, or unsupported attribute types.
     """
-    op_name = str(proto.get("kernel_name") or snake_case(str(proto["op"])))
+    op_name = check_op_name(str(proto.get("kernel_name") or snake_case(str(proto["op"]))))
     args: list[str] = []
     common: set[str] | None = None
     for desc in _as_list(proto.get("input_desc")):

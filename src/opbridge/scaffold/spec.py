@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keyword
 import re
 from dataclasses import dataclass
 
@@ -128,9 +129,17 @@ def parse_dtypes(text: str | None) -> tuple[str, ...]:
     return out
 
 
+def check_op_name(name: str) -> str:
+    """*name* if usable as an op's name: a Python identifier, not a keyword (``def class(...)``)."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        why = " (it is a Python keyword)" if keyword.iskeyword(name) else ""
+        raise ScaffoldError(f"op name {name!r} must be a Python identifier{why}")
+    return name
+
+
 def check_namespace(namespace: str) -> str:
     """*namespace* if usable as a library namespace."""
-    if not namespace.isidentifier() or namespace in _RESERVED_NAMESPACES:
+    if not namespace.isidentifier() or keyword.iskeyword(namespace) or namespace in _RESERVED_NAMESPACES:
         raise ScaffoldError(f"namespace {namespace!r} must be a Python identifier other than "
                             f"{', '.join(_RESERVED_NAMESPACES)}")
     return namespace
@@ -143,8 +152,7 @@ def from_schema(name: str, schema: str | None, *, dtypes: tuple[str, ...] = FLOA
     *schema* is ``"name(Tensor x) -> Tensor"`` or just ``"(Tensor x) -> Tensor"``;
     without one, ``<name>(Tensor x) -> Tensor``. *cuda* adds a CUDA kernel.
     """
-    if not name.isidentifier():
-        raise ScaffoldError(f"op name {name!r} must be a Python identifier")
+    check_op_name(name)
     text = (schema or "(Tensor x) -> Tensor").strip()
     if text.startswith("("):
         text = name + text
