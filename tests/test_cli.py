@@ -713,3 +713,19 @@ def test_doctor_reports_misspelt_settings_instead_of_failing(cli_env: dict[str, 
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr  # 1: the settings are wrong
     for name in ("OPBRIDGE_TORCH_NATIVE", "OPBRIDGE_NUMPY_NATIVE", "OPBRIDGE_HUGEPAGES", "OPBRIDGE_CUDA_ARCHS"):
         assert f"{name} must" in proc.stdout, (name, proc.stdout)
+
+
+def test_fuzz_on_cuda_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not five failed checks ("Torch not compiled with CUDA enabled"), but one line saying why."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    assert main(["fuzz", "--frameworks", "torch", "--device", "cuda", "--ops", "add", "--examples", "2"]) == 1
+    assert "--device cuda: torch sees no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_build_out_without_aot_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--out is for --aot builds; a JIT build ignored it and went into the cache."""
+    assert main(["build", "--out", str(tmp_path / "mods")]) == 2
+    assert "--out DIR is for --aot builds" in capsys.readouterr().err
+    assert not (tmp_path / "mods").exists()

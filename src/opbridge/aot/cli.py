@@ -147,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace, previous: Callable[[argparse.Namespace], int] | None) -> int:
     if args.aot or previous is None:
         return run(args)
+    if args.out is not None:  # else a JIT build would go into the cache, the directory asked for ignored
+        print("opbridge: error: --out DIR is for --aot builds (a JIT build goes into the cache, "
+              "OPBRIDGE_CACHE_DIR): add --aot, or drop --out", file=sys.stderr)
+        return EXIT_USAGE
     return previous(args)
 
 

@@ -57,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda" and set(args.frameworks) != {"torch"}:
         err("--device cuda is for torch: pass --frameworks torch")
         return EXIT_USAGE
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():  # else every check would fail on its first tensor
+            err("--device cuda: torch sees no CUDA GPU here (a CPU build of torch, or no device); "
+                "nothing was fuzzed")
+            return EXIT_FAILURE
     if {"paddle", "mindspore"} <= set(args.frameworks):
         err("Paddle and MindSpore cannot share a process (and MindSpore needs NumPy 1): fuzz them in two runs")
         return EXIT_USAGE
