@@ -55,3 +55,19 @@ def test_a_complex_argument_is_a_type_error(framework: str) -> None:
     lines = got.stdout.splitlines()
     assert len(lines) == 3 and all(ln.startswith("TypeError: ") for ln in lines), got.stdout
     assert all("complex64" in ln or "complex128" in ln for ln in lines), got.stdout
+
+
+@pytest.mark.parametrize("dtype", [">f4", "longdouble", "object"])
+def test_an_array_dlpack_cannot_carry_is_named(dtype: str) -> None:
+    """NumPy arrays DLPack refuses (another byte order, long double, object) as a non-lead argument: the
+    op's TypeError naming the argument, not tvm-ffi's bare BufferError ("DLPack only supports ...")."""
+    import numpy as np
+
+    import opbridge.ops as O
+
+    x = np.ones((2, 4), np.float32)
+    for _ in range(2):  # the first call and one the C entry may take
+        with pytest.raises(TypeError, match=r"rms_norm: argument 'weight' has dtype .*, which no kernel takes "
+                                            r"\(DLPack only supports .*\); convert it first, e.g. "
+                                            r"\.astype\(\"float32\"\)"):
+            O.rms_norm(x, np.ones(4).astype(dtype))

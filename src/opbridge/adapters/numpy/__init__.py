@@ -144,7 +144,29 @@ def _run(op: OpDef, kern: Any, outs: list[Any], full: list[Any]) -> None:
     for a, v in zip(op.schema.arguments, full):
         if a.is_mutated and isinstance(v, np.ndarray) and not v.flags.writeable:
             raise ValueError(f"{op.name}: argument '{a.name}' is read-only, and {op.name} writes it")
-    kern(*map(_kernel_arg, outs), *map(_kernel_arg, full))
+    try:
+        kern(*map(_kernel_arg, outs), *map(_kernel_arg, full))
+    except BufferError as e:  # an array DLPack cannot carry: name it, as the lead argument's dtype check does
+        named = [*((f"out[{k}]", o) for k, o in enumerate(outs)), *((f"argument '{a.name}'", v)
+                                                                   for a, v in zip(op.schema.arguments, full))]
+        lead = full[op.dtype_arg]
+        to = lead.dtype.newbyteorder("=").name if isinstance(lead, np.ndarray) else "float32"
+        for what, v in named:
+            if isinstance(v, np.ndarray) and _no_dlpack(v):
+                raise TypeError(f"{op.name}: {what} has dtype {v.dtype.str} ({v.dtype}), which no kernel takes "
+                                f"({e}); convert it first, e.g. .astype(\"{to}\")") from e
+        raise
+
+
+def _no_dlpack(a: np.ndarray) -> bool:
+    """Whether NumPy cannot export *a* through DLPack (byte order, long double, object, ...)."""
+    try:
+        a.__dlpack__()
+    except BufferError:
+        return True
+    except Exception:  # read-only and the like: not this array's dtype
+        return False
+    return False
 
 
 def _fast_prelude(op: OpDef, entry: bool = False) -> str | None:
