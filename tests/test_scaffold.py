@@ -298,3 +298,18 @@ def test_a_cuda_op_added_to_a_project_whose_library_ignores_cu_files_warns(
     assert "old_plugin's library does not compile twice.cu: add the file(s) to the sources" in capsys.readouterr().err
     scaffold.new_op(scaffold.from_schema("thrice", None), tmp_path / "old-plugin")
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("bad.json", "nonsense", r"bad.json: not valid JSON \(Expecting value"),
+    ("bad.yaml", "op: [unclosed", r"bad.yaml: not valid YAML \("),
+    ("gone.json", None, r"gone.json: cannot read the prototype file \(No such file or directory\)"),
+])
+def test_a_malformed_prototype_file_says_why(tmp_path: Path, name: str, text: str | None, message: str) -> None:
+    """Not a json/yaml parser traceback: a ScaffoldError naming the file (opbridge new prints it, exit 2)."""
+    from opbridge.scaffold.prototype import load_prototype
+
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ScaffoldError, match=message):
+        load_prototype(tmp_path / name)

@@ -94,13 +94,22 @@ def _arg(op: str, attr: dict[str, Any]) -> str:
 def load_prototype(path: str | Path) -> list[dict[str, Any]]:
     """The op entries of a prototype file (``.json``, ``.yaml`` or ``.yml``; one op or a list)."""
     p = Path(path)
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ScaffoldError(f"{p}: cannot read the prototype file ({e.strerror or e})") from e
     if p.suffix in (".yaml", ".yml"):
         import yaml
 
-        doc = yaml.safe_load(text)
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ScaffoldError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from e
     else:
-        doc = json.loads(text)
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ScaffoldError(f"{p}: not valid JSON ({e}); a .yaml or .yml file is read as YAML") from e
     ops = doc if isinstance(doc, list) else [doc]
     if not ops or not all(isinstance(o, dict) and "op" in o for o in ops):
         raise ScaffoldError(f"{p}: expected an op prototype (a mapping with op, input_desc, output_desc "
