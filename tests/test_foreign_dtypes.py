@@ -63,11 +63,11 @@ def test_an_array_dlpack_cannot_carry_is_named(dtype: str) -> None:
     op's TypeError naming the argument, not tvm-ffi's bare BufferError ("DLPack only supports ...")."""
     import numpy as np
 
-    import opbridge.ops as O
+    from opbridge import ops
 
     x = np.ones((2, 4), np.float32)
     for _ in range(2):  # the first call and one the C entry may take
         with pytest.raises(TypeError, match=r"rms_norm: argument 'weight' has dtype .*, which no kernel takes "
                                             r"\(DLPack only supports .*\); convert it first, e.g. "
                                             r"\.astype\(\"float32\"\)"):
-            O.rms_norm(x, np.ones(4).astype(dtype))
+            ops.rms_norm(x, np.ones(4).astype(dtype))

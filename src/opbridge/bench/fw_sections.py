@@ -241,7 +241,7 @@ def _jax_sections(ops: Sequence[str]) -> Sections:
                 to_numpy=to_np))
     if "rms_norm" in ops:
         x, w = arr(VMAP, 2), arr(VMAP[-1:], 3)
-        ours, theirs = jit_pairs[2][1:3]
+        ours, theirs = next(p[1:3] for p in jit_pairs if p[0] == "rms_norm")  # the jit section's formula
         sections.append(Section(
             "rms_norm", "vmap", VMAP,
             functools.partial(natives.jax_call, jax.jit(jax.vmap(ours, in_axes=(0, None))), x, w),

@@ -164,13 +164,13 @@ def dense_args(op: OpDef, args: Sequence[Any], is_dense: Callable[[Any], bool],
 
     Each Tensor argument that is not dense is replaced by a dense copy
     (``densify``), except one the op declares ``row_strided`` that *rows*
-    (the framework's :func:`row_strided` test of a tensor) accepts: the
+    (the framework's :func:`.layout.row_strided` test of a tensor) accepts: the
     kernel takes that as it is. A mutated argument is copied in and must be
     copied back after the kernel: the pairs ``(original, copy)`` to copy back
     are returned beside the arguments. Dense arguments pass through
     untouched, so the common case costs one ``is_dense`` test per tensor.
     Every other argument the op writes is first checked by *written*
-    (:func:`written_check`: read-only, elements that share memory), all of
+    (:func:`.layout.written_check`: read-only, elements that share memory), all of
     them before the caller runs a kernel, so that nothing is written on an
     error.
     """
@@ -256,7 +256,7 @@ def outputs_overlap(op: OpDef, args: Sequence[Any], outs: Sequence[Any], overlap
 
     Two buffers that share an element would each be written a result for
     it, one copy over the other: that raises ValueError naming both, and so,
-    with *written* (:func:`written_check`), does a buffer that is not dense
+    with *written* (:func:`.layout.written_check`), does a buffer that is not dense
     (*is_dense*: else every buffer is checked) and cannot be written
     (elements that share memory; read-only). A pair that *overlap* hits is
     decided by *exact* where given (:func:`.layout.shares_memory`: interleaved

@@ -66,18 +66,6 @@ def _is_dense(a: np.ndarray) -> bool:
     return bool(a.flags.c_contiguous)
 
 
-_TOO_HARD = getattr(np, "exceptions", np).TooHardError
-
-
-def _shares(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two ndarrays share an element: ``layout.NDARRAY_SHARES`` on the arrays themselves (NumPy
-    reads their layouts; no array interfaces), for two ``out=`` buffers whose bounds overlap."""
-    try:
-        return bool(np.shares_memory(a, b, max_work=1 << 20))  # type: ignore[arg-type]  # any bound is valid
-    except _TOO_HARD:
-        return True
-
-
 def _copy_back(orig: np.ndarray, copy: np.ndarray) -> None:
     orig[...] = copy
 
@@ -288,7 +276,7 @@ class NumpyAdapter:
         overlap.make_alias_check(op, _span, np.may_share_memory, layout.NDARRAY_SHARES)(args)
         full, back = overlap.dense_args(op, args, _is_dense, np.ascontiguousarray, layout.ndarray_rows,
                                         written=layout.NDARRAY_WRITTEN)
-        fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory, _shares,
+        fresh = overlap.outputs_overlap(op, args, outs, np.may_share_memory, layout.NDARRAY_SHARES,
                                         written=layout.NDARRAY_WRITTEN, is_dense=_is_dense)
         dense, out_back = overlap.dense_outputs(outs, _is_dense, layout.dense_ndarray, fresh=fresh)
         _run(op, loader.kernel(op, "cpu"), dense, full)

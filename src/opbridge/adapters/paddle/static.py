@@ -26,7 +26,7 @@ from opbridge import loader
 from opbridge.adapters.paddle._base import VALUE, PaddleStaticError, dtype, dtype_name, materialise, name_of
 from opbridge.adapters.paddle.eager import Run, make_checked
 from opbridge.call import core
-from opbridge.declare import like
+from opbridge.declare import Spec, like
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -37,8 +37,9 @@ _STATIC = threading.local()  # .in_backward: tracing a static backward block
 DRY_RUN_MAX_BYTES = 256 << 20
 
 
-def _trace_checks(op: OpDef, args: Sequence[Any]) -> None:
-    """The argument errors a call would raise when the program runs, raised while it is traced instead.
+def _trace_checks(op: OpDef, args: Sequence[Any]) -> tuple[Spec, ...]:
+    """The argument errors a call would raise when the program runs, raised while it is traced instead;
+    returns the op's output specs (its shape rule, applied once).
 
     At run time an error inside a Python op reaches the caller as Paddle's ``SystemError`` with the
     op's message only in the log. So the declared dtype is checked here, and where every shape is
@@ -55,27 +56,33 @@ def _trace_checks(op: OpDef, args: Sequence[Any]) -> None:
             f"paddle.jit.to_static, and Paddle left one open (-1: an InputSpec dimension of None); give "
             f"InputSpec the full shape, or call the op eagerly")
     core.check_lead_dtype(op, args, dtype_name)
-    if dynamic:
-        return
+    specs = op.output_specs(args)
+    if not dynamic:
+        _dry_run(op, args, values, specs)
+    return specs
+
+
+def _dry_run(op: OpDef, args: Sequence[Any], values: Sequence[tuple[int, Any]], specs: Sequence[Spec]) -> None:
+    """The kernel once on NumPy zeros of the traced shapes (all known), so that its own argument errors are
+    raised now; skipped for bfloat16 (NumPy has none) and above :data:`DRY_RUN_MAX_BYTES`."""
     names = {i: name_of(v.dtype) for i, v in values}
-    specs = [(tuple(int(d) for d in s.shape), name_of(s.dtype)) for s in op.output_specs(args)]
-    shapes = [*((tuple(v.shape), names[i]) for i, v in values), *specs]
-    if any(d in ("bfloat16",) for _, d in shapes):  # NumPy has no bfloat16 to make the zeros of
+    outs = [(tuple(int(d) for d in s.shape), name_of(s.dtype)) for s in specs]
+    shapes = [*((tuple(v.shape), names[i]) for i, v in values), *outs]
+    if any(d == "bfloat16" for _, d in shapes):
         return
     if sum(math.prod(s) * np.dtype(d).itemsize for s, d in shapes) > DRY_RUN_MAX_BYTES:
         return
     full: list[Any] = list(args)
     for i, v in values:
         full[i] = np.zeros(tuple(v.shape), names[i])
-    loader.kernel(op, "cpu")(*(np.zeros(s, d) for s, d in specs), *full)
+    loader.kernel(op, "cpu")(*(np.zeros(s, d) for s, d in outs), *full)
 
 
 def _python_op(op: OpDef, run: Run, cache: dict[str, Any], args: Sequence[Any]) -> list[Any]:
     """Insert one Python op running *run* on the program's tensors; return its output Values."""
     slots = [i for i, v in enumerate(args) if isinstance(v, VALUE)]
     template = [None if isinstance(v, VALUE) else v for v in args]
-    _trace_checks(op, args)  # dtype, shape-rule and the kernel's argument errors surface here, at trace time
-    specs = op.output_specs(args)
+    specs = _trace_checks(op, args)  # dtype, shape-rule and the kernel's argument errors surface here, at trace time
     key = repr((slots, template))  # which arguments are Values: a None there is an optional left out
     entry = cache.get(key)
     if entry is None:
