@@ -6,8 +6,9 @@ number of leading dims. A batch over those arguments alone is then one more
 leading dim: one kernel call, with each row argument the batch left out
 broadcast along it (a weight or cache stays as it is). A batch over any other
 argument, or an op without rows, runs the kernel once per batch element. The
-JAX adapter (``jax.custom_batching.custom_vmap``) and the torch adapter
-(``torch.library.register_vmap``) both ask :func:`one_call`.
+JAX adapter (``jax.custom_batching.custom_vmap``), the torch adapter
+(``torch.library.register_vmap``) and the MindSpore adapter (the
+``get_vmap_rule`` of its ``ops.Custom`` primitive) all ask :func:`one_call`.
 """
 
 from __future__ import annotations

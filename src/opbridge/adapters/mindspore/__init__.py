@@ -35,6 +35,11 @@ Graph mode (``ms.jit``, ``GRAPH_MODE`` cells)
     :func:`custom_op` returns the primitive itself. How the pieces fit:
     :mod:`.aot`.
 
+``mindspore.ops.vmap``
+    Compiles a graph, so an op is its primitive there, whose own vmap rule
+    (:mod:`.vmap`) runs a batch over the op's declared ``rows`` as one call
+    and any other batch through MindSpore's per-element rule.
+
 Bad input raises ``TypeError`` / ``ValueError`` naming the op and the argument,
 from the kernel's own checks, in every mode.
 """

@@ -66,6 +66,11 @@ call). So each op gets, derived from its declaration:
    backward gets a bprop that raises ``NotImplementedError`` naming the op
    (MindSpore never silently returns zero gradients for it).
 
+4. **A vmap rule**, the primitive's own ``get_vmap_rule()`` (:mod:`.vmap`),
+   which MindSpore asks before its rules by primitive name (under which every
+   ``ops.Custom`` is "Custom"): a batch over the declared ``rows`` runs as
+   one call, any other batch through MindSpore's general, per-element rule.
+
 Limits (``NotImplementedError`` while compiling): ops that mutate arguments
 in place, and ``Tensor?``, ``Tensor[]``, ``str``, list and ``ScalarType``
 arguments (they still run eagerly in PyNative mode); dynamic shapes

@@ -6,7 +6,9 @@ The kernel's own argument checks run there too: the entry point is called
 once on zero-filled buffers of the inferred shapes ("dry run", cached per
 signature, skipped above :data:`DRY_RUN_MAX_BYTES`), so a bad call raises the
 kernel's ``TypeError`` / ``ValueError`` naming op and argument from the
-compile, instead of MindSpore's ``RuntimeError`` when the graph runs.
+compile, instead of MindSpore's ``RuntimeError`` when the graph runs. Under
+``mindspore.ops.vmap`` the primitive gives MindSpore its own rule
+(:meth:`OpCustom.get_vmap_rule`, :mod:`.vmap`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mindspore.common import dtype as mstype
 
 from opbridge.adapters.mindspore.shim import AotModule, aot_module
 from opbridge.adapters.mindspore.support import DTYPES, dtype_name, ms_dtype
+from opbridge.adapters.mindspore.vmap import make_rule
 from opbridge.call.core import dtype_error
 
 if TYPE_CHECKING:
@@ -104,6 +107,13 @@ class OpCustom(ops.Custom):  # type: ignore[misc]
         super().__init__(f"{module.path}:opb_ms_{op.name}", out_shape=self._unused, out_dtype=self._unused,
                          func_type="aot", bprop=bprop)
         self.add_prim_attr("opbridge_op", op.qualname)
+        self._vmap_rule: Callable[..., Any] | None = None
+
+    def get_vmap_rule(self) -> Callable[..., Any]:
+        """The rule MindSpore's ``vmap`` asks this primitive for (:mod:`.vmap`): one call over the declared rows."""
+        if self._vmap_rule is None:
+            self._vmap_rule = make_rule(self)
+        return self._vmap_rule
 
     @staticmethod
     def _unused(*_: Any) -> None:  # pragma: no cover - __infer__ is overridden
