@@ -399,6 +399,17 @@ def test_kit_reports_bad_case_hint(selftest: dict[str, Any]) -> None:
         check_op(selftest["twice"], framework="numpy", dtypes=("bfloat16",))
 
 
+def test_kit_names_the_frameworks_and_what_to_install(selftest: dict[str, Any],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="framework must be one of 'torch', 'numpy', 'jax', 'paddle', 'mindspore', "
+                                         "got 'tensorflow'"):
+        check_op(selftest["twice"], framework="tensorflow")
+    monkeypatch.setitem(sys.modules, "paddle", None)  # as if not installed: importlib finds no spec
+    with pytest.raises(ModuleNotFoundError, match=r"framework='paddle' needs paddle, which is not installed here; "
+                                                  r"pass framework='numpy' \(or pip install 'opbridge\[paddle\]'\)"):
+        check_op(selftest["twice"], framework="paddle")
+
+
 def test_explicit_cases(selftest: dict[str, Any]) -> None:
     report = check_op(selftest["twice"], cases=[{"x": np.linspace(-1, 1, 9)}], **QUICK)
     assert report.cases == 1 and report.checks["forward"] == 1 and report.checks["grad"] == 1

@@ -19,7 +19,8 @@ import numpy as np
 from opbridge.cases import LAYOUT, META_KEYS, NONCONTIGUOUS, Case, CaseHint, elementwise_cases
 from opbridge.declare import OpDef
 
-__all__ = ["CASE_HINTS", "as_opdef", "case_rng", "complete_case", "held_cases", "make_cases", "only_none"]
+__all__ = ["CASE_HINTS", "as_opdef", "case_rng", "complete_case", "held_cases", "make_cases", "only_none",
+           "small_case"]
 
 
 class _DeprecatedCaseHints(dict[str, CaseHint]):
@@ -150,6 +151,20 @@ def held_cases(op: OpDef, cases: Sequence[Case], dtypes: Iterable[str]) -> tuple
         return held, None
     missing = sorted(set().union(*(ints(c) for c in cases)) - have)
     return held, f"no {missing}, which every case of {op.name} takes"
+
+
+def small_case(op: OpDef, cases: Sequence[Case]) -> Case | None:
+    """The smallest contiguous non-empty case, preferring ones whose tensors are at least 2-D."""
+    def tensors(c: Case) -> list[np.ndarray]:
+        return [np.asarray(c[a.name]) for a in op.schema.arguments
+                if a.type.is_tensor and c[a.name] is not None]
+
+    ok = [c for c in cases if c.get(NONCONTIGUOUS) is None and c.get(LAYOUT, "contiguous") == "contiguous"
+          and all(t.size > 0 for t in tensors(c))]
+    if not ok:
+        return None
+    wide = [c for c in ok if any(t.ndim >= 2 for t in tensors(c))]
+    return min(wide or ok, key=lambda c: sum(t.size for t in tensors(c)))
 
 
 def only_none(op: OpDef, cases: Iterable[Mapping[str, Any]]) -> str | None:

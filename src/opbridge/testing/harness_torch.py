@@ -44,8 +44,9 @@ class TorchHarness:
             args[i] = args[i].detach().clone().requires_grad_(True)
         out = fn(*args)
         grads = torch.autograd.grad(out, [args[i] for i in argnums],
-                                    grad_outputs=torch.from_numpy(cotangent).to(out.dtype))
-        return [self.to_numpy(g) for g in grads]
+                                    grad_outputs=torch.from_numpy(cotangent).to(out.dtype), allow_unused=True)
+        return [np.zeros(tuple(args[i].shape), np.float32) if g is None else self.to_numpy(g)
+                for i, g in zip(argnums, grads, strict=True)]
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
         import torch

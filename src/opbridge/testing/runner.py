@@ -1,9 +1,10 @@
 """The per-case checks of the test matrix: :class:`Runner` and its :class:`CheckReport`.
 
-A :class:`Runner` holds one op, one framework kit and the dtype being run;
-:meth:`Runner.run_case` materialises a case as framework arrays (sliced or
-non-contiguous when the case asks) and runs the forward, inputs-unchanged,
-sentinel, non-contiguous and (torch, float32) gradient checks on it. Every
+A :class:`Runner` holds one op, one framework kit (:mod:`opbridge.testing.kits`)
+and the dtype being run; :meth:`Runner.run_case` materialises a case as
+framework arrays (sliced or non-contiguous when the case asks) and runs the
+forward, inputs-unchanged, sentinel, non-contiguous and (float32, where the
+framework differentiates) gradient checks on it. Every
 check runs inside :meth:`Runner.checking`, which counts it in the report and
 turns a failure into an :class:`AssertionError` naming the op, the check, the
 framework, the dtype and the case.
@@ -21,8 +22,8 @@ import numpy as np
 
 from opbridge.cases import LAYOUT, NONCONTIGUOUS
 from opbridge.declare import OpDef
-from opbridge.testing.compare import assert_close, dtype_name, to_numpy
-from opbridge.testing.kits import NumpyKit, is_float_np
+from opbridge.testing.compare import assert_close, to_numpy
+from opbridge.testing.kits import NumpyKit, dtype_str, is_float_np
 from opbridge.testing.tolerances import result_tolerance
 
 __all__ = ["CheckReport", "Runner", "as_tuple", "describe", "fmt_index"]
@@ -39,14 +40,15 @@ class CheckReport:
     op
         The op's qualname.
     framework
-        ``"torch"`` or ``"numpy"``.
+        ``"torch"``, ``"numpy"``, ``"jax"``, ``"paddle"`` or ``"mindspore"``.
     dtypes
         The dtypes that were run.
     cases
         Number of (dtype, case) pairs run.
     checks
         Count per check kind: ``forward``, ``inputs_unchanged``, ``sentinel``,
-        ``grad``, ``noncontiguous``, ``opcheck``, ``compile``, ``compile_grad``, ``gradcheck``.
+        ``grad``, ``noncontiguous``, ``rows``, ``compile`` (the framework's graph
+        mode), ``compile_grad``, and in torch ``opcheck`` and ``gradcheck``.
     skipped
         Why a requested dtype or check did not run.
     """
@@ -120,9 +122,23 @@ class Runner:
 
     # -- calling ----------------------------------------------------------------
 
-    def call(self, full: Sequence[Any]) -> tuple[Any, ...]:
+    def call(self, full: Sequence[Any]) -> tuple[tuple[Any, ...], dict[int, Any]]:
+        """The op's public callable on *full*: (its outputs, the arguments it wrote by index)."""
         pos, kw = self.op.schema.split(full)
-        return as_tuple(self.op.call(*pos, **kw), len(self.op.schema.returns), self.op.name)
+        return self.results(self.op.call(*pos, **kw), full)
+
+    def results(self, result: Any, full: Sequence[Any]) -> tuple[tuple[Any, ...], dict[int, Any]]:
+        """A call's *result* on *full* as (outputs, written arguments by index): the arguments themselves
+        where the framework writes in place, else the new values it returns first (JAX)."""
+        n = len(self.op.schema.returns)
+        mutated = [i for i, a in enumerate(self.args) if a.is_mutated]
+        if self.kit.writes_in_place or not mutated:
+            return as_tuple(result, n, self.op.name), {i: full[i] for i in mutated if full[i] is not None}
+        values = tuple(result) if isinstance(result, (tuple, list)) else (result,)  # (new values..., returns...)
+        if len(values) != len(mutated) + n:
+            raise AssertionError(f"{self.op.name} returned {len(values)} values, expected the new values of its "
+                                 f"{len(mutated)} mutated argument(s), then its {n} return(s)")
+        return values[len(mutated):], {i: v for i, v in zip(mutated, values, strict=False) if v is not None}
 
     def reference(self, ref_args: Sequence[Any]) -> tuple[tuple[Any, ...], dict[int, np.ndarray]]:
         if self.op.reference is None:
@@ -154,24 +170,23 @@ class Runner:
                 if not shape or shape[-1] < 2:
                     raise ValueError(f"cannot make '{a.name}' of shape {shape} non-contiguous "
                                      f"(needs a last dimension > 1)")
-                wide = kit.widen_last(shape, kit.dtype_of(x))
-                view = wide[..., ::2]
-                kit.write(view, x)
-                x = view
+                x = kit.every_other(x)
             elif sliced:
                 n = kit.numel(x)
                 lo = 1 + 2 * k  # odd element offsets: the data is not aligned to its dtype's vector width
-                buf = kit.empty_filled(lo + n + 3, kit.dtype_of(x))
-                view = kit.flat(buf, lo, lo + n, kit.shape(x))
-                kit.write(view, x)
+                buf, x = kit.guarded(x, lo, lo + n + 3)
                 padded.append((a.name, buf, lo, lo + n))
-                x = view
             full.append(x)
             k += 1
         return full, padded
 
     def ref_inputs(self, full: Sequence[Any]) -> list[Any]:
         return [self.kit.to_np64(v) if a.type.is_tensor and v is not None else v
+                for a, v in zip(self.args, full, strict=True)]
+
+    def snapshot(self, full: Sequence[Any]) -> list[np.ndarray | None]:
+        """The values of the tensors the op must not write (None for the others), to compare after a call."""
+        return [self.kit.to_np64(v) if a.type.is_tensor and v is not None and not a.is_mutated else None
                 for a, v in zip(self.args, full, strict=True)]
 
     # -- checks -----------------------------------------------------------------
@@ -191,26 +206,27 @@ class Runner:
             with self.checking("sentinel"):
                 self.check_sentinel(full, expected)
         with self.checking("forward"):
-            before = [self.kit.clone(v) if a.type.is_tensor and v is not None and not a.is_mutated else None
-                      for a, v in zip(self.args, full, strict=True)]
-            outs = self.call(full)
-            self.compare_results(full, outs, expected, expected_mut)
+            before = self.snapshot(full)
+            outs, written = self.call(full)
+            self.compare_results(full, outs, written, expected, expected_mut)
         with self.checking("inputs_unchanged"):
             self.check_unchanged(full, before, padded)
-        if (self.check_grad and self.kit.name == "torch" and self.dtype == "float32"
+        if (self.check_grad and self.kit.differentiates and self.dtype == "float32"
                 and self.op.backward is not None and not self.op.schema.is_mutating
                 and all(self.kit.numel(v) > 0 for a, v in zip(self.args, full, strict=True)
                         if a.type.is_tensor and v is not None)):
             with self.checking("grad"):
                 self.check_gradients(index, full, ref_in)
 
-    def compare_results(self, full: Sequence[Any], outs: Sequence[Any], expected: Sequence[np.ndarray],
-                        expected_mut: Mapping[int, np.ndarray]) -> None:
+    def compare_results(self, full: Sequence[Any], outs: Sequence[Any], written: Mapping[int, Any],
+                        expected: Sequence[np.ndarray], expected_mut: Mapping[int, np.ndarray]) -> None:
         lead = full[self.op.dispatch_arg]
         for j, (act, exp) in enumerate(zip(outs, expected, strict=True)):  # smaller than the lead: a sum over it
             self.compare(act, exp, self._return_name(j), against="the float64 reference", lead=lead)
         for i, exp in expected_mut.items():
-            self.compare(full[i], exp, f"mutated argument '{self.args[i].name}'",
+            if i not in written:
+                raise AssertionError(f"mutated argument '{self.args[i].name}': the call gave no new value")
+            self.compare(written[i], exp, f"mutated argument '{self.args[i].name}'",
                          against="the float64 reference")
 
     def _return_name(self, j: int) -> str:
@@ -221,16 +237,16 @@ class Runner:
 
     def compare(self, actual: Any, expected64: np.ndarray, what: str, against: str, lead: Any = None) -> None:
         exp = self.kit.round_to(expected64, actual) if self.kit.is_float(actual) else expected64
-        dname = dtype_name(actual)
+        dname = dtype_str(actual.dtype)
         rtol, atol = self.op.tolerance(dname) if lead is None else result_tolerance(self.op, dname, expected64, lead)
-        assert_close(actual, exp, rtol=rtol, atol=atol, dtype=dname, name=f"{what} vs {against}")
+        assert_close(self.kit.to_np64(actual), exp, rtol=rtol, atol=atol, dtype=dname, name=f"{what} vs {against}")
 
-    def check_unchanged(self, full: Sequence[Any], before: Sequence[Any],
+    def check_unchanged(self, full: Sequence[Any], before: Sequence[np.ndarray | None],
                         padded: Sequence[tuple[str, Any, int, int]]) -> None:
         for a, now, was in zip(self.args, full, before, strict=True):
             if was is None:
                 continue
-            x, y = self.kit.to_np64(now), self.kit.to_np64(was)
+            x, y = self.kit.to_np64(now), was
             same = (x == y) | (np.isnan(x) & np.isnan(y)) if is_float_np(x) else (x == y)
             if not np.all(same):
                 bad = np.argwhere(~same)
@@ -272,9 +288,7 @@ class Runner:
                 gargs.append(v)
                 continue
             n = kit.numel(v)
-            buf = kit.empty_filled(_GUARD + n + _GUARD, kit.dtype_of(v))
-            view = kit.flat(buf, _GUARD, _GUARD + n, kit.shape(v))
-            kit.write(view, v)
+            buf, view = kit.guarded(v, _GUARD, _GUARD + n + _GUARD)
             gargs.append(view)
             guarded.append((f"input '{a.name}'", buf, _GUARD, _GUARD + n))
         outs: list[Any] = []
@@ -286,7 +300,8 @@ class Runner:
             buf = kit.empty_filled(_GUARD + n + _GUARD, spec.dtype)
             outs.append(kit.flat(buf, _GUARD, _GUARD + n, shape))
             out_bufs.append((self._return_name(j), buf, _GUARD, _GUARD + n))
-        kern(*outs, *gargs)
+        tensors = {i for i, a in enumerate(self.args) if a.type.is_tensor and gargs[i] is not None}
+        kern(*map(kit.kernel_arg, outs), *(kit.kernel_arg(v) if i in tensors else v for i, v in enumerate(gargs)))
         for what, buf, lo, hi in out_bufs + guarded:
             self.check_guards(buf, lo, hi, what)
         for j, out in zip(new_returns, outs, strict=True):
@@ -318,10 +333,9 @@ class Runner:
         with self.checking("reference"):
             expected, expected_mut = self.reference(self.ref_inputs(full))
         with self.checking("noncontiguous"):
-            before = [self.kit.clone(v) if a.type.is_tensor and v is not None and not a.is_mutated else None
-                      for a, v in zip(self.args, full, strict=True)]
+            before = self.snapshot(full)
             try:
-                outs = self.call(full)
+                outs, written = self.call(full)
             except ValueError as exc:
                 if self.op.name not in str(exc):
                     raise AssertionError(
@@ -330,7 +344,7 @@ class Runner:
                     ) from None
                 return
             try:
-                self.compare_results(full, outs, expected, expected_mut)
+                self.compare_results(full, outs, written, expected, expected_mut)
                 self.check_unchanged(full, before, ())
             except AssertionError as exc:
                 raise AssertionError(
