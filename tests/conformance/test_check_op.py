@@ -54,6 +54,19 @@ void overrun_cpu(TensorView out, TensorView x) {
 }
 OPBRIDGE_EXPORT(overrun_cpu);
 
+// out = alpha x: an op with a keyword-only argument and a backward.
+void scaled_cpu(TensorView out, TensorView x, double alpha) {
+  OPB_CHECK_DTYPE("scaled", x, opbridge::kFloat32);
+  OPB_CHECK_SAME_DTYPE("scaled", out, x);
+  OPB_CHECK_SAME_SHAPE("scaled", out, x);
+  OPB_CHECK_CONTIGUOUS("scaled", out);
+  OPB_CHECK_CONTIGUOUS("scaled", x);
+  float* o = static_cast<float*>(out.data_ptr());
+  const float* a = static_cast<const float*>(x.data_ptr());
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = static_cast<float>(alpha) * a[i];
+}
+OPBRIDGE_EXPORT(scaled_cpu);
+
 // x *= 2 in place.
 void double__cpu(TensorView x) {
   OPB_CHECK_DTYPE("double_", x, opbridge::kFloat32);
@@ -88,6 +101,13 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                backward=lambda grad, x: (grad,))(two_x)  # wrong: d(2x)/dx is 2
     found["bad_ref"] = lib.op("twice_bad_ref(Tensor x) -> Tensor", **same)(three_x)  # the kernel gives 2x
     found["overrun"] = lib.op("overrun(Tensor x) -> Tensor", shape=opbridge.like("x"))(two_x)
+
+    def alpha_x(x: np.ndarray, alpha: float = 3.0) -> np.ndarray:
+        return alpha * x
+
+    scaled = lib.op("scaled(Tensor x, *, float alpha=3.0) -> Tensor", shape=opbridge.like("x"),
+                    backward=lambda grad, x, alpha: (scaled(grad, alpha=alpha),))(alpha_x)
+    found["scaled"] = scaled
 
     def double_(x: np.ndarray) -> None:
         x *= 2
@@ -126,6 +146,15 @@ def test_check_op_runs_every_check_the_framework_has() -> None:
 def test_check_op_passes_a_user_op_with_a_backward(twice: dict[str, Any]) -> None:
     report = check_op(twice["twice"], [{"x": np.linspace(-1, 1, 6).reshape(2, 3)}], framework=FRAMEWORK)
     assert report.checks["forward"] == 1 and report.checks["grad"] == (1 if DIFFERENTIATES else 0), report
+    assert report.checks["compile"] == report.checks["compile_grad"] == (1 if GRAPH else 0), report
+
+
+def test_check_op_differentiates_an_op_with_a_keyword_only_argument(twice: dict[str, Any]) -> None:
+    """torch hands a custom op's keyword-only arguments to its autograd apart from the others (its backward
+    once failed there: setup_context() got an unexpected keyword argument 'keyword_only_inputs')."""
+    cases = [{"x": np.linspace(-1, 1, 6).reshape(2, 3), "alpha": -1.5}, {"x": np.linspace(0, 1, 4)}]
+    report = check_op(twice["scaled"], cases, framework=FRAMEWORK)
+    assert report.checks["forward"] == 2 and report.checks["grad"] == (2 if DIFFERENTIATES else 0), report
     assert report.checks["compile"] == report.checks["compile_grad"] == (1 if GRAPH else 0), report
 
 

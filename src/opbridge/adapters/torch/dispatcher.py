@@ -100,7 +100,15 @@ def make_autograd(op: OpDef) -> Callable[..., Any]:
     tensor_idx = core.tensor_indices(op)
     n_args = len(op.schema.arguments)
 
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    n_positional = op.schema.n_positional
+    keyword_names = op.schema.keyword_names
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any,
+                      keyword_only_inputs: dict[str, Any] | None = None) -> None:
+        # torch passes an op's keyword-only arguments apart (and differentiates its positional ones only)
+        if keyword_names:
+            kw = keyword_only_inputs or {}
+            inputs = (*inputs, *(kw[name] for name in keyword_names))
         ctx.opb_scalars = {i: v for i, v in enumerate(inputs) if i not in tensor_idx}
         ctx.save_for_backward(*(inputs[i] for i in saved_idx))
         outs = output if isinstance(output, tuple) else (output,)
@@ -118,7 +126,7 @@ def make_autograd(op: OpDef) -> Callable[..., Any]:
         out: list[Any] = [None] * n_args
         for i, g in zip(tensor_idx, core.run_backward(op, dense, full)):
             out[i] = g
-        return tuple(out)
+        return tuple(out[:n_positional])
 
     info = torch._library.autograd.Info(backward, setup_context)
     kernel: Callable[..., Any] = torch._library.autograd.make_autograd_impl(packet(op), info)
