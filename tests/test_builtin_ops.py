@@ -554,3 +554,14 @@ def test_builtin_kernels_refuse_every_undeclared_dtype(name: str) -> None:
                           if a.type.is_tensor and case.get(a.name) is not None
                           else case.get(a.name, a.default if a.has_default else None)
                           for i, a in enumerate(op.schema.arguments)])
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_sentinel_fill_fits_every_integer_dtype(framework: str) -> None:
+    """Guards and new outputs of an int8 op are filled with a value int8 holds (-7919 once overflowed)."""
+    from opbridge.testing.kits import INTEGER_DTYPES, NumpyKit, TorchKit
+
+    kit = NumpyKit() if framework == "numpy" else TorchKit()
+    for d in INTEGER_DTYPES:
+        values = kit.to_np64(kit.empty_filled(3, d))
+        assert len(set(values.tolist())) == 1 and values[0] not in (0, 1, -1), (d, values)

@@ -84,7 +84,7 @@ class NumpyKit:
 
     def empty_filled(self, n: int, dtype: Any) -> Any:
         dt = self.dtype(dtype)
-        return np.full(n, sentinel_value(dt.kind), dtype=dt)
+        return np.full(n, sentinel_value(dt.kind, dt.itemsize), dtype=dt)
 
     def from_np(self, v: np.ndarray, dtype: str) -> Any:
         """*v* as a new contiguous array: floats in *dtype*, integers in their own dtype."""
@@ -189,7 +189,7 @@ class TorchKit(NumpyKit):
         dt = self.dtype(dtype)
         kind = "f" if dt.is_floating_point else ("b" if dt == self.torch.bool else "u" if dt == self.torch.uint8
                                                  else "i")
-        return self.torch.full((n,), sentinel_value(kind), dtype=dt)
+        return self.torch.full((n,), sentinel_value(kind, dt.itemsize), dtype=dt)
 
     def from_np(self, v: np.ndarray, dtype: str) -> Any:
         t = self.torch.from_numpy(np.ascontiguousarray(v))
@@ -238,15 +238,17 @@ class TorchKit(NumpyKit):
         return batched
 
 
-def sentinel_value(kind: str) -> Any:
-    """The fill of guard regions and new outputs, by NumPy dtype kind: NaN for floats, an unlikely integer."""
+def sentinel_value(kind: str, itemsize: int = 8) -> Any:
+    """The fill of guard regions and new outputs, by NumPy dtype kind and item size: NaN for floats, an
+    unlikely integer that the dtype holds."""
     if kind in "fcV":
         return float("nan")
     if kind == "b":
         return True
     if kind == "u":
         return 0xA5
-    return -7919  # a prime that no index or count computed here is likely to equal
+    # primes that no index or count computed here is likely to equal
+    return -79 if itemsize == 1 else -7919
 
 
 def dtype_str(d: Any) -> str:

@@ -52,7 +52,7 @@ class HarnessKit(NumpyKit):
         if name.startswith(("float", "bfloat")):
             return self.h.from_numpy(a, name)
         kind = np.dtype(name).kind
-        ints = np.where(np.isnan(a), sentinel_value(kind), a).astype(name)
+        ints = np.where(np.isnan(a), sentinel_value(kind, np.dtype(name).itemsize), a).astype(name)
         return self.h.from_numpy(ints, None)
 
     def from_np(self, v: np.ndarray, dtype: str) -> Any:
