@@ -100,6 +100,26 @@ def kernel_errors_are_raised_after_one_run(e: Entry) -> None:
     assert e.calls("add") == before
 
 
+def unpassable_arguments_are_named_by_python(e: Entry, weight: Any, named: str) -> None:
+    """A weight the framework cannot hand a kernel (*weight*; *named* matches its error), and Python ints
+    outside int64: the entry, which cannot view or pass them, leaves the call, and the Python path raises the
+    op's error naming the argument, not the framework's or tvm-ffi's ("Expected `int` but got `ffi.BigInt`")."""
+    x = e.to(np.ones((2, 4), np.float32))
+    q, k = e.to(np.ones((2, 8), np.float32)), e.to(np.ones((2, 8), np.float32))
+    pos, cache = e.to(np.zeros(2, np.int64)), e.to(np.ones((4, 8), np.float32))
+    for name, call, error, match in (
+            ("rms_norm", lambda: ops.rms_norm(x, weight), TypeError, named),
+            ("rms_norm", lambda: ops.rms_norm(x, e.to(np.ones(4, np.float32)), 2**70), ValueError,
+             r"rms_norm: argument 'eps' is the int 1180591620717411303424, outside int64's range"),
+            ("rotary_embedding", lambda: ops.rotary_embedding(pos, q, k, 2**64, cache, True), ValueError,
+             r"rotary_embedding: argument 'head_size' must be in int64's range \[-2\*\*63, 2\*\*63 - 1\] "
+             r"\(a kernel's int64_t\), got the int 18446744073709551616")):
+        before = e.calls(name)
+        with pytest.raises(error, match=match):
+            call()
+        assert e.calls(name) == before
+
+
 def threads(e: Entry) -> None:
     """Four threads, 200 calls each: every result right, every call the entry's."""
     x = e.to(RNG.standard_normal((16, 64)).astype(np.float32))

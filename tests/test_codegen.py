@@ -39,6 +39,8 @@ void pick_cpu(TensorView, TensorView, TensorView, tvm::ffi::Optional<TensorView>
 OPBRIDGE_EXPORT(pick_cpu);
 void bump__cpu(TensorView, double) {}
 OPBRIDGE_EXPORT(bump__cpu);
+void halve__cpu(TensorView, tvm::ffi::Optional<TensorView>) {}
+OPBRIDGE_EXPORT(halve__cpu);
 """
 
 DECLARATIONS = '''
@@ -86,6 +88,12 @@ def bump_(x: Any, by: float) -> Any:
     """Add ``by`` to ``x`` in place and return it."""
     x += by
     return x
+
+
+@LIB.op("halve_(Tensor(a!) x, Tensor(b!)? y) -> ()")
+def halve_(x: Any, y: Any) -> None:
+    """Halve ``x`` and ``y`` in place."""
+    x /= 2
 '''
 
 
@@ -129,9 +137,33 @@ def test_wrappers_have_the_schemas_signatures_and_types(declared: tuple[ModuleTy
         "x": "Tensor", "w": "Tensor | None", "dims": "Sequence[int]", "keep": "bool", "name": "str",
         "out": "tuple[Tensor, Tensor] | None"}
     assert pick.return_annotation == "tuple[Tensor, Tensor]"
-    assert inspect.signature(wrappers.bump_).return_annotation == "Tensor"
+    assert inspect.signature(wrappers.bump_).return_annotation == "Tensor | tuple[Tensor, Tensor]"
     stub = ast.parse(paths[1].read_text())
     assert {n.name for n in stub.body if isinstance(n, ast.FunctionDef)} == set(decl.LIB.ops)
+
+
+def test_a_mutating_op_is_typed_with_what_it_returns_on_jax_arrays(declared: tuple[ModuleType, Path],
+                                                                   tmp_path: Path) -> None:
+    """torch, NumPy, Paddle and MindSpore return a mutating op's declared returns (None for ``-> ()``); JAX,
+    whose arrays are immutable, the new values of its mutated arguments, then the returns, as one tuple
+    (opbridge.adapters.jax). The stub says both (it said None), and the wrapper returns what the op returns
+    (it dropped JAX's new values)."""
+    decl, _ = declared
+    codegen.generate(decl.LIB, tmp_path)
+    stub = (tmp_path / "_custom_ops.pyi").read_text()
+    assert "def halve_(x: _Tensor, y: _Tensor | None) -> tuple[_Tensor, _Tensor | None] | None:" in stub
+    assert "def bump_(x: _Tensor, by: float) -> _Tensor | tuple[_Tensor, _Tensor]:" in stub
+    docs = {n.name: ast.get_docstring(n) or "" for n in ast.parse(stub).body if isinstance(n, ast.FunctionDef)}
+    assert " ".join(docs["halve_"].split()).startswith(
+        "Halve ``x`` and ``y`` in place. Returns None; on JAX arrays, which are immutable, the new values of "
+        "``x``, ``y`` as a tuple (the arrays passed in are unchanged).")
+    assert "Returns its returns; on JAX arrays, which are immutable, the new values of ``x``, then its " \
+        "returns, as a tuple" in " ".join(docs["bump_"].split())
+    wrappers = _load_generated(tmp_path / "_custom_ops.py", f"{decl.LIB.namespace}_mutating")
+    assert inspect.signature(wrappers.halve_).return_annotation == "tuple[Tensor, Tensor | None] | None"
+    wrappers._OPS["halve_"] = lambda x, y: (x / 2, None)  # JAX's answer, without importing JAX
+    assert wrappers.halve_(4.0, None) == (2.0, None)
+    assert "None or tuple of Tensor" in (inspect.getdoc(wrappers.halve_) or "")
 
 
 def test_docstrings_combine_the_schema_and_the_reference(declared: tuple[ModuleType, Path],

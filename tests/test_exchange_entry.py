@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from opbridge import loader, ops
+from opbridge import config, loader, ops
 
 paddle = pytest.importorskip("paddle")
 
@@ -25,6 +25,7 @@ from _entry_checks import (  # noqa: E402
     results_equal_the_reference,
     several_outputs_out,
     threads,
+    unpassable_arguments_are_named_by_python,
 )
 from opbridge.adapters.paddle.eager import EXCHANGE  # noqa: E402
 from opbridge.call import c_entry, exchange  # noqa: E402
@@ -33,6 +34,8 @@ from opbridge.testing.compare import assert_close  # noqa: E402
 
 @pytest.fixture(scope="module")
 def entry() -> exchange.Library:
+    if not config.exchange_entry():  # the entry is off: nothing installs it (the adapters' tests run without it)
+        pytest.skip("OPBRIDGE_EXCHANGE_ENTRY=0")
     if exchange.exchange_table(paddle.Tensor) is None:
         pytest.skip("this Paddle has no DLPack exchange table")
     lib = exchange.ENTRY.library(build_now=True)
@@ -117,6 +120,14 @@ def test_overlapping_written_arguments_are_named_by_python(entry: exchange.Libra
 
 def test_kernel_errors_are_raised_after_one_run(entry: exchange.Library) -> None:
     kernel_errors_are_raised_after_one_run(E)
+
+
+def test_unpassable_arguments_are_named_by_python(entry: exchange.Library) -> None:
+    """A sparse weight (DLPack carries dense tensors only), ints outside int64."""
+    unpassable_arguments_are_named_by_python(E, paddle.ones([4]).to_sparse_coo(1),
+                                             r"rms_norm: argument 'weight' has a sparse COO layout, which no kernel "
+                                             r"takes \(DLPack carries dense tensors only\); convert it first, e\.g\. "
+                                             r"weight\.to_dense\(\)")
 
 
 def test_outputs_are_freed(entry: exchange.Library) -> None:

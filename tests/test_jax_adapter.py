@@ -459,6 +459,20 @@ def test_mutating_op_returns_new_values(extra: opbridge.Library) -> None:
     np.testing.assert_array_equal(np.asarray(r), r0)
 
 
+def test_mutating_ops_return_what_their_generated_wrappers_say() -> None:
+    """The generated stubs type a mutating op's result on JAX arrays (opbridge.codegen.types): one tuple of its
+    mutated arguments' new values (None for an optional one passed as None), then its returns."""
+    from opbridge.codegen.types import call_returns_annotation
+
+    x, w = _rand(2, 8), _rand(8, seed=1)
+    assert call_returns_annotation(ops.fused_add_rms_norm.opdef.schema) == "tuple[Tensor, Tensor] | None"
+    got = ops.fused_add_rms_norm(x, x, w)
+    assert isinstance(got, tuple) and len(got) == 2 and all(isinstance(g, jax.Array) for g in got)
+    assert call_returns_annotation(ops.rotary_embedding.opdef.schema) == "tuple[Tensor, Tensor | None] | None"
+    got = ops.rotary_embedding(jnp.zeros(2, jnp.int32), _rand(2, 8), None, 8, _rand(4, 8), True)
+    assert isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], jax.Array) and got[1] is None
+
+
 def test_mutating_op_under_jit_aliases_and_keeps_inputs_intact(extra: opbridge.Library) -> None:
     op = extra.ops["fused_add_scale_"].call
     x, r, w = _rand(3, 8), _rand(3, 8, seed=1), _rand(8, seed=2)
@@ -533,6 +547,14 @@ BAD_INPUTS: list[tuple[str, BadCall, type[Exception], str]] = [
      r"add: argument 'y' must be a jax.Array, got list"),
     ("float in tensor slot", lambda: jax.jit(lambda x: ops.add(x, 1.0))(jnp.ones(2)), TypeError,
      r"add: argument 'y' must be a jax.Array, got float"),
+    # beyond int64 (a kernel's int64_t): was NumPy's bare OverflowError for an int argument, and for a float one
+    # a float64 attribute here while every other framework refused it
+    ("int beyond int64", lambda: ops.rotary_embedding(jnp.zeros(2, jnp.int32), jnp.ones((2, 8)), None, 2**70,
+                                                      jnp.ones((4, 8)), True), ValueError,
+     r"rotary_embedding: argument 'head_size' must be in int64's range \[-2\*\*63, 2\*\*63 - 1\] \(a kernel's "
+     r"int64_t\), got the int 1180591620717411303424"),
+    ("int beyond int64, for a float", lambda: ops.rms_norm(jnp.ones((2, 4)), jnp.ones(4), 2**64), ValueError,
+     r"rms_norm: argument 'eps' is the int 18446744073709551616, outside int64's range"),
 ]
 
 
@@ -544,7 +566,7 @@ def test_bad_input_raises_named_error(case: str, call: BadCall, exc: Any, patter
 
 def test_kernel_error_past_the_dry_run_is_a_python_exception(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the trace-time check, the kernel's error still arrives as an exception, not a crash."""
-    monkeypatch.setattr(jax_adapter.variant, "DRY_RUN_MAX_BYTES", -1)
+    monkeypatch.setattr(core, "DRY_RUN_MAX_BYTES", -1)
     with pytest.raises(jax.errors.JaxRuntimeError, match="add: y must have the same dtype as x"):
         jax.jit(lambda a, b: ops.add(a, b.astype(jnp.float16)))(jnp.ones(5), jnp.ones(5)).block_until_ready()
 

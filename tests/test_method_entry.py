@@ -27,8 +27,9 @@ from _entry_checks import (  # noqa: E402
     results_equal_the_reference,
     several_outputs_out,
     threads,
+    unpassable_arguments_are_named_by_python,
 )
-from opbridge import loader, ops  # noqa: E402
+from opbridge import config, loader, ops  # noqa: E402
 from opbridge.adapters.mindspore.eager import ENTRY_TENSORS  # noqa: E402
 from opbridge.build import compile as bcompile  # noqa: E402
 from opbridge.call import exchange  # noqa: E402
@@ -37,6 +38,8 @@ from opbridge.testing.compare import assert_close  # noqa: E402
 
 @pytest.fixture(scope="module")
 def entry() -> exchange.Library:
+    if not config.exchange_entry():  # the entry is off: nothing installs it (the adapters' tests run without it)
+        pytest.skip("OPBRIDGE_EXCHANGE_ENTRY=0")
     lib = exchange.ENTRY.library(build_now=True)
     if lib is None:
         pytest.skip("the tensor entry could not be built here")
@@ -160,6 +163,15 @@ def test_overlapping_written_arguments_are_named_by_python(entry: exchange.Libra
 
 def test_kernel_errors_are_raised_after_one_run(entry: exchange.Library) -> None:
     kernel_errors_are_raised_after_one_run(E)
+
+
+def test_unpassable_arguments_are_named_by_python(entry: exchange.Library) -> None:
+    """A complex weight (MindSpore tensors reach a kernel as NumPy views of the dtypes opbridge maps), ints
+    outside int64."""
+    unpassable_arguments_are_named_by_python(E, _t(np.ones(4, np.complex64)),
+                                             r"rms_norm: argument 'weight' has dtype complex64, which no kernel "
+                                             r"takes \(opbridge hands a kernel MindSpore tensors of float32, .* "
+                                             r"only\); convert it first, e\.g\. weight\.astype\(\"float32\"\)")
 
 
 def test_outputs_are_freed(entry: exchange.Library) -> None:

@@ -33,8 +33,9 @@ from _hugepages import faults_per_call  # noqa: E402
 from _split_sum import SPLIT_SUM_CC, declare_split_sum  # noqa: E402
 from opbridge import ops  # noqa: E402
 from opbridge.adapters import mindspore as adapter  # noqa: E402
-from opbridge.adapters.mindspore import aot, primitive, shim  # noqa: E402
+from opbridge.adapters.mindspore import aot, shim  # noqa: E402
 from opbridge.build import jit as opb_jit  # noqa: E402
+from opbridge.call import core  # noqa: E402
 from opbridge.ops import gelu as gelu_alias  # noqa: E402
 from opbridge.testing import assert_close, make_cases  # noqa: E402
 from opbridge.testing.matrix import NONCONTIGUOUS  # noqa: E402
@@ -683,6 +684,19 @@ BAD_INPUTS: list[tuple[str, BadCall, type[Exception], str]] = [
      r"rms_norm: argument 'eps' must be float, got str"),
     ("not a tensor", lambda: ops.add(_t(np.ones(2)), [1.0, 2.0]), TypeError,
      r"add: argument 'y' must be a mindspore.Tensor, got list"),
+    # a dtype opbridge does not view as NumPy, as in every framework (it said "Complex64 ... cannot pass")
+    ("complex weight", lambda: ops.rms_norm(_t(np.ones((2, 4))), _t(np.ones(4), np.complex64)), TypeError,
+     r"rms_norm: argument 'weight' has dtype complex64, which no kernel takes \(opbridge hands a kernel MindSpore "
+     r"tensors of float32, .* only\); convert it first, e\.g\. weight\.astype\(\"float32\"\)"),
+    ("uint32 y", lambda: ops.add(_t(np.ones(3), np.float64), _t(np.ones(3), np.uint32)), TypeError,
+     r"add: argument 'y' has dtype uint32, which no kernel takes .*; convert it first, e\.g\. "
+     r"y\.astype\(\"float64\"\)"),
+    # tvm-ffi passes ints beyond int64 as ffi.BigInt, which no kernel takes ("Expected `int` but got `ffi.BigInt`")
+    ("int beyond int64", lambda: ops.rotary_embedding(_t(np.zeros(2), np.int64), _t(np.ones((2, 8))), None, 2**70,
+                                                      _t(np.ones((4, 8))), True), ValueError,
+     r"rotary_embedding: argument 'head_size' must be in int64's range \[-2\*\*63, 2\*\*63 - 1\]"),
+    ("int beyond int64, for a float", lambda: ops.rms_norm(_t(np.ones((2, 4))), _t(np.ones(4)), 2**64), ValueError,
+     r"rms_norm: argument 'eps' is the int 18446744073709551616, outside int64's range"),
 ]
 
 
@@ -718,10 +732,24 @@ def test_bad_input_in_graphs_raises_named_error(case: str, fn: Callable[..., Any
         ms.grad(lambda a, b: fn(a, b).sum())(x, w)
 
 
+def test_a_dtype_the_graph_entry_points_cannot_take_is_named() -> None:
+    """In a graph (and on the tape) a tensor the aot entry points cannot take is named as in PyNative: op,
+    argument, dtype, how to convert (MindSpore makes no float8 tensor on the CPU: its metadata stands in)."""
+    from types import SimpleNamespace
+
+    from opbridge.adapters.mindspore.primitive import _Meta, check_call
+
+    with pytest.raises(TypeError, match=r"rms_norm: argument 'weight' has dtype float8e4m3fn, which no kernel "
+                                        r"takes \(opbridge's graph entry points take float16, .* only\); convert "
+                                        r"it first, e\.g\. weight\.astype\(\"float32\"\)"):
+        check_call(ops.rms_norm.opdef, [_Meta((2, 4), ms.float32), _Meta((4,), ms.float8_e4m3fn), 1e-6],
+                   module=SimpleNamespace())
+
+
 def test_kernel_errors_at_graph_run_time_raise_cleanly(monkeypatch: pytest.MonkeyPatch,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
     """Past the dry run (large inputs), a kernel error is a nonzero status: RuntimeError, no abort."""
-    monkeypatch.setattr(primitive, "DRY_RUN_MAX_BYTES", 0)
+    monkeypatch.setattr(core, "DRY_RUN_MAX_BYTES", 0)
     x, w = Tensor(np.ones((2, 4), np.float32)), Tensor(np.ones(4, np.float32))
 
     @ms.jit

@@ -347,6 +347,23 @@ BAD_INPUTS: list[tuple[str, BadCall, Any, str]] = [
     ("numpy", lambda: ops.add(paddle.ones([2]), np.ones(2, np.float32)), TypeError,
      r"add: argument 'y' must be a paddle.Tensor, got ndarray"),
     ("none", lambda: ops.gelu_backward(paddle.ones([2]), None), TypeError, r"gelu_backward: argument 'x'"),
+    # DLPack carries dense tensors only: a sparse one is named wherever it is (was Paddle's "Invalid dimension")
+    ("sparse weight", lambda: ops.rms_norm(paddle.ones([2, 4]), paddle.ones([4]).to_sparse_coo(1)), TypeError,
+     r"rms_norm: argument 'weight' has a sparse COO layout, which no kernel takes \(DLPack carries dense tensors "
+     r"only\); convert it first, e\.g\. weight\.to_dense\(\)"),
+    ("sparse lead", lambda: ops.gelu(paddle.ones([2, 4]).to_sparse_csr()), TypeError,
+     r"gelu: argument 'x' has a sparse CSR layout, which no kernel takes"),
+    ("sparse written", lambda: ops.fused_add_rms_norm(paddle.ones([2, 4]), paddle.ones([2, 4]).to_sparse_coo(2),
+                                                      paddle.ones([4])), TypeError,
+     r"fused_add_rms_norm: argument 'residual' has a sparse COO layout"),
+    ("sparse, out=", lambda: ops.add(paddle.ones([4]), paddle.ones([4]).to_sparse_coo(1), out=paddle.empty([4])),
+     TypeError, r"add: argument 'y' has a sparse COO layout"),
+    # tvm-ffi passes ints beyond int64 as ffi.BigInt, which no kernel takes ("Expected `int` but got `ffi.BigInt`")
+    ("int beyond int64", lambda: ops.rotary_embedding(paddle.zeros([2], "int64"), paddle.ones([2, 8]), None, 2**70,
+                                                      paddle.ones([4, 8]), True), ValueError,
+     r"rotary_embedding: argument 'head_size' must be in int64's range \[-2\*\*63, 2\*\*63 - 1\]"),
+    ("int beyond int64, for a float", lambda: ops.rms_norm(paddle.ones([2, 4]), paddle.ones([4]), -(2**64)), ValueError,
+     r"rms_norm: argument 'eps' is the int -18446744073709551616, outside int64's range"),
 ]
 
 
@@ -363,6 +380,8 @@ def test_bad_input_with_grad_raises_named_error() -> None:
         ops.rms_norm(x, paddle.ones([4]), "big")
     with pytest.raises(TypeError, match=r"add: argument 'y' must be a paddle\.Tensor"):
         ops.add(x, [1.0])
+    with pytest.raises(TypeError, match=r"rms_norm: argument 'weight' has a sparse COO layout"):
+        ops.rms_norm(x, paddle.ones([4]).to_sparse_coo(1))
 
 
 # -- to_static -------------------------------------------------------------------------------
@@ -499,6 +518,18 @@ def test_to_static_bad_input() -> None:
 
     with pytest.raises(TypeError, match=r"gelu: x must have dtype float32, float16, bfloat16 or float64, got int8"):
         paddle.jit.to_static(g, full_graph=True)(paddle.ones([3]).astype("int8"))
+
+
+def test_to_static_dry_run_is_bounded_by_the_cores_one_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past opbridge.call.core.DRY_RUN_MAX_BYTES (one bound for JAX, Paddle and MindSpore) the trace runs no
+    kernel, so the kernel's error is not raised while tracing (it was, under Paddle's own bound)."""
+    def f(x: Any, y: Any) -> Any:
+        return ops.add(x, y)
+
+    monkeypatch.setattr(core, "DRY_RUN_MAX_BYTES", -1)
+    with pytest.raises(Exception) as err:  # whatever the running program raises
+        paddle.jit.to_static(f, full_graph=True)(paddle.ones([5]), paddle.ones([6]))
+    assert not isinstance(err.value, ValueError), err.value
 
 
 def test_to_static_open_dimensions() -> None:

@@ -202,7 +202,7 @@ def test_project_installs_with_pip_and_passes_its_tests_and_takes_new_ops(tmp_pa
     # identity has no CUDA kernel: it names its kernels, so the library's CUDA sources give it none.
     assert 'kernels={"cpu": "identity_cpu"}' in (root / "demo_plugin" / "ops" / "identity.py").read_text()
     wrappers = (root / "demo_plugin" / "_custom_ops.py").read_text()
-    assert "def halve_(x: Tensor, by: float = 2.0) -> None:" in wrappers and "def identity(" in wrappers
+    assert "def halve_(x: Tensor, by: float = 2.0) -> tuple[Tensor] | None:" in wrappers and "def identity(" in wrappers
     env = {**_env(tmp_path), "OPBRIDGE_CUDA_ARCHS": "90"}
     site = tmp_path / "site"
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",

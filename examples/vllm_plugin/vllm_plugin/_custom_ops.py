@@ -50,7 +50,7 @@ def advance_step_flashattn(
     seq_lens: Tensor,
     slot_mapping: Tensor,
     block_tables: Tensor,
-) -> None:
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """Advance a multi-step decode runner by one step, in place.
 
     For each of the first ``num_queries`` sequences, the sampled token becomes
@@ -78,6 +78,13 @@ def advance_step_flashattn(
     block_tables : Tensor
         int32 ``(num_seqs, max_blocks)``: the blocks of each sequence.
 
+    Returns
+    -------
+    None or tuple of Tensor
+        None; on JAX arrays, which are immutable, the new values of ``input_tokens``,
+        ``input_positions``, ``seq_lens``, ``slot_mapping`` as a tuple (the arrays passed in
+        are unchanged).
+
     Notes
     -----
     Schema::
@@ -90,13 +97,18 @@ def advance_step_flashattn(
     Kernels: ``advance_step_flashattn_cpu`` (cpu); backward: none.
     Dtypes: int64.
     """
-    (_OPS or _load())["advance_step_flashattn"](
+    return (_OPS or _load())["advance_step_flashattn"](
         num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions,
         seq_lens, slot_mapping, block_tables
-    )
+    )  # type: ignore[no-any-return]
 
 
-def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-06) -> None:
+def fused_add_rms_norm(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float = 1e-06,
+) -> tuple[Tensor, Tensor] | None:
     """Add ``x`` into ``residual``, then RMS-normalise the sum into ``x``, both in place.
 
     Parameters
@@ -110,6 +122,12 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     eps : float, default 1e-06
         Added to the mean square before the square root.
 
+    Returns
+    -------
+    None or tuple of Tensor
+        None; on JAX arrays, which are immutable, the new values of ``x``, ``residual`` as a
+        tuple (the arrays passed in are unchanged).
+
     Notes
     -----
     Schema::
@@ -121,10 +139,12 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     Kernels: ``fused_add_rms_norm_cpu`` (cpu); backward: none.
     Dtypes: float32, float16, bfloat16.
     """
-    (_OPS or _load())["fused_add_rms_norm"](x, residual, weight, eps)
+    return (_OPS or _load())["fused_add_rms_norm"](
+        x, residual, weight, eps
+    )  # type: ignore[no-any-return]
 
 
-def scale_(x: Tensor, alpha: float) -> None:
+def scale_(x: Tensor, alpha: float) -> tuple[Tensor] | None:
     """Multiply ``x`` by ``alpha`` in place.
 
     Parameters
@@ -133,6 +153,12 @@ def scale_(x: Tensor, alpha: float) -> None:
         Floating tensor, contiguous; overwritten with ``x * alpha``.
     alpha : float
         The factor.
+
+    Returns
+    -------
+    None or tuple of Tensor
+        None; on JAX arrays, which are immutable, the new values of ``x`` as a tuple (the
+        arrays passed in are unchanged).
 
     Notes
     -----
@@ -144,7 +170,7 @@ def scale_(x: Tensor, alpha: float) -> None:
     Kernels: ``scale__cpu`` (cpu); backward: none.
     Dtypes: float32, float16, bfloat16.
     """
-    (_OPS or _load())["scale_"](x, alpha)
+    return (_OPS or _load())["scale_"](x, alpha)  # type: ignore[no-any-return]
 
 
 def silu_and_mul(x: Tensor, *, out: Tensor | None = None) -> Tensor:

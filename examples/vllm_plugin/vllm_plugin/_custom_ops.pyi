@@ -27,20 +27,35 @@ def advance_step_flashattn(
     seq_lens: _Tensor,
     slot_mapping: _Tensor,
     block_tables: _Tensor,
-) -> None:
+) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor] | None:
     """Advance a multi-step decode runner by one step, in place.
+
+    Returns None; on JAX arrays, which are immutable, the new values of ``input_tokens``,
+    ``input_positions``, ``seq_lens``, ``slot_mapping`` as a tuple (the arrays passed in are
+    unchanged).
 
     Dtypes: int64.
     """
 
-def fused_add_rms_norm(x: _Tensor, residual: _Tensor, weight: _Tensor, eps: float = 1e-06) -> None:
+def fused_add_rms_norm(
+    x: _Tensor,
+    residual: _Tensor,
+    weight: _Tensor,
+    eps: float = 1e-06,
+) -> tuple[_Tensor, _Tensor] | None:
     """Add ``x`` into ``residual``, then RMS-normalise the sum into ``x``, both in place.
+
+    Returns None; on JAX arrays, which are immutable, the new values of ``x``, ``residual`` as a
+    tuple (the arrays passed in are unchanged).
 
     Dtypes: float32, float16, bfloat16.
     """
 
-def scale_(x: _Tensor, alpha: float) -> None:
+def scale_(x: _Tensor, alpha: float) -> tuple[_Tensor] | None:
     """Multiply ``x`` by ``alpha`` in place.
+
+    Returns None; on JAX arrays, which are immutable, the new values of ``x`` as a tuple (the arrays
+    passed in are unchanged).
 
     Dtypes: float32, float16, bfloat16.
     """

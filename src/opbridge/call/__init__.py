@@ -6,9 +6,11 @@
 - :mod:`opbridge.call.dispatch` finds the adapter for an array type (adapters
   are looked up by framework name, so none is imported before it is used).
 - :mod:`opbridge.call.core` holds what every adapter does the same way:
-  argument and dtype checks, output allocation from the shape rule, the alias
+  argument, dtype and scalar-range checks, output allocation from the shape rule, the alias
   check of mutating ops, packing results onto the schema's returns, and
   running the declared backward.
+- :mod:`opbridge.call.unpassable` names a tensor argument its framework cannot
+  hand a kernel (DLPack cannot carry it), with one message in every framework.
 - :mod:`opbridge.call.batching` says how a framework's ``vmap`` runs an op
   (one kernel call over the declared rows, or one per batch element).
 

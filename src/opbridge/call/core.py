@@ -12,6 +12,7 @@ of mutating ops, ``out=`` over an input, dense copies of strided tensors) is
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from opbridge.schema import check_value
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
+    from opbridge.schema import Argument
 
 
 def pack_results(op: OpDef, args: Sequence[Any], outs: Sequence[Any]) -> Any:
@@ -34,7 +36,8 @@ def pack_results(op: OpDef, args: Sequence[Any], outs: Sequence[Any]) -> Any:
 
 
 def validate_args(op: OpDef, args: Sequence[Any], is_array: Callable[[Any], bool], kind: str) -> None:
-    """Check each argument's Python type against the schema, naming the op and argument."""
+    """Check each argument's Python type against the schema, naming the op and argument; an int scalar
+    must also fit in int64 (:func:`check_int64`)."""
     for a, v in zip(op.schema.arguments, args):
         if a.type.is_tensor:
             if v is None and a.type.optional:
@@ -43,6 +46,33 @@ def validate_args(op: OpDef, args: Sequence[Any], is_array: Callable[[Any], bool
                 raise TypeError(f"{op.name}: argument '{a.name}' must be {kind}, got {type(v).__name__}")
         else:
             check_value(op.name, a, v)
+            if v is not None and a.type.base in ("int", "float"):
+                check_int64(op, a, v)
+
+
+#: The values a kernel takes an int in: tvm-ffi passes every Python int as an ``int64_t`` (for a ``float``
+#: argument too, which the kernel converts), and one outside it as ``ffi.BigInt``, which no kernel takes.
+INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+def check_int64(op: OpDef, arg: Argument, value: Any) -> None:
+    """Raise ValueError naming *op* and *arg* where the int *value* (or an int in the list *value*) of an
+    ``int`` or ``float`` argument is outside :data:`INT64_RANGE`, as the kernels' own checks of a scalar's
+    value do: tvm-ffi's error for it ("Expected `int` but got `ffi.BigInt`") names neither. Every
+    framework's checked call runs it (:func:`validate_args`); the fast paths and C entries hand such a
+    call there (the kernel's TypeError, or the entry's ``NotImplemented``)."""
+    lo, hi = INT64_RANGE
+    for k, v in enumerate(value if arg.type.is_list else (value,)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or lo <= int(v) <= hi:
+            continue
+        where = f"argument '{arg.name}'" + (f" at index {k}" if arg.type.is_list else "")
+        n = int(v)
+        got = f"the int {n}" if n.bit_length() <= 128 else f"an int of {n.bit_length()} bits"  # str() has a limit
+        if arg.type.base == "int":
+            raise ValueError(f"{op.name}: {where} must be in int64's range [-2**63, 2**63 - 1] (a kernel's "
+                             f"int64_t), got {got}")
+        raise ValueError(f"{op.name}: {where} is {got}, outside int64's range [-2**63, 2**63 - 1], in which a "
+                         f"kernel takes an int for a float; pass it as a float, e.g. float({arg.name})")
 
 
 def tensor_indices(op: OpDef) -> list[int]:
@@ -133,6 +163,21 @@ def rule_plan(op: OpDef, tensor_sig: str, plan: Callable[[tuple[int, ...], Any],
     compile_source(src, f"<opbridge {op.qualname} {label} rule plan>", ns)
     plans: Callable[[Sequence[Any]], list[Any]] = ns["plans"]
     return plans
+
+
+#: Largest total size in bytes (inputs plus outputs) of a trace-time dry run: the kernel run once on zero-filled
+#: buffers of a call's shapes while a framework traces or compiles it, so that its own argument errors are
+#: raised there and then instead of when the graph runs (JAX when it traces, Paddle's ``to_static``,
+#: MindSpore's graph compile and recorded calls). Above it the run is skipped and such an error surfaces
+#: from the running graph. One bound for all three: each run costs the same (fresh host buffers, zeroed
+#: and touched by one CPU kernel call: about 0.1 s and 256 MiB of transient memory at the bound, once per
+#: traced signature, never per call), whatever the framework. Read at each run: a test may lower it here.
+DRY_RUN_MAX_BYTES = 256 << 20
+
+
+def dry_run_fits(nbytes: int) -> bool:
+    """Whether a trace-time dry run on zero-filled buffers of *nbytes* in all runs (:data:`DRY_RUN_MAX_BYTES`)."""
+    return nbytes <= DRY_RUN_MAX_BYTES
 
 
 def no_backward_error(op: OpDef) -> NotImplementedError:

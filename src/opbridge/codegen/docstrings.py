@@ -73,10 +73,25 @@ def dtypes_line(op: OpDef) -> str:
     return f"Dtypes: {', '.join(op.dtypes)}."
 
 
+def immutable_returns(op: OpDef) -> str | None:
+    """What a mutating op returns on JAX arrays, in words (:func:`opbridge.codegen.types.call_returns_annotation`
+    has it as a type); None for an op that mutates nothing."""
+    mutated = [f"``{a.name}``" for a in op.schema.mutated_args]
+    if not mutated:
+        return None
+    declared = ", then its returns," if op.schema.returns else ""
+    return (f"on JAX arrays, which are immutable, the new values of {', '.join(mutated)}{declared} as a tuple "
+            f"(the arrays passed in are unchanged)")
+
+
 def render_stub(op: OpDef) -> str:
-    """The stub's short docstring: the summary's first paragraph and the declared dtypes."""
+    """The stub's short docstring: the summary's first paragraph, what a mutating op returns on JAX arrays
+    and the declared dtypes."""
     first = parse(_reference_doc(op)).summary.split("\n\n")[0].strip()
-    return f"{first or f'The ``{op.qualname}`` op.'}\n\n{dtypes_line(op)}"
+    jax = immutable_returns(op)
+    usual = "its returns" if op.schema.returns else "None"
+    returns = ["\n".join(textwrap.wrap(f"Returns {usual}; {jax}.", 96, break_on_hyphens=False))] if jax else []
+    return "\n\n".join([first or f"The ``{op.qualname}`` op.", *returns, dtypes_line(op)])
 
 
 def render(op: OpDef) -> str:
@@ -99,7 +114,8 @@ def render(op: OpDef) -> str:
                       f"    Write the result{'s' if many else ''} into {'these' if many else 'this'} "
                       f"(the output's shape and dtype) and return {'them' if many else 'it'}."]
     returns = [r for r in op.schema.returns]
-    if returns:
+    jax = immutable_returns(op)
+    if returns or jax:
         lines += ["", "Returns", "-------"]
         given = ref.sections.get("Returns")
         if given:
@@ -109,6 +125,11 @@ def render(op: OpDef) -> str:
                 lines.append(f"{r.name} : {annotation(r.type)}" if r.name else annotation(r.type))
                 if r.type.alias is not None:
                     lines.append(f"    The argument annotated {r.type.alias}.")
+        if jax and (returns or given):
+            lines += ["", *textwrap.wrap(f"{jax[0].upper()}{jax[1:]}.", 88, break_on_hyphens=False)]
+        elif jax:
+            lines += ["None or tuple of Tensor", *textwrap.wrap(f"None; {jax}.", 88, initial_indent="    ",
+                                                                 subsequent_indent="    ", break_on_hyphens=False)]
     for header, body in ref.sections.items():
         if header not in ("Parameters", "Returns", "Notes"):
             lines += ["", header, "-" * len(header), *body]

@@ -6,7 +6,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from opbridge.codegen import docstrings
-from opbridge.codegen.types import TENSOR, annotation, returns_annotation, uses
+from opbridge.codegen.types import TENSOR, annotation, call_returns_annotation, uses
 from opbridge.schema import NO_DEFAULT
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def signature(op: OpDef, tensor: str = TENSOR) -> str:
 
     *tensor* names the type variable of Tensor arguments (stubs want it private).
     """
-    ret = returns_annotation(op.schema.returns, tensor)
+    ret = call_returns_annotation(op.schema, tensor)
     params = _params(op, tensor)
     one_line = f"def {op.name}({', '.join(params)}) -> {ret}:"
     if len(one_line) <= _WIDTH:
@@ -128,7 +128,7 @@ def render_module(lib: Library, declarations: str, out_name: str) -> str:
         "    return _OPS\n",
     ]
     for op in ops:
-        body = _call(op, "return " if op.schema.returns else "")
+        body = _call(op, "return " if op.schema.returns or op.schema.is_mutating else "")  # JAX: new values
         parts.append(f"\n{signature(op)}\n{docstrings.quote(docstrings.render(op), '    ')}\n{body}")
     return "\n".join(parts)
 

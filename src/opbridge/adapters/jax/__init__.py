@@ -85,7 +85,7 @@ Checks
     real shapes and dtypes, so its own TypeError / ValueError
     (``"<op>: <arg> must ..."``) is raised before XLA runs, instead of
     surfacing later as a JaxRuntimeError. The dry run is cached per signature
-    and skipped above :data:`DRY_RUN_MAX_BYTES`; it assumes a kernel's
+    and skipped above :data:`opbridge.call.core.DRY_RUN_MAX_BYTES`; it assumes a kernel's
     argument checks look at shapes, dtypes and static arguments, not at tensor
     contents. An error that depends on contents (a position beyond a cache)
     is raised by the kernel when XLA runs it, as a ``JaxRuntimeError`` with
@@ -131,7 +131,6 @@ from opbridge.adapters.jax.out import OutVariant
 from opbridge.adapters.jax.targets import LOCK as _LOCK
 from opbridge.adapters.jax.targets import REGISTERED as _REGISTERED  # noqa: F401  (targets by name)
 from opbridge.adapters.jax.targets import target_name
-from opbridge.adapters.jax.variant import DRY_RUN_MAX_BYTES
 from opbridge.call import core
 from opbridge.call.callable import install_prelude
 
@@ -145,7 +144,7 @@ MAX_SMALL_AVALS = 1024
 #: 1.4 MiB) one op keeps; the oldest is forgotten first (an ``eps`` that changes every call).
 MAX_VARIANTS = 64
 
-__all__ = ["ADAPTER", "DRY_RUN_MAX_BYTES", "JaxAdapter", "disabled_checks", "register_targets", "target_name",
+__all__ = ["ADAPTER", "JaxAdapter", "disabled_checks", "register_targets", "target_name",
            "targets"]
 
 

@@ -28,15 +28,6 @@ from opbridge.call import batching, core
 if TYPE_CHECKING:
     from opbridge.adapters.jax import _JaxOp
 
-#: Largest total size (inputs + outputs) of a trace-time dry run of the kernel.
-DRY_RUN_MAX_BYTES = 256 << 20
-
-
-def _dry_run_limit() -> int:
-    """:data:`DRY_RUN_MAX_BYTES` as it is now (change it here: ``opbridge.adapters.jax.variant``)."""
-    return DRY_RUN_MAX_BYTES
-
-
 def dtype_name(x: Any) -> str:
     """The dtype of an array or tracer by name (``"bfloat16"``, ``"float32"``, ...)."""
     return str(jnp.dtype(x.dtype).name)
@@ -166,7 +157,7 @@ class Variant:
             return  # seen, or symbolic dimensions (jax.export): nothing to allocate
         total = sum(math.prod(s) * jnp.dtype(d).itemsize for s, d in specs)
         total += sum(math.prod(full[i].shape) * full[i].dtype.itemsize for i in self.present)
-        if total <= _dry_run_limit():
+        if core.dry_run_fits(total):
             present = set(self.present)
             call = [_zeros(tuple(v.shape), v.dtype) if i in present else v for i, v in enumerate(full)]
             self.kernel(*(_zeros(s, d) for s, d in specs), *call)

@@ -53,7 +53,8 @@ from mindspore import Tensor
 
 from opbridge import loader, registry
 from opbridge.adapters.mindspore import graph, lambdas, shim
-from opbridge.adapters.mindspore.eager import make_eager, make_eager_out, run_with_out
+from opbridge.adapters.mindspore.checked import run_with_out
+from opbridge.adapters.mindspore.eager import make_eager, make_eager_out
 from opbridge.adapters.mindspore.support import unsupported_reason
 from opbridge.call.callable import install_prelude
 

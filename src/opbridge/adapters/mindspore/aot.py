@@ -41,7 +41,7 @@ call). So each op gets, derived from its declaration:
    shape inference (run by MindSpore while compiling, in Python) calls the
    entry point once on zero-filled buffers of the inferred shapes, with the
    scalars' values when they are constants ("dry run"; cached per
-   signature, skipped above :data:`DRY_RUN_MAX_BYTES`), and raises that
+   signature, skipped above :data:`opbridge.call.core.DRY_RUN_MAX_BYTES`), and raises that
    error from the compile. A call recorded for gradients in PyNative mode
    runs the same check on its real arguments first.
 
@@ -80,12 +80,11 @@ infer function, which a Python shape rule cannot provide).
 
 from opbridge.adapters.mindspore.graph import custom_op, graph_function, opdef_of, register
 from opbridge.adapters.mindspore.lambdas import parseable
-from opbridge.adapters.mindspore.primitive import DRY_RUN_MAX_BYTES, OpCustom, check_call, checked
+from opbridge.adapters.mindspore.primitive import OpCustom, check_call, checked
 from opbridge.adapters.mindspore.shim import AotModule, aot_module, graph_ops, wrapper_source
 from opbridge.adapters.mindspore.support import ms_dtype, unsupported_reason
 
 __all__ = [
-    "DRY_RUN_MAX_BYTES",
     "AotModule",
     "OpCustom",
     "aot_module",

@@ -4,7 +4,7 @@ MindSpore infers an aot op's output shapes in Python while it compiles (or
 records) a call; :class:`OpCustom` answers from the op's declared shape rule.
 The kernel's own argument checks run there too: the entry point is called
 once on zero-filled buffers of the inferred shapes ("dry run", cached per
-signature, skipped above :data:`DRY_RUN_MAX_BYTES`), so a bad call raises the
+signature, skipped above :data:`opbridge.call.core.DRY_RUN_MAX_BYTES`), so a bad call raises the
 kernel's ``TypeError`` / ``ValueError`` naming op and argument from the
 compile, instead of MindSpore's ``RuntimeError`` when the graph runs. Under
 ``mindspore.ops.vmap`` the primitive gives MindSpore its own rule
@@ -24,14 +24,11 @@ from mindspore.common import dtype as mstype
 from opbridge.adapters.mindspore.shim import AotModule, aot_module
 from opbridge.adapters.mindspore.support import DTYPES, dtype_name, ms_dtype
 from opbridge.adapters.mindspore.vmap import make_rule
-from opbridge.call.core import dtype_error
+from opbridge.call import unpassable
+from opbridge.call.core import dry_run_fits, dtype_error
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
-
-#: Inputs plus outputs above this many bytes skip the compile-time dry run
-#: (errors then surface as MindSpore's RuntimeError when the graph runs).
-DRY_RUN_MAX_BYTES = 64 << 20
 
 _STATE = threading.local()
 
@@ -53,7 +50,8 @@ def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True,
     *args* are, in schema order, anything with ``.shape``/``.dtype`` for
     tensors and Python values for scalars. The dtype of ``op.dtype_arg``
     must be one the op declares. Unless *dry_run* is false, the shapes are
-    static and inputs plus outputs fit in :data:`DRY_RUN_MAX_BYTES`, the op's
+    static and inputs plus outputs fit in :data:`opbridge.call.core.DRY_RUN_MAX_BYTES` (else an error
+    surfaces as MindSpore's RuntimeError when the graph runs), the op's
     entry point runs on zero-filled buffers of these shapes and dtypes and
     its error (``TypeError`` / ``ValueError`` naming op and argument) is
     raised here. Builds the wrapper module (*module*, default: the library's
@@ -69,8 +67,10 @@ def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True,
                for a, x in zip(op.schema.arguments, args, strict=True) if a.type.is_tensor]
     outputs = [(tuple(int(d) for d in s.shape), ms_dtype(s.dtype)) for s in specs]
     for a, _, dtype in tensors:
-        if dtype not in DTYPES:
-            raise TypeError(f"{op.name}: {a.name} has dtype {dtype}, which opbridge cannot pass to a kernel")
+        if dtype not in DTYPES:  # the op's TypeError naming it, as in PyNative and every framework
+            raise unpassable.error(op, a.name, unpassable.Unpassable(
+                f"dtype {dtype_name(dtype)}", f"opbridge's graph entry points take "
+                f"{', '.join(name for name, _ in DTYPES.values())} only", f'astype("{got}")'))
     for _, dtype in outputs:
         if dtype not in DTYPES:
             raise TypeError(f"{op.name}: output dtype {dtype} cannot be passed to a kernel")
@@ -78,7 +78,7 @@ def check_call(op: OpDef, args: Sequence[Any], dry_run: bool = True,
     dynamic = any(d < 0 for s in shapes for d in s)
     total = sum(int(np.prod(s, dtype=np.int64)) * DTYPES[d][1] for _, s, d in tensors)
     total += sum(int(np.prod(s, dtype=np.int64)) * DTYPES[d][1] for s, d in outputs)
-    if dry_run and not dynamic and total <= DRY_RUN_MAX_BYTES:
+    if dry_run and not dynamic and dry_run_fits(total):
         inputs = [(tuple(x.shape), ms_dtype(x.dtype)) if a.type.is_tensor else x
                   for a, x in zip(op.schema.arguments, args, strict=True)]
         module.dry_run(op, inputs, outputs)

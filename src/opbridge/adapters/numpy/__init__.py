@@ -39,7 +39,7 @@ import numpy as np
 from opbridge import loader
 from opbridge._tvm import bfloat16_tensor
 from opbridge.adapters.numpy import native
-from opbridge.call import c_entry, core, layout, memory, overlap
+from opbridge.call import c_entry, core, layout, memory, overlap, unpassable
 from opbridge.call.callable import install_prelude
 
 if TYPE_CHECKING:
@@ -134,27 +134,33 @@ def _run(op: OpDef, kern: Any, outs: list[Any], full: list[Any]) -> None:
             raise ValueError(f"{op.name}: argument '{a.name}' is read-only, and {op.name} writes it")
     try:
         kern(*map(_kernel_arg, outs), *map(_kernel_arg, full))
-    except BufferError as e:  # an array DLPack cannot carry: name it, as the lead argument's dtype check does
-        named = [*((f"out[{k}]", o) for k, o in enumerate(outs)), *((f"argument '{a.name}'", v)
-                                                                   for a, v in zip(op.schema.arguments, full))]
-        lead = full[op.dtype_arg]
-        to = lead.dtype.newbyteorder("=").name if isinstance(lead, np.ndarray) else "float32"
-        for what, v in named:
-            if isinstance(v, np.ndarray) and _no_dlpack(v):
-                raise TypeError(f"{op.name}: {what} has dtype {v.dtype.str} ({v.dtype}), which no kernel takes "
-                                f"({e}); convert it first, e.g. .astype(\"{to}\")") from e
+    except BufferError:  # an array DLPack cannot carry: the op's TypeError naming it, as in every framework
+        unpassable.check(op, full, _unpassable)
         raise
 
 
-def _no_dlpack(a: np.ndarray) -> bool:
-    """Whether NumPy cannot export *a* through DLPack (byte order, long double, object, ...)."""
+def _unpassable(a: Any, lead: Any) -> unpassable.Unpassable | None:
+    """What keeps NumPy from exporting *a* through DLPack, as the kernel would get it (another byte order,
+    long double, object, ...), for :func:`opbridge.call.unpassable.check`; None where nothing does."""
+    k = _kernel_arg(a)  # bfloat16 and read-only arrays pass as _kernel_arg makes them
+    if not isinstance(k, np.ndarray):
+        return None
     try:
-        a.__dlpack__()
+        k.__dlpack__()
+    except BufferError as e:
+        native = a.dtype.newbyteorder("=")  # another byte order: the same type in this machine's, else the lead's
+        to = native.name if native.kind in "biuf" and _exports(native) else _dtype_name(lead)
+        return unpassable.Unpassable(f"dtype {a.dtype.str} ({a.dtype})", str(e), f'astype("{to}")')
+    return None
+
+
+def _exports(dt: np.dtype[Any]) -> bool:
+    """Whether NumPy exports an array of *dt* through DLPack (not long double, say)."""
+    try:
+        np.empty(0, dt).__dlpack__()
     except BufferError:
-        return True
-    except Exception:  # read-only and the like: not this array's dtype
         return False
-    return False
+    return True
 
 
 def _fast_prelude(op: OpDef, entry: bool = False) -> str | None:

@@ -33,7 +33,7 @@ from paddle import _C_ops
 from paddle.utils.dlpack import from_dlpack as _from_dlpack
 
 from opbridge import _tvm, loader
-from opbridge.call import core, layout, memory
+from opbridge.call import core, layout, memory, unpassable
 from opbridge.errors import BackendUnavailableError, OpbridgeError
 
 if TYPE_CHECKING:
@@ -73,6 +73,21 @@ def op_dtypes(op: OpDef) -> frozenset[Any]:
 def is_tensor(x: Any) -> bool:
     """Whether *x* is an eager Paddle tensor (a parameter included)."""
     return isinstance(x, T)
+
+
+def unpassable_tensor(t: Any, lead: Any) -> unpassable.Unpassable | None:
+    """A sparse tensor, which DLPack cannot carry (:func:`opbridge.call.unpassable.check`'s probe): Paddle's
+    export says "Can't get __dlpack__ from a Tensor from sparse storage", and tvm-ffi's conversion fails on
+    its dims ("Invalid dimension to be accessed")."""
+    if isinstance(t, T) and t.is_sparse():
+        kind = "COO" if t.is_sparse_coo() else "CSR"
+        return unpassable.Unpassable(f"a sparse {kind} layout", "DLPack carries dense tensors only", "to_dense()")
+    return None
+
+
+def check_passable(op: OpDef, args: Sequence[Any]) -> None:
+    """Raise the op's TypeError naming a tensor argument DLPack cannot carry (:func:`unpassable_tensor`), if any."""
+    unpassable.check(op, args, unpassable_tensor)
 
 
 def is_dense(t: Any) -> bool:

@@ -32,6 +32,7 @@ from opbridge.adapters.paddle._base import (
     PaddleStaticError,
     T,
     alloc,
+    check_passable,
     densify,
     dtype_name,
     is_dense,
@@ -79,11 +80,15 @@ def make_checked(op: OpDef) -> Run:
         core.validate_args(op, args, is_tensor, KIND)
         core.check_lead_dtype(op, args, dtype_name)
         kern, launch, place = target(op, args)
-        check_alias(args)
-        full, back = overlap.dense_args(op, args, is_dense, densify, rows, written=WRITTEN)
-        outs = alloc(op, full, place)
-        with launch():
-            kern(*outs, *full)
+        try:
+            check_alias(args)
+            full, back = overlap.dense_args(op, args, is_dense, densify, rows, written=WRITTEN)
+            outs = alloc(op, full, place)
+            with launch():
+                kern(*outs, *full)
+        except Exception:
+            check_passable(op, args)  # a sparse tensor, which fails any of these: the op's TypeError naming it
+            raise
         for orig, copy in back:
             write_back(orig, copy)
         for i in mutated:
@@ -180,22 +185,29 @@ def fast_source(op: OpDef, check_places: bool) -> str:
     # A large CPU output (4 MiB+, sized from its model: 0.1 µs) is made by _large_like; _alloc does the same
     # for rule-made outputs itself.
     new_like = f"(_large_like({{x}}) if {_NBYTES.format(o='{x}')} >= _hmin else _empty_like({{x}}, _dt_{{x}}, _p))"
-    alloc_lines = core.alloc_source(op, names, outs, new_like, "_alloc({args}, _p)")
-    lines += [f"    {line}" for line in alloc_lines]
+    body = core.alloc_source(op, names, outs, new_like, "_alloc({args}, _p)")
     alias = overlap.alias_check_source(  # _c<name>, _r<name>: the layout test's capture
-        op, names, SPAN_SOURCE, "    ",
+        op, names, SPAN_SOURCE, "",
         rows=("{s}, {e} = (_sp := {t}.data_ptr(), _sp + _prod({t}.shape) * {t}.element_size()) "
               "if _c{t} else _rows_span(_r{t})",
               "_rows_meet(_rows_of({a}) if _c{a} else _r{a}, _rows_of({b}) if _c{b} else _r{b})"))
-    if alias:
-        lines.append(alias.rstrip("\n"))
-    lines += ["    try:", f"        _k({', '.join([*outs, *names])})",
-              "    except TypeError:", f"        _bad(({params},))", "        raise"]
+    body += [*alias.splitlines(), f"_k({', '.join([*outs, *names])})"]
+    # A wrong scalar, or a tensor DLPack cannot carry (a sparse one, which fails the allocation, the alias
+    # check's reads or the kernel's conversion): the op's error naming it (_bad), else the error as it is.
+    lines += ["    try:", *(f"        {line}" for line in body), "    except Exception:", f"        _bad(({params},))",
+              "        raise"]
     for i in _mutated(op):
         guard_none = f"if a{i} is not None: " if args[i].type.optional else ""
         lines.append(f"    {guard_none}a{i}._bump_inplace_version()")
     lines += core.returns_source(op, names, outs, "    ")
     return "\n".join(lines) + "\n"
+
+
+def _name_the_error(op: OpDef, args: Any) -> None:
+    """Raise the op's error naming the argument behind a failed fast call, if it is one: a wrong scalar
+    (:func:`opbridge.call.core.validate_args`) or a tensor DLPack cannot carry (:func:`._base.check_passable`)."""
+    core.validate_args(op, args, is_tensor, KIND)
+    check_passable(op, args)
 
 
 def _strided_copies(op: OpDef) -> Callable[[Any], Any]:
@@ -249,7 +261,7 @@ def make_eager(op: OpDef, check_places: bool) -> Callable[..., Any]:
         "_grad": _HAS_GRAD,
         "_ag": _refuse_grad(op) if op.schema.is_mutating else make_layer(op, run).apply,
         "_slow": lambda *a: core.pack_results(op, a, run(*a)),
-        "_bad": lambda a: core.validate_args(op, a, is_tensor, KIND),
+        "_bad": lambda a: _name_the_error(op, a),
         "_empty_like": _C_ops.empty_like,
         "_alloc": rule_alloc(op) if core.like_indices(op) is None and op.n_outputs else None,
         "_alias": lambda a: overlap.check_no_alias(op, a, strided_span, EXACT),
@@ -287,15 +299,19 @@ def call_with_out(op: OpDef, args: tuple[Any, ...], outs: tuple[Any, ...]) -> An
     core.check_lead_dtype(op, args, dtype_name)
     core.check_outs(op, args, outs, dtype_name)
     kern, launch, _ = target(op, args, outs)
-    overlap.make_alias_check(op, strided_span, exact=EXACT)(args)
-    full, back = overlap.dense_args(op, args, is_dense, densify, rows, written=WRITTEN)
-    # a strided out=, or every out= where one shares memory with an input, through dense copies; two that
-    # share an element, or one whose elements do, raise
-    fresh = overlap.outputs_overlap(op, args, outs, overlap.span_overlap(strided_span), EXACT, written=WRITTEN,
-                                    is_dense=is_dense)
-    dense, out_back = overlap.dense_outputs(outs, is_dense, densify, fresh=fresh)
-    with launch():
-        kern(*dense, *full)
+    try:
+        overlap.make_alias_check(op, strided_span, exact=EXACT)(args)
+        full, back = overlap.dense_args(op, args, is_dense, densify, rows, written=WRITTEN)
+        # a strided out=, or every out= where one shares memory with an input, through dense copies; two that
+        # share an element, or one whose elements do, raise
+        fresh = overlap.outputs_overlap(op, args, outs, overlap.span_overlap(strided_span), EXACT, written=WRITTEN,
+                                        is_dense=is_dense)
+        dense, out_back = overlap.dense_outputs(outs, is_dense, densify, fresh=fresh)
+        with launch():
+            kern(*dense, *full)
+    except Exception:
+        check_passable(op, args)  # a sparse tensor, which fails any of these: the op's TypeError naming it
+        raise
     for orig, copy in back + out_back:
         write_back(orig, copy)
     for o in outs:

@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 _NAMES = itertools.count()
 _STATIC = threading.local()  # .in_backward: tracing a static backward block
-#: Largest total size (inputs + outputs) of a trace-time dry run of the kernel (:func:`_trace_checks`).
-DRY_RUN_MAX_BYTES = 256 << 20
 
 
 def _trace_checks(op: OpDef, args: Sequence[Any]) -> tuple[Spec, ...]:
@@ -64,13 +62,13 @@ def _trace_checks(op: OpDef, args: Sequence[Any]) -> tuple[Spec, ...]:
 
 def _dry_run(op: OpDef, args: Sequence[Any], values: Sequence[tuple[int, Any]], specs: Sequence[Spec]) -> None:
     """The kernel once on NumPy zeros of the traced shapes (all known), so that its own argument errors are
-    raised now; skipped for bfloat16 (NumPy has none) and above :data:`DRY_RUN_MAX_BYTES`."""
+    raised now; skipped for bfloat16 (NumPy has none) and above :data:`opbridge.call.core.DRY_RUN_MAX_BYTES`."""
     names = {i: name_of(v.dtype) for i, v in values}
     outs = [(tuple(int(d) for d in s.shape), name_of(s.dtype)) for s in specs]
     shapes = [*((tuple(v.shape), names[i]) for i, v in values), *outs]
     if any(d == "bfloat16" for _, d in shapes):
         return
-    if sum(math.prod(s) * np.dtype(d).itemsize for s, d in shapes) > DRY_RUN_MAX_BYTES:
+    if not core.dry_run_fits(sum(math.prod(s) * np.dtype(d).itemsize for s, d in shapes)):
         return
     full: list[Any] = list(args)
     for i, v in values:

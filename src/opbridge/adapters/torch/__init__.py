@@ -107,6 +107,9 @@ class TorchAdapter:
         except TypeError:
             core.validate_args(op, args, calls.is_tensor, "a torch.Tensor")  # a named error for a bad scalar
             raise
+        except RuntimeError:
+            flags.check_passable(op, args)  # a named error for a tensor DLPack cannot carry (quantized)
+            raise
         for orig, copy in back:
             orig.copy_(copy)
         for o, d in out_back:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opbridge import _tvm, loader
-from opbridge.adapters.torch import native
+from opbridge.adapters.torch import flags, native
 from opbridge.call import core, layout, memory, overlap
 
 if TYPE_CHECKING:
@@ -310,6 +310,7 @@ def namespace(op: OpDef, ns: dict[str, Any]) -> dict[str, Any]:
         "_t_dts": torch_dtypes(op),
         "_t_dtype_error": dtype_checker(op),
         "_t_check_devices": lambda a, o=(): check_devices(op, a, o),
+        "_t_passable": lambda a: flags.check_passable(op, a),
         "_t_rows": rows,
     })
     if core.like_indices(op) is None and op.n_outputs:

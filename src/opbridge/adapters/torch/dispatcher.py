@@ -72,6 +72,21 @@ def make_impl(op: OpDef, device: str) -> Callable[..., Any]:
     return impl
 
 
+#: The dispatcher's backends for quantized tensors, which DLPack cannot carry: each op's kernel there is
+#: :func:`make_quantized`'s error, not torch's "Could not run ... from the 'QuantizedCPU' backend".
+_QUANTIZED_KEYS = ("QuantizedCPU", "QuantizedCUDA")
+
+
+def make_quantized(op: OpDef) -> Callable[..., Any]:
+    """*op*'s kernel for the quantized backends: the op's TypeError naming the quantized tensor argument
+    (:func:`.flags.check_passable`), as its fast path raises."""
+    def quantized(*args: Any, **kwargs: Any) -> Any:
+        flags.check_passable(op, calls.ordered(op, args, kwargs))
+        raise NotImplementedError(f"{op.name}: no kernel takes quantized tensors")  # one in a Tensor[] argument
+
+    return quantized
+
+
 def make_fake(op: OpDef) -> Callable[..., Any]:
     """The fake (meta) kernel: outputs from the shape rule after the dtype and device checks."""
     check_dtype = calls.dtype_checker(op)
@@ -194,6 +209,8 @@ def register(lib: Library, on_registered: Callable[[OpDef], None]) -> None:
                 tl.impl(op.name, impl, _DISPATCH_KEY[device])
         if native_devices is None:
             tl.impl(op.name, kernels.autograd, "Autograd", with_keyset=kernels.autograd_keyset)
+        for key in _QUANTIZED_KEYS:
+            tl.impl(op.name, make_quantized(op), key)
         vmap.register(op, packet(op), tl)
         on_registered(op)
         REGISTERED.add(op.qualname)
@@ -203,7 +220,8 @@ def checked(op: OpDef) -> Callable[..., Any]:
     """The dispatcher call, with torch's argument-parser errors turned into named TypeErrors.
 
     A bool given for an ``int`` or ``float`` argument, anything else for a ``bool`` one, or None
-    for one that is not optional, raises TypeError, as in every framework (:func:`opbridge.call.core.scalar_guards`);
+    for one that is not optional, raises TypeError, as in every framework (:func:`opbridge.call.core.scalar_guards`),
+    and an int outside int64 for an ``int`` or ``float`` one ValueError (:func:`opbridge.call.core.check_int64`);
     ``torch.ops.<ns>.<op>`` itself keeps torch's rules.
 
     A tensor with the negative or conjugate bit given for an argument the op
@@ -218,11 +236,14 @@ def checked(op: OpDef) -> Callable[..., Any]:
 
     # torch's parser takes a bool for an int or float argument, and other values for a bool one;
     # opbridge's declaration does not (core.scalar_guards)
-    # (and None for a non-optional one, which it reads as the default)
+    # (and None for a non-optional one, which it reads as the default; and for a float one an int outside
+    # int64, which no other framework's kernel call takes: core.check_int64)
     scalars = core.scalar_rules(op)
+    lo, hi = core.INT64_RANGE
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if any(i < len(args) and (not optional if args[i] is None else (type(args[i]) is bool) != want)
+        if any(i < len(args) and (not optional if args[i] is None else (type(args[i]) is bool) != want
+                                  or (type(args[i]) is int and not lo <= args[i] <= hi))
                for i, want, optional in scalars):
             core.validate_args(op, calls.ordered(op, args, kwargs), calls.is_tensor, "a torch.Tensor")
         if mutated:

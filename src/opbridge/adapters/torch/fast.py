@@ -117,10 +117,14 @@ def _device_branches(op: OpDef, body: Callable[[str, str], list[str]], slow: str
     A TypeError from the kernel, or a ValueError while some input is not
     dense, goes to *slow*; any other error is the kernel's own and is raised,
     a RuntimeError (a tensor tvm-ffi cannot pass, e.g. on ``meta``) after the
-    *devices* check has had its say, unless some input is not dense (a sparse
+    *devices* check and the check of tensors DLPack cannot carry (a quantized
+    one: :func:`.flags.check_passable`, the dispatcher's quantized kernel's
+    error) have had their say, unless some input is not dense (a sparse
     tensor has no ``nbytes``): that goes to *slow*, which says what the
     dispatcher says of it on every call.
     """
+    names = [a.name for a in op.schema.arguments]
+    passable = f"_t_passable(({''.join(n + ', ' for n in names)}))"
     lead = op.schema.arguments[op.dispatch_arg].name
     lines = []
     for n, device in enumerate(_devices(op)):
@@ -130,7 +134,7 @@ def _device_branches(op: OpDef, body: Callable[[str, str], list[str]], slow: str
         lines += [f"{indent}    except TypeError:", f"{indent}        return {slow}",
                   f"{indent}    except ValueError:", f"{indent}        if {dense}: raise",
                   f"{indent}        return {slow}",
-                  f"{indent}    except RuntimeError:", f"{indent}        {devices}",
+                  f"{indent}    except RuntimeError:", f"{indent}        {devices}", f"{indent}        {passable}",
                   f"{indent}        if not ({dense}): return {slow}  # e.g. a sparse tensor (no nbytes)",
                   f"{indent}        raise"]
     return [*lines, f"{indent}else:", f"{indent}    return {slow}"]

@@ -1,9 +1,11 @@
 """Tensor flags a kernel reading raw memory must not miss: the negative and conjugate bits (a view whose memory
-holds the values before negation or conjugation) and inference tensors written outside inference mode.
+holds the values before negation or conjugation), inference tensors written outside inference mode, and
+quantized tensors, which DLPack cannot carry.
 
 The fast paths (:mod:`.fast`, the native entry) hand a tensor with either bit to the dispatcher, whose
 paths read it resolved (:func:`resolved`); an argument the op writes with either bit, or an inference
-tensor written outside inference mode, raises on every path before anything is written.
+tensor written outside inference mode, raises on every path before anything is written. A quantized
+argument is the op's TypeError naming it on every path (:func:`check_passable`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from opbridge.call import unpassable
 
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
@@ -52,3 +56,19 @@ def check_inference_writes(op: OpDef, written: Sequence[tuple[str, Any]]) -> Non
     for name, t in written:
         if isinstance(t, torch.Tensor) and t.is_inference():
             raise RuntimeError(f"{op.name}: argument '{name}': {INFERENCE_WRITE}")
+
+
+def unpassable_tensor(t: Any, lead: Any) -> unpassable.Unpassable | None:
+    """A quantized tensor, which DLPack cannot carry (:func:`opbridge.call.unpassable.check`'s probe): its
+    conversion raises "QUInt/QInt types are not supported by dlpack", and the dispatcher, which sends a call
+    with one to its quantized backend, "Could not run ... from the 'QuantizedCPU' backend"."""
+    if isinstance(t, torch.Tensor) and t.is_quantized:
+        return unpassable.Unpassable(f"dtype {str(t.dtype).removeprefix('torch.')} (a quantized tensor)",
+                                     "DLPack has no quantized types", "dequantize()")
+    return None
+
+
+def check_passable(op: OpDef, args: Sequence[Any]) -> None:
+    """Raise the op's TypeError naming a tensor argument DLPack cannot carry (:func:`unpassable_tensor`), if any:
+    where a call failed (the fast path's, ``out=``'s), and as the dispatcher's quantized backends' kernel."""
+    unpassable.check(op, args, unpassable_tensor)
