@@ -68,9 +68,10 @@ def test_generated_ops_build_and_pass_their_tests_and_benchmarks(tmp_path: Path)
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(
         f"{kind}{s.name}{ext}" for s in specs for kind, ext in kinds)
     env = _env(tmp_path)
-    report = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", str(out)],
+    report = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-W", "error", str(out)],
                   out, env)
-    assert "passed" in report and "failed" not in report and "skipped" not in report, report
+    assert "passed" in report and "failed" not in report, report
+    _skips_are_for_the_gpu_alone(report)  # every framework of this environment runs each generated test
     for spec in specs[:2]:
         _run([sys.executable, f"bench_{spec.name}.py", "--quick", "--json", str(tmp_path / "b.json")],
              out, env)
@@ -141,10 +142,21 @@ def test_existing_files_are_not_overwritten(tmp_path: Path) -> None:
     scaffold.new_op(spec, tmp_path, force=True)
 
 
+def _nothing_of_compiled(cache: Path, namespace: str) -> None:
+    """The installed project compiled none of its own kernels at run time: nothing in *cache* is its library's.
+
+    (opbridge's own framework shims may be built there once per machine: JAX's argument-order handler, the
+    tensor entry Paddle's calls go through.)"""
+    built = sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) if cache.exists() else []
+    assert not [p for p in built if namespace in p], f"the installed project compiled at run time: {built}"
+
+
 def _skips_are_for_the_gpu_alone(report: str) -> None:
-    """Every skip in a ``pytest -rs`` *report* is a CUDA test on this GPU-less machine (or without nvcc)."""
+    """Every skip in a ``pytest -rs`` *report* is a CUDA test on this GPU-less machine (or without nvcc), or a
+    MindSpore one (MindSpore has its own environment)."""
     skips = [line for line in report.splitlines() if line.startswith("SKIPPED")]
-    assert all(line.endswith(("no CUDA GPU", "(no csrc/*.cu)")) for line in skips), report
+    assert all(line.endswith(("no CUDA GPU", "(no csrc/*.cu)")) or "framework='mindspore' needs mindspore" in line
+               for line in skips), report
 
 
 def test_cuda_ops_share_their_checks_and_build_for_both_devices(tmp_path: Path) -> None:
@@ -214,7 +226,7 @@ def test_project_installs_with_pip_and_passes_its_tests_and_takes_new_ops(tmp_pa
                   site, {**env, "PYTHONPATH": str(site)})
     assert "failed" not in report, report
     _skips_are_for_the_gpu_alone(report)
-    assert not (tmp_path / "cache").exists(), "the installed project compiled at run time"
+    _nothing_of_compiled(tmp_path / "cache", "demo_plugin")
 
 
 def test_cli_from_prototype_and_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -140,16 +140,23 @@ def _sample(t: Type) -> str:
 
 
 def render_test(spec: OpSpec, layout: Layout) -> str:
-    """Source of ``test_<op>.py``: check_op over the float dtypes (and int ones) in NumPy and torch."""
+    """Source of ``test_<op>.py``: check_op and fuzz_op over the float dtypes (and int ones) in every framework
+    installed (the others skip, saying why)."""
     scalars = {a.name: _sample(a.type) for a in spec.schema.arguments if _needs_value(a)}
     ints = spec.int_dtypes
     generated = bool(scalars or ints)
     imports = "from typing import Any\n\n" if generated or spec.cuda else ""
     imports += "import numpy as np\n" if ints or spec.cuda else ""
-    imports += "import pytest\nfrom opbridge.testing import check_op\nfrom opbridge.testing.fuzz import fuzz_op\n"
+    imports += "import pytest\nfrom opbridge.testing import FRAMEWORKS, check_op, unavailable\n"
+    imports += "from opbridge.testing.fuzz import fuzz_op\n"
     imports += "from opbridge.testing.matrix import elementwise_cases\n" if generated or spec.cuda else ""
     imports += f"\nfrom {layout.module} import {spec.name}"
-    defs = [f"FLOAT_DTYPES = {_tuple(spec.float_dtypes)}", f"INT_DTYPES = {_tuple(ints)}"]
+    defs = [f"FLOAT_DTYPES = {_tuple(spec.float_dtypes)}", f"INT_DTYPES = {_tuple(ints)}", "", "",
+            "def usable(framework: str) -> None:",
+            '    """Skip where *framework* is not installed here, or cannot run in this process."""',
+            "    reason = unavailable(framework)",
+            "    if reason is not None:",
+            "        pytest.skip(reason)"]
     cases = ""
     if generated:
         defs.append("#: values for the arguments check_op has no generic value for")
@@ -170,11 +177,10 @@ def render_test(spec: OpSpec, layout: Layout) -> str:
     if spec.float_dtypes:
         tests.append(f'''
 
-@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_{spec.name}(framework: str) -> None:
-    if framework == "torch":
-        pytest.importorskip("torch")
-    dtypes = [d for d in FLOAT_DTYPES if framework == "torch" or d != "bfloat16"]
+    usable(framework)
+    dtypes = [d for d in FLOAT_DTYPES if framework != "numpy" or d != "bfloat16"]
     if not dtypes:
         pytest.skip("NumPy has none of the op's dtypes")
     report = check_op({spec.name}, {cases}dtypes=dtypes, framework=framework)
@@ -183,23 +189,21 @@ def test_{spec.name}(framework: str) -> None:
         tests.append(f'''
 
 
-@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("dtype", INT_DTYPES)
 def test_{spec.name}_int(framework: str, dtype: str) -> None:
-    if framework == "torch":
-        pytest.importorskip("torch")
+    usable(framework)
     # The cases carry integer arrays; check_op's dtype only applies to floating values.
     report = check_op({spec.name}, lambda d, rng: cases(dtype, rng), dtypes=["float32"], framework=framework)
     assert report.checks["forward"] > 0''')
     tests.append(f'''
 
 
-@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_{spec.name}_fuzzed(framework: str) -> None:
     """hypothesis draws dtypes, values and memory layouts, out= buffers and inconsistent arguments."""
     pytest.importorskip("hypothesis")
-    if framework == "torch":
-        pytest.importorskip("torch")
+    usable(framework)
     report = fuzz_op({spec.name}, framework, {fuzz_cases}examples=25)
     assert report.examples["calls"] > 0, report.skipped''')
     if spec.cuda:

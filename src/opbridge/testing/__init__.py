@@ -23,13 +23,16 @@ why, in the report's ``skipped``::
 ``assert_close`` is the comparison it uses, with per-dtype defaults from
 ``TOLERANCES``. :func:`opbridge.testing.fuzz.fuzz_op` (with hypothesis
 installed) draws dtypes, values and memory layouts, ``out=`` buffers and
-inconsistent arguments instead of a fixed matrix. Importing this package
-imports no framework.
+inconsistent arguments instead of a fixed matrix. ``FRAMEWORKS`` names the
+five frameworks, and ``unavailable(framework)`` says why one cannot run here
+(None when it can), for a test to skip with. Importing this package imports no
+framework.
 """
 
 from __future__ import annotations
 
 from opbridge.testing.compare import TOLERANCES, assert_close
+from opbridge.testing.kits_frameworks import FRAMEWORKS, unavailable
 from opbridge.testing.matrix import (
     CASE_HINTS,
     CheckReport,
@@ -43,6 +46,7 @@ from opbridge.testing.matrix import (
 
 __all__ = [
     "CASE_HINTS",
+    "FRAMEWORKS",
     "TOLERANCES",
     "CheckReport",
     "assert_close",
@@ -52,4 +56,5 @@ __all__ = [
     "last_dim_hint",
     "make_cases",
     "shaped_cases",
+    "unavailable",
 ]

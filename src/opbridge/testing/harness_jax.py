@@ -68,17 +68,23 @@ class JaxHarness:
         return [self.to_numpy(g) for g in grads]
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
-        """*fn* under ``jax.jit``, with its non-array arguments (scalars, None) static."""
+        """*fn* under ``jax.jit``, with its non-array arguments (scalars, lists, None) static; a list
+        (``int[]``) crosses ``jit`` as a tuple, which static arguments must be (hashable), and reaches
+        *fn* as a list again."""
         import jax
 
-        jitted: dict[tuple[int, ...], Callable[..., Any]] = {}
+        jitted: dict[tuple[tuple[int, ...], tuple[int, ...]], Callable[..., Any]] = {}
 
         def compiled(*args: Any) -> Any:
             static = tuple(i for i, a in enumerate(args) if not isinstance(a, jax.Array))
-            f = jitted.get(static)
+            lists = tuple(i for i in static if isinstance(args[i], list))
+            f = jitted.get((static, lists))
             if f is None:
-                f = jitted[static] = jax.jit(fn, static_argnums=static)
-            return f(*args)
+                def as_called(*a: Any) -> Any:
+                    return fn(*(list(v) if i in lists else v for i, v in enumerate(a)))
+
+                f = jitted[static, lists] = jax.jit(as_called, static_argnums=static)
+            return f(*(tuple(v) if i in lists else v for i, v in enumerate(args)))
 
         return compiled
 

@@ -22,7 +22,7 @@ from opbridge.testing.kits import INTEGER_DTYPES, NumpyKit, TorchKit, dtype_str,
 if TYPE_CHECKING:
     from opbridge.declare import OpDef
 
-__all__ = ["FRAMEWORKS", "HarnessKit", "JaxKit", "MindSporeKit", "PaddleKit", "make_kit"]
+__all__ = ["FRAMEWORKS", "HarnessKit", "JaxKit", "MindSporeKit", "PaddleKit", "make_kit", "unavailable"]
 
 #: The frameworks check_op runs in.
 FRAMEWORKS = ("torch", "numpy", "jax", "paddle", "mindspore")
@@ -155,6 +155,16 @@ class MindSporeKit(HarnessKit):
 
         reason = adapter.graph_unsupported_reason(op)
         return None if reason is None else f"mindspore.jit cannot run it: {reason}"
+
+
+def unavailable(framework: str) -> str | None:
+    """Why :func:`~opbridge.testing.check_op` cannot run in *framework* here (not installed, or unusable in
+    this process: MindSpore beside NumPy 2 or after Paddle), or None when it can. Imports the framework."""
+    try:
+        make_kit(framework)
+    except (ModuleNotFoundError, RuntimeError) as e:
+        return str(e).removeprefix("check_op: ")
+    return None
 
 
 def make_kit(framework: str, compile_backend: str = "aot_eager") -> NumpyKit:
