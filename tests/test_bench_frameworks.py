@@ -187,16 +187,21 @@ def test_asynchronous_sections_size_each_candidates_samples() -> None:
 
 
 def test_ops_option() -> None:
-    """--ops: all per-call ops by default, add with --quick; unknown names and --parity are refused."""
-    from opbridge.bench import BenchError, fw_sections
+    """--ops: all per-call ops by default, add with --quick; unknown names and --parity are refused, as is
+    --row-seconds without --parity."""
+    from opbridge.bench import fw_sections
+    from opbridge.errors import UsageError
 
     assert frameworks._settings(_args())["ops"] == ["add"]
     assert frameworks._settings(_args(quick=False))["ops"] == list(fw_sections.PER_CALL_OPS)
     assert frameworks._settings(_args(ops=["rms_norm", "add", "rms_norm"]))["ops"] == ["rms_norm", "add"]
-    with pytest.raises(BenchError, match=r"--ops: no per-call section for 'nope', 'gelu_backward'; choose from add, "):
+    with pytest.raises(UsageError, match=r"--ops: no per-call section for 'nope', 'gelu_backward'; choose from add, "):
         frameworks._settings(_args(ops=["rms_norm", "nope", "gelu_backward"]))
-    with pytest.raises(BenchError, match="--parity does not run"):
+    with pytest.raises(UsageError, match="--parity does not run"):
         frameworks._settings(_args(ops=["add"], parity=True))
+    with pytest.raises(UsageError, match="--row-seconds times the rows of the parity table"):
+        frameworks._settings(_args(row_seconds=2.0))
+    assert frameworks._settings(_args(row_seconds=2.0, parity=True))["parity_row_s"] == 2.0
     args = build_parser().parse_args(["bench", "frameworks", "--ops", "rms_norm", "rotary_embedding"])
     assert args.ops == ["rms_norm", "rotary_embedding"]
 
@@ -204,9 +209,10 @@ def test_ops_option() -> None:
 def test_ops_option_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     from opbridge.cli import main
 
-    assert main(["bench", "frameworks", "--ops", "rms_norm", "nope", "--frameworks", "numpy"]) != 0
+    assert main(["bench", "frameworks", "--ops", "rms_norm", "nope", "--frameworks", "numpy"]) == 2  # usage
     err = capsys.readouterr().err
     assert "--ops: no per-call section for 'nope'" in err and "rotary_embedding" in err
+    assert err.startswith("usage: opbridge bench frameworks")
 
 
 def test_worker_loads_the_module_it_is_given(library_path: str, tmp_path: Path) -> None:

@@ -41,6 +41,27 @@ def test_serving_and_large_sizes() -> None:
     assert cases.is_gated("gelu_and_mul_backward") and not cases.is_gated("gelu")
 
 
+def test_rows_are_words_commas_or_repeated_and_each_a_positive_int() -> None:
+    """`--rows 8,4096` was refused ("must be a positive integer, got '8,4096'"): --rows now reads as every list
+    option does. Parsing and its checks need no GPU."""
+    for argv in (["--rows", "8,4096"], ["--rows", "8", "4096"], ["--rows", "8", "--rows", "4096"],
+                 ["--rows", "8,", "4096,8"]):
+        assert _args(*argv).rows == [8, 4096], argv
+    assert _args("--rows").rows == [] and _args().rows is None
+    for bad in ("0", "8,-1", "8,x", ","):
+        with pytest.raises(SystemExit):
+            _args("--rows", bad)
+    assert _args("--dtypes", "float32", "--dtypes", "bfloat16,float16").dtypes == ["float32", "bfloat16", "float16"]
+    assert _args("--ops", "add,gelu", "--ops", "rms_norm").ops == ["add", "gelu", "rms_norm"]
+    gpu.check_options(_args("--ops", "add,rms_norm", "--rows", "8,4096", "--no-large"))  # nothing amiss
+    for argv, match in ((["--ops", "add,nope"], "--ops: no op 'nope' in the opbridge library; declared: add, "),
+                        (["--no-large", "--size", "8", "8"], "--no-large leaves out"),
+                        (["--rows", "--no-large"], "nothing would run"),
+                        (["--rows", "--quick"], r"--quick \(without --size\) the large one: nothing would run")):
+        with pytest.raises(bench.UsageError, match=match):
+            gpu.check_options(_args(*argv))
+
+
 def test_tolerance_grows_with_reduction_length() -> None:
     assert verify.reduction_length(4096, 4096) == 1
     assert verify.reduction_length(4096, 4096 * 4096) == 4096

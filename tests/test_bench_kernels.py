@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 from opbridge import bench  # noqa: E402
 from opbridge.bench import kernels  # noqa: E402
 from opbridge.cli import build_parser  # noqa: E402
+from opbridge.errors import UsageError  # noqa: E402
 from opbridge.ops import LIBRARY  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -365,15 +366,21 @@ def test_a_torch_peer_that_fails_is_left_out_only_when_the_reference_agrees(
         kernels.run(build_parser().parse_args(argv))
 
 
-def test_bad_options_are_bench_errors(tmp_path: Path) -> None:
+def test_bad_options_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sizes and dtypes are read by the parser; an op that is not declared, and options that do not go together,
+    are usage errors before torch is imported (they were BenchErrors after loading the kernels: exit 1)."""
     parser = build_parser()
-    with pytest.raises(bench.BenchError, match="size"):
-        kernels.settings(parser.parse_args(["bench", "kernels", "--sizes", "4by4"]))
-    with pytest.raises(bench.BenchError, match="--dtypes: unsupported int8"):
-        kernels.settings(parser.parse_args(["bench", "kernels", "--dtypes", "float64,int8"]))
-    with pytest.raises(bench.BenchError, match="no op"):
-        kernels.plan(kernels.settings(parser.parse_args(["bench", "kernels", "--ops", "nope",
-                                                         "--out", str(tmp_path)])))
+    for argv in (["--sizes", "4by4"], ["--dtypes", "float64,int8"], ["--memory-size", "0x4"]):
+        with pytest.raises(SystemExit) as info:
+            parser.parse_args(["bench", "kernels", *argv])
+        assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --sizes: must be one of small, large, odd or RxC" in err and "invalid choice: 'int8'" in err
+    for argv, match in ((["--ops", "nope"], "--ops: no op 'nope' in the opbridge library"),
+                        (["--ops", "add", "--all-ops"], "give one or the other"),
+                        (["--no-memory", "--memory-size", "small"], "--no-memory leaves out")):
+        with pytest.raises(UsageError, match=match):
+            kernels.settings(parser.parse_args(["bench", "kernels", "--out", str(tmp_path), *argv]))
 
 
 # -- ops with index arguments: rotary_embedding, advance_step_flashattn -------------------------------

@@ -445,6 +445,7 @@ def test_a_cache_that_cannot_be_made_is_one_clear_error(cli_env: dict[str, str],
     env = {**cli_env, "OPBRIDGE_CACHE_DIR": str(tmp_path / "a-file" / "cache")}
     doctor = run_cli(env, "doctor")
     assert "--  cache" in doctor.stdout and "a-file is not a directory" in doctor.stdout, doctor.stdout
+    assert doctor.returncode == 1 and "cache directory NOT usable" in doctor.stdout.splitlines()[-1], doctor.stdout
     build = run_cli(env, "build")
     assert build.returncode == 1 and "Traceback" not in build.stderr and "Warning" not in build.stderr
     assert build.stderr.strip().splitlines() == [
@@ -457,7 +458,51 @@ def test_a_cache_that_cannot_be_made_is_one_clear_error(cli_env: dict[str, str],
                            "try:\n    ops.add(np.ones(2, np.float32), np.ones(2, np.float32))\n"
                            "except opbridge.CacheError as e:\n    print(isinstance(e, OSError), e)"],
                           env=env, capture_output=True, text=True, timeout=120, check=True)
-    assert call.stdout.startswith("True opbridge: cannot create the cache directory"), call.stdout + call.stderr
+    assert call.stdout.startswith("True cannot create the cache directory"), call.stdout + call.stderr
+
+
+def test_doctor_fails_on_a_cache_it_cannot_write_or_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only cache directory (or one to be made in a read-only folder) passed as "ok": the first build
+    failed. Doctor tries: it makes a folder there and locks a file in it, as every build does."""
+    import errno
+    import fcntl
+    import tempfile
+
+    from opbridge.cli import doctor
+
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o700)
+    ro.chmod(0o500)
+    if os.geteuid() == 0:  # root writes through a read-only mode: refuse as the kernel refuses anyone else
+        def refused(*args: Any, **kwargs: Any) -> str:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+        monkeypatch.setattr(tempfile, "mkdtemp", refused)
+    try:
+        monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(ro))
+        cache = doctor._cache()
+        assert cache["ok"] is False and cache["error"].startswith(f"cannot be written: {ro} is not writable"), cache
+        monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(ro / "cache"))
+        cache = doctor._cache()
+        assert cache["ok"] is False and cache["error"].startswith(f"cannot be created: {ro} is not writable"), cache
+        assert "set OPBRIDGE_CACHE_DIR to a directory you can write" in cache["error"]
+    finally:
+        ro.chmod(0o700)
+    assert list(ro.iterdir()) == []  # nothing made, nothing left
+    monkeypatch.undo()
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "fine"))
+    assert doctor._cache()["ok"] is True and not (tmp_path / "fine").exists()
+    real = fcntl.flock
+
+    def no_locks(fd: int, operation: int) -> None:  # a filesystem without flock (some network mounts)
+        if operation & fcntl.LOCK_EX:
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    cache = doctor._cache()
+    assert cache["ok"] is False and "cannot be locked" in cache["error"], cache
+    assert list(tmp_path.iterdir()) == [ro]
 
 
 # -- build -----------------------------------------------------------------------------
@@ -487,7 +532,70 @@ def test_build_of_a_broken_library_exits_1_with_file_and_line(
     assert "-c " in verbose.stderr and "broken.cc" in verbose.stderr
 
 
+def test_an_error_line_gets_its_prefix_once(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`build --device cuda` of a library without CUDA sources printed "opbridge: error: library 'x' (cuda):" over
+    "opbridge: library 'x' has no cuda sources": the message carried a prefix of its own. Now only `err` adds one,
+    and no exception opbridge raises starts with it."""
+    import builtins
+    import re
+
+    module = write_user_library(tmp_path, "cpuonlylib", "ident", "ident.cc", "// never compiled here\n")
+    for aot in ([], ["--aot", "--out", str(tmp_path / "out")]):
+        proc = run_cli(cli_env, "build", "--device", "cuda", *aot, "--import", str(module), "--library", "cpuonlylib")
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("opbridge: error: library 'cpuonlylib' (cuda"))
+        assert lines[at + 1] == "library 'cpuonlylib' has no cuda sources", proc.stderr
+        assert proc.stderr.count("opbridge:") == 1, proc.stderr
+    src = Path(cli.__file__).resolve().parents[1]
+    prefixed = [f"{path.relative_to(src)}: {m.group(0)!r}" for path in sorted(src.rglob("*.py"))
+                for m in re.finditer(r"\b(\w+(?:Error|Exception))\(\s*f?[\"']opbridge: ", path.read_text())
+                if not hasattr(builtins, m.group(1))]  # a built-in exception reaches no `err`: it may say whose
+    assert not prefixed, prefixed
+
+
 # -- bench ------------------------------------------------------------------------------
+
+
+#: A usage error of each benchmark's own: a value argparse cannot judge, or options that do not go together.
+#: Each exited 1 (as a benchmark that failed), and `bench gpu --ops nope` without a GPU exited 0.
+BENCH_USAGE = [
+    ["gpu", "--ops", "nope"],
+    ["gpu", "--no-large", "--size", "8", "8"],
+    ["gpu", "--quick", "--rows"],
+    ["gpu", "--rows", "8,x"],
+    ["gpu", "--device", "-1"],
+    ["jax-gpu", "--ops", "add,nope"],
+    ["jax-gpu", "--no-large", "--no-per-call"],
+    ["kernels", "--sizes", "small,4by4"],
+    ["kernels", "--dtypes", "float64", "int8"],
+    ["kernels", "--ops", "nope"],
+    ["kernels", "--ops", "add", "--all-ops"],
+    ["kernels", "--no-memory", "--memory-size", "small"],
+    ["kernels", "--local-stream-mib", "-1"],
+    ["frameworks", "--ops", "rms_norm", "nope", "--frameworks", "numpy"],
+    ["frameworks", "--ops", "add", "--parity"],
+    ["frameworks", "--row-seconds", "1"],
+    ["frameworks", "--frameworks", "mindspore", "--ms-python", "/nonexistent/python"],
+    ["overhead", "--no-compile", "--compile-backend", "eager"],
+    ["overhead", "--quick", "--compile-backend", "nope"],
+    ["gpu", "--bogus"],
+    ["overhead", "--bogus", "1"],
+]
+
+
+@pytest.mark.parametrize("argv", BENCH_USAGE, ids=" ".join)
+def test_a_bench_usage_error_exits_2_with_the_benchmarks_usage(argv: list[str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """And an unknown option too: it printed the top-level usage (`usage: opbridge [-h] [--version] COMMAND`)."""
+    if argv[-1] == "nope" and argv[0] == "overhead":
+        pytest.importorskip("torch")
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"\nusage: opbridge bench {argv[0]} [-h]" in f"\n{err}", err  # after a progress line at most
+    first, *rest = err[err.index(f"\nopbridge bench {argv[0]}: error: ") + 1:].splitlines()
+    assert not rest and "Traceback" not in err, err  # one line, after the usage
+    assert any(word in first for word in argv if word.startswith("--") and word != "--quick"), first  # names it
 
 
 def test_bench_overhead_quick_json(cli_env: dict[str, str]) -> None:
@@ -645,9 +753,11 @@ def test_build_natives_builds_what_a_framework_would_in_the_background() -> None
     ["fuzz", "--frameworks", "numpy,torch", "--ops", "add", "gelu"],
     ["fuzz", "--frameworks", "numpy", "torch", "--ops", "add,gelu"],
     ["fuzz", "--frameworks", "numpy,", "torch", "--ops", "add", "--ops", "add,gelu"],
+    ["fuzz", "--frameworks", "numpy", "--frameworks", "torch,numpy", "--ops", "add", "--ops", "gelu"],
 ])
 def test_list_options_take_words_commas_or_both(argv: list[str]) -> None:
-    """Every list option of opbridge takes its values as words, comma-separated, or both."""
+    """Every list option of opbridge takes its values as words, comma-separated, or both, and repeated; each
+    value once."""
     from opbridge.cli import build_parser
 
     args = build_parser().parse_args(argv)
@@ -665,6 +775,8 @@ def test_list_options_check_each_value(capsys: pytest.CaptureFixture[str]) -> No
     assert "invalid choice" in capsys.readouterr().err
     ok = build_parser().parse_args(["bench", "kernels", "--out", "o", "--dtypes", "float32,bfloat16", "--ops", "add"])
     assert (ok.dtypes, ok.ops) == (["float32", "bfloat16"], ["add"])
+    sizes = build_parser().parse_args(["bench", "kernels", "--sizes", "small,3x130", "--sizes", "odd"]).sizes
+    assert sizes == [("small", (8, 4096)), ("3x130", (3, 130)), ("odd", (257, 5125))]
 
 
 def _numeric_options(parser: Any, path: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
@@ -674,15 +786,15 @@ def _numeric_options(parser: Any, path: tuple[str, ...] = ()) -> list[tuple[str,
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 found += _numeric_options(sub, (*path, name))
-        elif action.option_strings and action.type is not None and action.type not in (str, Path):
-            found.append((" ".join((*path, action.option_strings[-1])), action.type))
+        elif action.option_strings and getattr(action, "item_type", action.type) not in (None, str, Path):
+            found.append((" ".join((*path, action.option_strings[-1])), getattr(action, "item_type", action.type)))
     return found
 
 
 # Options where zero or a negative number means something: how much to keep, which device.
 _NOT_POSITIVE = {"cache prune --keep", "cache prune --max-mb", "bench gpu --device", "bench kernels --local-stream-mib"}
 # Options with a type of their own that refuses what is not positive.
-_OWN_CHECK = {"bench latency --shape"}
+_OWN_CHECK = {"bench latency --shape", "bench kernels --sizes", "bench kernels --memory-size"}
 
 
 def test_every_count_and_duration_option_refuses_zero_negative_and_nan(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from opbridge import Library, config, like, scaffold
+from opbridge import Library, config, like, registry, scaffold
 from opbridge.aot import build_aot
 from opbridge.build.library import build_spec
 from opbridge.cli import build_parser
-from opbridge.errors import BackendUnavailableError, DeclarationError
+from opbridge.errors import DeclarationError
 from opbridge.loader import check_signature
 
 
@@ -200,13 +200,31 @@ def test_next_steps_and_the_project_readme_say_to_rerun_codegen(project: Path) -
 # -- Library sources opbridge does not compile ------------------------------------------------------------------
 
 
-def test_sources_of_no_compiled_suffix_are_named_and_missing_ones_are_no_such_file(tmp_path: Path) -> None:
-    (tmp_path / "kern.c").write_text("int x;\n")
-    lib = Library(f"csrc_{tmp_path.name[-8:]}", sources=["kern.c"], root=tmp_path)
-    with pytest.raises(BackendUnavailableError,
-                       match=r"has no cpu sources; kern\.c is not compiled: opbridge compiles \.cc, \.cpp, \.cxx "
-                             r"for cpu; \.cu for cuda"):
-        build_spec(lib, "cpu")
+@pytest.mark.parametrize("sources", [["kern.c"], ["good.cc", "kern.c"], ["notes.cxx2"], ["good.cc", "notes.cxx2"]],
+                         ids=lambda s: "+".join(s))
+def test_a_source_of_a_suffix_no_device_compiles_is_a_declaration_error(tmp_path: Path, sources: list[str]) -> None:
+    """Alone, such a file was named only when the build found nothing else to compile; beside a .cc it was left
+    out of every build without a word. Both are the same error now, when the library is declared."""
+    for name in sources:
+        (tmp_path / name).write_text("int x;\n")
+    bad = sources[-1]
+    namespace = f"suffix_{tmp_path.name[-8:]}"
+    with pytest.raises(DeclarationError, match=r"opbridge does not compile \(\.c(xx2)?\): it compiles \.cc, \.cpp, "
+                                               r"\.cxx for cpu and \.cu for cuda") as info:
+        Library(namespace, sources=sources, root=tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"library {namespace!r}: source"), message
+    assert str((tmp_path / bad).resolve()) in message, message
+    assert ("a C file compiles as C++ renamed .cc" in message) is bad.endswith(".c")
+    assert "good.cc" not in message
+    assert namespace not in {lib.namespace for lib in registry.libraries()}  # not declared half-way
+
+
+def test_headers_among_the_sources_are_taken_and_missing_sources_are_no_such_file(tmp_path: Path) -> None:
+    (tmp_path / "good.cc").write_text("int x;\n")
+    lib = Library(f"headers_{tmp_path.name[-8:]}", sources=["good.cc", "good.h", "good.hpp", "good.cuh"],
+                  root=tmp_path)
+    assert lib.sources_for("cpu") == ((tmp_path / "good.cc").resolve(),) and lib.sources_for("cuda") == ()
     gone = Library(f"cugone_{tmp_path.name[-8:]}", sources=["kern.cu"], root=tmp_path)
     for device in ("cpu", "cuda"):  # as a missing .cc is reported
         with pytest.raises(DeclarationError, match=f"no source file {tmp_path / 'kern.cu'}"):

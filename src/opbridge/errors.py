@@ -56,5 +56,10 @@ class BackendUnavailableError(OpbridgeError, RuntimeError):
     """A device or framework has no usable toolchain or runtime here (for example CUDA without a GPU)."""
 
 
+class UsageError(OpbridgeError, ValueError):
+    """A command line asks for something that does not exist, or for options that do not go together: the
+    ``opbridge`` command prints its message and exits 2."""
+
+
 class UnsupportedFrameworkError(OpbridgeError, TypeError):
     """An op was called with arrays of a type no adapter handles."""

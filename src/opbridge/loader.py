@@ -86,7 +86,7 @@ def load(lib: Library, device: str = "cpu") -> Any:
             prebuilt = _prebuilt_path(lib, device)
             note = lib.missing_module_note(device) if prebuilt is None else ""
             if note:  # an installed package without this device's module, and no sources to build it
-                raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources{note}")
+                raise BackendUnavailableError(f"library {lib.namespace!r} has no {device} sources{note}")
             if prebuilt is not None:  # the check of every declared kernel, once per module load
                 check_kernels(lib, device, prebuilt, "prebuilt")
             path = prebuilt or build(lib, device)

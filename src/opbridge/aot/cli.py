@@ -23,12 +23,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opbridge._cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add_import_option, err
 from opbridge.errors import OpbridgeError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def import_declarations(specs: Sequence[str]) -> None:
@@ -111,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         import_declarations(getattr(args, "imports", None) or [])
         libs = select_libraries(getattr(args, "library", None))
     except (ModuleNotFoundError, FileNotFoundError, OpbridgeError) as e:
-        print(f"opbridge: error: {e}", file=sys.stderr)
+        err(str(e))
         return EXIT_USAGE
     named = bool(getattr(args, "library", None))
     libs = [lib for lib in libs if named or lib.sources_for(device)]
@@ -119,14 +118,12 @@ def run(args: argparse.Namespace) -> int:
     for lib in libs:
         out = args.out or default_out_dir(lib)
         if out is None:
-            print(f"opbridge: error: {lib.namespace}: declares no importable prebuilt= package; "
-                  f"pass --out DIR", file=sys.stderr)
+            err(f"{lib.namespace}: declares no importable prebuilt= package; pass --out DIR")
             return EXIT_USAGE
         target = (Path(out) / module_filename(module_name(lib, device))).resolve()
         if target in targets:
-            print(f"opbridge: error: {lib.namespace} and {targets[target]} would both write {target}; "
-                  f"build them one at a time (--library NS) or give them distinct prebuilt= names",
-                  file=sys.stderr)
+            err(f"{lib.namespace} and {targets[target]} would both write {target}; build them one at a time "
+                "(--library NS) or give them distinct prebuilt= names")
             return EXIT_USAGE
         targets[target] = lib.namespace
     status = EXIT_OK
@@ -135,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             path = build_aot(lib, target.parent, device=device, name=target.name.rpartition(".")[0])
         except (OpbridgeError, OSError) as e:
-            print(f"opbridge: error: library {lib.namespace!r} ({device}, AOT):\n{e}", file=sys.stderr)
+            err(f"library {lib.namespace!r} ({device}, AOT):\n{e}")
             status = EXIT_FAILURE
             continue
         print(f"{lib.namespace} ({device}, AOT): {path} ({time.monotonic() - start:.2f}s)")
@@ -148,8 +145,8 @@ def _dispatch(args: argparse.Namespace, previous: Callable[[argparse.Namespace],
     if args.aot or previous is None:
         return run(args)
     if args.out is not None:  # else a JIT build would go into the cache, the directory asked for ignored
-        print("opbridge: error: --out DIR is for --aot builds (a JIT build goes into the cache, "
-              "OPBRIDGE_CACHE_DIR): add --aot, or drop --out", file=sys.stderr)
+        err("--out DIR is for --aot builds (a JIT build goes into the cache, OPBRIDGE_CACHE_DIR): add --aot, or "
+            "drop --out")
         return EXIT_USAGE
     return previous(args)
 
@@ -162,7 +159,7 @@ def register(subparsers: Any) -> None:
                                        description="Build the declared libraries.")
         parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
         parser.add_argument("--library", action="append", metavar="NS")
-        parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[])
+        add_import_option(parser)
     add_arguments(parser)
     previous = parser.get_default("func")
     parser.set_defaults(func=functools.partial(_dispatch, previous=previous))

@@ -77,7 +77,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import POSITIVE_FLOAT, POSITIVE_INT, BenchError, ListOption, fw_builds, parity_report, subproc
+from opbridge.bench import POSITIVE_FLOAT, POSITIVE_INT, ListOption, UsageError, fw_builds, parity_report, subproc
 from opbridge.bench.fw_report import format_text
 from opbridge.bench.fw_sections import PER_CALL_OPS
 from opbridge.bench.report import say, write_json, write_results
@@ -181,23 +181,25 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     number = args.number if args.number is not None else d["number"]
     cold = args.cold_repeat if args.cold_repeat is not None else d["cold_repeat"]
     target = args.target_ms if args.target_ms is not None else d.get("target_ms", _TARGET_MS)
+    if getattr(args, "row_seconds", None) is not None and not parity:
+        raise UsageError("--row-seconds times the rows of the parity table: add --parity, or drop --row-seconds")
     row_s = getattr(args, "row_seconds", None) or d.get("row_s")
     return {"rounds": rounds, "number": number, "cold_repeat": cold, "target_sample_ms": target,
             "parity_row_s": row_s if parity else None, "ops": _ops(args, parity)}
 
 
 def _ops(args: argparse.Namespace, parity: bool) -> list[str] | None:
-    """The per-call ops to time (None with --parity); BenchError naming unknown ones."""
+    """The per-call ops to time (None with --parity); UsageError naming unknown ones."""
     asked = getattr(args, "ops", None)
     if parity:
         if asked:
-            raise BenchError("--ops picks the per-call sections, which --parity does not run")
+            raise UsageError("--ops picks the per-call sections, which --parity does not run: give one or the other")
         return None
     if not asked:
         return ["add"] if args.quick else list(PER_CALL_OPS)
     unknown = [op for op in asked if op not in PER_CALL_OPS]
     if unknown:
-        raise BenchError(f"--ops: no per-call section for {', '.join(map(repr, unknown))}; "
+        raise UsageError(f"--ops: no per-call section for {', '.join(map(repr, unknown))}; "
                          f"choose from {', '.join(PER_CALL_OPS)}")
     return list(dict.fromkeys(asked))
 
@@ -288,6 +290,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = _settings(args)
     frameworks = [f for f in FRAMEWORKS if f in args.frameworks]
     ms_py, ms_reason = ms_python(args.ms_python) if "mindspore" in frameworks else (None, "not selected")
+    if args.ms_python and ms_py is None and "mindspore" in frameworks:  # named, not found: not a skip
+        raise UsageError(ms_reason)
     info = machine_info()
     info["loadavg_at_start"] = _loadavg()
     info["threading_env"] = {k: os.environ[k] for k in _THREAD_ENV if k in os.environ}

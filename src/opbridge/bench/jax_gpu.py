@@ -83,7 +83,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import POSITIVE_INT, BenchError, ListOption
+from opbridge.bench import POSITIVE_INT, BenchError, ListOption, UsageError, check_declared
 from opbridge.bench.jax_gpu_calls import Call, Jitted, Pipelined, candidates, results, to_jax
 from opbridge.bench.jax_gpu_report import CSV_FIELDS, OURS, csv_rows, format_text, misses, problems, ratios, record
 from opbridge.bench.timing import dist_version
@@ -112,10 +112,12 @@ COPIES = 8
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``opbridge bench jax-gpu``."""
     parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
-                        help=f"ops (default: {', '.join(OPS)}; per call only {', '.join(PER_CALL_OPS)})")
+                        help=f"ops, as words or comma-separated (default: {', '.join(OPS)}; per call only "
+                             f"{', '.join(PER_CALL_OPS)})")
     parser.add_argument("--dtypes", action=ListOption, choices=("float32", "float16", "bfloat16"), default=list(DTYPES),
-                        help="dtypes of the large size (default: float32 bfloat16; per call is float32)")
-    parser.add_argument("--size", type=POSITIVE_INT, nargs=2, metavar=("ROWS", "COLS"), default=list(DEFAULT_SIZE),
+                        help="dtypes of the large size, as words or comma-separated (default: float32 bfloat16; "
+                             "per call is float32)")
+    parser.add_argument("--size", type=POSITIVE_INT, nargs=2, metavar=("ROWS", "COLS"), default=None,
                         help=f"the large size (default {DEFAULT_SIZE[0]} {DEFAULT_SIZE[1]})")
     parser.add_argument("--no-large", action="store_true", help="leave out the large size")
     parser.add_argument("--no-per-call", action="store_true", help="leave out the per-call cases")
@@ -221,10 +223,23 @@ def run_case(section: str, op: Any, wl: Any, formula: Callable[..., Any], size: 
 # -- the run ----------------------------------------------------------------------------------------
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse what argparse cannot (:class:`~opbridge.errors.UsageError`): an op that is not declared, and
+    options that leave nothing to run or set what they leave out. Needs no JAX: :func:`run` calls it first."""
+    check_declared(args.ops)
+    if args.no_large and args.size is not None:
+        raise UsageError("--size sets the large size, which --no-large leaves out: give one or the other")
+    if args.no_large and (args.no_per_call or not set(args.ops or OPS) & set(PER_CALL_OPS)):
+        left = ("--no-per-call the per-call ones" if args.no_per_call
+                else f"the per-call cases time only {', '.join(PER_CALL_OPS)}")
+        raise UsageError(f"--no-large leaves out the large cases, and {left}: nothing would run")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; ``{"skipped": reason}`` where JAX, jax-tvm-ffi or a JAX GPU device is missing."""
     from opbridge.bench.report import checked_result, say, write_json, write_results
 
+    check_options(args)
     platform = getattr(args, "platform", "gpu")
     reason = unavailable(platform)
     if reason is not None:
@@ -265,7 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             per_call.append(run_case("per_call", ops.LIBRARY.ops[n], wls[n], formulas[n], PER_CALL_SHAPE,
                                      "float32", device, mode, rounds, target_ms))
     large: list[dict[str, Any]] = []
-    size = (int(args.size[0]), int(args.size[1]))
+    size = (int(args.size[0]), int(args.size[1])) if args.size else DEFAULT_SIZE
     for n in [] if args.no_large else names:
         for dtype in args.dtypes:
             say("jax-gpu", f"large: {n} {size} {dtype}")
@@ -298,5 +313,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-__all__ = ["DESCRIPTION", "DTYPES", "OPS", "PER_CALL_OPS", "Jitted", "add_arguments", "candidates", "format_text",
-           "results", "run", "run_case", "to_jax", "unavailable"]
+__all__ = ["DESCRIPTION", "DTYPES", "OPS", "PER_CALL_OPS", "Jitted", "add_arguments", "candidates", "check_options",
+           "format_text", "results", "run", "run_case", "to_jax", "unavailable"]

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from opbridge.bench import POSITIVE_INT, BenchError
+from opbridge.bench import POSITIVE_INT, BenchError, UsageError
 from opbridge.bench.timing import interleaved, machine_info, ratio, summary
 
 DESCRIPTION = (
@@ -98,6 +98,9 @@ def _settings(args: argparse.Namespace) -> tuple[int, int, str | None]:
     rounds = args.repeat if args.repeat is not None else defaults["rounds"]
     number = args.number if args.number is not None else defaults["number"]
     if args.no_compile:
+        if args.compile_backend is not None:
+            raise UsageError("--compile-backend picks the backend of the torch.compile section, which --no-compile "
+                             "leaves out: give one or the other")
         return rounds, number, None
     return rounds, number, args.compile_backend or ("aot_eager" if args.quick else "inductor")
 
@@ -268,6 +271,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     _progress("importing torch and opbridge, loading the kernels")
     import torch
 
+    if backend is not None and backend not in torch.compiler.list_backends(exclude_tags=()):
+        raise UsageError(f"--compile-backend: torch.compile has no backend {backend!r}; choose from "
+                         f"{', '.join(torch.compiler.list_backends())} or a debug one such as aot_eager or eager")
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: torch sees no CUDA GPU here")
     info = machine_info()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,12 +29,12 @@ def _check_private(path: Path) -> None:
     st = path.stat()
     if st.st_uid != os.getuid():
         raise CacheSecurityError(
-            f"opbridge: refusing to use cache directory {path}: it is owned by uid {st.st_uid}, "
+            f"refusing to use cache directory {path}: it is owned by uid {st.st_uid}, "
             f"not by you (uid {os.getuid()}). Set OPBRIDGE_CACHE_DIR to a directory you own."
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise CacheSecurityError(
-            f"opbridge: refusing to use cache directory {path}: it is group- or world-writable "
+            f"refusing to use cache directory {path}: it is group- or world-writable "
             f"(mode {stat.S_IMODE(st.st_mode):o}); another user could plant a library there. "
             f"Run `chmod 700 {path}` or set OPBRIDGE_CACHE_DIR."
         )
@@ -54,7 +56,7 @@ def cache_root(create: bool = True) -> Path:
         try:
             root.mkdir(parents=True, mode=0o700, exist_ok=True)
         except OSError as e:
-            raise CacheError(f"opbridge: cannot create the cache directory {root}: {e.strerror or e}. Set "
+            raise CacheError(f"cannot create the cache directory {root}: {e.strerror or e}. Set "
                              f"OPBRIDGE_CACHE_DIR to a directory you can write (`opbridge doctor` shows the "
                              f"one in use)") from e
         finally:
@@ -62,9 +64,37 @@ def cache_root(create: bool = True) -> Path:
     if root.exists():
         _check_private(root)
         if create and not os.access(root, os.W_OK | os.X_OK):
-            raise CacheError(f"opbridge: cannot write to the cache directory {root}. Set OPBRIDGE_CACHE_DIR to a "
+            raise CacheError(f"cannot write to the cache directory {root}. Set OPBRIDGE_CACHE_DIR to a "
                              f"directory you can write (`opbridge doctor` shows the one in use)")
     return root
+
+
+def unusable(root: Path) -> str | None:
+    """Why the cache directory *root* cannot be used now, or None: where a build would write first (*root*, or
+    the closest folder above it that exists, where it would be created) is not a directory, cannot be written,
+    or holds no file that can be locked (:func:`file_lock`: every build locks its output).
+
+    Tried, not inferred from the mode bits (which root and a read-only mount make lie): a folder is made there
+    and a file in it locked, then both removed; *root* itself is not created.
+    """
+    where = next((p for p in (root, *root.parents) if p.exists()), root)
+    doing = "used" if where == root else "created"
+    fix = "set OPBRIDGE_CACHE_DIR to a directory you can write"
+    if not where.is_dir():
+        return f"cannot be {doing}: {where} is not a directory; {fix}"
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".opbridge-probe-", dir=where))
+    except OSError as e:
+        return f"cannot be {'written' if where == root else 'created'}: {where} is not writable ({e.strerror}); {fix}"
+    try:
+        with file_lock(probe / "probe.lock", preempt=False):
+            pass
+    except OSError as e:
+        return (f"cannot be {doing}: a file in {where} cannot be locked ({e.strerror}), and every build locks its "
+                f"output; {fix} on a local filesystem")
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return None
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from opbridge.build.toolchain import (
     nvcc_path,
     toolchain_fingerprint,
 )
-from opbridge.declare import SOURCE_SUFFIXES
+from opbridge.declare import HEADER_SUFFIXES, SOURCE_SUFFIXES
 from opbridge.errors import BackendUnavailableError
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
@@ -151,9 +151,6 @@ def _default_flags(spec: BuildSpec) -> tuple[list[str], list[str], list[str]]:
     return cxx, cuda, ld
 
 
-#: What fingerprint() hashes under an include directory: every header spelling C++ and CUDA code uses.
-HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".h++", ".cuh", ".inc", ".inl", ".ipp", ".tpp", ".tcc", ".def")
-
 _INCLUDE_FLAGS = ("-I", "-iquote")  # a user's own headers; -isystem / -idirafter trees are not hashed
 
 
@@ -275,7 +272,7 @@ def _nvcc_or_raise(spec: BuildSpec) -> str:
     nvcc = nvcc_path()
     if nvcc is None:
         raise BackendUnavailableError(
-            f"opbridge: cannot build {spec.name} for cuda: nvcc was not found on PATH "
+            f"cannot build {spec.name} for cuda: nvcc was not found on PATH "
             "(install the CUDA toolkit or build for cpu only)"
         )
     return nvcc

@@ -97,7 +97,7 @@ def build_module(spec: BuildSpec, scratch: Path, output: Path, store: ObjectStor
         proc = run_compiler(cmd)
         if proc.returncode != 0:
             log = proc.stdout + proc.stderr
-            raise BuildError(f"opbridge: linking {label} failed (exit {proc.returncode})",
+            raise BuildError(f"linking {label} failed (exit {proc.returncode})",
                              command=shlex.join(cmd), errors=first_errors(log), log=log)
     return report
 
@@ -124,7 +124,7 @@ def _compile_all(missing: list[tuple[Unit, Path]], store: ObjectStore, report: B
                 unit = pending.pop(fut)
                 err = fut.exception()
                 if isinstance(err, CompileError):
-                    raise BuildError(f"opbridge: building {progress.label} failed: {unit.name} "
+                    raise BuildError(f"building {progress.label} failed: {unit.name} "
                                      f"did not compile", command=shlex.join(err.command),
                                      errors=first_errors(err.log), log=err.log) from None
                 if err is not None:

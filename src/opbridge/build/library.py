@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from opbridge._tvm import load_library
 from opbridge._version import __version__
 from opbridge.build.compile import TEMPLATES, BuildSpec, fingerprint
-from opbridge.declare import SOURCE_SUFFIXES
 from opbridge.errors import BackendUnavailableError, DeclarationError
 
 if TYPE_CHECKING:
@@ -44,18 +43,17 @@ def build_spec(lib: Library, device: str, native_isa: bool = True) -> BuildSpec:
     """
     if device not in KNOWN_DEVICES:
         raise BackendUnavailableError(
-            f"opbridge: no toolchain for device {device!r} on this machine (supported: "
+            f"no toolchain for device {device!r} on this machine (supported: "
             f"{', '.join(KNOWN_DEVICES)}); Ascend NPUs need CANN's compiler, which is not installed"
         )
     sources = lib.sources_for(device)
     # Without sources for *device*, a missing file of any device is the likelier cause (a misspelt .cu).
     if missing := [str(s) for s in (sources or lib.sources) if not s.is_file()]:
-        raise DeclarationError(f"opbridge: library {lib.namespace!r} ({device}): no source file "
+        raise DeclarationError(f"library {lib.namespace!r} ({device}): no source file "
                                f"{', '.join(missing)} (Library(sources=...) resolves relative paths against "
                                f"{lib.root})")
     if not sources:
-        raise BackendUnavailableError(f"opbridge: library {lib.namespace!r} has no {device} sources"
-                                      f"{_uncompiled_note(lib)}")
+        raise BackendUnavailableError(f"library {lib.namespace!r} has no {device} sources")
     return BuildSpec(
         name=f"{lib.namespace}_{device}",
         sources=sources,
@@ -65,18 +63,6 @@ def build_spec(lib: Library, device: str, native_isa: bool = True) -> BuildSpec:
         ldflags=lib.ldflags,
         native_isa=native_isa and device == "cpu",
     )
-
-
-def _uncompiled_note(lib: Library) -> str:
-    """``; kern.c is not compiled ...``: the sources of *lib* no device compiles (their suffix), else nothing."""
-    compiled = {suffix for suffixes in SOURCE_SUFFIXES.values() for suffix in suffixes}
-    ignored = [s.name for s in lib.sources if s.suffix not in compiled]
-    if not ignored:
-        return ""
-    accepted = "; ".join(f"{', '.join(suffixes)} for {device}" for device, suffixes in SOURCE_SUFFIXES.items())
-    c_files = " (a C file compiles as C++ renamed .cc)" if any(s.suffix == ".c" for s in lib.sources) else ""
-    return (f"; {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} not compiled: opbridge compiles "
-            f"{accepted}{c_files}")
 
 
 def declared_kernels(lib: Library, device: str = "cpu") -> list[str]:

@@ -82,7 +82,7 @@ def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
 
             ninja = str(Path(ninja_pkg.BIN_DIR) / "ninja")
         except ImportError as e:
-            raise BackendUnavailableError("opbridge: the `ninja` build tool was not found") from e
+            raise BackendUnavailableError("the `ninja` build tool was not found") from e
     cmd = [ninja, "-j", str(config.max_jobs())]
     if config.verbose():
         cmd.append("-v")
@@ -107,5 +107,5 @@ def run_ninja(spec: BuildSpec, build_dir: Path) -> None:
         failed = re.search(r"^FAILED: .*\n(.*)$", text, re.M)
         command = failed.group(1).strip() if failed else " ".join(cmd)
         errors = first_errors(text)
-        raise BuildError(f"opbridge: building {label} failed (ninja exit {rc})",
+        raise BuildError(f"building {label} failed (ninja exit {rc})",
                          command=command, errors=errors, log=text)

@@ -28,11 +28,11 @@ __all__ = ["CompilerGroup", "compiler_version", "cuda_arch_key", "cuda_lib_dir",
 def missing_compiler(compiler: str) -> BuildError:
     """The error for a *compiler* that is not there: what was looked for, where from, how to fix it."""
     if compiler != config.cxx():
-        return BuildError(f"opbridge: cannot run {compiler}: No such file or directory")
+        return BuildError(f"cannot run {compiler}: No such file or directory")
     origin = next((f"from ${v}" for v in ("OPBRIDGE_CXX", "CXX") if os.environ.get(v)),
                   "the default when neither OPBRIDGE_CXX nor CXX is set")
     where = "" if os.sep in compiler else " on PATH"
-    return BuildError(f"opbridge: no C++ compiler found: looked for {compiler!r}{where} ({origin}). "
+    return BuildError(f"no C++ compiler found: looked for {compiler!r}{where} ({origin}). "
                       "Install one (g++ or clang++, e.g. `apt-get install g++`), or set OPBRIDGE_CXX "
                       "to the compiler to use (a name on PATH or a full path)")
 
@@ -110,7 +110,7 @@ def run_compiler(command: Sequence[str], group: CompilerGroup | None = None) -> 
     except FileNotFoundError:
         raise missing_compiler(command[0]) from None
     except OSError as e:
-        raise BuildError(f"opbridge: cannot run the compiler {command[0]!r}: {e}",
+        raise BuildError(f"cannot run the compiler {command[0]!r}: {e}",
                          command=" ".join(command)) from None
 
 

@@ -29,7 +29,6 @@ from opbridge.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
-    IMPORT_HELP,
     PROG,
     UsageError,
     UserImportError,
@@ -72,17 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands.register_demo(sub)
     commands.register_bench(sub)
     __import__("opbridge.cli.fuzz", fromlist=["register"]).register(sub)  # `fuzz`
-    for command in sub.choices.values():  # one --import, however each command added it (codegen's own)
-        for action in command._actions:
-            if action.dest == "imports":
-                action.help = IMPORT_HELP
+    for command in sub.choices.values():  # a command group's own subcommands (`bench gpu`) set theirs
+        command.set_defaults(command_parser=command)
     return parser
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
-    """Parse *argv*; an int is the exit status argparse chose (``--help``: 0, a usage error: 2)."""
+    """Parse *argv*; an int is the exit status argparse chose (``--help``: 0, a usage error: 2).
+
+    Options no parser knows are reported by the subcommand that was given them, with its usage
+    (``usage: opbridge bench gpu ...``), not by the top-level parser, which would show its own.
+    """
     try:
-        return parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        return args
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
 

@@ -19,6 +19,7 @@ from opbridge.cli.common import (
     import_all,
     libraries,
     print_json,
+    usage_error,
 )
 from opbridge.errors import OpbridgeError
 
@@ -217,7 +218,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from opbridge import bench
 
     mod = bench.load(args.bench)
-    result = mod.run(args)
+    try:
+        result = mod.run(args)
+    except UsageError as e:  # an option's value, or options that do not go together: checked before any work
+        return usage_error(args, str(e))
     if args.json:
         print_json(result)
     else:
@@ -240,4 +244,4 @@ def register_bench(sub: Any) -> None:
         p.add_argument("--json", action="store_true", help="print one JSON document")
         p.add_argument("--quick", action="store_true", help="a short run (smoke test; numbers are rough)")
         mod.add_arguments(p)
-        p.set_defaults(func=_cmd_bench)
+        p.set_defaults(func=_cmd_bench, command_parser=p)

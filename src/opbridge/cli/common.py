@@ -1,4 +1,6 @@
-"""What every ``opbridge`` subcommand shares: exit codes, error output, ``--import`` of user modules."""
+"""What the subcommands in ``cli/`` share: usage errors, JSON output, importing ``--import``'s user modules (the exit
+statuses, the error line and the ``--import`` option itself are :mod:`opbridge._cli`'s, which every stage's
+subcommand uses)."""
 
 from __future__ import annotations
 
@@ -12,23 +14,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opbridge.errors import OpbridgeError
+from opbridge._cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, IMPORT_HELP, PROG, add_import_option, err
+from opbridge.errors import UsageError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
 
-PROG = "opbridge"
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "IMPORT_HELP", "PROG", "UsageError", "UserImportError",
+           "add_import_option", "err", "import_all", "import_user_module", "libraries", "print_json",
+           "project_module", "resolve_imports", "usage_error"]
 
 
-class UsageError(OpbridgeError, ValueError):
-    """The command line asks for something that does not exist (exit status 2)."""
-
-
-def err(msg: str) -> None:
-    """Print ``opbridge: error: <msg>`` on stderr (once: an error message that already starts with
-    ``opbridge: ``, as the cache's do, does not get it twice)."""
-    print(f"{PROG}: error: {msg.removeprefix(f'{PROG}: ')}", file=sys.stderr)
+def usage_error(args: argparse.Namespace, msg: str) -> int:
+    """Report the usage error *msg* as argparse reports its own, for the subcommand *args* ran: that command's
+    usage, then ``opbridge bench gpu: error: <msg>``, on stderr; return the exit status, 2."""
+    parser = getattr(args, "command_parser", None)
+    if parser is None:
+        err(msg)
+    else:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def print_json(doc: Any) -> None:
@@ -228,19 +234,6 @@ def import_all(specs: Sequence[str] | None) -> list[Library]:
         declared.update(_IMPORTED[spec][1])
     return [lib for lib in registry.libraries() if lib.namespace in declared
             or any(lib.python_module == n or lib.python_module.startswith(n + ".") for n in names)]
-
-
-#: The help of every command's ``--import`` (``build_parser`` gives it to ``codegen``'s too).
-IMPORT_HELP = ("import MODULE (a dotted name, or a path to a .py file; one inside a package is imported as its "
-               "package's module) first, so the libraries it declares are included; repeatable. Default, in the "
-               "root of a plugin project (a pyproject.toml with [tool.opbridge] package = PKG, as `opbridge new "
-               "--project` writes): PKG.ops, the project's own ops")
-
-
-def add_import_option(parser: argparse.ArgumentParser) -> None:
-    """Add the repeatable ``--import MODULE`` option to a subcommand's parser."""
-    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
-                        help=IMPORT_HELP)
 
 
 def libraries() -> list[Library]:

@@ -122,22 +122,20 @@ def _tvm_ffi() -> dict[str, Any]:
 
 
 def _cache() -> dict[str, Any]:
-    from opbridge.build.cache import cache_root
+    """The JIT cache directory: where it is, whether it is private, and whether a build can use it (``ok``)."""
+    from opbridge.build.cache import cache_root, unusable
 
     info: dict[str, Any] = {"dir": str(config.cache_dir())}
     try:
         root = cache_root(create=False)
     except CacheSecurityError as e:
-        return {**info, "exists": True, "private": False, "error": str(e)}
-    blocked = next((p for p in (root, *root.parents) if p.exists()), None)  # where a build would write first
-    if blocked is not None and not (blocked.is_dir() and os.access(blocked, os.W_OK | os.X_OK)):
-        why = "not writable" if blocked.is_dir() else "not a directory"
-        return {**info, "exists": root.exists(), "private": True if root.exists() else None,
-                "error": f"cannot be {'written' if blocked == root else 'created'}: {blocked} is {why}; set "
-                         f"OPBRIDGE_CACHE_DIR to a directory you can write"}
+        return {**info, "exists": True, "private": False, "ok": False, "error": str(e)}
     info["exists"] = root.exists()
     info["private"] = True if root.exists() else None  # created 0700 on first build
-    return info
+    problem = unusable(root)
+    if problem is not None:
+        return {**info, "ok": False, "error": problem}
+    return {**info, "ok": True}
 
 
 def _ascend() -> dict[str, Any]:
@@ -280,8 +278,9 @@ def doctor_report() -> dict[str, Any]:
     tvm = _tvm_ffi()
     frameworks = _frameworks()
     errors, unknown = config.problems()
+    cache = _cache()
     return {
-        "ok": bool(cxx["ok"] and ninja["ok"] and tvm["ok"] and not errors),
+        "ok": bool(cxx["ok"] and ninja["ok"] and tvm["ok"] and cache["ok"] and not errors),
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "opbridge": {"version": opbridge.__version__, "path": str(Path(opbridge.__file__).resolve().parent)},
         "tvm_ffi": tvm,
@@ -290,7 +289,7 @@ def doctor_report() -> dict[str, Any]:
         "nvcc": _nvcc(),
         "cuda_gpu": _cuda_gpu(),
         "ascend": _ascend(),
-        "cache": _cache(),
+        "cache": cache,
         "frameworks": frameworks,
         "torch_native": _settled(lambda: _torch_native(frameworks["torch"]["installed"])),
         "numpy_entry": _settled(_numpy_entry),
@@ -334,7 +333,7 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
         + _cuda_settings(r["nvcc"]),
         f"{mark(gpu['present'])} cuda gpu    {gpus}",
         f"{mark(r['ascend']['found'])} ascend/cann {r['ascend']['path'] or r['ascend']['detail']}",
-        f"{mark(cache['private'] is not False and 'error' not in cache)} cache       {cache['dir']} ({private})",
+        f"{mark(cache['ok'])} cache       {cache['dir']} ({private})",
     ]
     if "error" in cache:
         lines.append(f"      {cache['error']}")
@@ -356,11 +355,15 @@ def _doctor_lines(r: dict[str, Any]) -> list[str]:
     for name, close in settings["unknown"].items():
         lines.append(f"   settings    {name} is no opbridge setting, so it does nothing"
                      + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    wrong = []  # the verdict: each reason doctor fails, else that the core toolchain is usable
     if settings["errors"]:
-        verdict = "settings NOT valid: whatever reads them (a build, an op's first call) raises the error above"
-    else:
-        verdict = "core toolchain usable" if r["ok"] else "core toolchain NOT usable (needs c++, ninja, tvm-ffi)"
-    lines.append(verdict)
+        wrong.append("settings NOT valid: whatever reads them (a build, an op's first call) raises the error above")
+    if not (r["tvm_ffi"]["ok"] and r["cxx"]["ok"] and r["ninja"]["ok"]):
+        wrong.append("core toolchain NOT usable (needs c++, ninja, tvm-ffi)")
+    if not cache["ok"]:
+        wrong.append("cache directory NOT usable: every build, and so an op's first call, fails (the cache line "
+                     "above says why)")
+    lines.append("; ".join(wrong) or "core toolchain usable")
     return lines
 
 
@@ -379,6 +382,8 @@ def register(sub: Any) -> None:
                        description="Report Python, opbridge and tvm-ffi versions, the C++ compiler, ninja, "
                                    "nvcc, CUDA GPUs, Ascend CANN, the JIT cache, installed frameworks "
                                    "(without importing them) and whether torch's native kernels are built. "
-                                   "Exits 1 unless the core toolchain (C++ compiler, ninja, tvm-ffi) is usable.")
+                                   "Exits 1 unless the core toolchain (C++ compiler, ninja, tvm-ffi) and the "
+                                   "cache directory (OPBRIDGE_CACHE_DIR) are usable and the OPBRIDGE_* settings "
+                                   "valid.")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_cmd_doctor)

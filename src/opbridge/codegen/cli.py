@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from opbridge._cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add_import_option, err
 from opbridge.errors import OpbridgeError
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,30 +26,27 @@ def run(args: argparse.Namespace) -> int:
         import_declarations(args.imports)
         libs = select_libraries(args.library)
     except (ModuleNotFoundError, FileNotFoundError, OpbridgeError) as e:
-        print(f"opbridge: error: {e}", file=sys.stderr)
+        err(str(e))
         return EXIT_USAGE
     if not args.library:
         libs = [lib for lib in libs if lib.namespace != "opbridge"]
         if not libs:
-            print("opbridge: error: no library of yours is declared: pass --import MODULE (or --library opbridge "
-                  "for the built-in one)", file=sys.stderr)
+            err("no library of yours is declared: pass --import MODULE (or --library opbridge for the built-in one)")
             return EXIT_USAGE
     if len(libs) != 1 and args.out is not None:
         names = ", ".join(lib.namespace for lib in libs) or "none"
-        print(f"opbridge: error: --out needs exactly one library (--library NS); found: {names}",
-              file=sys.stderr)
+        err(f"--out needs exactly one library (--library NS); found: {names}")
         return EXIT_USAGE
     status = EXIT_OK
     for lib in libs:
         out = args.out or default_out_dir(lib)
         if out is None:
-            print(f"opbridge: error: {lib.namespace}: pass --out DIR (no prebuilt= package to write into)",
-                  file=sys.stderr)
+            err(f"{lib.namespace}: pass --out DIR (no prebuilt= package to write into)")
             return EXIT_USAGE
         try:
             paths = generate(lib, out, name=args.name, check=args.check)
         except StaleGeneratedFilesError as e:
-            print(f"opbridge: {e}", file=sys.stderr)
+            err(str(e))
             status = EXIT_FAILURE
             continue
         verb = "current" if args.check else "wrote"
@@ -77,8 +73,7 @@ def register(subparsers: Any) -> None:
         description="Write <name>.py (one typed, documented wrapper per op, importing the declarations "
                     "on first call) and <name>.pyi for a declared library; --check verifies them instead.",
     )
-    p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
-                   help="import MODULE (dotted name or .py path) first to declare its libraries; repeatable")
+    add_import_option(p)
     p.add_argument("--library", action="append", metavar="NS", help="the library's namespace; repeatable")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="package directory to write into (default: the package of the library's prebuilt=)")

@@ -25,6 +25,7 @@ from opbridge.declare.library import Library
 from opbridge.declare.op import (
     DEFAULT_DTYPES,
     DEFAULT_TOLERANCES,
+    HEADER_SUFFIXES,
     KNOWN_DTYPES,
     SOURCE_SUFFIXES,
     TOLERANCES,
@@ -36,5 +37,5 @@ from opbridge.declare.op import (
     like,
 )
 
-__all__ = ["DEFAULT_DTYPES", "DEFAULT_TOLERANCES", "KNOWN_DTYPES", "SOURCE_SUFFIXES", "TOLERANCES", "BackwardFn",
-           "CaseHint", "Library", "OpDef", "ShapeRule", "Spec", "like"]
+__all__ = ["DEFAULT_DTYPES", "DEFAULT_TOLERANCES", "HEADER_SUFFIXES", "KNOWN_DTYPES", "SOURCE_SUFFIXES", "TOLERANCES",
+           "BackwardFn", "CaseHint", "Library", "OpDef", "ShapeRule", "Spec", "like"]

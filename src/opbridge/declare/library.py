@@ -12,6 +12,7 @@ from typing import Any
 from opbridge import registry
 from opbridge.declare.op import (
     DEFAULT_DTYPES,
+    HEADER_SUFFIXES,
     KNOWN_DTYPES,
     SOURCE_SUFFIXES,
     BackwardFn,
@@ -31,6 +32,24 @@ def _paths(given: str | Path | Sequence[str | Path]) -> tuple[str | Path, ...]:
     return (given,) if isinstance(given, (str, Path)) else tuple(given)
 
 
+def _check_suffixes(namespace: str, sources: Sequence[Path]) -> None:
+    """Refuse a source of a suffix no device compiles and no header has: it would be left out of every build
+    without a word (a ``.c`` file, a misspelt ``.cxx``), alone or beside sources that do compile."""
+    compiled = {suffix for suffixes in SOURCE_SUFFIXES.values() for suffix in suffixes}
+    unknown = [s for s in sources if s.suffix not in compiled and s.suffix not in HEADER_SUFFIXES]
+    if not unknown:
+        return
+    accepted = " and ".join(f"{', '.join(suffixes)} for {device}" for device, suffixes in SOURCE_SUFFIXES.items())
+    c_files = " (a C file compiles as C++ renamed .cc)" if any(s.suffix == ".c" for s in unknown) else ""
+    one = len(unknown) == 1
+    raise DeclarationError(
+        f"library {namespace!r}: source{'' if one else 's'} "
+        f"{', '.join(map(str, unknown))} {'has a suffix' if one else 'have suffixes'} opbridge does not compile "
+        f"({', '.join(dict.fromkeys(s.suffix or 'none' for s in unknown))}): it compiles {accepted}{c_files}, "
+        f"and takes headers ({', '.join(HEADER_SUFFIXES)}) among the sources without compiling them. Rename the "
+        f"file, or leave it out of sources=")
+
+
 def _flags(name: str, given: Sequence[str]) -> tuple[str, ...]:
     """*given* as flags; one string is refused (``cflags="-O2 -DX"`` is one flag or two?)."""
     if isinstance(given, str):
@@ -47,8 +66,9 @@ class Library:
     namespace
         Framework namespace, e.g. ``"myops"`` gives ``torch.ops.myops.<op>``.
     sources
-        Kernel source files (``.cc`` for CPU, ``.cu`` for CUDA), or one. Relative
-        paths are resolved against *root*.
+        Kernel source files (:data:`SOURCE_SUFFIXES`: ``.cc``, ``.cpp``, ``.cxx`` for CPU, ``.cu`` for
+        CUDA), or one; headers (:data:`HEADER_SUFFIXES`) may be listed too and are not compiled, and
+        any other suffix is a :class:`DeclarationError`. Relative paths are resolved against *root*.
     include_dirs, cflags, ldflags
         Extra build inputs.
     root
@@ -94,6 +114,7 @@ class Library:
         self.namespace = namespace
         self.root = base
         self.sources = tuple((base / s).resolve() for s in _paths(sources))
+        _check_suffixes(namespace, self.sources)
         self.include_dirs = tuple((base / d).resolve() for d in _paths(include_dirs))
         self.cflags = _flags("cflags", cflags)
         self.ldflags = _flags("ldflags", ldflags)

@@ -50,6 +50,9 @@ class like:  # noqa: N801 - reads as a phrase: shape=like("x")
 
 #: Which kernel sources a library compiles into its module for each device, by file suffix.
 SOURCE_SUFFIXES: dict[str, tuple[str, ...]] = {"cpu": (".cc", ".cpp", ".cxx"), "cuda": (".cu",)}
+#: Every header spelling C++ and CUDA code uses: a library may list headers among its sources (they are not
+#: compiled), and a build's cache key hashes the files of these suffixes under its include directories.
+HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".h++", ".cuh", ".inc", ".inl", ".ipp", ".tpp", ".tcc", ".def")
 
 #: The one tolerance table: ``{dtype name: (rtol, atol, reason)}`` used when an op declares none.
 #:

@@ -137,12 +137,15 @@ def _new_library(where: Where, node: Any, caller: str, line: int) -> Library:
             out.extend(found)
         return out
 
-    return Library(
-        str(spec["namespace"]), sources=paths("sources"), include_dirs=paths("include_dirs"),
-        cflags=[str(f) for f in spec.get("cflags") or []],
-        ldflags=[str(f) for f in spec.get("ldflags") or []],
-        root=root, prebuilt=spec.get("prebuilt"), python_module=spec.get("python_module") or caller,
-    )
+    try:
+        return Library(
+            str(spec["namespace"]), sources=paths("sources"), include_dirs=paths("include_dirs"),
+            cflags=[str(f) for f in spec.get("cflags") or []],
+            ldflags=[str(f) for f in spec.get("ldflags") or []],
+            root=root, prebuilt=spec.get("prebuilt"), python_module=spec.get("python_module") or caller,
+        )
+    except DeclarationError as e:  # a source of no suffix opbridge compiles, flags given as one string: where
+        raise where.error(spec, str(e), line) from None
 
 
 def load(path: str | Path, library: Library | None = None) -> Library:

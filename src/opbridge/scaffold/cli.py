@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
+from opbridge._cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err
 from opbridge.errors import OpbridgeError
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def _specs(args: argparse.Namespace) -> list[Any]:
@@ -59,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
             first = specs[0] if specs else scaffold.from_schema("identity", scaffold.STARTER_SCHEMA, cuda=args.cuda)
             steps = scaffold.next_steps(first, (args.out or Path(".")) / args.project)
         elif not specs:
-            print("opbridge: error: name an op (OP --schema ...), a prototype (--from) or --project NAME",
-                  file=sys.stderr)
+            err("name an op (OP --schema ...), a prototype (--from) or --project NAME")
             return EXIT_USAGE
         else:
             written, steps = [], []
@@ -71,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
                 written += scaffold.new_op(spec, out, force=args.force)
                 steps += scaffold.next_steps(spec, out)
     except FileNotFoundError as e:
-        print(f"opbridge: error: {e}", file=sys.stderr)
+        err(str(e))
         return EXIT_USAGE
     except OpbridgeError as e:
-        print(f"opbridge: error: {e}", file=sys.stderr)
+        err(str(e))
         return EXIT_FAILURE if "failed" in str(e) else EXIT_USAGE
     for line in [*map(str, written), *steps]:
         print(line)

@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import POSITIVE_INT, BenchError, ListOption
+from opbridge.bench import NON_NEGATIVE_INT, POSITIVE_INT, BenchError, ListOption, UsageError, check_declared
 from opbridge.bench.gpu.cases import LARGE, QUICK_ROWS, SERVING_ROWS, Size, problems, sizes_for, standing
 from opbridge.bench.gpu.text import CSV_FIELDS, csv_rows, format_text
 from opbridge.bench.timing import dist_version
@@ -87,18 +87,18 @@ SAME_MODE = {"eager_new": "opbridge_new", "compile_new": "opbridge_new", "liger"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``opbridge bench gpu``."""
     parser.add_argument("--ops", action=ListOption, metavar="OP", default=None,
-                        help=f"ops to time (default: {', '.join(OPS)}, where declared)")
+                        help=f"ops to time, as words or comma-separated (default: {', '.join(OPS)}, where declared)")
     parser.add_argument("--dtypes", action=ListOption, choices=("float32", "float16", "bfloat16"),
-                        default=list(DTYPES), help="dtypes (default: float32 bfloat16)")
-    parser.add_argument("--rows", type=POSITIVE_INT, nargs="*", metavar="N", default=None,
-                        help=f"serving rows (default {' '.join(map(str, SERVING_ROWS))}; --quick "
-                             f"{' '.join(map(str, QUICK_ROWS))}; none: only the large size)")
+                        default=list(DTYPES), help="dtypes, as words or comma-separated (default: float32 bfloat16)")
+    parser.add_argument("--rows", action=ListOption, type=POSITIVE_INT, nargs="*", metavar="N", default=None,
+                        help=f"serving rows, as words or comma-separated (default {','.join(map(str, SERVING_ROWS))}; "
+                             f"--quick {','.join(map(str, QUICK_ROWS))}; --rows alone: none, only the large size)")
     parser.add_argument("--size", type=POSITIVE_INT, nargs=2, metavar=("ROWS", "COLS"), default=None,
-                        help=f"the large size (default {DEFAULT_SIZE}; left out with --quick)")
+                        help=f"the large size (default {DEFAULT_SIZE[0]} {DEFAULT_SIZE[1]}; left out with --quick)")
     parser.add_argument("--no-large", action="store_true", help="leave out the large size")
     parser.add_argument("--rounds", type=POSITIVE_INT, metavar="N", default=None,
                         help="interleaved rounds per case (default 15; --quick 5)")
-    parser.add_argument("--device", type=int, metavar="INDEX", default=0,
+    parser.add_argument("--device", type=NON_NEGATIVE_INT, metavar="INDEX", default=0,
                         help="CUDA device index (default 0)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile candidate")
     parser.add_argument("--no-graphs", action="store_true", help="time eagerly only (no CUDA graphs)")
@@ -127,8 +127,22 @@ def plan_sizes(args: argparse.Namespace, op_name: str) -> list[Size]:
     return sizes_for(op_name, rows, large)  # type: ignore[arg-type]
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse what argparse cannot (:class:`~opbridge.errors.UsageError`): an op that is not declared, and
+    options that do not go together. Needs no GPU (nor torch): :func:`run` calls it before looking for one."""
+    check_declared(args.ops)
+    if args.no_large and args.size is not None:
+        raise UsageError("--size sets the large size, which --no-large leaves out: give one or the other")
+    quick_large = bool(getattr(args, "quick", False)) and args.size is None
+    if args.rows == [] and (args.no_large or quick_large):
+        raise UsageError(f"--rows without a value leaves out the serving sizes, and "
+                         f"{'--no-large' if args.no_large else '--quick (without --size)'} the large one: nothing "
+                         f"would run")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the GPU benchmark; ``{"skipped": "no CUDA GPU: ..."}`` where there is none."""
+    check_options(args)
     reason = unavailable()
     if reason is not None:
         return {"skipped": reason}
@@ -215,4 +229,5 @@ def _gpu_info(device: Any) -> dict[str, Any]:
             "torch_cuda": torch.version.cuda}
 
 
-__all__ = ["DESCRIPTION", "DTYPES", "OPS", "add_arguments", "format_text", "plan_sizes", "run", "unavailable"]
+__all__ = ["DESCRIPTION", "DTYPES", "OPS", "add_arguments", "check_options", "format_text", "plan_sizes", "run",
+           "unavailable"]

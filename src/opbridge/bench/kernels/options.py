@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opbridge.bench import POSITIVE_FLOAT, POSITIVE_INT, BenchError, ListOption
+from opbridge.bench import NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, ListOption, UsageError, check_declared
 
 DTYPES = ("float32", "float64", "bfloat16")
 #: Every dtype ``--dtypes`` accepts.
@@ -66,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"ops, as words or comma-separated (default: {', '.join(DEFAULT_OPS)}, where declared)")
     parser.add_argument("--all-ops", action="store_true",
                         help="every declared op with a workload, backward ops included")
-    parser.add_argument("--sizes", action=ListOption, metavar="SIZE", default=None,
+    parser.add_argument("--sizes", action=ListOption, type=_size, metavar="SIZE", default=None,
                         help=f"sizes, as words or comma-separated: names ({sizes}) or RxC (default: all three)")
-    parser.add_argument("--dtypes", action=ListOption, metavar="DTYPE", default=list(DTYPES),
+    parser.add_argument("--dtypes", action=ListOption, choices=FLOAT_DTYPES, metavar="DTYPE", default=list(DTYPES),
                         help=f"dtypes, as words or comma-separated (default {','.join(DTYPES)}); ops with fixed "
                              "integer dtypes (advance_step_flashattn) run once per size whatever this says")
     parser.add_argument("--rounds", type=POSITIVE_INT, metavar="N", default=None,
@@ -82,13 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="skip the torch.compile candidates")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    parser.add_argument("--memory-size", metavar="SIZE", default=None,
+    parser.add_argument("--memory-size", type=_size, metavar="SIZE", default=None,
                         help="size of the peak-memory measurement (default large; 256x4096, float32 only, "
                              "with --quick)")
     parser.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     parser.add_argument("--stream-n", type=POSITIVE_INT, metavar="N", default=None,
                         help=f"STREAM floats per array (default {DEFAULT_N}, {QUICK_N} with --quick)")
-    parser.add_argument("--local-stream-mib", type=float, metavar="MIB", default=LOCAL_CEILING_BYTES / 2**20,
+    parser.add_argument("--local-stream-mib", type=NON_NEGATIVE_FLOAT, metavar="MIB",
+                        default=LOCAL_CEILING_BYTES / 2**20,
                         help="cases moving at least MIB MiB also time a STREAM copy of their own byte count, "
                              "interleaved with the candidates, and their fractions of the copy ceiling are "
                              f"against it (default {LOCAL_CEILING_BYTES / 2**20:g}: every row of the float64 "
@@ -99,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="results folder (default results/bench-kernels-<timestamp>/)")
 
 
-def _parse_size(text: str) -> tuple[str, tuple[int, int]]:
+def _size(text: str) -> tuple[str, tuple[int, int]]:
+    """The argparse ``type`` of a size: ``(its name, (rows, cols))`` of a name or of ``RxC``."""
     from opbridge.bench.workloads import SIZES
 
     text = text.strip()
@@ -107,8 +109,19 @@ def _parse_size(text: str) -> tuple[str, tuple[int, int]]:
         return text, SIZES[text]
     rows, sep, cols = text.lower().partition("x")
     if not sep or not rows.isdigit() or not cols.isdigit() or int(rows) < 1 or int(cols) < 1:
-        raise BenchError(f"size {text!r}: expected one of {', '.join(SIZES)} or RxC, e.g. 8x4096")
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(SIZES)} or RxC (e.g. 8x4096), got {text!r}")
     return text, (int(rows), int(cols))
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse what argparse cannot (:class:`~opbridge.errors.UsageError`): an op that is not declared, and
+    options that do not go together; before torch is imported."""
+    if args.ops and args.all_ops:
+        raise UsageError("--ops names the ops to run, --all-ops runs every one: give one or the other")
+    if args.no_memory and args.memory_size is not None:
+        raise UsageError("--memory-size sizes the peak-memory measurement, which --no-memory leaves out: give "
+                         "one or the other")
+    check_declared(args.ops)
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -116,16 +129,14 @@ def settings(args: argparse.Namespace) -> Settings:
     from opbridge.bench.stream import DEFAULT_N, QUICK_N
     from opbridge.bench.workloads import SIZES
 
+    _check_options(args)
     quick = bool(getattr(args, "quick", False))
     d = QUICK if quick else FULL
-    sizes = dict(_parse_size(s) for s in args.sizes) if args.sizes else dict(SIZES)  # split by ListOption
+    sizes = dict(args.sizes) if args.sizes else dict(SIZES)  # (name, (rows, cols)) each, read by _size
     dtypes = tuple(args.dtypes) or DTYPES
-    bad = [t for t in dtypes if t not in FLOAT_DTYPES]
-    if bad:
-        raise BenchError(f"--dtypes: unsupported {', '.join(bad)} ({', '.join(FLOAT_DTYPES)})")
     rounds = int(args.rounds if args.rounds is not None else d["rounds"])
     target_ms = args.target_ms if args.target_ms is not None else d["target_ms"]
-    mem = _parse_size(args.memory_size)[1] if args.memory_size else ((256, 4096) if quick else SIZES["large"])
+    mem = args.memory_size[1] if args.memory_size else ((256, 4096) if quick else SIZES["large"])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Settings(
         ops=tuple(args.ops) if args.ops else None,
@@ -175,11 +186,7 @@ def plan(s: Settings, *, for_memory: bool = False) -> Plan:
 
     lib = registry.library("opbridge")
     known = workloads.workloads()
-    if s.ops is not None:
-        missing = [n for n in s.ops if n not in lib.ops]
-        if missing:
-            raise BenchError(f"--ops: no op {', '.join(map(repr, missing))} in the opbridge library; "
-                             f"declared: {', '.join(lib.ops)}")
+    if s.ops is not None:  # each declared: settings() checked
         names = list(s.ops)
     elif s.all_ops or for_memory:
         names = list(lib.ops)

@@ -25,6 +25,6 @@ def render(template: str, **values: object) -> str:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise OpbridgeError(f"opbridge: scaffold template {template} is missing from this installation "
+        raise OpbridgeError(f"scaffold template {template} is missing from this installation "
                             f"(package data opbridge/scaffold/templates/*/*.tmpl)") from None
     return Template(text).substitute({k: str(v) for k, v in values.items()})
