@@ -7,6 +7,7 @@ when this one is not it.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,6 +24,8 @@ class MindSporeHarness:
 
     def skip_reason(self) -> str | None:
         """None when MindSpore can run here, else why not."""
+        if importlib.util.find_spec("mindspore") is None:
+            return "mindspore is not installed"
         if int(np.__version__.split(".")[0]) >= 2:
             return (f"MindSpore 2.10 needs numpy<2, this environment has numpy {np.__version__}; "
                     "run the MindSpore tests in their own environment")
