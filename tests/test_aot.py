@@ -152,6 +152,10 @@ def test_cli_adds_aot_to_the_build_command_and_keeps_its_handler(tmp_path: Path)
                               "--out", str(tmp_path / "o")])
     assert args.func(args) == 0
     assert sorted(loader.exports(tmp_path / "o" / "_C_ops.so")) == ["neg_cpu", "scale_cpu"]
+    # and the JAX adapter's handler shim, which an installed wheel must not compile at its first JAX call
+    from opbridge._tvm import tvm_ffi
+
+    assert tvm_ffi().load_module(str(tmp_path / "o" / "_C_ops.so"))["opbridge_jax_handler"] is not None
 
 
 # -- the example plugin: setuptools, the wheel, loading without compiling ----------------------

@@ -767,11 +767,12 @@ def test_fresh_xla_output_faults_in_huge_pages(name: str, dtype: str) -> None:
 def test_handler_shim_advises_the_fresh_output_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """The C++ shim itself, on a fresh anonymous mapping that nobody else advised."""
     targets = jax_adapter.targets
-    kernel = loader.kernel(ops.LIBRARY.ops["add"], "cpu")
+    add = ops.LIBRARY.ops["add"]
+    kernel = loader.kernel(add, "cpu")
     monkeypatch.setattr(targets, "advice_min_bytes", lambda: 0)  # OPBRIDGE_HUGEPAGES=0 and friends
-    assert targets._handler(kernel, [0, 1, 2], True, 1) is kernel  # no shim in front of the kernel
+    assert targets._handler(add, kernel, [0, 1, 2], True, 1) is kernel  # no shim in front of the kernel
     monkeypatch.setattr(targets, "advice_min_bytes", lambda: 4 << 20)
-    shim = targets._handler(kernel, [0, 1, 2], True, 1)
+    shim = targets._handler(add, kernel, [0, 1, 2], True, 1)
     assert shim is not kernel
     x = np.ones((4096, 4096), np.float32)
     reason = _thp_skip_reason()

@@ -143,12 +143,12 @@ def test_existing_files_are_not_overwritten(tmp_path: Path) -> None:
 
 
 def _nothing_of_compiled(cache: Path, namespace: str) -> None:
-    """The installed project compiled none of its own kernels at run time: nothing in *cache* is its library's.
-
-    (opbridge's own framework shims may be built there once per machine: JAX's argument-order handler, the
-    tensor entry Paddle's calls go through.)"""
+    """The installed project compiled nothing of its own at run time: nothing in *cache* is its library's, nor
+    the JAX handler shim its AOT module carries (opbridge.aot.build.ADAPTER_SOURCES). (opbridge's C entries,
+    which only speed calls up, may be built there once per machine, in the background.)"""
     built = sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) if cache.exists() else []
-    assert not [p for p in built if namespace in p], f"the installed project compiled at run time: {built}"
+    assert not [p for p in built if namespace in p or "opbridge_jax_handler" in p], \
+        f"the installed project compiled at run time: {built}"
 
 
 def _skips_are_for_the_gpu_alone(report: str) -> None:

@@ -4,6 +4,9 @@ An ahead-of-time (AOT) build compiles the same :class:`~opbridge.build.BuildSpec
 the JIT path compiles (every kernel source of the library, one ninja build,
 ``OPBRIDGE_MAX_JOBS`` compiles in parallel) plus one generated translation
 unit, ``__opbridge_build_info``, that records what the module was built from.
+A CPU module also carries the host code a framework adapter would otherwise
+compile into the opbridge cache on a user's machine (:data:`ADAPTER_SOURCES`:
+JAX's argument-order handler), so that an installed wheel compiles nothing.
 The module is named ``<name>.so`` (``.pyd`` on Windows): it is a tvm-ffi
 module, not a CPython extension, so it must not carry a Python-version suffix,
 and ``.so`` is one of ``importlib.machinery.EXTENSION_SUFFIXES`` on every
@@ -13,6 +16,8 @@ loader uses to find a prebuilt module -- finds it from any Python 3.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.resources
 import os
 import shutil
 import sys
@@ -34,6 +39,12 @@ from opbridge.errors import DeclarationError
 
 if TYPE_CHECKING:
     from opbridge.declare import Library
+
+#: Framework-free host code of the adapters, compiled into every AOT CPU module beside the kernels (the
+#: adapter takes it from the loaded prebuilt module, else builds it into the cache once): the JAX adapter's
+#: XLA handler shim (``opbridge_jax_handler``: kernel-order arguments, huge-page advice), without which
+#: a JAX op whose kernel does not take XLA's argument order needs a C++ compiler at its first call.
+ADAPTER_SOURCES = (Path(str(importlib.resources.files("opbridge.adapters") / "jax" / "handler.cc")),)
 
 __all__ = ["DEFAULT_MODULE", "INFO_SYMBOL", "aot_spec", "build_aot", "build_info", "check_exports",
            "declared_kernels", "exports", "is_current", "module_filename", "module_name", "module_suffix"]
@@ -129,6 +140,8 @@ def build_aot(
     from opbridge.build import jit
 
     spec = aot_spec(lib, device)
+    if device == "cpu":
+        spec = dataclasses.replace(spec, sources=(*spec.sources, *ADAPTER_SOURCES))
     if build_dir is None:
         built = jit.build(spec)
     else:

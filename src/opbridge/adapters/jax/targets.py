@@ -18,8 +18,10 @@ Each variant of an op (its argument plan) is the custom-call target
 
 The handler is the kernel itself when the kernel takes XLA's arguments in the
 order they come (outputs, tensors, then scalars) and no huge-page advice is
-due. Otherwise it is the compiled shim of ``handler.cc`` (built once into the
-opbridge cache with the C++ compiler the kernels need), which reorders the
+due. Otherwise it is the compiled shim of ``handler.cc`` (the copy every AOT
+CPU module carries, for an op of an installed wheel, so that it compiles
+nothing; else built once into the opbridge cache with the C++ compiler the
+kernels need), which reorders the
 arguments into kernel order and, on the CPU, asks for transparent huge pages
 on the outputs XLA allocated before the kernel writes them, under the rules
 of :mod:`opbridge.call.memory` (Linux, THP in ``madvise`` mode, outputs of
@@ -84,8 +86,15 @@ def advice_min_bytes() -> int:
     return memory.MIN_BYTES if memory._load() is not None else 0
 
 
-def _shim() -> Any:
-    """``opbridge_jax_handler`` from ``handler.cc`` (built into the opbridge cache once)."""
+def _shim(op: OpDef) -> Any:
+    """``opbridge_jax_handler`` from ``handler.cc``: the copy in *op*'s installed AOT module (every AOT CPU
+    module carries one: :data:`opbridge.aot.build.ADAPTER_SOURCES`), else one built into the opbridge cache
+    once."""
+    if loader.loaded_prebuilt(op.library, "cpu"):
+        try:
+            return loader.load(op.library, "cpu")["opbridge_jax_handler"]
+        except AttributeError:  # a module built before AOT modules carried it
+            pass
     with LOCK:
         if not _SHIM:
             from opbridge._tvm import tvm_ffi
@@ -97,13 +106,13 @@ def _shim() -> Any:
     return _SHIM[0]
 
 
-def _handler(kernel: Any, plan: Sequence[int], direct: bool, n_fresh: int) -> Any:
-    """The function XLA calls: *kernel*, or the shim around it (reorder, advise fresh outputs)."""
+def _handler(op: OpDef, kernel: Any, plan: Sequence[int], direct: bool, n_fresh: int) -> Any:
+    """The function XLA calls: *op*'s *kernel*, or the shim around it (reorder, advise fresh outputs)."""
     min_bytes = advice_min_bytes() if n_fresh else 0
     if direct and not min_bytes:
         return kernel
     try:
-        shim = _shim()
+        shim = _shim(op)
     except OpbridgeError as e:
         if not direct:
             raise
@@ -146,13 +155,13 @@ def register(op: OpDef, name: str, plan: Sequence[int], direct: bool, arg_spec: 
             n += 1
             name = f"{base}.{n}"
         if name not in REGISTERED:
-            cpu = _handler(loader.kernel(op, "cpu"), plan, direct, op.n_outputs if fresh_outputs else 0)
+            cpu = _handler(op, loader.kernel(op, "cpu"), plan, direct, op.n_outputs if fresh_outputs else 0)
             capsules = {"cpu": jax_tvm_ffi.register_ffi_target(name, cpu, arg_spec, platform="cpu")}
             if "cuda" in op.kernels and cuda_available():
                 kernel = _gpu_kernel(op)
                 if kernel is not None:
                     capsules["gpu"] = jax_tvm_ffi.register_ffi_target(  # XLA may capture only graph-safe ops
-                        name, _handler(kernel, plan, direct, 0), arg_spec, platform="gpu",
+                        name, _handler(op, kernel, plan, direct, 0), arg_spec, platform="gpu",
                         allow_cuda_graph=op.graph_safe)
             REGISTERED[name] = (op, capsules)
     return name
