@@ -365,8 +365,8 @@ def test_gpu_benchmark_says_why_it_skipped() -> None:
     reason = gpu.unavailable()
     if reason is None:
         pytest.skip("a CUDA GPU is present: the benchmark would run")
-    ns = argparse.Namespace(ops=None, dtypes=["float32"], size=None, rounds=None, device=0, no_compile=True,
-                            quick=True)
+    ns = argparse.Namespace(ops=None, dtypes=["float32"], rows=None, size=None, no_large=False, rounds=None,
+                            device=0, no_compile=True, quick=True)
     result = gpu.run(ns)
     assert result == {"skipped": reason} and reason.startswith("no CUDA GPU: ")
     assert gpu.format_text(result) == f"opbridge bench gpu: skipped: {reason}"
