@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,16 @@ def kernel_args(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
 
     monkeypatch.setattr(overlap, "dense_args", spy)
     return seen
+
+
+@pytest.fixture(scope="module")
+def mindspore_om_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """MindSpore writes ``rank_0/om/analyze_fail.ir`` for each failed compile, by default into the cwd: into a
+    temporary directory instead, for a module's tests (``MS_OM_PATH``)."""
+    old = os.environ.get("MS_OM_PATH")
+    os.environ["MS_OM_PATH"] = str(tmp_path_factory.mktemp("ms_om"))
+    yield
+    if old is None:
+        os.environ.pop("MS_OM_PATH", None)
+    else:
+        os.environ["MS_OM_PATH"] = old

@@ -9,8 +9,6 @@ loops fails them. MindSpore-only (its own environment, like ``test_mindspore_ada
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +56,8 @@ OPBRIDGE_EXPORT(sign_split_whole_cpu);
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _compile_failure_dumps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """MindSpore writes ``rank_0/om/analyze_fail.ir`` for each failed compile, by default into the cwd."""
-    old = os.environ.get("MS_OM_PATH")
-    os.environ["MS_OM_PATH"] = str(tmp_path_factory.mktemp("ms_om"))
-    yield
-    if old is None:
-        os.environ.pop("MS_OM_PATH", None)
-    else:
-        os.environ["MS_OM_PATH"] = old
+def _compile_failure_dumps(mindspore_om_path: None) -> None:
+    """MindSpore's compile-failure dumps go to a temporary directory (conftest's ``mindspore_om_path``)."""
 
 
 @pytest.fixture
