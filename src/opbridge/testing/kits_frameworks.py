@@ -121,9 +121,10 @@ class PaddleKit(HarnessKit):
     graph_name = "paddle.jit.to_static(full_graph=True)"
 
     def graph_unsupported(self, op: OpDef) -> str | None:
-        if op.schema.is_mutating or any(r.type.alias is not None for r in op.schema.returns):
-            return "paddle.jit.to_static takes no op that writes its arguments (opbridge's static op raises)"
-        return None
+        from opbridge.adapters.paddle import static
+
+        reason = static.unsupported_reason(op)  # what the op's traced call raises
+        return None if reason is None else f"paddle.jit.to_static cannot run it: {reason}"
 
 
 class MindSporeKit(HarnessKit):

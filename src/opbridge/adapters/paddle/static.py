@@ -117,16 +117,24 @@ def _python_op(op: OpDef, run: Run, cache: dict[str, Any], args: Sequence[Any]) 
     return list(outs)
 
 
+def unsupported_reason(op: OpDef) -> str | None:
+    """Why *op* cannot run inside a ``paddle.jit.to_static`` program (the error its traced call raises), or None."""
+    if op.schema.is_mutating:
+        return (f"{op.name}: mutates its arguments in place, which opbridge cannot express in a "
+                f"paddle.jit.to_static program (PIR values are immutable and Paddle's Python ops "
+                f"cannot alias a graph input); call it eagerly, outside to_static")
+    if not hasattr(_C_ops, "_run_python_op"):
+        return (f"{op.name}: this Paddle ({paddle.version.full_version}) has no Python ops "
+                f"(paddle.static.register_op, Paddle >= 3.2), so opbridge ops cannot run inside "
+                f"paddle.jit.to_static programs; call them eagerly or use Paddle >= 3.2")
+    return None
+
+
 def make_static(op: OpDef) -> Callable[..., Any]:
     """The call of *op* while a PIR program is traced."""
-    if op.schema.is_mutating:
-        return _refusal(f"{op.name}: mutates its arguments in place, which opbridge cannot express in a "
-                        f"paddle.jit.to_static program (PIR values are immutable and Paddle's Python ops "
-                        f"cannot alias a graph input); call it eagerly, outside to_static")
-    if not hasattr(_C_ops, "_run_python_op"):
-        return _refusal(f"{op.name}: this Paddle ({paddle.version.full_version}) has no Python ops "
-                        f"(paddle.static.register_op, Paddle >= 3.2), so opbridge ops cannot run inside "
-                        f"paddle.jit.to_static programs; call them eagerly or use Paddle >= 3.2")
+    reason = unsupported_reason(op)
+    if reason is not None:
+        return _refusal(reason)
     run = make_checked(op)
     cache: dict[str, Any] = {}
     tensor_idx = core.tensor_indices(op)
